@@ -1,0 +1,33 @@
+"""hf_prefix_cache: exact prefix reuse for `transformers` `generate`.
+
+>>> store = PrefixCache(model)                                   # doctest: +SKIP
+>>> model.generate(**inputs, past_key_values=store)              # doctest: +SKIP
+>>> store.stats().hit_tokens                                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from ._compat import check_transformers
+
+check_transformers()
+
+from .cache import WorkingCache  # noqa: E402
+from .errors import IncompatibleModelError, PrefixCacheError, UnsupportedVersionError  # noqa: E402
+from .keys import PrefixKey  # noqa: E402
+from .radix import RadixTree  # noqa: E402
+from .stats import CacheStats  # noqa: E402
+from .store import Lookup, PrefixCache, parse_nbytes  # noqa: E402
+
+__all__ = [
+    "CacheStats",
+    "IncompatibleModelError",
+    "Lookup",
+    "PrefixCache",
+    "PrefixCacheError",
+    "PrefixKey",
+    "RadixTree",
+    "UnsupportedVersionError",
+    "WorkingCache",
+    "parse_nbytes",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,264 @@
+"""GenerateHook: key -> match -> restore -> prefill states -> generate -> insert.
+
+Wraps one model's `generate` so that `model.generate(..., past_key_values=store)` runs on a
+working cache restored from the store. `generate` always receives the full prompt ids (so
+streamers, logits processors and the returned sequences are as in a cold run); transformers
+then feeds the model only the uncached suffix. Requests that cannot reuse safely run the
+original `generate` untouched, and the reason is counted.
+
+For models with recurrent layers the hook prefills the uncached prompt itself, in chunks that
+end where snapshots are wanted (the divergence from the stored prefix, every
+`snapshot_interval` tokens, the token before the last), and leaves the last token to
+`generate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .cache import WorkingCache
+from .errors import IncompatibleModelError
+from .segments import Snapshot
+
+if TYPE_CHECKING:
+    from .store import Plan, PrefixCache
+
+logger = logging.getLogger("hf_prefix_cache")
+
+# Inputs whose placeholders would need media-aware keys (not handled yet): such calls run cold.
+_MEDIA_KWARGS = (
+    "pixel_values",
+    "pixel_values_videos",
+    "image_sizes",
+    "image_grid_thw",
+    "video_grid_thw",
+    "input_features",
+    "input_values",
+    "pixel_attention_mask",
+    "mm_encoder_outputs",
+    "encoder_outputs",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "cross_attention_mask",
+    "aspect_ratio_ids",
+)
+_STATIC_CACHE_IMPLEMENTATIONS = ("static", "offloaded_static", "sliding_window", "hybrid", "mamba", "quantized")
+
+
+class GenerateHook:
+    """Installs itself as `model.generate`; `detach` puts the original back."""
+
+    def __init__(self, store: PrefixCache, model: Any) -> None:
+        self._store = store
+        self._model = model
+        self._original = model.generate
+        self._signature = inspect.signature(self._original)
+
+        @functools.wraps(self._original)
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            return self(*args, **kwargs)
+
+        model.generate = generate
+        self._wrapper = generate
+        self._original_prepare: Callable[..., Any] | None = None
+        if store.profile.cache_kwarg == "cache_params":
+            self._patch_prepare_inputs()
+
+    def detach(self) -> None:
+        if self._model.__dict__.get("generate") is self._wrapper:
+            del self._model.generate
+        if self._original_prepare is not None:
+            del self._model.prepare_inputs_for_generation
+            self._original_prepare = None
+
+    # ----------------------------------------------------------------- request
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        store = self._store
+        cache_kwarg = store.profile.cache_kwarg
+        given = kwargs.get("past_key_values", kwargs.get("cache_params"))
+        if given is not store:
+            if _is_prefix_cache(given):
+                raise IncompatibleModelError(
+                    f"this PrefixCache was built for another model ({type(given.model).__name__}); "
+                    f"make one for this model: PrefixCache(model)"
+                )
+            return self._original(*args, **kwargs)
+        kwargs.pop("past_key_values", None)
+        kwargs.pop("cache_params", None)
+        bound = self._signature.bind_partial(*args, **kwargs)
+        input_ids = bound.arguments.get("inputs")
+        if input_ids is None:
+            input_ids = kwargs.get("input_ids")
+        reason = self._why_cold(input_ids, bound.arguments, kwargs)
+        if reason is not None:
+            prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
+            store.count_fallback(reason, prompt_len)
+            return self._original(*args, **kwargs)
+        assert isinstance(input_ids, torch.Tensor)
+        tokens = [int(t) for t in input_ids[0].tolist()]
+        namespace = store.namespace()
+        plan = store.acquire(namespace, tokens)
+        try:
+            cache = store.new_cache()
+            if plan.restore_len:
+                cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot)
+            plan.keys = plan.values = None  # the cache holds them now
+            snapshots: list[Snapshot] = []
+            fed = plan.restore_len
+            if store.profile.has_state:
+                fed, snapshots = self._prefill_states(cache, input_ids, plan)
+            if cache_kwarg == "cache_params":
+                cache.skip_len = fed
+            kwargs[cache_kwarg] = cache
+            output = self._original(*args, **kwargs)
+        finally:
+            store.release(plan)
+        store.count_request(len(tokens), plan.restore_len)
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        self._store_result(namespace, sequences, cache, snapshots)
+        return output
+
+    def _why_cold(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
+        """Name the reason this call cannot reuse safely, or None."""
+        store, model = self._store, self._model
+        if store.profile.unsupported is not None:
+            return store.profile.unsupported
+        if kwargs.get("inputs_embeds") is not None:
+            return "inputs_embeds"
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            return "no_input_ids"
+        if input_ids.shape[0] != 1:
+            return "batch_size"
+        if input_ids.shape[1] == 0:
+            return "empty_prompt"
+        if any(kwargs.get(name) is not None for name in _MEDIA_KWARGS):
+            return "media_inputs"
+        if kwargs.get("position_ids") is not None:
+            return "explicit_position_ids"
+        if arguments.get("assistant_model") is not None:
+            return "assisted_decoding"
+        if arguments.get("custom_generate") is not None:
+            return "custom_generate"
+        if arguments.get("negative_prompt_ids") is not None:
+            return "negative_prompt"
+        config = _effective_generation_config(model, arguments.get("generation_config"), kwargs)
+        if (config.num_beams or 1) > 1:
+            return "beam_search"
+        if (config.num_return_sequences or 1) > 1:
+            return "num_return_sequences"
+        if config.use_cache is False:
+            return "use_cache_false"
+        if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+            return "assisted_decoding"
+        if config.cache_implementation is not None and config.cache_implementation != "dynamic":
+            return f"cache_implementation:{config.cache_implementation}"
+        if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+            return "output_attentions" if config.output_attentions else "output_hidden_states"
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            if mask.shape != input_ids.shape:
+                return "attention_mask_shape"
+            if not bool((mask == 1).all()):
+                return "padding"
+        elif _infers_padding(input_ids, config):
+            return "padding"
+        return None
+
+    # ----------------------------------------------------------- state prefill
+    def _prefill_states(self, cache: WorkingCache, input_ids: torch.Tensor, plan: Plan) -> tuple[int, list[Snapshot]]:
+        """Feed prompt tokens `[restore_len, n - 1)` in chunks, snapshotting at each chunk's end."""
+        profile = self._store.profile
+        start, target = plan.restore_len, input_ids.shape[1] - 1
+        if target <= start:
+            return start, []
+        bounds = {target}
+        if start < plan.matched_len < target:
+            bounds.add(plan.matched_len)
+        interval = self._store.snapshot_interval
+        if interval is not None:
+            bounds.update(range((start // interval + 1) * interval, target, interval))
+        ordered = sorted(bounds)
+        if profile.single_token_steps and start == 0:
+            # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
+            first = min(b for b in ordered if b == target or b == plan.matched_len)
+            ordered = [b for b in ordered if b >= first]
+        snapshots = []
+        pos = start
+        with torch.no_grad():
+            for bound in ordered:
+                if profile.single_token_steps and pos > 0:
+                    for t in range(pos, bound):
+                        self._forward(cache, input_ids, t, t + 1)
+                else:
+                    self._forward(cache, input_ids, pos, bound)
+                snapshots.append(cache.snapshot(bound))
+                pos = bound
+        return pos, snapshots
+
+    def _forward(self, cache: WorkingCache, input_ids: torch.Tensor, start: int, end: int) -> None:
+        profile = self._store.profile
+        kwargs: dict[str, Any] = {profile.cache_kwarg: cache, "use_cache": True}
+        if profile.accepts_position_ids:
+            kwargs["position_ids"] = torch.arange(start, end, device=input_ids.device)[None]
+        if profile.accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        self._model(input_ids=input_ids[:, start:end], **kwargs)
+
+    def _store_result(
+        self, namespace: str, sequences: torch.Tensor, cache: WorkingCache, snapshots: list[Snapshot]
+    ) -> None:
+        kv_len = cache.kv_length()
+        # The last generated token is never fed back, so the cache covers all but it.
+        length = kv_len if kv_len is not None else sequences.shape[1] - 1
+        if length <= 0:
+            return
+        tokens = [int(t) for t in sequences[0, :length].tolist()]
+        self._store.insert_sequence(namespace, tokens, cache, snapshots)
+
+    # ----------------------------------------------------------- cache_params
+    def _patch_prepare_inputs(self) -> None:
+        """Models that take `cache_params` get full ids unsliced: skip what the working cache holds."""
+        original = self._model.prepare_inputs_for_generation
+        self._original_prepare = original
+
+        @functools.wraps(original)
+        def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            cache = kwargs.get("cache_params")
+            if isinstance(cache, WorkingCache) and cache.skip_len:
+                skip, cache.skip_len = cache.skip_len, None
+                kwargs["next_sequence_length"] = input_ids.shape[1] - skip
+                mask = kwargs.get("attention_mask")
+                if mask is not None:
+                    kwargs["attention_mask"] = mask[:, skip:]
+            return original(input_ids, *args, **kwargs)
+
+        self._model.prepare_inputs_for_generation = prepare_inputs_for_generation
+
+
+def _is_prefix_cache(obj: Any) -> bool:
+    from .store import PrefixCache
+
+    return isinstance(obj, PrefixCache)
+
+
+def _effective_generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:
+    base = generation_config if generation_config is not None else model.generation_config
+    config = copy.deepcopy(base)
+    config.update(**{k: v for k, v in kwargs.items() if hasattr(config, k)})
+    return config
+
+
+def _infers_padding(input_ids: torch.Tensor, config: Any) -> bool:
+    """Whether transformers would infer an attention mask with zeros from pad tokens in the prompt."""
+    pad, eos = config.pad_token_id, config.eos_token_id
+    if pad is None:
+        return False
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    return pad not in eos_ids and bool((input_ids == pad).any())

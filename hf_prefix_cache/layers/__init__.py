@@ -1,0 +1,61 @@
+"""Registry from transformers cache layer class to its adapter.
+
+Lookup is by exact class: a subclass may add state an adapter does not know (an indexer,
+a quantized copy), so an unregistered class is refused with its name rather than guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+)
+
+from .base import LayerAdapter, LayerState
+from .full import FullAttentionAdapter
+from .recurrent import HybridAdapter, RecurrentAdapter
+from .sliding import SlidingWindowAdapter
+
+
+class NoCacheAdapter:
+    """`DummyLayer`: KV-sharing consumers and MLP-only layers hold nothing."""
+
+    has_kv = False
+    has_state = False
+
+    def prepare(self, layer: Any) -> None:
+        pass
+
+    def capture_kv(self, layer: Any) -> None:
+        return None
+
+    def restore_kv(self, layer: Any, keys: Any, values: Any, length: int) -> None:
+        raise AssertionError("dummy layers hold nothing")
+
+    def snapshot_state(self, layer: Any) -> None:
+        return None
+
+    def restore_state(self, layer: Any, state: LayerState) -> None:
+        raise AssertionError("dummy layers hold nothing")
+
+
+ADAPTERS: dict[type, LayerAdapter] = {
+    DynamicLayer: FullAttentionAdapter(),
+    DynamicSlidingWindowLayer: SlidingWindowAdapter(),
+    LinearAttentionLayer: RecurrentAdapter(),
+    LinearAttentionAndFullAttentionLayer: HybridAdapter(),
+    DummyLayer: NoCacheAdapter(),
+}
+
+
+def adapter_for(layer: Any) -> LayerAdapter | None:
+    """The adapter for `layer`'s exact class, or None when the class is not supported."""
+    return ADAPTERS.get(type(layer))
+
+
+__all__ = ["ADAPTERS", "LayerAdapter", "LayerState", "adapter_for"]

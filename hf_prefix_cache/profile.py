@@ -1,0 +1,90 @@
+"""ModelProfile: what a model's cache looks like and how its prompt may be fed.
+
+Read once when a store is attached. Decides whether the model can be served at all (and if
+not, names the reason every request will fall back with) and which adapter handles each
+cache layer. Knows nothing about the store.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import DynamicCache
+
+from .layers import LayerAdapter, adapter_for
+
+# Models whose scan ignores a cached state when fed several tokens (transformers 5.23): the
+# uncached suffix must go one token per forward.
+_SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba"})
+# Recurrence kept in module attributes rather than in the Cache object.
+_MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """How one model is served; `unsupported` names why it never reuses, or is None."""
+
+    cache_kwarg: str
+    adapters: tuple[LayerAdapter, ...]
+    has_kv: bool
+    has_state: bool
+    single_token_steps: bool
+    accepts_position_ids: bool
+    accepts_logits_to_keep: bool
+    unsupported: str | None
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.adapters) if a.has_kv)
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.adapters) if a.has_state)
+
+
+def profile_model(model: Any) -> ModelProfile:
+    """Inspect `model` (a transformers generative model) once."""
+    cache_kwarg = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
+    params = set(inspect.signature(model.forward).parameters)
+    config = model.config
+    model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
+    unsupported = _unsupported_reason(model, config, model_type)
+    adapters: list[LayerAdapter] = []
+    if unsupported is None:
+        probe = DynamicCache(config=config.get_text_config(decoder=True))
+        for layer in probe.layers:
+            adapter = adapter_for(layer)
+            if adapter is None:
+                unsupported = f"unsupported_layer:{type(layer).__name__}"
+                adapters = []
+                break
+            adapters.append(adapter)
+        if unsupported is None and not adapters:
+            unsupported = "no_cache_layers"
+    return ModelProfile(
+        cache_kwarg=cache_kwarg,
+        adapters=tuple(adapters),
+        has_kv=any(a.has_kv for a in adapters),
+        has_state=any(a.has_state for a in adapters),
+        single_token_steps=model_type in _SINGLE_TOKEN_STEP_MODEL_TYPES,
+        accepts_position_ids="position_ids" in params,
+        accepts_logits_to_keep="logits_to_keep" in params,
+        unsupported=unsupported,
+    )
+
+
+def _unsupported_reason(model: Any, config: Any, model_type: str | None) -> str | None:
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder_decoder"
+    if model_type in _MODULE_STATE_MODEL_TYPES:
+        return "module_state"
+    supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if supports_dynamic is not None and not supports_dynamic():
+        return "own_cache_class"
+    # M-RoPE models keep rope_deltas on the instance; text and media reuse for them needs explicit positions.
+    inner = getattr(model, "model", None)
+    if hasattr(model, "get_rope_index") or (inner is not None and hasattr(inner, "get_rope_index")):
+        return "mrope_positions"
+    return None

@@ -1,0 +1,143 @@
+"""What a tree node holds: a range of keys/values in a shared run, plus state snapshots.
+
+A `Run` owns the key/value tensors of consecutive positions `[lo, hi)` of one sequence, for
+every layer that has keys. Nodes refer to sub-ranges of a run by absolute position, so a
+prefix that lies in one run restores as a view with no copy, and a node split is free.
+
+Invariant (checked by `PrefixCache.check_integrity`): the segments that refer to a run cover
+`[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
+drops a segment calls `Run.release`, which compacts the run when its referenced range shrinks.
+
+Knows nothing about the tree or about models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .layers import LayerState
+
+
+class Run:
+    """Keys/values `[B, H, hi - lo, D]` per attention layer (None for layers without keys)."""
+
+    __slots__ = ("hi", "keys", "lo", "num_refs", "values")
+
+    def __init__(self, keys: list[torch.Tensor | None], values: list[torch.Tensor | None], lo: int, hi: int) -> None:
+        self.keys = keys
+        self.values = values
+        self.lo = lo
+        self.hi = hi
+        self.num_refs = 0
+        for k in keys:
+            assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+
+    @property
+    def nbytes_per_token(self) -> int:
+        total = sum(t.nbytes for t in self.keys if t is not None) + sum(t.nbytes for t in self.values if t is not None)
+        return total // max(self.hi - self.lo, 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.nbytes_per_token * (self.hi - self.lo)
+
+    def slice(self, start: int, end: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Views of positions `[start, end)`."""
+        assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
+        a, b = start - self.lo, end - self.lo
+        return (
+            [k[..., a:b, :] if k is not None else None for k in self.keys],
+            [v[..., a:b, :] if v is not None else None for v in self.values],
+        )
+
+    def adopt(self, other: Run) -> None:
+        """Take `other`'s tensors, which must hold this run's positions too (same values)."""
+        assert other.lo <= self.lo and self.hi <= other.hi, f"[{other.lo}, {other.hi}) lacks [{self.lo}, {self.hi})"
+        self.keys, self.values = other.keys, other.values
+        self.lo, self.hi = other.lo, other.hi
+
+    def compact(self, lo: int, hi: int) -> None:
+        """Keep only `[lo, hi)`, copied into tensors of their own so the rest is freed."""
+        keys, values = self.slice(lo, hi)
+        self.keys = [k.clone() if k is not None else None for k in keys]
+        self.values = [v.clone() if v is not None else None for v in values]
+        self.lo, self.hi = lo, hi
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Recurrent states of every stateful layer after exactly `length` tokens."""
+
+    length: int
+    states: dict[int, LayerState]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.states.values())
+
+
+@dataclass(slots=True)
+class Segment:
+    """The value of one tree node covering positions `[start, end)`.
+
+    `snapshots` maps a length in `(start, end]` to the states after that many tokens.
+    """
+
+    run: Run | None
+    start: int
+    end: int
+    nbytes_per_token: int
+    snapshots: dict[int, Snapshot] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.end - self.start) * self.nbytes_per_token + sum(s.nbytes for s in self.snapshots.values())
+
+    def split(self, offset: int) -> tuple[Segment, Segment]:
+        at = self.start + offset
+        head = Segment(
+            self.run, self.start, at, self.nbytes_per_token, {n: s for n, s in self.snapshots.items() if n <= at}
+        )
+        tail = Segment(
+            self.run, at, self.end, self.nbytes_per_token, {n: s for n, s in self.snapshots.items() if n > at}
+        )
+        if self.run is not None:
+            self.run.num_refs += 1  # one segment became two
+        return head, tail
+
+
+def gather_kv(
+    segments: Sequence[Segment], length: int
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None:
+    """Keys/values of positions `[0, length)` from consecutive segments starting at 0.
+
+    Views when the range lies in one run (the usual case); one concatenation otherwise.
+    """
+    pieces: list[tuple[Run, int, int]] = []
+    for seg in segments:
+        if seg.start >= length:
+            break
+        if seg.run is None:
+            return None
+        end = min(seg.end, length)
+        if pieces and pieces[-1][0] is seg.run and pieces[-1][2] == seg.start:
+            pieces[-1] = (seg.run, pieces[-1][1], end)
+        else:
+            pieces.append((seg.run, seg.start, end))
+    assert pieces and pieces[0][1] == 0 and pieces[-1][2] == length, f"segments do not cover [0, {length})"
+    if len(pieces) == 1:
+        run, a, b = pieces[0]
+        return run.slice(a, b)
+    parts = [run.slice(a, b) for run, a, b in pieces]
+    num_layers = len(parts[0][0])
+    keys: list[torch.Tensor | None] = []
+    values: list[torch.Tensor | None] = []
+    for i in range(num_layers):
+        ks = [p[0][i] for p in parts]
+        vs = [p[1][i] for p in parts]
+        keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
+        values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
+    return keys, values
