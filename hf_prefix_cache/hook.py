@@ -84,7 +84,7 @@ class GenerateHook:
         cache_kwarg = store.profile.cache_kwarg
         given = kwargs.get("past_key_values", kwargs.get("cache_params"))
         if given is not store:
-            if _is_prefix_cache(given):
+            if _is_prefix_cache(given) and given.model is not self._model:
                 raise IncompatibleModelError(
                     f"this PrefixCache was built for another model ({type(given.model).__name__}); "
                     f"make one for this model: PrefixCache(model)"

@@ -86,6 +86,33 @@ def default_max_bytes(model: Any) -> int:
     return min(ram // 4, 8 * _GiB)
 
 
+# Cache methods transformers calls; reaching one means the store was passed where a Cache was expected.
+_CACHE_API = frozenset(
+    {
+        "get_seq_length",
+        "update",
+        "get_mask_sizes",
+        "layers",
+        "crop",
+        "reorder_cache",
+        "update_conv_state",
+        "update_recurrent_state",
+        "has_previous_state",
+        "get_max_length",
+        "is_initialized",
+        "get_query_offset",
+        "is_compileable",
+        "is_sliding",
+        "early_initialization",
+        "batch_size",
+    }
+)
+
+
+class _NotAWorkingCacheError(AttributeError):
+    """A store was used where transformers expected a Cache."""
+
+
 @dataclass(slots=True)
 class Plan:
     """What one request takes from the store: the first `restore_len` tokens, pinned until `release`."""
@@ -311,6 +338,10 @@ class PrefixCache:
                     runs[id(seg.run)] = seg.run
                     covered.setdefault(id(seg.run), []).append((seg.start, seg.end))
             for key, run in runs.items():
+                for t in run.keys + run.values:
+                    held = t.untyped_storage().nbytes() if t is not None else 0
+                    if t is not None and held != t.nbytes:
+                        raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for a tensor of {t.nbytes}")
                 spans = sorted(covered[key])
                 if run.num_refs != len(spans):
                     raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")
@@ -321,6 +352,15 @@ class PrefixCache:
                     or any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1))
                 ):
                     raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans} ({joined})")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _CACHE_API:
+            raise _NotAWorkingCacheError(
+                f"PrefixCache has no {name!r}: it is a store, not a transformers Cache. Pass it to the generate() "
+                f"of the model it was built for ({type(self.__dict__.get('model')).__name__}), or use "
+                "store.lookup(ids).cache in a custom forward loop."
+            )
+        raise AttributeError(name)
 
     # --------------------------------------------------- used by the hook
     def count_fallback(self, reason: str, prompt_len: int) -> None:

@@ -1,0 +1,63 @@
+"""Shared helpers: tiny models, greedy generation with logits, cold-vs-cached comparison."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import TINY_MODELS, build, random_prompt  # noqa: E402
+
+LOGIT_TOL = 1e-4
+
+
+@functools.cache
+def cached_model(name: str) -> Any:
+    """One instance per name per session (tests attach and detach stores on it)."""
+    return build(name)
+
+
+@pytest.fixture
+def model_factory() -> Any:
+    """Build a fresh tiny model by name."""
+    return build
+
+
+def generate(model: Any, ids: torch.Tensor, new: int = 6, **kwargs: Any) -> Any:
+    """Greedy generation returning sequences and per-step logits."""
+    kwargs.setdefault("attention_mask", torch.ones_like(ids))
+    return model.generate(
+        ids, max_new_tokens=new, do_sample=False, output_logits=True, return_dict_in_generate=True, **kwargs
+    )
+
+
+def max_logit_diff(a: Any, b: Any) -> float:
+    assert len(a.logits) == len(b.logits)
+    return max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits, strict=True))
+
+
+def assert_same_as_cold(model: Any, ids: torch.Tensor, store: Any, new: int = 6, **kwargs: Any) -> Any:
+    """Run cold and through `store`; assert equal tokens and logits within LOGIT_TOL. Returns the cached output."""
+    cold = generate(model, ids, new, **kwargs)
+    warm = generate(model, ids, new, past_key_values=store, **kwargs)
+    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+    diff = max_logit_diff(cold, warm)
+    assert diff < LOGIT_TOL, f"logits differ by {diff}"
+    return warm
+
+
+__all__ = [
+    "LOGIT_TOL",
+    "TINY_MODELS",
+    "assert_same_as_cold",
+    "cached_model",
+    "generate",
+    "max_logit_diff",
+    "random_prompt",
+]
