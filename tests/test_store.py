@@ -57,7 +57,7 @@ def test_restore_shares_stored_tensors_without_copying(llama: Any) -> None:
             assert restored.untyped_storage().data_ptr() == run.keys[0].untyped_storage().data_ptr()
         generate(llama, ids, past_key_values=store)
         generate(llama, torch.cat([ids, random_prompt(5, seed=2)], 1), past_key_values=store)
-        assert all(torch.equal(a, b[..., : a.shape[-2], :]) for a, b in zip(before, [t for t in run.keys], strict=True))
+        assert all(torch.equal(a, b[..., : a.shape[-2], :]) for a, b in zip(before, run.keys, strict=True))
     finally:
         store.detach()
 

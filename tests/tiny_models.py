@@ -117,9 +117,7 @@ def tiny_qwen3() -> PreTrainedModel:
 
 def tiny_phi3() -> PreTrainedModel:
     """Phi-3 (fused qkv / gate_up), 2 layers of full attention."""
-    return _make(
-        transformers.Phi3Config, "Phi3ForCausalLM", num_hidden_layers=2, sliding_window=None, **_ATTN
-    )
+    return _make(transformers.Phi3Config, "Phi3ForCausalLM", num_hidden_layers=2, sliding_window=None, **_ATTN)
 
 
 def tiny_gpt2() -> PreTrainedModel:
