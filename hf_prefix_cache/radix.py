@@ -147,6 +147,8 @@ class RadixTree(Generic[V]):
         called at most once, and not at all when `symbols` is already stored. An edge that the
         new sequence leaves in its middle is split, with its value split alongside.
         """
+        if not symbols:
+            return InsertResult(0, (), None)
         root = self._roots.get(namespace)
         if root is None:
             root = self._roots[namespace] = Node(namespace, None, (), 0)
@@ -238,6 +240,11 @@ class RadixTree(Generic[V]):
 
     def remove(self, node: Node[V]) -> list[Node[V]]:
         """Remove `node` and its whole subtree, whatever their locks; returns the removed nodes."""
+        # Locks held inside the subtree no longer pin the ancestors.
+        walk = node.parent
+        while walk is not None and not walk.is_root:
+            walk.lock_ref -= node.lock_ref
+            walk = walk.parent
         removed = [node]
         stack = list(node.children.values())
         while stack:
@@ -271,9 +278,10 @@ class RadixTree(Generic[V]):
                 raise RuntimeError(f"{node} is not linked under its first symbol")
             if node.value is None or node.value.nbytes != node.nbytes:
                 raise RuntimeError(f"{node} caches nbytes={node.nbytes}, value says otherwise")
+            # A node's count includes its children's (locks walk up), so it is at least their sum.
             locked_children = sum(c.lock_ref for c in node.children.values())
-            if node.lock_ref < 0 or node.lock_ref < max((c.lock_ref for c in node.children.values()), default=0):
-                raise RuntimeError(f"{node} lock_ref={node.lock_ref} below a child's ({locked_children} in all)")
+            if node.lock_ref < locked_children:
+                raise RuntimeError(f"{node} lock_ref={node.lock_ref} below its children's {locked_children}")
         if nbytes != self.total_nbytes:
             raise RuntimeError(f"total_nbytes={self.total_nbytes} but nodes hold {nbytes}")
         if count != self.num_nodes:
