@@ -35,7 +35,8 @@ def build_tiny_llama(layers: int, hidden: int, vocab: int) -> Any:
         eos_token_id=None,
         pad_token_id=None,
     )
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config)
+    model.eval()  # type: ignore[no-untyped-call]
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = None
     return model

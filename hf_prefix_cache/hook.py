@@ -19,16 +19,14 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .cache import WorkingCache
 from .errors import IncompatibleModelError
 from .segments import Snapshot
-
-if TYPE_CHECKING:
-    from .store import Plan, PrefixCache
+from .store import Plan, PrefixCache
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -84,7 +82,7 @@ class GenerateHook:
         cache_kwarg = store.profile.cache_kwarg
         given = kwargs.get("past_key_values", kwargs.get("cache_params"))
         if given is not store:
-            if _is_prefix_cache(given) and given.model is not self._model:
+            if isinstance(given, PrefixCache) and given.model is not self._model:
                 raise IncompatibleModelError(
                     f"this PrefixCache was built for another model ({type(given.model).__name__}); "
                     f"make one for this model: PrefixCache(model)"
@@ -240,12 +238,6 @@ class GenerateHook:
             return original(input_ids, *args, **kwargs)
 
         self._model.prepare_inputs_for_generation = prepare_inputs_for_generation
-
-
-def _is_prefix_cache(obj: Any) -> bool:
-    from .store import PrefixCache
-
-    return isinstance(obj, PrefixCache)
 
 
 def _effective_generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:

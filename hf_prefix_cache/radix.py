@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 
 class NodeValue(Protocol):
@@ -66,15 +66,15 @@ class MatchResult(NamedTuple):
     """
 
     matched_len: int
-    path: tuple[Node, ...]
+    path: tuple[Node[Any], ...]
 
 
 class InsertResult(NamedTuple):
     """What an insert found and added: `path` covers the whole inserted sequence."""
 
     matched_len: int
-    path: tuple[Node, ...]
-    new_node: Node | None
+    path: tuple[Node[Any], ...]
+    new_node: Node[Any] | None
 
 
 class RadixTree(Generic[V]):
