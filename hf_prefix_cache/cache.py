@@ -42,20 +42,28 @@ class WorkingCache(DynamicCache):
         keys: list[torch.Tensor | None] | None,
         values: list[torch.Tensor | None] | None,
         snapshot: Snapshot | None,
+        batch_size: int = 1,
     ) -> None:
-        """Load a prefix of `length` tokens: key views for attention layers, state clones for the rest."""
+        """Load a prefix of `length` tokens: key views for attention layers, state clones for the rest.
+
+        With `batch_size > 1` every row gets the same prefix (broadcast views; transformers
+        concatenates onto them, which makes new tensors).
+        """
+        assert batch_size == 1 or not self.profile.has_state, "batched restores are for attention-only models"
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
             if adapter.has_kv:
                 assert keys is not None and values is not None
                 k, v = keys[i], values[i]
                 assert k is not None and v is not None, f"layer {i} has no stored keys"
+                if batch_size > 1:
+                    k, v = k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)
                 adapter.restore_kv(layer, k, v, length)
             if adapter.has_state:
                 assert snapshot is not None and snapshot.length == length, "state restore needs a snapshot at length"
                 adapter.restore_state(layer, snapshot.states[i])
 
-    def capture_run(self, length: int) -> Run:
-        """The keys/values of positions `[0, length)`, by reference."""
+    def capture_run(self, length: int, row: int | None = None) -> Run:
+        """The keys/values of positions `[0, length)` (of one batch `row`), by reference."""
         keys: list[torch.Tensor | None] = []
         values: list[torch.Tensor | None] = []
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
@@ -64,6 +72,8 @@ class WorkingCache(DynamicCache):
                 assert kv is not None and kv[0].shape[-2] == length, (
                     f"layer {i} holds {None if kv is None else kv[0].shape[-2]} positions, expected {length}"
                 )
+            if kv is not None and row is not None:
+                kv = kv[0][row : row + 1], kv[1][row : row + 1]
             keys.append(kv[0] if kv is not None else None)
             values.append(kv[1] if kv is not None else None)
         return Run(keys, values, 0, length)

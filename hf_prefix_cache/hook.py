@@ -100,13 +100,15 @@ class GenerateHook:
             store.count_fallback(reason, prompt_len)
             return self._original(*args, **kwargs)
         assert isinstance(input_ids, torch.Tensor)
-        tokens = [int(t) for t in input_ids[0].tolist()]
+        rows = input_ids.tolist()
+        # Rows of a batch reuse only what all of them share; the last token is always fed, for its logits.
+        shared = _common_prefix_len(rows)
         namespace = store.namespace()
-        plan = store.acquire(namespace, tokens)
+        plan = store.acquire(namespace, rows[0][:shared], limit=min(shared, len(rows[0]) - 1))
         try:
             cache = store.new_cache()
             if plan.restore_len:
-                cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot)
+                cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot, batch_size=len(rows))
             plan.keys = plan.values = None  # the cache holds them now
             snapshots: list[Snapshot] = []
             fed = plan.restore_len
@@ -118,7 +120,7 @@ class GenerateHook:
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
-        store.count_request(len(tokens), plan.restore_len)
+        store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         self._store_result(namespace, sequences, cache, snapshots)
         return output
@@ -132,7 +134,8 @@ class GenerateHook:
             return "inputs_embeds"
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             return "no_input_ids"
-        if input_ids.shape[0] != 1:
+        if input_ids.shape[0] != 1 and store.profile.has_state:
+            # Recurrent states would need one snapshot chain per row.
             return "batch_size"
         if input_ids.shape[1] == 0:
             return "empty_prompt"
@@ -217,8 +220,9 @@ class GenerateHook:
         length = kv_len if kv_len is not None else sequences.shape[1] - 1
         if length <= 0:
             return
-        tokens = [int(t) for t in sequences[0, :length].tolist()]
-        self._store.insert_sequence(namespace, tokens, cache, snapshots)
+        batched = sequences.shape[0] > 1
+        for row, ids in enumerate(sequences[:, :length].tolist()):
+            self._store.insert_sequence(namespace, ids, cache, snapshots, row=row if batched else None)
 
     # ----------------------------------------------------------- cache_params
     def _patch_prepare_inputs(self) -> None:
@@ -238,6 +242,17 @@ class GenerateHook:
             return original(input_ids, *args, **kwargs)
 
         self._model.prepare_inputs_for_generation = prepare_inputs_for_generation
+
+
+def _common_prefix_len(rows: list[list[int]]) -> int:
+    first = rows[0]
+    n = len(first)
+    for row in rows[1:]:
+        i = 0
+        while i < n and row[i] == first[i]:
+            i += 1
+        n = i
+    return n
 
 
 def _effective_generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:

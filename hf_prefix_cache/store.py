@@ -373,21 +373,25 @@ class PrefixCache:
             self._warned.add(reason)
         (logger.warning if first else logger.info)("prefix cache skipped, running cold: %s", reason)
 
-    def count_request(self, prompt_len: int, restore_len: int) -> None:
+    def count_request(self, prompt_len: int, restore_len: int, num_rows: int = 1) -> None:
         with self._lock:
             c = self._counters
             c.requests += 1
-            c.prompt_tokens += prompt_len
-            c.hit_tokens += restore_len
-            c.computed_tokens += prompt_len - restore_len
+            c.prompt_tokens += prompt_len * num_rows
+            c.hit_tokens += restore_len * num_rows
+            c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0
 
-    def acquire(self, namespace: str, tokens: Sequence[int]) -> Plan:
-        """Match `tokens`, pin the matched path, and gather what restoring it needs."""
-        n = len(tokens)
+    def acquire(self, namespace: str, tokens: Sequence[int], limit: int | None = None) -> Plan:
+        """Match `tokens`, pin the matched path, and gather what restoring it needs.
+
+        Restores at most `limit` tokens (default: all but the last, which is fed for its logits).
+        """
+        if limit is None:
+            limit = len(tokens) - 1
         with self._lock:
             match = self._tree.match(namespace, tokens)
-            limit = min(match.matched_len, n - 1)  # the last prompt token is always fed, for its logits
+            limit = min(match.matched_len, limit)
             restore_len, snapshot = limit, None
             if self.profile.has_state:
                 restore_len, snapshot = _best_snapshot(match.path, limit)
@@ -409,13 +413,23 @@ class PrefixCache:
                     self._tree.unlock(plan.path[-1])
 
     def insert_sequence(
-        self, namespace: str, tokens: Sequence[int], cache: WorkingCache, snapshots: Sequence[Snapshot]
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        cache: WorkingCache,
+        snapshots: Sequence[Snapshot],
+        row: int | None = None,
     ) -> int:
-        """Store the states in `cache` for `tokens` (all of them), plus earlier `snapshots`."""
+        """Store the states in `cache` for `tokens` (all of them), plus earlier `snapshots`.
+
+        `row` picks one row of a batched cache; its new tokens are then always copied out,
+        since the batch's tensors hold every row.
+        """
         length = len(tokens)
         if length == 0:
             return 0
-        run = cache.capture_run(length) if self.profile.has_kv else None
+        assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
+        run = cache.capture_run(length, row) if self.profile.has_kv else None
         all_snapshots = list(snapshots)
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
@@ -435,7 +449,7 @@ class PrefixCache:
             result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, nbytes_per_token))
             if run is not None and result.new_node is not None:
                 run.num_refs += 1
-                self._place_run(run, result.path[:-1], result.matched_len, length)
+                self._place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
             for snap in all_snapshots:
                 self._attach_snapshot(result.path, snap)
             self._tree.touch(result.path)
@@ -443,7 +457,9 @@ class PrefixCache:
             return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
-    def _place_run(self, run: Run, matched: Sequence[Node[Segment]], matched_len: int, length: int) -> None:
+    def _place_run(
+        self, run: Run, matched: Sequence[Node[Segment]], matched_len: int, length: int, may_move: bool
+    ) -> None:
         """Make `run` (positions `[0, length)`) back the new leaf without holding a second copy of the prefix.
 
         When the matched nodes' runs back nothing else, they move onto `run` and their old
@@ -457,7 +473,7 @@ class PrefixCache:
             assert seg is not None and seg.run is not None
             counts[id(seg.run)] += 1
             old_runs[id(seg.run)] = seg.run
-        if all(old_runs[key].num_refs == count for key, count in counts.items()):
+        if may_move and all(old_runs[key].num_refs == count for key, count in counts.items()):
             for node in matched:
                 assert node.value is not None
                 node.value.run = run

@@ -72,7 +72,7 @@ def test_batch_with_left_padding_runs_cold(llama_store: tuple[Any, PrefixCache])
     before = _footprint(store)
     cold = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
     warm = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, past_key_values=store)
-    _assert_cold_and_counted(store, "batch_size", cold, warm, before)
+    _assert_cold_and_counted(store, "padding", cold, warm, before)
 
 
 def test_attention_mask_with_zeros_runs_cold(llama_store: tuple[Any, PrefixCache]) -> None:
@@ -183,3 +183,16 @@ def test_calls_without_the_store_are_untouched() -> None:
     finally:
         store.detach()
     assert "generate" not in vars(model)
+
+
+def test_batch_on_a_recurrent_model_runs_cold() -> None:
+    """Batches on models with recurrent layers are not reused (one snapshot chain per row would be needed)."""
+    model = cached_model("bamba")
+    store = PrefixCache(model)
+    try:
+        ids = torch.cat([random_prompt(20, seed=1), random_prompt(20, seed=2)])
+        cold = model.generate(ids, max_new_tokens=3, do_sample=False)
+        warm = model.generate(ids, max_new_tokens=3, do_sample=False, past_key_values=store)
+        _assert_cold_and_counted(store, "batch_size", cold, warm, (0, 0, 0))
+    finally:
+        store.detach()

@@ -286,3 +286,42 @@ def test_public_names_are_sorted_and_importable() -> None:
     """`__all__` is sorted and every name in it exists."""
     assert hf_prefix_cache.__all__ == sorted(hf_prefix_cache.__all__)
     assert all(hasattr(hf_prefix_cache, name) for name in hf_prefix_cache.__all__)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_batch_rows_reuse_their_shared_stored_prefix(name: str) -> None:
+    """Unpadded rows sharing a stored system prompt reuse it, match a cold batch, and are stored row by row."""
+    model = cached_model(name)
+    store = PrefixCache(model)
+    try:
+        system = random_prompt(30, seed=15)
+        generate(model, torch.cat([system, random_prompt(8, seed=300)], 1), past_key_values=store)
+        questions = []
+        for i in range(3):
+            q = random_prompt(8, seed=301 + i)
+            q[0, 0] = 100 + i
+            questions.append(torch.cat([system, q], 1))
+        batch = torch.cat(questions)
+        hits = store.stats().hit_tokens
+        warm = assert_same_as_cold(model, batch, store)
+        assert store.stats().hit_tokens - hits == 3 * 30
+        store.check_integrity()
+        assert store.stats().nbytes == _held_bytes(store)
+        for row in range(3):
+            with store.lookup(warm.sequences[row : row + 1]) as hit:
+                assert hit.cached_len == warm.sequences.shape[1] - 1
+    finally:
+        store.detach()
+
+
+def test_identical_rows_reuse_all_but_the_last_token(llama: Any) -> None:
+    """A batch of one prompt repeated reuses everything but the last token for every row."""
+    store = PrefixCache(llama)
+    try:
+        ids = random_prompt(30, seed=16)
+        generate(llama, ids, past_key_values=store)
+        hits = store.stats().hit_tokens
+        assert_same_as_cold(llama, torch.cat([ids, ids]), store)
+        assert store.stats().hit_tokens - hits == 2 * 29
+    finally:
+        store.detach()
