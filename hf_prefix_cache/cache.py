@@ -8,10 +8,8 @@ transformers' cache attributes directly (through `layers/`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from .profile import ModelProfile
 from .segments import Run, Snapshot
@@ -26,11 +24,9 @@ class WorkingCache(DynamicCache):
     whose ids transformers does not slice).
     """
 
-    def __init__(self, config: Any, profile: ModelProfile) -> None:
-        super().__init__(config=config.get_text_config(decoder=True))
-        assert len(self.layers) == len(profile.adapters), (
-            f"cache has {len(self.layers)} layers, profile {len(profile.adapters)}"
-        )
+    def __init__(self, profile: ModelProfile) -> None:
+        # The layers DynamicCache(config=...) would build, without re-reading the config per request.
+        Cache.__init__(self, layers=[cls(**kwargs) for cls, kwargs in profile.layer_specs])
         self.profile = profile
         self.skip_len: int | None = None
         for layer, adapter in zip(self.layers, profile.adapters, strict=True):

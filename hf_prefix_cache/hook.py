@@ -14,7 +14,6 @@ end where snapshots are wanted (the divergence from the stored prefix, every
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import logging
@@ -149,7 +148,7 @@ class GenerateHook:
             return "custom_generate"
         if arguments.get("negative_prompt_ids") is not None:
             return "negative_prompt"
-        config = _effective_generation_config(model, arguments.get("generation_config"), kwargs)
+        config = _GenerationSettings(model, arguments.get("generation_config"), kwargs)
         if (config.num_beams or 1) > 1:
             return "beam_search"
         if (config.num_return_sequences or 1) > 1:
@@ -255,11 +254,21 @@ def _common_prefix_len(rows: list[list[int]]) -> int:
     return n
 
 
-def _effective_generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:
-    base = generation_config if generation_config is not None else model.generation_config
-    config = copy.deepcopy(base)
-    config.update(**{k: v for k, v in kwargs.items() if hasattr(config, k)})
-    return config
+class _GenerationSettings:
+    """Reads a generation setting as `generate` will see it: kwarg, then the passed config, then the model's."""
+
+    def __init__(self, model: Any, generation_config: Any, kwargs: dict[str, Any]) -> None:
+        self._configs = [c for c in (generation_config, model.generation_config) if c is not None]
+        self._kwargs = kwargs
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._kwargs:
+            return self._kwargs[name]
+        for config in self._configs:
+            value = getattr(config, name, None)
+            if value is not None:
+                return value
+        return None
 
 
 def _infers_padding(input_ids: torch.Tensor, config: Any) -> bool:

@@ -11,7 +11,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import DynamicCache
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
 from .layers import LayerAdapter, adapter_for
 
@@ -28,6 +28,7 @@ class ModelProfile:
 
     cache_kwarg: str
     adapters: tuple[LayerAdapter, ...]
+    layer_specs: tuple[tuple[type, dict[str, Any]], ...]
     has_kv: bool
     has_state: bool
     single_token_steps: bool
@@ -52,20 +53,26 @@ def profile_model(model: Any) -> ModelProfile:
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
     unsupported = _unsupported_reason(model, config, model_type)
     adapters: list[LayerAdapter] = []
+    specs: list[tuple[type, dict[str, Any]]] = []
     if unsupported is None:
-        probe = DynamicCache(config=config.get_text_config(decoder=True))
-        for layer in probe.layers:
-            adapter = adapter_for(layer)
+        # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
+        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
+            cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
+            adapter = adapter_for(cls(**kwargs)) if cls is not None else None
             if adapter is None:
-                unsupported = f"unsupported_layer:{type(layer).__name__}"
-                adapters = []
+                unsupported = f"unsupported_layer:{cls.__name__ if cls is not None else layer_type}"
+                adapters, specs = [], []
                 break
+            assert cls is not None
             adapters.append(adapter)
+            specs.append((cls, dict(kwargs)))
         if unsupported is None and not adapters:
             unsupported = "no_cache_layers"
     return ModelProfile(
         cache_kwarg=cache_kwarg,
         adapters=tuple(adapters),
+        layer_specs=tuple(specs),
         has_kv=any(a.has_kv for a in adapters),
         has_state=any(a.has_state for a in adapters),
         single_token_steps=model_type in _SINGLE_TOKEN_STEP_MODEL_TYPES,

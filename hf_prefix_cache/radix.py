@@ -95,8 +95,12 @@ class RadixTree(Generic[V]):
     def __init__(self) -> None:
         self._roots: dict[Hashable, Node[V]] = {}
         self._clock = itertools.count(1)
+        # Eviction candidates, (last_access, id, node); entries go stale instead of being removed
+        # and are checked when popped, so keeping LRU order costs O(log n) per change.
+        self._candidates: list[tuple[int, int, Node[V]]] = []
         self.total_nbytes = 0
         self.num_nodes = 0
+        self.num_leaves = 0
 
     # ----------------------------------------------------------------- queries
     def match(self, namespace: Hashable, symbols: Sequence[Hashable]) -> MatchResult:
@@ -174,10 +178,14 @@ class RadixTree(Generic[V]):
             new_node.value = value
             new_node.nbytes = value.nbytes
             new_node.last_access = now
+            if node.children or node.is_root:
+                self.num_leaves += 1
             node.children[new_node.key[0]] = new_node
             self.total_nbytes += new_node.nbytes
             self.num_nodes += 1
             path.append(new_node)
+        if path:
+            self._offer(path[-1])
         return InsertResult(matched_len, tuple(path), new_node)
 
     def set_value(self, node: Node[V], value: V) -> None:
@@ -196,6 +204,8 @@ class RadixTree(Generic[V]):
         now = next(self._clock)
         for node in path:
             node.last_access = now
+        if path:
+            self._offer(path[-1])
 
     def lock(self, node: Node[V]) -> None:
         """Pin `node` and its ancestors: pinned nodes are never evicted. Pair with `unlock(node)`.
@@ -215,6 +225,8 @@ class RadixTree(Generic[V]):
         while walk is not None and not walk.is_root:
             assert walk.lock_ref > 0, f"unlock of an unlocked node {walk}"
             walk.lock_ref -= 1
+            if walk.lock_ref == 0:
+                self._offer(walk)
             walk = walk.parent
 
     def evict(self, nbytes_to_free: int) -> list[Node[V]]:
@@ -225,17 +237,18 @@ class RadixTree(Generic[V]):
         """
         if nbytes_to_free <= 0:
             return []
-        heap = [(n.last_access, id(n), n) for n in self.iter_nodes() if self._is_evictable(n)]
-        heapq.heapify(heap)
+        heap = self._candidates
         evicted: list[Node[V]] = []
         freed = 0
         while heap and freed < nbytes_to_free:
-            _, _, node = heapq.heappop(heap)
+            last_access, _, node = heapq.heappop(heap)
+            if node.last_access != last_access or node.parent is None or not self._is_evictable(node):
+                continue  # stale: used, detached, locked or no longer a leaf since it was offered
             freed += node.nbytes
             parent = self._remove_leaf(node)
             evicted.append(node)
-            if parent is not None and not parent.is_root and self._is_evictable(parent):
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            if parent is not None:
+                self._offer(parent)
         return evicted
 
     def remove(self, node: Node[V]) -> list[Node[V]]:
@@ -251,25 +264,34 @@ class RadixTree(Generic[V]):
             child = stack.pop()
             removed.append(child)
             stack.extend(child.children.values())
+        parent = node.parent
         for gone in reversed(removed):
             gone.children.clear()
             self._remove_leaf(gone)
+        if parent is not None:
+            self._offer(parent)
         return removed
 
     def clear(self) -> list[Node[V]]:
         """Remove everything; returns the removed nodes."""
         removed = list(self.iter_nodes())
+        for node in removed:
+            node.parent = None
         self._roots.clear()
+        self._candidates.clear()
         self.total_nbytes = 0
         self.num_nodes = 0
+        self.num_leaves = 0
         return removed
 
     def check_integrity(self) -> None:
         """Raise `RuntimeError` naming the totals that disagree."""
         nbytes = 0
         count = 0
+        leaves = 0
         for node in self.iter_nodes():
             count += 1
+            leaves += not node.children
             nbytes += node.nbytes
             assert node.parent is not None
             if node.start != node.parent.end:
@@ -286,10 +308,20 @@ class RadixTree(Generic[V]):
             raise RuntimeError(f"total_nbytes={self.total_nbytes} but nodes hold {nbytes}")
         if count != self.num_nodes:
             raise RuntimeError(f"num_nodes={self.num_nodes} but the tree has {count}")
+        if leaves != self.num_leaves:
+            raise RuntimeError(f"num_leaves={self.num_leaves} but the tree has {leaves}")
 
     # ----------------------------------------------------------------- helpers
     def _is_evictable(self, node: Node[V]) -> bool:
-        return not node.children and node.lock_ref == 0
+        return not node.children and node.lock_ref == 0 and not node.is_root
+
+    def _offer(self, node: Node[V]) -> None:
+        """Make `node` an eviction candidate if it is one now."""
+        if self._is_evictable(node):
+            heapq.heappush(self._candidates, (node.last_access, id(node), node))
+            if len(self._candidates) > 2 * self.num_nodes + 1024:
+                self._candidates = [(n.last_access, id(n), n) for n in self.iter_nodes() if self._is_evictable(n)]
+                heapq.heapify(self._candidates)
 
     def _remove_leaf(self, node: Node[V]) -> Node[V] | None:
         parent = node.parent
@@ -298,6 +330,8 @@ class RadixTree(Generic[V]):
         node.parent = None
         self.total_nbytes -= node.nbytes
         self.num_nodes -= 1
+        if parent.children or parent.is_root:
+            self.num_leaves -= 1
         if parent.is_root and not parent.children:
             self._roots.pop(parent.namespace, None)
         return parent
@@ -333,10 +367,12 @@ class _ValueFactory(Protocol[V]):  # type: ignore[misc]
 def _common_len(key: tuple[Hashable, ...], symbols: Sequence[Hashable], pos: int) -> int:
     """Number of leading symbols of `key` equal to `symbols[pos:]`."""
     n = min(len(key), len(symbols) - pos)
-    # Whole-slice comparison runs in C; fall back to a scan only to locate a divergence.
+    # Slice comparisons run in C: find the first differing block of 64, then scan inside it.
     if tuple(symbols[pos : pos + n]) == key[:n]:
         return n
     i = 0
+    while i + 64 <= n and tuple(symbols[pos + i : pos + i + 64]) == key[i : i + 64]:
+        i += 64
     while i < n and key[i] == symbols[pos + i]:
         i += 1
     return i

@@ -53,12 +53,6 @@ class Run:
             [v[..., a:b, :] if v is not None else None for v in self.values],
         )
 
-    def adopt(self, other: Run) -> None:
-        """Take `other`'s tensors, which must hold this run's positions too (same values)."""
-        assert other.lo <= self.lo and self.hi <= other.hi, f"[{other.lo}, {other.hi}) lacks [{self.lo}, {self.hi})"
-        self.keys, self.values = other.keys, other.values
-        self.lo, self.hi = other.lo, other.hi
-
     def compact(self, lo: int, hi: int) -> None:
         """Keep only `[lo, hi)`, copied into tensors of their own so the rest is freed."""
         keys, values = self.slice(lo, hi)
@@ -109,35 +103,40 @@ class Segment:
         return head, tail
 
 
-def gather_kv(
-    segments: Sequence[Segment], length: int
-) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None:
-    """Keys/values of positions `[0, length)` from consecutive segments starting at 0.
+KVPieces = list[tuple[list[torch.Tensor | None], list[torch.Tensor | None]]]
 
-    Views when the range lies in one run (the usual case); one concatenation otherwise.
+
+def kv_pieces(segments: Sequence[Segment], length: int) -> KVPieces:
+    """Views of positions `[0, length)` from consecutive segments starting at 0, one per run.
+
+    Segments that continue each other in one run merge into one view, so a prefix that lies in
+    one run (the usual case) is a single piece. Empty for `length == 0` or segments without keys.
     """
-    pieces: list[tuple[Run, int, int]] = []
+    spans: list[tuple[Run, int, int]] = []
     for seg in segments:
-        if seg.start >= length:
+        if seg.start >= length or seg.run is None:
             break
-        if seg.run is None:
-            return None
         end = min(seg.end, length)
-        if pieces and pieces[-1][0] is seg.run and pieces[-1][2] == seg.start:
-            pieces[-1] = (seg.run, pieces[-1][1], end)
+        if spans and spans[-1][0] is seg.run and spans[-1][2] == seg.start:
+            spans[-1] = (seg.run, spans[-1][1], end)
         else:
-            pieces.append((seg.run, seg.start, end))
-    assert pieces and pieces[0][1] == 0 and pieces[-1][2] == length, f"segments do not cover [0, {length})"
+            spans.append((seg.run, seg.start, end))
+    if not spans:
+        return []
+    assert spans[0][1] == 0 and spans[-1][2] == length, f"segments do not cover [0, {length})"
+    return [run.slice(a, b) for run, a, b in spans]
+
+
+def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """One key and one value tensor per layer: the piece itself, or a concatenation of several."""
+    assert pieces, "nothing to join"
     if len(pieces) == 1:
-        run, a, b = pieces[0]
-        return run.slice(a, b)
-    parts = [run.slice(a, b) for run, a, b in pieces]
-    num_layers = len(parts[0][0])
+        return pieces[0]
     keys: list[torch.Tensor | None] = []
     values: list[torch.Tensor | None] = []
-    for i in range(num_layers):
-        ks = [p[0][i] for p in parts]
-        vs = [p[1][i] for p in parts]
+    for i in range(len(pieces[0][0])):
+        ks = [p[0][i] for p in pieces]
+        vs = [p[1][i] for p in pieces]
         keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
         values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
     return keys, values

@@ -24,7 +24,7 @@ from .cache import WorkingCache
 from .keys import model_namespace
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
-from .segments import Run, Segment, Snapshot, gather_kv
+from .segments import Run, Segment, Snapshot, join_kv, kv_pieces
 from .stats import CacheStats
 
 if TYPE_CHECKING:
@@ -218,6 +218,7 @@ class PrefixCache:
         self._tree: RadixTree[Segment] = RadixTree()
         self._lock = threading.RLock()
         self._counters = _Counters()
+        self._num_snapshots = 0
         self._warned: set[str] = set()
         self._namespace_cache: tuple[Any, str] | None = None
         self._hook: GenerateHook | None = None
@@ -237,18 +238,17 @@ class PrefixCache:
         """Counters and current size, as an immutable snapshot."""
         with self._lock:
             c = self._counters
-            nodes = list(self._tree.iter_nodes())
             return CacheStats(
                 requests=c.requests,
                 hit_requests=c.hit_requests,
                 prompt_tokens=c.prompt_tokens,
                 hit_tokens=c.hit_tokens,
                 computed_tokens=c.computed_tokens,
-                entries=sum(1 for n in nodes if not n.children),
-                nodes=len(nodes),
+                entries=self._tree.num_leaves,
+                nodes=self._tree.num_nodes,
                 nbytes=self._tree.total_nbytes,
                 max_bytes=self.max_bytes,
-                snapshots=sum(len(n.value.snapshots) for n in nodes if n.value is not None),
+                snapshots=self._num_snapshots,
                 evictions=c.evictions,
                 evicted_bytes=c.evicted_bytes,
                 fallbacks=dict(c.fallbacks),
@@ -263,6 +263,7 @@ class PrefixCache:
         """Drop every stored entry (pinned ones too: their users keep their own references)."""
         with self._lock:
             self._tree.clear()
+            self._num_snapshots = 0
 
     def detach(self) -> None:
         """Unwrap `model.generate`; the store keeps its entries and its low-level API."""
@@ -319,7 +320,7 @@ class PrefixCache:
 
     def new_cache(self) -> WorkingCache:
         """An empty working cache for this model."""
-        return WorkingCache(self.model.config, self.profile)
+        return WorkingCache(self.profile)
 
     def check_integrity(self) -> None:
         """Raise `RuntimeError` when stored bytes, runs or snapshots disagree with the tree."""
@@ -327,9 +328,11 @@ class PrefixCache:
             self._tree.check_integrity()
             covered: dict[int, list[tuple[int, int]]] = {}
             runs: dict[int, Run] = {}
+            num_snapshots = 0
             for node in self._tree.iter_nodes():
                 seg = node.value
                 assert seg is not None
+                num_snapshots += len(seg.snapshots)
                 if (seg.start, seg.end) != (node.start, node.end):
                     raise RuntimeError(f"{node} holds a segment of [{seg.start}, {seg.end})")
                 if any(not seg.start < n <= seg.end for n in seg.snapshots):
@@ -337,6 +340,8 @@ class PrefixCache:
                 if seg.run is not None:
                     runs[id(seg.run)] = seg.run
                     covered.setdefault(id(seg.run), []).append((seg.start, seg.end))
+            if num_snapshots != self._num_snapshots:
+                raise RuntimeError(f"counted {self._num_snapshots} snapshots, the tree holds {num_snapshots}")
             for key, run in runs.items():
                 for t in run.keys + run.values:
                     held = t.untyped_storage().nbytes() if t is not None else 0
@@ -398,11 +403,12 @@ class PrefixCache:
             path = match.path
             if path:
                 self._tree.lock(path[-1])
-            keys = values = None
-            if restore_len > 0 and self.profile.has_kv:
-                kv = gather_kv([node.value for node in path if node.value is not None], restore_len)
-                assert kv is not None, "a stored path lacks keys"
-                keys, values = kv
+            pieces = kv_pieces([node.value for node in path if node.value is not None], restore_len)
+        # Joining pieces may copy; outside the lock. The views stay valid: a compaction swaps a
+        # run's tensors for new ones and never writes into the old ones.
+        keys = values = None
+        if restore_len > 0 and self.profile.has_kv:
+            keys, values = join_kv(pieces)
         return Plan(namespace, restore_len, match.matched_len, keys, values, snapshot, path)
 
     def release(self, plan: Plan) -> None:
@@ -488,6 +494,7 @@ class PrefixCache:
                 assert seg is not None
                 if snap.length not in seg.snapshots:
                     seg.snapshots[snap.length] = snap
+                    self._num_snapshots += 1
                     self._tree.refresh_nbytes(node)
                 return
 
@@ -496,7 +503,9 @@ class PrefixCache:
         if evicted:
             self._counters.evictions += len(evicted)
             self._counters.evicted_bytes += sum(node.nbytes for node in evicted)
-            _release_segments([node.value for node in evicted if node.value is not None])
+            segments = [node.value for node in evicted if node.value is not None]
+            self._num_snapshots -= sum(len(seg.snapshots) for seg in segments)
+            _release_segments(segments)
 
 
 def _release_segments(segments: Sequence[Segment]) -> None:
