@@ -157,8 +157,10 @@ class GenerateHook:
             return "use_cache_false"
         if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
             return "assisted_decoding"
-        if config.cache_implementation is not None and config.cache_implementation != "dynamic":
-            return f"cache_implementation:{config.cache_implementation}"
+        # A model's default (Gemma checkpoints ship "hybrid") yields to a passed cache; an explicit request does not.
+        asked = config.explicit("cache_implementation")
+        if asked is not None and asked != "dynamic":
+            return f"cache_implementation:{asked}"
         if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
             return "output_attentions" if config.output_attentions else "output_hidden_states"
         mask = kwargs.get("attention_mask")
@@ -259,7 +261,14 @@ class _GenerationSettings:
 
     def __init__(self, model: Any, generation_config: Any, kwargs: dict[str, Any]) -> None:
         self._configs = [c for c in (generation_config, model.generation_config) if c is not None]
+        self._passed = generation_config
         self._kwargs = kwargs
+
+    def explicit(self, name: str) -> Any:
+        """The setting if this call asked for it (kwarg or passed config), ignoring the model's defaults."""
+        if name in self._kwargs:
+            return self._kwargs[name]
+        return getattr(self._passed, name, None)
 
     def __getattr__(self, name: str) -> Any:
         if name in self._kwargs:

@@ -196,3 +196,21 @@ def test_batch_on_a_recurrent_model_runs_cold() -> None:
         _assert_cold_and_counted(store, "batch_size", cold, warm, (0, 0, 0))
     finally:
         store.detach()
+
+
+def test_a_model_default_cache_implementation_does_not_block_reuse() -> None:
+    """Gemma checkpoints default to cache_implementation="hybrid"; a call through the store still reuses, exactly."""
+    model = cached_model("gemma2")
+    store = PrefixCache(model)
+    previous = model.generation_config.cache_implementation
+    model.generation_config.cache_implementation = "hybrid"
+    try:
+        ids = random_prompt(30, seed=3)
+        generate(model, ids, past_key_values=store)
+        cold = generate(model, ids)
+        warm = generate(model, ids, past_key_values=store)
+        assert torch.equal(cold.sequences, warm.sequences)
+        assert store.stats().hit_tokens == 29 and not store.stats().fallbacks
+    finally:
+        model.generation_config.cache_implementation = previous
+        store.detach()
