@@ -25,7 +25,9 @@ import torch
 from .cache import WorkingCache
 from .errors import IncompatibleModelError
 from .segments import Snapshot
+from .session import Session
 from .store import Plan, PrefixCache
+from .tiers import is_out_of_memory
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -80,6 +82,11 @@ class GenerateHook:
         store = self._store
         cache_kwarg = store.profile.cache_kwarg
         given = kwargs.get("past_key_values", kwargs.get("cache_params"))
+        session = None
+        if isinstance(given, Session):
+            session, given = given, given.store
+            if session.closed:
+                raise ValueError(f"session {session.name!r} is closed; open a new one with store.session(name)")
         if given is not store:
             if isinstance(given, PrefixCache) and given.model is not self._model:
                 raise IncompatibleModelError(
@@ -100,15 +107,13 @@ class GenerateHook:
             return self._original(*args, **kwargs)
         assert isinstance(input_ids, torch.Tensor)
         rows = input_ids.tolist()
-        # Rows of a batch reuse only what all of them share; the last token is always fed, for its logits.
-        shared = _common_prefix_len(rows)
         namespace = store.namespace()
-        plan = store.acquire(namespace, rows[0][:shared], limit=min(shared, len(rows[0]) - 1))
+        restored = self._restore(namespace, rows)
+        if restored is None:
+            store.count_fallback("out_of_memory", len(rows[0]))
+            return self._original(*args, **kwargs)
+        plan, cache = restored
         try:
-            cache = store.new_cache()
-            if plan.restore_len:
-                cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot, batch_size=len(rows))
-            plan.keys = plan.values = None  # the cache holds them now
             snapshots: list[Snapshot] = []
             fed = plan.restore_len
             if store.profile.has_state:
@@ -121,8 +126,36 @@ class GenerateHook:
             store.release(plan)
         store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store_result(namespace, sequences, cache, snapshots)
+        self._store_result(namespace, sequences, cache, snapshots, session)
         return output
+
+    def _restore(self, namespace: str, rows: list[list[int]]) -> tuple[Plan, WorkingCache] | None:
+        """Acquire and restore the shared prefix of `rows`; None when the device ran out of memory twice.
+
+        After a first out-of-memory error the store moves its unpinned entries off the device and
+        tries once more. A failed attempt leaves nothing pinned and no half-restored cache.
+        """
+        store = self._store
+        # Rows of a batch reuse only what all of them share; the last token is always fed, for its logits.
+        shared = _common_prefix_len(rows)
+        for attempt in range(2):
+            plan: Plan | None = None
+            try:
+                plan = store.acquire(namespace, rows[0][:shared], limit=min(shared, len(rows[0]) - 1))
+                cache = store.new_cache()
+                if plan.restore_len:
+                    cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot, batch_size=len(rows))
+                plan.keys = plan.values = None  # the cache holds them now
+                return plan, cache
+            except Exception as exc:
+                if plan is not None:
+                    store.release(plan)
+                if not is_out_of_memory(exc):
+                    raise
+                logger.warning("out of memory restoring a cached prefix (attempt %d): %s", attempt + 1, exc)
+                if attempt == 0:
+                    store.relieve_device()
+        return None
 
     def _why_cold(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
         """Name the reason this call cannot reuse safely, or None."""
@@ -214,7 +247,12 @@ class GenerateHook:
         self._model(input_ids=input_ids[:, start:end], **kwargs)
 
     def _store_result(
-        self, namespace: str, sequences: torch.Tensor, cache: WorkingCache, snapshots: list[Snapshot]
+        self,
+        namespace: str,
+        sequences: torch.Tensor,
+        cache: WorkingCache,
+        snapshots: list[Snapshot],
+        session: Session | None = None,
     ) -> None:
         kv_len = cache.kv_length()
         # The last generated token is never fed back, so the cache covers all but it.
@@ -223,7 +261,9 @@ class GenerateHook:
             return
         batched = sequences.shape[0] > 1
         for row, ids in enumerate(sequences[:, :length].tolist()):
-            self._store.insert_sequence(namespace, ids, cache, snapshots, row=row if batched else None)
+            self._store.insert_sequence(
+                namespace, ids, cache, snapshots, row=row if batched else None, session=None if batched else session
+            )
 
     # ----------------------------------------------------------- cache_params
     def _patch_prepare_inputs(self) -> None:

@@ -1,8 +1,10 @@
 """PrefixKey and namespaces: what identifies reusable work.
 
 A key is a namespace plus the token ids of a sequence. The namespace covers what changes the
-meaning of cached states for the same tokens: the model class and config, its dtype, active
-adapters and an optional user salt that keeps tenants apart. Entries of different
+meaning of cached states for the same tokens: the model class and config, its weights (a
+fingerprint sampled from every parameter, so two fine-tunes of one config never share, which
+matters most for entries persisted on disk), its dtype, active adapters and an optional user
+salt that keeps tenants apart. Entries of different
 namespaces never share tree nodes. Token ids are compared one by one on every hit, so no
 hash is ever trusted alone; the 128-bit xxhash here only fingerprints configurations.
 """
@@ -13,7 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import xxhash
+
+# Elements read from each parameter for the weights fingerprint: evenly spaced, so a fine-tune
+# (which moves nearly every element) or a merged adapter (a dense low-rank update) changes it.
+_SAMPLES_PER_PARAMETER = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +40,31 @@ def fingerprint(obj: Any) -> str:
     return xxhash.xxh3_128_hexdigest(blob)
 
 
-def model_namespace(model: Any, salt: str | None = None) -> str:
-    """The namespace of `model` as it is now (dtype and adapters can change between calls)."""
+def weights_fingerprint(model: Any) -> str:
+    """128-bit fingerprint of a model's weights: names, dtypes, shapes and a sample of every parameter.
+
+    Reads at most a few thousand elements per parameter, gathered on the parameter's own device,
+    so it costs milliseconds even for large models.
+    """
+    h = xxhash.xxh3_128()
+    h.update(str(getattr(model, "name_or_path", "")).encode())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            flat = param.detach().reshape(-1)
+            h.update(f"{name}:{flat.dtype}:{tuple(param.shape)}".encode())
+            if flat.numel() > _SAMPLES_PER_PARAMETER:
+                idx = torch.linspace(0, flat.numel() - 1, _SAMPLES_PER_PARAMETER, device=flat.device).long()
+                flat = flat[idx]
+            if flat.numel() and flat.device.type != "meta":
+                h.update(flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def model_namespace(model: Any, salt: str | None = None, weights: str | None = None) -> str:
+    """The namespace of `model` as it is now (dtype and adapters can change between calls).
+
+    `weights` is the model's `weights_fingerprint`, computed once by the store.
+    """
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else {}
     adapters: Any = None
     if getattr(model, "peft_config", None):
@@ -45,6 +75,7 @@ def model_namespace(model: Any, salt: str | None = None) -> str:
     parts = {
         "class": type(model).__name__,
         "config": fingerprint(config),
+        "weights": weights,
         "dtype": str(getattr(model, "dtype", None)),
         "adapters": adapters,
         "salt": salt,

@@ -1,18 +1,27 @@
-"""RadixTree: longest-prefix match, insert, lock and LRU eviction over symbol sequences.
+"""RadixTree: longest-prefix match, insert, lock and eviction order over symbol sequences.
 
-Owns the tree shape and the LRU order. Knows nothing about torch or models: a node's
-value is opaque, only asked for its `nbytes` and to `split` itself when an edge splits.
-Symbols are any hashable values compared by equality (token ids, media symbols).
+Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
+torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
+when an edge splits. Symbols are any hashable values compared by equality (token ids, media
+symbols).
 
 Each namespace has its own root, so entries of different namespaces never share nodes,
 while eviction still orders all of them by one clock.
+
+Tiers: every node sits on a tier (0 = fastest). The owner moves nodes between tiers
+(`set_tier`); the tree only keeps byte totals per tier and, per tier, the *frontier*: unlocked
+nodes of that tier with no child on the same or a faster tier. Those are the nodes that can
+leave the tier without stranding a faster descendant, and `pop_victim` hands them out least
+valuable first. A node's value for eviction is its `score` (lower leaves first), set by the
+`score` callable whenever the node is used; the default is its last-use clock (LRU).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 
@@ -33,7 +42,20 @@ V = TypeVar("V", bound=NodeValue)
 class Node(Generic[V]):
     """One edge of the tree: the symbols `key` covering positions `[start, start + len(key))`."""
 
-    __slots__ = ("children", "key", "last_access", "lock_ref", "namespace", "nbytes", "parent", "start", "value")
+    __slots__ = (
+        "children",
+        "key",
+        "last_access",
+        "lock_ref",
+        "namespace",
+        "nbytes",
+        "parent",
+        "score",
+        "start",
+        "tier",
+        "used_at",
+        "value",
+    )
 
     def __init__(self, namespace: Hashable, parent: Node[V] | None, key: tuple[Hashable, ...], start: int) -> None:
         self.namespace = namespace
@@ -45,6 +67,9 @@ class Node(Generic[V]):
         self.nbytes = 0
         self.lock_ref = 0
         self.last_access = 0
+        self.score = 0.0
+        self.tier = 0
+        self.used_at = 0.0  # time.monotonic() of the last use, for expiry
 
     @property
     def end(self) -> int:
@@ -77,10 +102,22 @@ class InsertResult(NamedTuple):
     new_node: Node[Any] | None
 
 
+ScoreFn = Callable[["Node[Any]", int], float]
+
+
+def lru_score(node: Node[Any], now: int) -> float:
+    """Least recently used first: the score is the clock of the node's last use."""
+    return float(now)
+
+
 class RadixTree(Generic[V]):
-    """A radix tree of symbol sequences with pinned nodes and LRU eviction of leaves.
+    """A radix tree of symbol sequences with pinned nodes, tiers and eviction order.
 
     Not thread-safe: the owner serialises calls.
+
+    Args:
+        num_tiers: how many tiers nodes can sit on (1: no tiers).
+        score: a node's eviction value when used at clock `now` (lower leaves first).
 
     Example:
         >>> class Blob(bytes):
@@ -92,22 +129,33 @@ class RadixTree(Generic[V]):
         2
     """
 
-    def __init__(self) -> None:
+    def __init__(self, num_tiers: int = 1, score: ScoreFn = lru_score) -> None:
+        assert num_tiers >= 1, f"num_tiers={num_tiers}"
         self._roots: dict[Hashable, Node[V]] = {}
         self._clock = itertools.count(1)
-        # Eviction candidates, (last_access, id, node); entries go stale instead of being removed
-        # and are checked when popped, so keeping LRU order costs O(log n) per change.
-        self._candidates: list[tuple[int, int, Node[V]]] = []
-        self.total_nbytes = 0
+        self._score = score
+        # Per tier, frontier candidates (score, seq, node); entries go stale instead of being
+        # removed and are checked when popped, so keeping the order costs O(log n) per change.
+        self._candidates: list[list[tuple[float, int, Node[V]]]] = [[] for _ in range(num_tiers)]
+        self._seq = itertools.count()
+        self.tier_nbytes = [0] * num_tiers
         self.num_nodes = 0
         self.num_leaves = 0
+
+    @property
+    def num_tiers(self) -> int:
+        return len(self.tier_nbytes)
+
+    @property
+    def total_nbytes(self) -> int:
+        return sum(self.tier_nbytes)
 
     # ----------------------------------------------------------------- queries
     def match(self, namespace: Hashable, symbols: Sequence[Hashable]) -> MatchResult:
         """Find the longest stored prefix of `symbols` in `namespace`.
 
         Time is proportional to `len(symbols)`, not to the number of stored entries.
-        Does not change the LRU order; call `touch` or `lock` for that.
+        Does not change the eviction order; call `touch` or `lock` for that.
         """
         root = self._roots.get(namespace)
         if root is None:
@@ -138,18 +186,29 @@ class RadixTree(Generic[V]):
     def namespaces(self) -> list[Hashable]:
         return list(self._roots)
 
+    def symbols_of(self, node: Node[V]) -> tuple[Hashable, ...]:
+        """The whole sequence from the root to the end of `node`."""
+        keys: list[tuple[Hashable, ...]] = []
+        walk: Node[V] | None = node
+        while walk is not None and not walk.is_root:
+            keys.append(walk.key)
+            walk = walk.parent
+        return tuple(s for key in reversed(keys) for s in key)
+
     # ---------------------------------------------------------------- mutation
     def insert(
         self,
         namespace: Hashable,
         symbols: Sequence[Hashable],
         make_value: _ValueFactory[V],
+        tier: int = 0,
     ) -> InsertResult:
         """Store `symbols`, sharing the longest existing prefix.
 
         `make_value(start, end)` builds the value of the new leaf covering `[start, end)`; it is
         called at most once, and not at all when `symbols` is already stored. An edge that the
-        new sequence leaves in its middle is split, with its value split alongside.
+        new sequence leaves in its middle is split, with its value split alongside. The new
+        leaf sits on `tier`.
         """
         if not symbols:
             return InsertResult(0, (), None)
@@ -166,7 +225,7 @@ class RadixTree(Generic[V]):
             common = _common_len(child.key, symbols, pos)
             if common < len(child.key):
                 child = self._split(child, common)
-            child.last_access = now
+            self._use(child, now)
             path.append(child)
             pos += common
             node = child
@@ -177,38 +236,49 @@ class RadixTree(Generic[V]):
             value = make_value(pos, n)
             new_node.value = value
             new_node.nbytes = value.nbytes
-            new_node.last_access = now
+            new_node.tier = tier
             if node.children or node.is_root:
                 self.num_leaves += 1
             node.children[new_node.key[0]] = new_node
-            self.total_nbytes += new_node.nbytes
+            self.tier_nbytes[tier] += new_node.nbytes
             self.num_nodes += 1
+            self._use(new_node, now)
             path.append(new_node)
-        if path:
-            self._offer(path[-1])
+        for node in path:
+            self._offer(node)
         return InsertResult(matched_len, tuple(path), new_node)
 
     def set_value(self, node: Node[V], value: V) -> None:
-        """Replace `node`'s value, keeping the byte total exact."""
-        self.total_nbytes += value.nbytes - node.nbytes
+        """Replace `node`'s value, keeping the byte totals exact."""
+        self.tier_nbytes[node.tier] += value.nbytes - node.nbytes
         node.value = value
         node.nbytes = value.nbytes
+        self._use(node, node.last_access)  # a cost-aware score depends on the bytes
+        self._offer(node)
 
     def refresh_nbytes(self, node: Node[V]) -> None:
         """Re-read `node.value.nbytes` after the owner changed the value in place."""
         assert node.value is not None, f"{node} has no value"
         self.set_value(node, node.value)
 
+    def set_tier(self, node: Node[V], tier: int) -> None:
+        """Record that `node`'s value now lives on `tier`; moves its bytes between the totals."""
+        assert 0 <= tier < self.num_tiers and node.parent is not None, f"{node} to tier {tier}"
+        self.tier_nbytes[node.tier] -= node.nbytes
+        self.tier_nbytes[tier] += node.nbytes
+        node.tier = tier
+        self._offer(node)
+        self._offer(node.parent)
+
     def touch(self, path: Sequence[Node[V]]) -> None:
-        """Mark `path` as used now (LRU order)."""
+        """Mark `path` as used now (eviction order)."""
         now = next(self._clock)
         for node in path:
-            node.last_access = now
-        if path:
-            self._offer(path[-1])
+            self._use(node, now)
+            self._offer(node)
 
     def lock(self, node: Node[V]) -> None:
-        """Pin `node` and its ancestors: pinned nodes are never evicted. Pair with `unlock(node)`.
+        """Pin `node` and its ancestors: pinned nodes are never evicted nor moved. Pair with `unlock(node)`.
 
         Walking up from the deepest node keeps the count right even if an edge above it is
         split meanwhile (the new head inherits the count).
@@ -217,7 +287,7 @@ class RadixTree(Generic[V]):
         walk: Node[V] | None = node
         while walk is not None and not walk.is_root:
             walk.lock_ref += 1
-            walk.last_access = now
+            self._use(walk, now)
             walk = walk.parent
 
     def unlock(self, node: Node[V]) -> None:
@@ -229,27 +299,59 @@ class RadixTree(Generic[V]):
                 self._offer(walk)
             walk = walk.parent
 
+    def pop_victim(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
+        """The least valuable frontier node of `tier` (see the module docstring), or None.
+
+        The node stays in the tree; the owner moves it to a slower tier or, for a leaf,
+        removes it with `remove_leaf`. A node not taken must be handed back with `offer`.
+        With `leaves_only`, frontier nodes that still have children are skipped (and kept).
+        """
+        heap = self._candidates[tier]
+        skipped: list[tuple[float, int, Node[V]]] = []
+        found: Node[V] | None = None
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[2]
+            if node.score != entry[0] or node.tier != tier or not self._is_frontier(node):
+                continue  # stale: used, moved, detached, locked or gained a child since it was offered
+            if leaves_only and node.children:
+                skipped.append(entry)
+                continue
+            found = node
+            break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def offer(self, node: Node[V]) -> None:
+        """Make `node` an eviction candidate again if it is one (after `pop_victim` did not take it)."""
+        self._offer(node)
+
     def evict(self, nbytes_to_free: int) -> list[Node[V]]:
-        """Remove least recently used unlocked leaves until `nbytes_to_free` bytes are gone.
+        """Remove the least valuable unlocked leaves, slowest tier first, until `nbytes_to_free` bytes are gone.
 
         Returns the removed nodes (values still attached) so the owner can release them.
         Frees less when everything left is locked. Evicting 0 bytes is always safe.
         """
-        if nbytes_to_free <= 0:
-            return []
-        heap = self._candidates
         evicted: list[Node[V]] = []
         freed = 0
-        while heap and freed < nbytes_to_free:
-            last_access, _, node = heapq.heappop(heap)
-            if node.last_access != last_access or node.parent is None or not self._is_evictable(node):
-                continue  # stale: used, detached, locked or no longer a leaf since it was offered
+        tier = self.num_tiers - 1
+        while freed < nbytes_to_free and tier >= 0:
+            node = self.pop_victim(tier, leaves_only=True)
+            if node is None:
+                tier -= 1
+                continue
             freed += node.nbytes
-            parent = self._remove_leaf(node)
+            self.remove_leaf(node)
             evicted.append(node)
-            if parent is not None:
-                self._offer(parent)
         return evicted
+
+    def remove_leaf(self, node: Node[V]) -> None:
+        """Remove the leaf `node` (its value stays attached for the owner to release)."""
+        assert node.lock_ref == 0, f"removing a locked leaf {node}"
+        parent = self._remove_leaf(node)
+        if parent is not None:
+            self._offer(parent)
 
     def remove(self, node: Node[V]) -> list[Node[V]]:
         """Remove `node` and its whole subtree, whatever their locks; returns the removed nodes."""
@@ -278,21 +380,23 @@ class RadixTree(Generic[V]):
         for node in removed:
             node.parent = None
         self._roots.clear()
-        self._candidates.clear()
-        self.total_nbytes = 0
+        for heap in self._candidates:
+            heap.clear()
+        self.tier_nbytes = [0] * self.num_tiers
         self.num_nodes = 0
         self.num_leaves = 0
         return removed
 
     def check_integrity(self) -> None:
         """Raise `RuntimeError` naming the totals that disagree."""
-        nbytes = 0
+        nbytes = [0] * self.num_tiers
         count = 0
         leaves = 0
+        offered = {(id(e[2]), e[0]) for heap in self._candidates for e in heap}
         for node in self.iter_nodes():
             count += 1
             leaves += not node.children
-            nbytes += node.nbytes
+            nbytes[node.tier] += node.nbytes
             assert node.parent is not None
             if node.start != node.parent.end:
                 raise RuntimeError(f"{node} starts at {node.start} but its parent ends at {node.parent.end}")
@@ -304,31 +408,43 @@ class RadixTree(Generic[V]):
             locked_children = sum(c.lock_ref for c in node.children.values())
             if node.lock_ref < locked_children:
                 raise RuntimeError(f"{node} lock_ref={node.lock_ref} below its children's {locked_children}")
-        if nbytes != self.total_nbytes:
-            raise RuntimeError(f"total_nbytes={self.total_nbytes} but nodes hold {nbytes}")
+            if self._is_frontier(node) and (id(node), node.score) not in offered:
+                raise RuntimeError(f"{node} can leave tier {node.tier} but is not a candidate")
+        if nbytes != self.tier_nbytes:
+            raise RuntimeError(f"tier_nbytes={self.tier_nbytes} but nodes hold {nbytes}")
         if count != self.num_nodes:
             raise RuntimeError(f"num_nodes={self.num_nodes} but the tree has {count}")
         if leaves != self.num_leaves:
             raise RuntimeError(f"num_leaves={self.num_leaves} but the tree has {leaves}")
 
     # ----------------------------------------------------------------- helpers
-    def _is_evictable(self, node: Node[V]) -> bool:
-        return not node.children and node.lock_ref == 0 and not node.is_root
+    def _use(self, node: Node[V], now: int) -> None:
+        node.last_access = now
+        node.used_at = time.monotonic()
+        node.score = self._score(node, now)
+
+    def _is_frontier(self, node: Node[V]) -> bool:
+        if node.lock_ref or node.is_root:
+            return False
+        tier = node.tier
+        return all(child.tier > tier for child in node.children.values())
 
     def _offer(self, node: Node[V]) -> None:
-        """Make `node` an eviction candidate if it is one now."""
-        if self._is_evictable(node):
-            heapq.heappush(self._candidates, (node.last_access, id(node), node))
-            if len(self._candidates) > 2 * self.num_nodes + 1024:
-                self._candidates = [(n.last_access, id(n), n) for n in self.iter_nodes() if self._is_evictable(n)]
-                heapq.heapify(self._candidates)
+        """Make `node` a candidate of its tier if it is one now."""
+        if self._is_frontier(node):
+            heap = self._candidates[node.tier]
+            heapq.heappush(heap, (node.score, next(self._seq), node))
+            if len(heap) > 2 * self.num_nodes + 1024:
+                fresh = [(n.score, next(self._seq), n) for n in self.iter_nodes() if n.tier == node.tier]
+                heap[:] = [e for e in fresh if self._is_frontier(e[2])]
+                heapq.heapify(heap)
 
     def _remove_leaf(self, node: Node[V]) -> Node[V] | None:
         parent = node.parent
         assert parent is not None and not node.children, f"{node} is not a leaf"
         del parent.children[node.key[0]]
         node.parent = None
-        self.total_nbytes -= node.nbytes
+        self.tier_nbytes[node.tier] -= node.nbytes
         self.num_nodes -= 1
         if parent.children or parent.is_root:
             self.num_leaves -= 1
@@ -347,6 +463,7 @@ class RadixTree(Generic[V]):
         head.nbytes = head_value.nbytes
         head.lock_ref = node.lock_ref
         head.last_access = node.last_access
+        head.tier = node.tier
         node.parent.children[head.key[0]] = head
         node.parent = head
         node.key = node.key[offset:]
@@ -356,7 +473,10 @@ class RadixTree(Generic[V]):
         head.children[node.key[0]] = node
         self.num_nodes += 1
         # A split moves bytes between two nodes; the total changes only if a value's split is lossy.
-        self.total_nbytes += head.nbytes + node.nbytes - old_nbytes
+        self.tier_nbytes[node.tier] += head.nbytes + node.nbytes - old_nbytes
+        head.score = self._score(head, head.last_access)
+        node.score = self._score(node, node.last_access)
+        self._offer(node)
         return head
 
 

@@ -8,13 +8,18 @@ Invariant (checked by `PrefixCache.check_integrity`): the segments that refer to
 `[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
 drops a segment calls `Run.release`, which compacts the run when its referenced range shrinks.
 
+A run lives on the model's devices (each layer's tensors on that layer's device) or in host
+memory; a segment on disk has no run but a `DiskRef` to the file holding its range. Runs off
+the device back exactly one tree node each until that node is split; `tiers.py` moves them.
+
 Knows nothing about the tree or about models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -22,23 +27,37 @@ from .layers import LayerState
 
 
 class Run:
-    """Keys/values `[B, H, hi - lo, D]` per attention layer (None for layers without keys)."""
+    """Keys/values `[B, H, hi - lo, D]` per attention layer (None for layers without keys).
 
-    __slots__ = ("hi", "keys", "lo", "num_refs", "values")
+    `devices` remembers where each layer's tensors belong, so a run brought back from host
+    memory or disk goes to the device of its own layer (models split over several devices).
+    `wait`, when set, blocks until an asynchronous copy into these tensors has finished.
+    """
 
-    def __init__(self, keys: list[torch.Tensor | None], values: list[torch.Tensor | None], lo: int, hi: int) -> None:
+    __slots__ = ("devices", "hi", "keys", "lo", "nbytes_per_token", "num_refs", "values", "wait")
+
+    def __init__(
+        self,
+        keys: list[torch.Tensor | None],
+        values: list[torch.Tensor | None],
+        lo: int,
+        hi: int,
+        devices: list[torch.device | None] | None = None,
+        nbytes_per_token: int | None = None,
+    ) -> None:
         self.keys = keys
         self.values = values
         self.lo = lo
         self.hi = hi
         self.num_refs = 0
+        self.wait: Callable[[], None] | None = None
+        self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
         for k in keys:
             assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
-
-    @property
-    def nbytes_per_token(self) -> int:
-        total = sum(t.nbytes for t in self.keys if t is not None) + sum(t.nbytes for t in self.values if t is not None)
-        return total // max(self.hi - self.lo, 1)
+        if nbytes_per_token is None:
+            total = sum(t.nbytes for t in keys if t is not None) + sum(t.nbytes for t in values if t is not None)
+            nbytes_per_token = total // max(hi - lo, 1)
+        self.nbytes_per_token = nbytes_per_token
 
     @property
     def nbytes(self) -> int:
@@ -47,6 +66,9 @@ class Run:
     def slice(self, start: int, end: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """Views of positions `[start, end)`."""
         assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
+        if self.wait is not None:
+            self.wait()
+            self.wait = None
         a, b = start - self.lo, end - self.lo
         return (
             [k[..., a:b, :] if k is not None else None for k in self.keys],
@@ -63,21 +85,38 @@ class Run:
 
 @dataclass(slots=True)
 class Snapshot:
-    """Recurrent states of every stateful layer after exactly `length` tokens."""
+    """Recurrent states of every stateful layer after exactly `length` tokens.
+
+    A snapshot on disk keeps its length and size but no states (`states` is empty) until its
+    segment is loaded back.
+    """
 
     length: int
     states: dict[int, LayerState]
+    nbytes: int = -1
 
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.states.values())
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = sum(s.nbytes for s in self.states.values())
+
+
+@dataclass(slots=True)
+class DiskRef:
+    """A segment file holding positions `[lo, hi)`; `num_refs` segments read it (more than one after a split)."""
+
+    path: Path
+    lo: int
+    hi: int
+    devices: list[torch.device | None]
+    num_refs: int = 1
 
 
 @dataclass(slots=True)
 class Segment:
     """The value of one tree node covering positions `[start, end)`.
 
-    `snapshots` maps a length in `(start, end]` to the states after that many tokens.
+    `snapshots` maps a length in `(start, end]` to the states after that many tokens. A
+    segment on disk has `disk` set, no run, and snapshots without states.
     """
 
     run: Run | None
@@ -85,6 +124,7 @@ class Segment:
     end: int
     nbytes_per_token: int
     snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    disk: DiskRef | None = None
 
     @property
     def nbytes(self) -> int:
@@ -98,8 +138,11 @@ class Segment:
         tail = Segment(
             self.run, at, self.end, self.nbytes_per_token, {n: s for n, s in self.snapshots.items() if n > at}
         )
+        head.disk = tail.disk = self.disk
         if self.run is not None:
             self.run.num_refs += 1  # one segment became two
+        if self.disk is not None:
+            self.disk.num_refs += 1
         return head, tail
 
 

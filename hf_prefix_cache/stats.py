@@ -10,7 +10,11 @@ class CacheStats:
     """Counters since the store was made (or `reset_stats`), plus its current size.
 
     `hit_tokens` counts prompt tokens served from the store, cumulative; `fallbacks` maps a
-    reason (e.g. ``"beam_search"``) to how many requests ran cold because of it.
+    reason (e.g. ``"beam_search"``) to how many requests ran cold because of it. `nbytes` is
+    the total over all tiers; `device_nbytes`, `host_nbytes` and `disk_nbytes` split it.
+    `evictions` counts nodes dropped from the store, `offloads` moves to a slower tier,
+    `reloads` entries brought back to the device for a hit, `expired` entries dropped by the
+    ttl, `skipped_files` disk files found unusable.
     """
 
     requests: int = 0
@@ -22,9 +26,18 @@ class CacheStats:
     nodes: int = 0
     nbytes: int = 0
     max_bytes: int = 0
+    device_nbytes: int = 0
+    host_nbytes: int = 0
+    disk_nbytes: int = 0
+    max_host_bytes: int = 0
+    max_disk_bytes: int = 0
     snapshots: int = 0
     evictions: int = 0
     evicted_bytes: int = 0
+    offloads: int = 0
+    reloads: int = 0
+    expired: int = 0
+    skipped_files: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     @property

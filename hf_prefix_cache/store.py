@@ -1,17 +1,21 @@
 """PrefixCache: the store users hand to `generate`, and its low-level `lookup`/`insert` API.
 
 Owns the radix tree of token ids, the key/value runs and state snapshots its nodes point to,
-the byte budget and the counters. Every tree mutation happens under one lock, so several
-threads may generate through one store. Running the model is not this module's job: the
-generation hook (`hook.py`) does that and calls `acquire`/`release`/`insert_sequence` here.
+the budgets, pins, sessions and counters. Where a node lives (device, host, disk) is decided
+by `placement.py`. Every tree mutation happens under one lock, so several threads may
+generate through one store. Running the model is not this module's job: the generation hook
+(`hook.py`) does that and calls `acquire`/`release`/`insert_sequence` here.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
 import threading
+import time
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,11 +25,17 @@ import torch
 
 from ._compat import check_transformers
 from .cache import WorkingCache
-from .keys import model_namespace
+from .disk import CorruptFileError, DiskTier, Layout
+from .keys import model_namespace, weights_fingerprint
+from .placement import Placement, attach_snapshot_copy
+from .policy import make_policy
+from .pressure import PressureCallback, PressureMonitor
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
 from .segments import Run, Segment, Snapshot, join_kv, kv_pieces
+from .session import Session
 from .stats import CacheStats
+from .tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -73,17 +83,32 @@ def parse_nbytes(size: int | str) -> int:
     return value
 
 
-def default_max_bytes(model: Any) -> int:
-    """30% of free GPU memory for a CUDA model; otherwise a quarter of RAM, at most 8 GiB."""
-    device = getattr(model, "device", torch.device("cpu"))
-    if device.type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * 0.3)
+def _ram_bytes() -> int:
     try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        ram = 16 * _GiB
-    return min(ram // 4, 8 * _GiB)
+        return 16 * _GiB
+
+
+def _on_cuda(model: Any) -> bool:
+    device = getattr(model, "device", torch.device("cpu"))
+    return bool(device.type == "cuda" and torch.cuda.is_available())
+
+
+def default_max_bytes(model: Any) -> int:
+    """Device budget: 30% of free GPU memory for a CUDA model; otherwise a quarter of RAM, at most 8 GiB."""
+    if _on_cuda(model):
+        free, _ = torch.cuda.mem_get_info(model.device)
+        return int(free * 0.3)
+    return min(_ram_bytes() // 4, 8 * _GiB)
+
+
+def default_host_bytes(model: Any) -> int:
+    """Host budget: a quarter of RAM up to 16 GiB for a CUDA model; 0 for a CPU model (its device is the host)."""
+    return min(_ram_bytes() // 4, 16 * _GiB) if _on_cuda(model) else 0
+
+
+DEFAULT_DISK_BYTES = 20 * _GiB
 
 
 # Cache methods transformers calls; reaching one means the store was passed where a Cache was expected.
@@ -134,8 +159,7 @@ class _Counters:
     prompt_tokens: int = 0
     hit_tokens: int = 0
     computed_tokens: int = 0
-    evictions: int = 0
-    evicted_bytes: int = 0
+    expired: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
 
 
@@ -176,14 +200,30 @@ class PrefixCache:
     answer) for later calls. Greedy outputs equal a cold run's; requests that cannot reuse
     safely run cold and are counted in `stats().fallbacks`.
 
+    Stored entries live on three tiers, each with a byte budget: the model's device(s), host
+    memory and, with `disk_dir`, disk. Past a budget the least valuable entries move to the
+    next tier; they are dropped only when no tier can hold them. A hit on an entry off the
+    device brings it back to the device of each layer.
+
     Args:
         model: a transformers generative model. Its `generate` is wrapped; calls that do not
             pass this store behave exactly as before.
-        max_bytes: byte budget for stored keys, values and snapshots (int or e.g. ``"2GB"``).
+        max_bytes: device budget for keys, values and snapshots (int or e.g. ``"2GB"``).
             Default: 30% of free GPU memory on CUDA, else a quarter of RAM up to 8 GiB.
+        max_device_bytes: the same as `max_bytes` (give one of them).
+        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of RAM up
+            to 16 GiB for a CUDA model; 0 (no host tier) for a CPU model, whose device is the host.
+        disk_dir: folder for the disk tier; entries there survive a restart of the process.
+        max_disk_bytes: disk budget (default 20 GiB when `disk_dir` is given).
+        policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
+            most prefill work per byte; see `policy.py`).
+        ttl: seconds after which an unused entry is dropped (None: never).
+        min_store_len: sequences shorter than this many tokens are not stored.
+        max_entries: most entries (leaves) kept over all tiers (None: no limit).
         snapshot_interval: for models with recurrent layers, also snapshot the state every
             this many prompt tokens (None: only at prompt ends, answers ends and divergences).
         salt: isolates tenants: stores entries under a namespace no other salt shares.
+        save_on_exit: with `disk_dir`, move what is in memory to disk when the process exits.
         attach: wrap `model.generate` (default). With False use `lookup`/`insert` yourself.
 
     Example:
@@ -203,24 +243,67 @@ class PrefixCache:
         model: Any,
         *,
         max_bytes: int | str | None = None,
+        max_device_bytes: int | str | None = None,
+        max_host_bytes: int | str | None = None,
+        disk_dir: str | os.PathLike[str] | None = None,
+        max_disk_bytes: int | str | None = None,
+        policy: str = "lru",
+        ttl: float | None = None,
+        min_store_len: int = 1,
+        max_entries: int | None = None,
         snapshot_interval: int | None = 256,
         salt: str | None = None,
+        save_on_exit: bool = True,
         attach: bool = True,
     ) -> None:
         check_transformers()
         if snapshot_interval is not None and snapshot_interval < 1:
             raise ValueError(f"snapshot_interval must be a positive number of tokens or None, got {snapshot_interval}")
+        if max_bytes is not None and max_device_bytes is not None:
+            raise ValueError("give the device budget once: max_bytes or max_device_bytes, not both")
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl is a positive number of seconds or None, got {ttl}")
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries is a positive count or None, got {max_entries}")
+        if min_store_len < 1:
+            raise ValueError(f"min_store_len is a positive number of tokens, got {min_store_len}")
+        if max_disk_bytes is not None and disk_dir is None:
+            raise ValueError("max_disk_bytes needs disk_dir: say where the disk tier lives")
         self.model = model
         self.profile: ModelProfile = profile_model(model)
-        self.max_bytes = parse_nbytes(max_bytes) if max_bytes is not None else default_max_bytes(model)
+        device_budget = max_device_bytes if max_device_bytes is not None else max_bytes
+        budgets = [
+            parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
+            parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
+            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else DEFAULT_DISK_BYTES) if disk_dir else 0,
+        ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
-        self._tree: RadixTree[Segment] = RadixTree()
+        self.ttl = ttl
+        self.min_store_len = min_store_len
+        self.max_entries = max_entries
+        self._weights = weights_fingerprint(model)
+        self._policy = make_policy(policy, len(self.profile.adapters))
+        self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
+        cuda = _on_cuda(model)
+        layout = Layout(len(self.profile.adapters), self.profile.kv_layers, self.profile.state_layers)
+        self._placement = Placement(
+            self._tree,
+            budgets,
+            Mover(pin=cuda, use_streams=cuda),
+            DiskTier(disk_dir, layout) if disk_dir is not None else None,
+            self._policy,
+            self._state_device,
+        )
         self._lock = threading.RLock()
         self._counters = _Counters()
-        self._num_snapshots = 0
         self._warned: set[str] = set()
         self._namespace_cache: tuple[Any, str] | None = None
+        self._state_devices: dict[int, torch.device] = {}
+        self._pins: dict[tuple[str, tuple[int, ...]], Node[Segment]] = {}
+        self._sessions: dict[str, Session] = {}
+        self._pressure = PressureMonitor()
+        self._next_expiry = 0.0
         self._hook: GenerateHook | None = None
         if self.profile.unsupported is not None:
             logger.warning(
@@ -228,16 +311,36 @@ class PrefixCache:
                 type(model).__name__,
                 self.profile.unsupported,
             )
+        if disk_dir is not None and save_on_exit:
+            atexit.register(_save_at_exit, weakref.ref(self))
         if attach:
             from .hook import GenerateHook
 
             self._hook = GenerateHook(self, model)
 
     # ------------------------------------------------------------------ public
+    @property
+    def max_bytes(self) -> int:
+        """The device budget in bytes (settable; the store shrinks to it on the next insert)."""
+        return self._placement.budgets[DEVICE]
+
+    @max_bytes.setter
+    def max_bytes(self, value: int | str) -> None:
+        with self._lock:
+            self._placement.budgets[DEVICE] = parse_nbytes(value)
+            self._placement.enforce()
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        """Budget in bytes per tier (0: the tier is off)."""
+        return dict(zip(TIER_NAMES, self._placement.budgets, strict=True))
+
     def stats(self) -> CacheStats:
         """Counters and current size, as an immutable snapshot."""
         with self._lock:
             c = self._counters
+            p = self._placement.counters
+            tier_nbytes = self._tree.tier_nbytes
             return CacheStats(
                 requests=c.requests,
                 hit_requests=c.hit_requests,
@@ -248,22 +351,58 @@ class PrefixCache:
                 nodes=self._tree.num_nodes,
                 nbytes=self._tree.total_nbytes,
                 max_bytes=self.max_bytes,
-                snapshots=self._num_snapshots,
-                evictions=c.evictions,
-                evicted_bytes=c.evicted_bytes,
+                device_nbytes=tier_nbytes[DEVICE],
+                host_nbytes=tier_nbytes[HOST],
+                disk_nbytes=tier_nbytes[DISK],
+                max_host_bytes=self._placement.budgets[HOST],
+                max_disk_bytes=self._placement.budgets[DISK],
+                snapshots=p.num_snapshots,
+                evictions=p.evictions,
+                evicted_bytes=p.evicted_bytes,
+                offloads=p.offloads,
+                reloads=p.reloads,
+                expired=c.expired,
+                skipped_files=p.skipped_files,
                 fallbacks=dict(c.fallbacks),
             )
 
     def reset_stats(self) -> None:
-        """Zero the counters; stored entries stay."""
+        """Zero the request counters; stored entries stay."""
         with self._lock:
             self._counters = _Counters()
+            p = self._placement.counters
+            p.evictions = p.evicted_bytes = p.offloads = p.reloads = p.skipped_files = 0
 
     def clear(self) -> None:
-        """Drop every stored entry (pinned ones too: their users keep their own references)."""
+        """Drop every stored entry, on every tier (disk files included), and every pin and session."""
         with self._lock:
-            self._tree.clear()
-            self._num_snapshots = 0
+            for session in list(self._sessions.values()):
+                session._release()
+            self._sessions.clear()
+            self._pins.clear()
+            removed = self._tree.clear()
+            disk = self._placement.disk
+            for ref in {
+                id(n.value.disk): n.value.disk for n in removed if n.value is not None and n.value.disk
+            }.values():
+                if disk is not None and ref is not None:
+                    disk.delete(ref.path)
+            self._placement.counters.num_snapshots = 0
+
+    def save(self) -> int:
+        """Move every unpinned entry in memory to the disk tier now; returns how many nodes moved.
+
+        Entries on disk are found again by a new process with the same model and `disk_dir`.
+        With `save_on_exit` (the default) this runs when the process exits.
+
+        Raises:
+            ValueError: when the store has no `disk_dir`.
+        """
+        if self._placement.disk is None:
+            raise ValueError("save() needs a disk tier: make the store with disk_dir=...")
+        with self._lock:
+            self._placement.index_disk(self.namespace())
+            return self._placement.save()
 
     def detach(self) -> None:
         """Unwrap `model.generate`; the store keeps its entries and its low-level API."""
@@ -277,9 +416,77 @@ class PrefixCache:
         probe = (getattr(model, "dtype", None), _active_adapters(model))
         cached = self._namespace_cache
         if cached is None or cached[0] != probe:
-            cached = (probe, model_namespace(model, self.salt))
+            cached = (probe, model_namespace(model, self.salt, self._weights))
             self._namespace_cache = cached
         return cached[1]
+
+    def session(self, name: str) -> Session:
+        """The open session called `name` (made on first use): pass it as `past_key_values`.
+
+        The conversation's latest entry stays pinned until `session.close()`.
+        """
+        with self._lock:
+            session = self._sessions.get(name)
+            if session is None or session.closed:
+                session = self._sessions[name] = Session(self, name)
+            return session
+
+    def pin(self, token_ids: torch.Tensor | Sequence[int]) -> int:
+        """Keep the prefix `token_ids` (e.g. a system prompt) stored forever, never evicted or moved.
+
+        Computes and stores it first if needed (one forward through the wrapped `generate`).
+        Returns the pinned length. Undo with `unpin`.
+
+        Raises:
+            ValueError: when the prefix cannot be stored (model not served, or `attach=False` and not stored).
+        """
+        tokens = _as_token_list(token_ids)
+        if not tokens:
+            raise ValueError("pin() needs at least one token id")
+        namespace = self.namespace()
+        with self._lock:
+            self._placement.index_disk(namespace)
+            stored = self._tree.match(namespace, tokens).matched_len
+        if stored < len(tokens):
+            if self._hook is None or self.profile.unsupported is not None:
+                raise ValueError(
+                    f"cannot pin: only {stored} of {len(tokens)} tokens are stored and this store cannot compute "
+                    "the rest (attach=True and a supported model are needed); generate with the prefix first"
+                )
+            ids = torch.tensor([tokens], device=self.model.device)
+            self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), past_key_values=self, max_new_tokens=1, do_sample=False
+            )
+        with self._lock:
+            result = self._tree.insert(namespace, tokens, _never_called)
+            if result.matched_len < len(tokens):
+                raise ValueError(f"could not store the {len(tokens)}-token prefix (over budget?); nothing pinned")
+            key = (namespace, tuple(tokens))
+            if key not in self._pins:
+                node = result.path[-1]
+                self._tree.lock(node)
+                self._pins[key] = node
+            return len(tokens)
+
+    def unpin(self, token_ids: torch.Tensor | Sequence[int]) -> bool:
+        """Undo `pin`; returns whether that prefix was pinned."""
+        key = (self.namespace(), tuple(_as_token_list(token_ids)))
+        with self._lock:
+            node = self._pins.pop(key, None)
+            if node is None:
+                return False
+            self._tree.unlock(node)
+            self._placement.enforce()
+            return True
+
+    def on_pressure(self, callback: PressureCallback, thresholds: Sequence[float] = (0.8, 0.95)) -> None:
+        """Call `callback(event)` when a tier's use rises past a fraction of its budget.
+
+        Each threshold fires once per crossing (again only after use fell below it). The
+        callback runs outside the store's lock, in the thread that stored the entry.
+        """
+        with self._lock:
+            self._pressure.add(callback, thresholds)
 
     def lookup(self, input_ids: torch.Tensor | Sequence[int]) -> Lookup:
         """Restore the longest usable stored prefix of `input_ids` into a fresh working cache.
@@ -323,11 +530,13 @@ class PrefixCache:
         return WorkingCache(self.profile)
 
     def check_integrity(self) -> None:
-        """Raise `RuntimeError` when stored bytes, runs or snapshots disagree with the tree."""
+        """Raise `RuntimeError` when stored bytes, runs, files or snapshots disagree with the tree."""
         with self._lock:
             self._tree.check_integrity()
             covered: dict[int, list[tuple[int, int]]] = {}
             runs: dict[int, Run] = {}
+            disk_refs: Counter[int] = Counter()
+            refs: dict[int, Any] = {}
             num_snapshots = 0
             for node in self._tree.iter_nodes():
                 seg = node.value
@@ -337,11 +546,28 @@ class PrefixCache:
                     raise RuntimeError(f"{node} holds a segment of [{seg.start}, {seg.end})")
                 if any(not seg.start < n <= seg.end for n in seg.snapshots):
                     raise RuntimeError(f"{node} holds snapshots outside its range: {sorted(seg.snapshots)}")
+                on_disk = seg.disk is not None
+                if on_disk != (node.tier == DISK):
+                    raise RuntimeError(f"{node} sits on tier {TIER_NAMES[node.tier]} but disk={on_disk}")
+                if seg.disk is not None:
+                    disk_refs[id(seg.disk)] += 1
+                    refs[id(seg.disk)] = seg.disk
+                    if seg.run is not None:
+                        raise RuntimeError(f"{node} is on disk but holds a run")
                 if seg.run is not None:
                     runs[id(seg.run)] = seg.run
                     covered.setdefault(id(seg.run), []).append((seg.start, seg.end))
-            if num_snapshots != self._num_snapshots:
-                raise RuntimeError(f"counted {self._num_snapshots} snapshots, the tree holds {num_snapshots}")
+                    want = "cpu" if node.tier == HOST else None
+                    for t in seg.run.keys:
+                        if t is not None and want is not None and t.device.type != want:
+                            raise RuntimeError(f"{node} is on the host tier but holds tensors on {t.device}")
+            if num_snapshots != self._placement.counters.num_snapshots:
+                raise RuntimeError(
+                    f"counted {self._placement.counters.num_snapshots} snapshots, the tree holds {num_snapshots}"
+                )
+            for key, count in disk_refs.items():
+                if refs[key].num_refs != count:
+                    raise RuntimeError(f"{refs[key].path} counts {refs[key].num_refs} refs, tree has {count}")
             for key, run in runs.items():
                 for t in run.keys + run.values:
                     held = t.untyped_storage().nbytes() if t is not None else 0
@@ -350,13 +576,12 @@ class PrefixCache:
                 spans = sorted(covered[key])
                 if run.num_refs != len(spans):
                     raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")
-                joined = [spans[0][0]] + [b for a, b in spans]
                 if (
                     spans[0][0] != run.lo
                     or spans[-1][1] != run.hi
                     or any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1))
                 ):
-                    raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans} ({joined})")
+                    raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans}")
 
     def __getattr__(self, name: str) -> Any:
         if name in _CACHE_API:
@@ -387,28 +612,63 @@ class PrefixCache:
             c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0
 
+    def relieve_device(self) -> None:
+        """Move every unpinned entry off the device (after an out-of-memory error)."""
+        with self._lock:
+            self._placement.free_device()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def acquire(self, namespace: str, tokens: Sequence[int], limit: int | None = None) -> Plan:
         """Match `tokens`, pin the matched path, and gather what restoring it needs.
 
         Restores at most `limit` tokens (default: all but the last, which is fed for its logits).
+        Entries off the device are brought back first; a disk file found corrupt is dropped and
+        the match retried.
+
+        Raises:
+            torch.OutOfMemoryError: bringing an entry back to the device did not fit (nothing is pinned then).
         """
         if limit is None:
             limit = len(tokens) - 1
-        with self._lock:
-            match = self._tree.match(namespace, tokens)
-            limit = min(match.matched_len, limit)
-            restore_len, snapshot = limit, None
-            if self.profile.has_state:
-                restore_len, snapshot = _best_snapshot(match.path, limit)
-            path = match.path
-            if path:
-                self._tree.lock(path[-1])
-            pieces = kv_pieces([node.value for node in path if node.value is not None], restore_len)
+        while True:
+            with self._lock:
+                self._maintain(namespace)
+                match = self._tree.match(namespace, tokens)
+                cap = min(match.matched_len, limit)
+                restore_len, path = cap, match.path
+                if self.profile.has_state:
+                    restore_len, _ = _best_snapshot([n.value for n in path if n.value is not None], cap)
+                if path:
+                    self._tree.lock(path[-1])
+                try:
+                    segments = self._placement.bring_to_device(path, restore_len)
+                except CorruptFileError as exc:
+                    self._drop_corrupt(path, exc)
+                    continue
+                except BaseException:
+                    if path:
+                        self._tree.unlock(path[-1])
+                    raise
+                snapshot = None
+                if self.profile.has_state:
+                    found, snapshot = _best_snapshot(segments, restore_len)
+                    assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
+                pieces = kv_pieces(segments, restore_len)
+                calls = self._pressure_calls()
+            break
+        _fire(calls)
         # Joining pieces may copy; outside the lock. The views stay valid: a compaction swaps a
         # run's tensors for new ones and never writes into the old ones.
         keys = values = None
-        if restore_len > 0 and self.profile.has_kv:
-            keys, values = join_kv(pieces)
+        try:
+            if restore_len > 0 and self.profile.has_kv:
+                keys, values = join_kv(pieces)
+        except BaseException:
+            with self._lock:
+                if path:
+                    self._tree.unlock(path[-1])
+            raise
         return Plan(namespace, restore_len, match.matched_len, keys, values, snapshot, path)
 
     def release(self, plan: Plan) -> None:
@@ -425,28 +685,35 @@ class PrefixCache:
         cache: WorkingCache,
         snapshots: Sequence[Snapshot],
         row: int | None = None,
+        session: Session | None = None,
     ) -> int:
         """Store the states in `cache` for `tokens` (all of them), plus earlier `snapshots`.
 
         `row` picks one row of a batched cache; its new tokens are then always copied out,
-        since the batch's tensors hold every row.
+        since the batch's tensors hold every row. `session`, when given, pins the stored entry.
         """
         length = len(tokens)
         if length == 0:
+            return 0
+        if length < self.min_store_len:
+            with self._lock:
+                self._counters.fallbacks["entry_below_min_store_len"] += 1
             return 0
         assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
         run = cache.capture_run(length, row) if self.profile.has_kv else None
         all_snapshots = list(snapshots)
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
+            self._remember_state_devices(all_snapshots[-1])
         nbytes_per_token = run.nbytes_per_token if run is not None else 0
         with self._lock:
+            self._maintain(namespace)
             matched_len = self._tree.match(namespace, tokens).matched_len
             new_nbytes = (length - matched_len) * nbytes_per_token + sum(s.nbytes for s in all_snapshots)
             if new_nbytes > self.max_bytes:
                 self._counters.fallbacks["entry_over_budget"] += 1
                 logger.info(
-                    "not storing %d new tokens (%d bytes): over max_bytes=%d",
+                    "not storing %d new tokens (%d bytes): over the device budget of %d",
                     length - matched_len,
                     new_nbytes,
                     self.max_bytes,
@@ -459,27 +726,65 @@ class PrefixCache:
             for snap in all_snapshots:
                 self._attach_snapshot(result.path, snap)
             self._tree.touch(result.path)
-            self._evict(self._tree.total_nbytes - self.max_bytes)
-            return length - result.matched_len
+            if session is not None and result.path:
+                session.hold(result.path[-1])
+            self._placement.enforce()
+            if self.max_entries is not None and self._tree.num_leaves > self.max_entries:
+                self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
+            calls = self._pressure_calls()
+        _fire(calls)
+        return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
+    def _maintain(self, namespace: str) -> None:
+        """Index the namespace's disk files on first use; drop expired entries (at most every ttl/8 s)."""
+        self._placement.index_disk(namespace)
+        if self.ttl is None:
+            return
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + min(self.ttl / 8, 1.0)
+        deadline = now - self.ttl
+        while True:
+            stale = [n for n in self._tree.iter_nodes() if not n.children and n.lock_ref == 0 and n.used_at < deadline]
+            if not stale:
+                return
+            for node in stale:
+                self._placement.drop(node)
+            self._counters.expired += len(stale)
+
+    def _drop_corrupt(self, path: Sequence[Node[Segment]], exc: Exception) -> None:
+        self._tree.unlock(path[-1])
+        bad = next(
+            n for n in path if n.value is not None and n.value.disk is not None and str(n.value.disk.path) in str(exc)
+        )
+        logger.warning("dropping a stored prefix whose file is unusable: %s", exc)
+        self._placement.counters.skipped_files += 1
+        self._placement.drop(bad)
+
     def _place_run(
         self, run: Run, matched: Sequence[Node[Segment]], matched_len: int, length: int, may_move: bool
     ) -> None:
         """Make `run` (positions `[0, length)`) back the new leaf without holding a second copy of the prefix.
 
-        When the matched nodes' runs back nothing else, they move onto `run` and their old
-        tensors are freed: restores along this path stay one view. Otherwise only the new
-        tail `[matched_len, length)` is kept, copied out so the prefix copy can be freed.
+        When the matched nodes are on the device and their runs back nothing else, they move
+        onto `run` and their old tensors are freed: restores along this path stay one view.
+        Otherwise only the new tail `[matched_len, length)` is kept, copied out so the prefix
+        copy can be freed.
         """
         counts: Counter[int] = Counter()
         old_runs: dict[int, Run] = {}
+        movable = may_move
         for node in matched:
             seg = node.value
-            assert seg is not None and seg.run is not None
+            assert seg is not None
+            if node.tier != DEVICE or seg.run is None:
+                movable = False
+                break
             counts[id(seg.run)] += 1
             old_runs[id(seg.run)] = seg.run
-        if may_move and all(old_runs[key].num_refs == count for key, count in counts.items()):
+        if movable and all(old_runs[key].num_refs == count for key, count in counts.items()):
             for node in matched:
                 assert node.value is not None
                 node.value.run = run
@@ -493,43 +798,70 @@ class PrefixCache:
                 seg = node.value
                 assert seg is not None
                 if snap.length not in seg.snapshots:
-                    seg.snapshots[snap.length] = snap
-                    self._num_snapshots += 1
+                    copy = attach_snapshot_copy(seg, node.tier, snap, self._placement.mover)
+                    if copy is None:
+                        return  # the node is on disk; its files are not rewritten for one snapshot
+                    seg.snapshots[snap.length] = copy
+                    self._placement.counters.num_snapshots += 1
                     self._tree.refresh_nbytes(node)
+                    self._placement.enforce()
                 return
 
-    def _evict(self, nbytes_to_free: int) -> None:
-        evicted = self._tree.evict(nbytes_to_free)
-        if evicted:
-            self._counters.evictions += len(evicted)
-            self._counters.evicted_bytes += sum(node.nbytes for node in evicted)
-            segments = [node.value for node in evicted if node.value is not None]
-            self._num_snapshots -= sum(len(seg.snapshots) for seg in segments)
-            _release_segments(segments)
+    def _remember_state_devices(self, snap: Snapshot) -> None:
+        if len(self._state_devices) == len(snap.states):
+            return
+        for layer, state in snap.states.items():
+            first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
+            if first is not None:
+                self._state_devices[layer] = first.device
+
+    def _state_device(self, layer: int) -> torch.device | None:
+        return self._state_devices.get(layer, getattr(self.model, "device", None))
+
+    def _pressure_calls(self) -> list[Any]:
+        return self._pressure.check(TIER_NAMES, self._tree.tier_nbytes, self._placement.budgets)
+
+    # sessions call these under the store's lock
+    def _lock_node(self, node: Node[Segment]) -> None:
+        self._tree.lock(node)
+
+    def _unlock_node(self, node: Node[Segment]) -> None:
+        self._tree.unlock(node)
+
+    def _end_session(self, session: Session) -> None:
+        with self._lock:
+            session._release()
+            if self._sessions.get(session.name) is session:
+                del self._sessions[session.name]
+            self._placement.enforce()
 
 
-def _release_segments(segments: Sequence[Segment]) -> None:
-    """Drop the removed segments' references; compact each run still in use to what is left of it."""
-    shrunk: dict[int, tuple[Run, int]] = {}
-    for seg in segments:
-        run = seg.run
-        if run is None:
-            continue
-        run.num_refs -= 1
-        # Removed nodes are leaves, so a removed segment is the tail of its run.
-        assert seg.end == run.hi or id(run) in shrunk, f"segment [{seg.start}, {seg.end}) is not the tail of its run"
-        hi = min(seg.start, shrunk[id(run)][1]) if id(run) in shrunk else seg.start
-        shrunk[id(run)] = (run, hi)
-    for run, hi in shrunk.values():
-        if run.num_refs > 0:
-            run.compact(run.lo, hi)
+def _fire(calls: Sequence[Any]) -> None:
+    for callback, event in calls:
+        try:
+            callback(event)
+        except Exception:  # an app's callback must not break generation
+            logger.exception("memory-pressure callback failed")
 
 
-def _best_snapshot(path: Sequence[Node[Segment]], limit: int) -> tuple[int, Snapshot | None]:
+def _save_at_exit(ref: weakref.ref[PrefixCache]) -> None:
+    store = ref()
+    if store is not None:
+        try:
+            store.save()
+        except Exception:  # at exit, a failed save only loses what was in memory anyway
+            logger.exception("could not save the prefix cache to disk at exit")
+
+
+def _never_called(start: int, end: int) -> Segment:
+    raise AssertionError("pin() inserts only what is already stored")
+
+
+def _best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapshot | None]:
+    """The longest snapshot at or below `limit` among consecutive `segments` from position 0."""
     best: Snapshot | None = None
-    for node in path:
-        seg = node.value
-        if seg is None or node.start >= limit:
+    for seg in segments:
+        if seg.start >= limit:
             break
         for length, snap in seg.snapshots.items():
             if length <= limit and (best is None or length > best.length):

@@ -1,0 +1,304 @@
+"""The disk tier: one safetensors file per stored segment, with its metadata as JSON in the header.
+
+Layout: `<disk_dir>/<namespace>/<id>.safetensors`. The namespace (model class, config,
+weights fingerprint, dtype, adapters, salt) names the folder, so a store only ever scans the
+files of its own model. A file holds the keys/values of positions `[lo, hi)` of one sequence
+and the snapshots taken inside that range; its JSON metadata holds the whole symbol sequence
+`[0, hi)` (so a new process can rebuild the tree), the layout of the tensors and a 128-bit
+checksum of their bytes, checked on every load.
+
+Writes are atomic (a temporary file in the same folder, flushed, then renamed). Nothing is
+unpickled: tensors go through safetensors, metadata through JSON. A file that cannot be read,
+is truncated, fails its checksum or belongs to another model is skipped with a warning.
+
+Knows segments and files; nothing about the tree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .layers import LayerState
+from .segments import DiskRef, Run, Segment, Snapshot
+
+logger = logging.getLogger("hf_prefix_cache")
+
+FORMAT = "hf_prefix_cache.segment/1"
+_META_KEY = "hf_prefix_cache"
+
+
+class CorruptFileError(Exception):
+    """A segment file is unreadable, truncated, fails its checksum or does not fit the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a file must look like to fit the model: layer count and which layers have keys or states."""
+
+    num_layers: int
+    kv_layers: tuple[int, ...]
+    state_layers: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DiskEntry:
+    """A segment file found by `DiskTier.scan`, read from its header only."""
+
+    path: Path
+    symbols: tuple[int, ...]
+    lo: int
+    hi: int
+    nbytes_per_token: int
+    snapshot_nbytes: dict[int, int]
+    devices: list[str | None]
+
+    @property
+    def nbytes(self) -> int:
+        return (self.hi - self.lo) * self.nbytes_per_token + sum(self.snapshot_nbytes.values())
+
+
+class DiskTier:
+    """Reads and writes segment files under `root`.
+
+    Example:
+        >>> tier = DiskTier("/tmp/prefix-cache", layout)        # doctest: +SKIP
+        >>> stub = tier.write(namespace, symbols, host_segment)  # doctest: +SKIP
+        >>> tier.load(stub.run.file, layout)                     # doctest: +SKIP
+    """
+
+    def __init__(self, root: str | os.PathLike[str], layout: Layout) -> None:
+        self.root = Path(root)
+        self.layout = layout
+
+    def folder(self, namespace: str) -> Path:
+        return self.root / namespace
+
+    # -------------------------------------------------------------- writing
+    def write(self, namespace: str, symbols: tuple[Any, ...], seg: Segment) -> Segment:
+        """Write in-memory segment `seg` (positions `[seg.start, seg.end)` of `symbols`); returns its disk stub.
+
+        Raises:
+            TypeError: when a symbol is not an int (only token ids and integer media symbols persist).
+        """
+        if any(type(s) is not int for s in symbols):
+            raise TypeError("only integer symbols can be written to disk")
+        assert len(symbols) == seg.end, f"{len(symbols)} symbols for a segment ending at {seg.end}"
+        tensors: dict[str, torch.Tensor] = {}
+        devices: list[str | None]
+        if seg.run is not None:
+            keys, values = seg.run.slice(seg.start, seg.end)
+            for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+                if k is not None and v is not None:
+                    tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
+                    tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
+            devices = [str(d) if d is not None else None for d in seg.run.devices]
+        else:
+            devices = [None] * self.layout.num_layers
+        snapshots: dict[str, Any] = {}
+        for length, snap in seg.snapshots.items():
+            layers: dict[str, Any] = {}
+            for layer, state in snap.states.items():
+                names: dict[str, list[int | None]] = {}
+                for attr, per_idx in state.tensors.items():
+                    names[attr] = []
+                    for idx, t in per_idx.items():
+                        names[attr].append(idx if t is not None else None)
+                        if t is not None:
+                            tensors[f"s.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
+                    names[attr + "#all"] = list(per_idx)
+                layers[str(layer)] = {"tensors": names, "flags": _flags_to_json(state.flags)}
+            snapshots[str(length)] = {"nbytes": snap.nbytes, "layers": layers}
+        meta = {
+            "format": FORMAT,
+            "namespace": namespace,
+            "symbols": list(symbols),
+            "lo": seg.start,
+            "hi": seg.end,
+            "nbytes_per_token": seg.nbytes_per_token,
+            "devices": devices,
+            "snapshots": snapshots,
+            "checksum": _checksum(tensors),
+        }
+        folder = self.folder(namespace)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{uuid.uuid4().hex}.safetensors"
+        tmp = folder / f".{path.stem}.tmp"
+        try:
+            save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(meta)})
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return _stub(
+            path, seg.start, seg.end, seg.nbytes_per_token, devices, {n: s.nbytes for n, s in seg.snapshots.items()}
+        )
+
+    def delete(self, path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # a read-only or vanished folder must not break generation
+            logger.warning("could not delete %s: %s", path, exc)
+
+    # -------------------------------------------------------------- reading
+    def scan(self, namespace: str) -> list[DiskEntry]:
+        """Every readable segment file of `namespace`, by start position; bad files are skipped with a warning."""
+        folder = self.folder(namespace)
+        if not folder.is_dir():
+            return []
+        entries = []
+        for path in sorted(folder.glob("*.safetensors")):
+            try:
+                entries.append(self._read_header(path, namespace))
+            except Exception as exc:  # any unreadable file is skipped, never fatal
+                logger.warning("skipping prefix-cache file %s: %s", path, exc)
+        entries.sort(key=lambda e: (e.lo, e.hi))
+        return entries
+
+    def stub_for(self, entry: DiskEntry) -> Segment:
+        """The disk stub segment for a scanned entry."""
+        return _stub(entry.path, entry.lo, entry.hi, entry.nbytes_per_token, entry.devices, entry.snapshot_nbytes)
+
+    def load(self, stub: Segment) -> Segment:
+        """Read disk stub `stub` into a host-memory segment, checking the file's checksum.
+
+        Raises:
+            CorruptFileError: the file is missing, unreadable, altered or does not fit the model.
+        """
+        assert stub.disk is not None, "load takes a disk stub"
+        path, run_lo, run_hi = stub.disk.path, stub.disk.lo, stub.disk.hi
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {})[_META_KEY])
+            tensors = load_file(str(path))
+        except Exception as exc:
+            raise CorruptFileError(f"cannot read {path}: {exc}") from exc
+        if meta.get("checksum") != _checksum(tensors):
+            raise CorruptFileError(f"{path} fails its checksum: its contents changed after it was written")
+        if (meta.get("lo"), meta.get("hi")) != (run_lo, run_hi):
+            raise CorruptFileError(f"{path} holds [{meta.get('lo')}, {meta.get('hi')}), expected [{run_lo}, {run_hi})")
+        layout = self.layout
+        keys: list[torch.Tensor | None] = [tensors.get(f"k.{i}") for i in range(layout.num_layers)]
+        values: list[torch.Tensor | None] = [tensors.get(f"v.{i}") for i in range(layout.num_layers)]
+        if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
+            raise CorruptFileError(f"{path} has keys for other layers than the model's {layout.kv_layers}")
+        run = None
+        if layout.kv_layers:
+            run = Run(keys, values, run_lo, run_hi, devices=list(stub.disk.devices))
+            run.num_refs = 1
+            if run.nbytes_per_token != stub.nbytes_per_token:
+                raise CorruptFileError(
+                    f"{path} holds {run.nbytes_per_token} bytes per token, expected {stub.nbytes_per_token}"
+                )
+        snapshots = {}
+        for length_text, snap_meta in meta["snapshots"].items():
+            length = int(length_text)
+            if not stub.start < length <= stub.end:
+                continue  # belongs to the other part of a split segment
+            states = {}
+            for layer_text, layer_meta in snap_meta["layers"].items():
+                layer = int(layer_text)
+                per_attr: dict[str, dict[int, torch.Tensor | None]] = {}
+                for attr, present in layer_meta["tensors"].items():
+                    if attr.endswith("#all"):
+                        continue
+                    every = layer_meta["tensors"][attr + "#all"]
+                    have = {i for i in present if i is not None}
+                    per_attr[attr] = {
+                        int(i): (tensors[f"s.{length}.{layer}.{attr}.{i}"] if i in have else None) for i in every
+                    }
+                states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
+            if sorted(states) != list(layout.state_layers):
+                raise CorruptFileError(f"{path} has states for other layers than the model's {layout.state_layers}")
+            snapshots[length] = Snapshot(length, states)
+        if sorted(snapshots) != sorted(stub.snapshots):
+            raise CorruptFileError(f"{path} holds snapshots at {sorted(snapshots)}, expected {sorted(stub.snapshots)}")
+        if run is not None and (stub.start, stub.end) != (run_lo, run_hi):
+            # A split segment: keep only its own range, in tensors of its own.
+            run.compact(stub.start, stub.end)
+        return Segment(run, stub.start, stub.end, stub.nbytes_per_token, snapshots)
+
+    def _read_header(self, path: Path, namespace: str) -> DiskEntry:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})[_META_KEY])
+            shapes = {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}  # noqa: SIM118
+        expected_size = _data_end(path)
+        if path.stat().st_size < expected_size:
+            raise CorruptFileError(f"truncated: {path.stat().st_size} bytes, header needs {expected_size}")
+        if meta.get("format") != FORMAT:
+            raise CorruptFileError(f"unknown format {meta.get('format')!r}")
+        if meta.get("namespace") != namespace:
+            raise CorruptFileError("written for another model (namespace differs)")
+        lo, hi = int(meta["lo"]), int(meta["hi"])
+        symbols = tuple(int(s) for s in meta["symbols"])
+        if not 0 <= lo < hi == len(symbols):
+            raise CorruptFileError(f"range [{lo}, {hi}) does not fit {len(symbols)} symbols")
+        layout = self.layout
+        kv = sorted(int(name[2:]) for name in shapes if name.startswith("k."))
+        if kv != list(layout.kv_layers):
+            raise CorruptFileError(f"keys for layers {kv}, the model has them at {list(layout.kv_layers)}")
+        for name, (shape, _) in shapes.items():
+            if name[:2] in ("k.", "v.") and shape[-2] != hi - lo:
+                raise CorruptFileError(f"{name} holds {shape[-2]} positions for a range of {hi - lo}")
+        snapshot_nbytes = {int(n): int(s["nbytes"]) for n, s in meta["snapshots"].items()}
+        if any(not lo < n <= hi for n in snapshot_nbytes):
+            raise CorruptFileError(f"snapshots at {sorted(snapshot_nbytes)} outside [{lo}, {hi})")
+        if layout.state_layers and hi not in snapshot_nbytes:
+            raise CorruptFileError("a recurrent model's segment without a snapshot at its end")
+        devices = _devices(meta, layout.num_layers)
+        return DiskEntry(path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices)
+
+
+def _stub(
+    path: Path, lo: int, hi: int, nbytes_per_token: int, devices: list[str | None], snapshot_nbytes: dict[int, int]
+) -> Segment:
+    ref = DiskRef(path, lo, hi, [torch.device(d) if d is not None else None for d in devices])
+    snapshots = {n: Snapshot(n, {}, nbytes) for n, nbytes in snapshot_nbytes.items()}
+    return Segment(None, lo, hi, nbytes_per_token, snapshots, disk=ref)
+
+
+def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+    h = xxhash.xxh3_128()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _data_end(path: Path) -> int:
+    """Bytes a safetensors file must have, from its header's last data offset."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    return 8 + header_len + max(ends, default=0)
+
+
+def _devices(meta: dict[str, Any], num_layers: int) -> list[str | None]:
+    devices = list(meta.get("devices") or [])
+    if len(devices) != num_layers:
+        return [None] * num_layers
+    available = {"cpu"} | {f"cuda:{i}" for i in range(torch.cuda.device_count())}
+    return [d if d in available else None for d in devices]
+
+
+def _flags_to_json(flags: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: {str(i): value for i, value in per_idx.items()} for name, per_idx in flags.items()}
+
+
+def _flags_from_json(flags: dict[str, dict[str, Any]]) -> dict[str, dict[int, Any]]:
+    return {name: {int(i): value for i, value in per_idx.items()} for name, per_idx in flags.items()}

@@ -1,0 +1,307 @@
+"""Placement: which tier each stored node sits on, and keeping every tier within its byte budget.
+
+Owns the decisions (when a node leaves the device, when it comes back, when it is dropped);
+`tiers.py` does the copies and `disk.py` the files. Nodes leave a tier least valuable first
+(the policy's score), only from the tier's frontier (see `radix.py`), and never while locked:
+
+    device --(over budget)--> host --(over budget)--> disk --(over budget)--> dropped
+
+A tier whose budget is 0 is skipped; a node that fits no slower tier is dropped with its
+subtree (descendants cannot be restored without it). A hit on a node off the device brings it
+back (`bring_to_device`) when room can be made, else serves a temporary copy.
+
+Not thread-safe: the store calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .disk import DiskTier
+from .policy import CostAwarePolicy, LRUPolicy
+from .radix import Node, RadixTree
+from .segments import Run, Segment
+from .tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, is_out_of_memory, segment_to_device, segment_to_host
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+@dataclass(slots=True)
+class PlacementCounters:
+    evictions: int = 0
+    evicted_bytes: int = 0
+    offloads: int = 0
+    reloads: int = 0
+    disk_writes: int = 0
+    skipped_files: int = 0
+    num_snapshots: int = 0
+    moved_bytes: list[int] = field(default_factory=lambda: [0] * NUM_TIERS)
+
+
+class Placement:
+    """Moves nodes of `tree` between tiers to keep each within `budgets[tier]` bytes.
+
+    Args:
+        tree: the store's tree (values are `Segment`s).
+        budgets: bytes allowed per tier (device, host, disk); 0 switches a tier off.
+        mover: copies tensors between devices and host memory.
+        disk: the disk tier, or None.
+        policy: decides which node leaves first; told when one does.
+        state_device: the device a stateful layer's snapshot goes back to.
+    """
+
+    def __init__(
+        self,
+        tree: RadixTree[Segment],
+        budgets: list[int],
+        mover: Mover,
+        disk: DiskTier | None,
+        policy: LRUPolicy | CostAwarePolicy,
+        state_device: Callable[[int], torch.device | None],
+    ) -> None:
+        assert len(budgets) == NUM_TIERS, f"budgets for {NUM_TIERS} tiers, got {budgets}"
+        self.tree = tree
+        self.budgets = budgets
+        self.mover = mover
+        self.disk = disk
+        self.policy = policy
+        self.state_device = state_device
+        self.counters = PlacementCounters()
+        self._indexed: set[str] = set()
+
+    # ------------------------------------------------------------ budgets
+    def enforce(self) -> None:
+        """Bring every tier within its budget (as far as unlocked nodes allow)."""
+        for tier in range(NUM_TIERS):
+            self._shrink(tier, self.budgets[tier])
+
+    def make_room(self, tier: int, nbytes: int) -> bool:
+        """Move nodes out of `tier` until `nbytes` more fit in its budget; False when they cannot."""
+        if nbytes > self.budgets[tier]:
+            return False
+        self._shrink(tier, self.budgets[tier] - nbytes)
+        self.enforce()
+        return self.tree.tier_nbytes[tier] + nbytes <= self.budgets[tier]
+
+    def free_device(self) -> None:
+        """Move every unlocked node off the device (after an out-of-memory error)."""
+        self._shrink(DEVICE, 0)
+        self.enforce()
+
+    def drop_leaves(self, num_leaves: int) -> None:
+        """Drop `num_leaves` least valuable unlocked leaves, slowest tier first."""
+        for _ in range(num_leaves):
+            node = None
+            for tier in reversed(range(NUM_TIERS)):
+                node = self.tree.pop_victim(tier, leaves_only=True)
+                if node is not None:
+                    break
+            if node is None:
+                return
+            self.drop(node)
+
+    def _shrink(self, tier: int, target: int) -> None:
+        while self.tree.tier_nbytes[tier] > target:
+            node = self.tree.pop_victim(tier)
+            if node is None:
+                return  # everything left is locked
+            self.policy.left(node)
+            self._move_down(node, tier)
+
+    def _move_down(self, node: Node[Segment], tier: int) -> None:
+        """Move `node` to the next tier that can hold it, or drop it with its subtree."""
+        for slower in range(tier + 1, NUM_TIERS):
+            fits = 0 < node.nbytes <= self.budgets[slower] or (node.nbytes == 0 and self.budgets[slower] > 0)
+            if fits and self._move(node, slower):
+                self.tree.offer(node)
+                return
+        self.drop(node)
+
+    def _move(self, node: Node[Segment], to: int) -> bool:
+        seg = node.value
+        assert seg is not None
+        try:
+            if to == HOST:
+                new = segment_to_host(seg, self.mover)
+            else:
+                assert self.disk is not None
+                source = seg if seg.disk is None else None
+                assert source is not None, f"{node} is already on disk"
+                new = self.disk.write(str(node.namespace), self.tree.symbols_of(node), source)
+                self.counters.disk_writes += 1
+        except Exception as exc:  # out of host memory, a full or read-only disk, symbols that cannot persist
+            level = logging.INFO if is_out_of_memory(exc) or isinstance(exc, TypeError) else logging.WARNING
+            logger.log(
+                level,
+                "could not move %d tokens to the %s tier (%s); dropping them",
+                node.end - node.start,
+                ("device", "host", "disk")[to],
+                exc,
+            )
+            return False
+        self._release(node, seg)
+        self.counters.num_snapshots += len(new.snapshots)
+        self.tree.set_value(node, new)
+        self.tree.set_tier(node, to)
+        self.counters.offloads += 1
+        self.counters.moved_bytes[to] += node.nbytes
+        return True
+
+    # ------------------------------------------------------------ dropping
+    def drop(self, node: Node[Segment]) -> None:
+        """Remove `node` and its subtree from the store, releasing what they hold."""
+        if node.children:
+            removed = self.tree.remove(node)
+        else:
+            self.tree.remove_leaf(node)
+            removed = [node]
+        self.counters.evictions += len(removed)
+        self.counters.evicted_bytes += sum(n.nbytes for n in removed)
+        for gone in removed:
+            assert gone.value is not None
+            self._release(gone, gone.value)
+
+    def _release(self, node: Node[Segment], seg: Segment) -> None:
+        """`seg` (the value `node` held) no longer backs it: drop its references to runs and files.
+
+        A run or file still read by other segments is cut down to what they cover, so held bytes
+        stay equal to counted bytes. The removed part is always the tail of its run (runs are laid
+        along a path, and nodes leave bottom-up).
+        """
+        self.counters.num_snapshots -= len(seg.snapshots)
+        run = seg.run
+        if run is not None:
+            run.num_refs -= 1
+            if run.num_refs > 0:
+                if seg.end == run.hi:
+                    run.compact(run.lo, seg.start)
+                elif seg.start == run.lo:
+                    run.compact(seg.end, run.hi)
+        ref = seg.disk
+        if ref is not None and self.disk is not None:
+            ref.num_refs -= 1
+            if ref.num_refs == 0:
+                self.disk.delete(ref.path)
+            else:
+                self._rewrite_rest(node, seg)
+
+    def _rewrite_rest(self, node: Node[Segment], gone: Segment) -> None:
+        """A split disk file lost one part: rewrite the part still used so the file holds only that."""
+        assert self.disk is not None and gone.disk is not None
+        walk = node.parent
+        while walk is not None and not walk.is_root:
+            seg = walk.value
+            if seg is not None and seg.disk is gone.disk:
+                try:
+                    loaded = self.disk.load(seg)
+                    new = self.disk.write(str(walk.namespace), self.tree.symbols_of(walk), loaded)
+                except Exception as exc:  # keep the old file; its extra bytes are not worth a crash
+                    logger.warning("could not rewrite %s: %s", gone.disk.path, exc)
+                    return
+                self.counters.num_snapshots += len(new.snapshots) - len(seg.snapshots)
+                gone.disk.num_refs -= 1
+                if gone.disk.num_refs == 0:
+                    self.disk.delete(gone.disk.path)
+                self.tree.set_value(walk, new)
+                return
+            walk = walk.parent
+
+    # ------------------------------------------------------------ bringing back
+    def bring_to_device(self, path: Sequence[Node[Segment]], length: int) -> list[Segment]:
+        """Segments of `path` covering `[0, length)`, all in device memory, in path order.
+
+        Nodes off the device come back to it when room can be made; otherwise a temporary
+        device copy serves this request and the node stays where it is. The path must be locked.
+
+        Raises:
+            CorruptFileError: a disk file on the path could not be used (the caller drops it).
+            torch.OutOfMemoryError: a copy to the device did not fit.
+        """
+        out: list[Segment] = []
+        for node in path:
+            seg = node.value
+            assert seg is not None
+            if node.start >= length or node.tier == DEVICE:
+                out.append(seg)
+                continue
+            host = seg
+            if seg.disk is not None:
+                assert self.disk is not None, "a disk segment in a store without a disk tier"
+                host = self.disk.load(seg)
+            states = {layer: self.state_device(layer) for snap in host.snapshots.values() for layer in snap.states}
+            device_seg = segment_to_device(host, self.mover, states)
+            self.counters.reloads += 1
+            if self.make_room(DEVICE, node.nbytes):
+                self._release(node, seg)
+                self.counters.num_snapshots += len(device_seg.snapshots)
+                self.tree.set_value(node, device_seg)
+                self.tree.set_tier(node, DEVICE)
+            out.append(device_seg)  # else a copy for this request only; the node stays where it is
+        return out
+
+    # ------------------------------------------------------------ disk index and save
+    def index_disk(self, namespace: str) -> None:
+        """Add the disk files of `namespace` to the tree, once per namespace and process."""
+        if self.disk is None or namespace in self._indexed:
+            return
+        self._indexed.add(namespace)
+        added = 0
+        for entry in self.disk.scan(namespace):
+            match = self.tree.match(namespace, entry.symbols)
+            if match.matched_len != entry.lo:
+                self.counters.skipped_files += 1
+                logger.warning(
+                    "skipping prefix-cache file %s: it continues a prefix of %d tokens, %d are stored",
+                    entry.path,
+                    entry.lo,
+                    match.matched_len,
+                )
+                continue
+            stub = self.disk.stub_for(entry)
+            self.tree.insert(namespace, entry.symbols, lambda a, b, stub=stub: stub, tier=DISK)
+            self.counters.num_snapshots += len(stub.snapshots)
+            added += 1
+        if added:
+            logger.info("indexed %d prefix-cache files for namespace %s", added, namespace)
+        self.enforce()
+
+    def save(self) -> int:
+        """Move every unlocked node in memory to disk (bottom-up); returns how many moved."""
+        if self.disk is None:
+            return 0
+        moved = 0
+        for tier in (DEVICE, HOST):
+            while True:
+                node = self.tree.pop_victim(tier)
+                if node is None:
+                    break
+                if node.nbytes > self.budgets[DISK] or not self._move(node, DISK):
+                    self.drop(node)
+                    continue
+                moved += 1
+                self._shrink(DISK, self.budgets[DISK])
+        return moved
+
+
+def attach_snapshot_copy(seg: Segment, tier: int, snap: Any, mover: Mover) -> Any | None:
+    """The form of snapshot `snap` that a segment on `tier` may hold (None: it cannot hold one)."""
+    if tier == DEVICE:
+        return snap
+    if tier == HOST:
+        probe = Segment(None, seg.start, seg.end, 0, {snap.length: snap})
+        return segment_to_host(probe, mover).snapshots[snap.length]
+    return None
+
+
+def runs_of(segments: Sequence[Segment]) -> list[Run]:
+    """The distinct runs `segments` refer to."""
+    seen: dict[int, Run] = {}
+    for seg in segments:
+        if seg.run is not None:
+            seen[id(seg.run)] = seg.run
+    return list(seen.values())
