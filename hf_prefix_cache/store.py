@@ -710,13 +710,14 @@ class PrefixCache:
             self._maintain(namespace)
             matched_len = self._tree.match(namespace, tokens).matched_len
             new_nbytes = (length - matched_len) * nbytes_per_token + sum(s.nbytes for s in all_snapshots)
-            if new_nbytes > self.max_bytes:
+            largest = max(self._placement.budgets)  # it lands on the device, then moves to a tier that holds it
+            if new_nbytes > largest:
                 self._counters.fallbacks["entry_over_budget"] += 1
                 logger.info(
-                    "not storing %d new tokens (%d bytes): over the device budget of %d",
+                    "not storing %d new tokens (%d bytes): larger than every tier's budget (at most %d)",
                     length - matched_len,
                     new_nbytes,
-                    self.max_bytes,
+                    largest,
                 )
                 return 0
             result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, nbytes_per_token))
