@@ -152,19 +152,24 @@ class DiskTier:
             logger.warning("could not delete %s: %s", path, exc)
 
     # -------------------------------------------------------------- reading
-    def scan(self, namespace: str) -> list[DiskEntry]:
-        """Every readable segment file of `namespace`, by start position; bad files are skipped with a warning."""
+    def scan(self, namespace: str) -> tuple[list[DiskEntry], int]:
+        """Every readable segment file of `namespace` by start position, and how many bad files were skipped.
+
+        Each skipped file gets a warning naming it and what is wrong.
+        """
         folder = self.folder(namespace)
         if not folder.is_dir():
-            return []
+            return [], 0
         entries = []
+        skipped = 0
         for path in sorted(folder.glob("*.safetensors")):
             try:
                 entries.append(self._read_header(path, namespace))
             except Exception as exc:  # any unreadable file is skipped, never fatal
+                skipped += 1
                 logger.warning("skipping prefix-cache file %s: %s", path, exc)
         entries.sort(key=lambda e: (e.lo, e.hi))
-        return entries
+        return entries, skipped
 
     def stub_for(self, entry: DiskEntry) -> Segment:
         """The disk stub segment for a scanned entry."""

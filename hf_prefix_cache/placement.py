@@ -155,6 +155,7 @@ class Placement:
     # ------------------------------------------------------------ dropping
     def drop(self, node: Node[Segment]) -> None:
         """Remove `node` and its subtree from the store, releasing what they hold."""
+        above = node.parent
         if node.children:
             removed = self.tree.remove(node)
         else:
@@ -164,9 +165,9 @@ class Placement:
         self.counters.evicted_bytes += sum(n.nbytes for n in removed)
         for gone in removed:
             assert gone.value is not None
-            self._release(gone, gone.value)
+            self._release(gone, gone.value, above)
 
-    def _release(self, node: Node[Segment], seg: Segment) -> None:
+    def _release(self, node: Node[Segment], seg: Segment, above: Node[Segment] | None = None) -> None:
         """`seg` (the value `node` held) no longer backs it: drop its references to runs and files.
 
         A run or file still read by other segments is cut down to what they cover, so held bytes
@@ -188,12 +189,12 @@ class Placement:
             if ref.num_refs == 0:
                 self.disk.delete(ref.path)
             else:
-                self._rewrite_rest(node, seg)
+                self._rewrite_rest(above if above is not None else node.parent, seg)
 
-    def _rewrite_rest(self, node: Node[Segment], gone: Segment) -> None:
-        """A split disk file lost one part: rewrite the part still used so the file holds only that."""
+    def _rewrite_rest(self, start: Node[Segment] | None, gone: Segment) -> None:
+        """A split disk file lost one part: rewrite the part still used (an ancestor) so the file holds only that."""
         assert self.disk is not None and gone.disk is not None
-        walk = node.parent
+        walk = start
         while walk is not None and not walk.is_root:
             seg = walk.value
             if seg is not None and seg.disk is gone.disk:
@@ -251,7 +252,9 @@ class Placement:
             return
         self._indexed.add(namespace)
         added = 0
-        for entry in self.disk.scan(namespace):
+        entries, skipped = self.disk.scan(namespace)
+        self.counters.skipped_files += skipped
+        for entry in entries:
             match = self.tree.match(namespace, entry.symbols)
             if match.matched_len != entry.lo:
                 self.counters.skipped_files += 1
