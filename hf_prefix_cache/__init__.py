@@ -14,7 +14,9 @@ check_transformers()
 from .cache import WorkingCache  # noqa: E402
 from .errors import IncompatibleModelError, PrefixCacheError, UnsupportedVersionError  # noqa: E402
 from .keys import PrefixKey  # noqa: E402
+from .pressure import PressureEvent  # noqa: E402
 from .radix import RadixTree  # noqa: E402
+from .session import Session  # noqa: E402
 from .stats import CacheStats  # noqa: E402
 from .store import Lookup, PrefixCache, parse_nbytes  # noqa: E402
 
@@ -25,7 +27,9 @@ __all__ = [
     "PrefixCache",
     "PrefixCacheError",
     "PrefixKey",
+    "PressureEvent",
     "RadixTree",
+    "Session",
     "UnsupportedVersionError",
     "WorkingCache",
     "parse_nbytes",
