@@ -80,6 +80,7 @@ class DiskTier:
     def __init__(self, root: str | os.PathLike[str], layout: Layout) -> None:
         self.root = Path(root)
         self.layout = layout
+        self._trash: list[Path] = []
 
     def folder(self, namespace: str) -> Path:
         return self.root / namespace
@@ -146,10 +147,21 @@ class DiskTier:
         )
 
     def delete(self, path: Path) -> None:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:  # a read-only or vanished folder must not break generation
-            logger.warning("could not delete %s: %s", path, exc)
+        """Schedule `path` for deletion by the next `empty_trash` (the store calls it outside its lock).
+
+        Unlinking a file whose pages were just read costs milliseconds (the kernel frees its
+        page cache), which would otherwise stall every thread waiting on the store.
+        """
+        self._trash.append(path)
+
+    def empty_trash(self) -> None:
+        """Delete the files scheduled by `delete`."""
+        while self._trash:
+            path = self._trash.pop()
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a read-only or vanished folder must not break generation
+                logger.warning("could not delete %s: %s", path, exc)
 
     # -------------------------------------------------------------- reading
     def scan(self, namespace: str) -> tuple[list[DiskEntry], int]:

@@ -329,6 +329,7 @@ class PrefixCache:
         with self._lock:
             self._placement.budgets[DEVICE] = parse_nbytes(value)
             self._placement.enforce()
+        self._after_unlock(())
 
     @property
     def budgets(self) -> dict[str, int]:
@@ -388,6 +389,7 @@ class PrefixCache:
                 if disk is not None and ref is not None:
                     disk.delete(ref.path)
             self._placement.counters.num_snapshots = 0
+        self._after_unlock(())
 
     def save(self) -> int:
         """Move every unpinned entry in memory to the disk tier now; returns how many nodes moved.
@@ -402,7 +404,9 @@ class PrefixCache:
             raise ValueError("save() needs a disk tier: make the store with disk_dir=...")
         with self._lock:
             self._placement.index_disk(self.namespace())
-            return self._placement.save()
+            moved = self._placement.save()
+        self._after_unlock(())
+        return moved
 
     def detach(self) -> None:
         """Unwrap `model.generate`; the store keeps its entries and its low-level API."""
@@ -466,6 +470,8 @@ class PrefixCache:
                 node = result.path[-1]
                 self._tree.lock(node)
                 self._pins[key] = node
+                # A pinned prefix lives on the device; bring back any part that was offloaded.
+                self._placement.bring_to_device(result.path, len(tokens))
             return len(tokens)
 
     def unpin(self, token_ids: torch.Tensor | Sequence[int]) -> bool:
@@ -477,7 +483,8 @@ class PrefixCache:
                 return False
             self._tree.unlock(node)
             self._placement.enforce()
-            return True
+        self._after_unlock(())
+        return True
 
     def on_pressure(self, callback: PressureCallback, thresholds: Sequence[float] = (0.8, 0.95)) -> None:
         """Call `callback(event)` when a tier's use rises past a fraction of its budget.
@@ -616,6 +623,7 @@ class PrefixCache:
         """Move every unpinned entry off the device (after an out-of-memory error)."""
         with self._lock:
             self._placement.free_device()
+        self._after_unlock(())
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -657,7 +665,7 @@ class PrefixCache:
                 pieces = kv_pieces(segments, restore_len)
                 calls = self._pressure_calls()
             break
-        _fire(calls)
+        self._after_unlock(calls)
         # Joining pieces may copy; outside the lock. The views stay valid: a compaction swaps a
         # run's tensors for new ones and never writes into the old ones.
         keys = values = None
@@ -733,7 +741,7 @@ class PrefixCache:
             if self.max_entries is not None and self._tree.num_leaves > self.max_entries:
                 self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
             calls = self._pressure_calls()
-        _fire(calls)
+        self._after_unlock(calls)
         return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
@@ -819,6 +827,12 @@ class PrefixCache:
     def _state_device(self, layer: int) -> torch.device | None:
         return self._state_devices.get(layer, getattr(self.model, "device", None))
 
+    def _after_unlock(self, calls: Sequence[Any]) -> None:
+        """Work kept out of the lock: file deletions and pressure callbacks."""
+        if self._placement.disk is not None:
+            self._placement.disk.empty_trash()
+        _fire(calls)
+
     def _pressure_calls(self) -> list[Any]:
         return self._pressure.check(TIER_NAMES, self._tree.tier_nbytes, self._placement.budgets)
 
@@ -835,6 +849,7 @@ class PrefixCache:
             if self._sessions.get(session.name) is session:
                 del self._sessions[session.name]
             self._placement.enforce()
+        self._after_unlock(())
 
 
 def _fire(calls: Sequence[Any]) -> None:

@@ -187,6 +187,7 @@ def test_split_disk_entry_serves_both_halves_and_rewrites_on_drop(llama: Any, tm
         tail = store._tree.match(store.namespace(), ids[0].tolist()).path[-1]
         assert tail.tier == DISK
         store._placement.drop(tail)
+        store._placement.disk.empty_trash()
         store.check_integrity()
         assert store.stats().disk_nbytes == sum(_tensor_bytes(f) for f in _files(tmp_path))
         with store.lookup(ids) as hit:
