@@ -223,3 +223,36 @@ def test_cuda_offload_uses_pinned_memory_and_restores_exactly() -> None:
     finally:
         store.detach()
         model.to("cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_device_map_restores_each_layer_to_its_own_device(tmp_path: Any) -> None:
+    """With layers split over two GPUs, entries back from host and disk land on each layer's own device."""
+    from accelerate import dispatch_model
+
+    model = cached_model("llama")
+    device_map = {
+        "model.embed_tokens": 0,
+        "model.rotary_emb": 0,
+        "model.layers.0": 0,
+        "model.layers.1": 1,
+        "model.norm": 1,
+        "lm_head": 1,
+    }
+    model = dispatch_model(model, device_map=device_map)
+    per_token = _kv_bytes_per_token(model)
+    store = PrefixCache(model, max_device_bytes=40 * per_token, max_host_bytes=60 * per_token, disk_dir=tmp_path)
+    try:
+        prompts = [_distinct(seed).to("cuda:0") for seed in range(5)]
+        for p in prompts:
+            generate(model, p, past_key_values=store)
+        assert store.stats().disk_nbytes > 0
+        for p in prompts[:2]:
+            assert_same_as_cold(model, p, store)
+            node = store._tree.match(store.namespace(), p[0].tolist()).path[-1]
+            assert node.tier == DEVICE
+            assert [k.device.index for k in node.value.run.keys] == [0, 1]
+        store.check_integrity()
+    finally:
+        store.detach()
