@@ -60,24 +60,45 @@ def weights_fingerprint(model: Any) -> str:
     return h.hexdigest()
 
 
+def weights_version(model: Any) -> int:
+    """A cheap token that changes whenever a parameter is replaced, added or modified in place.
+
+    Every in-place write to a tensor (an optimizer step, `load_state_dict`, merging an adapter)
+    bumps its `_version`; adding or removing an adapter changes the parameter set. Costs one
+    pass over the parameter list (microseconds), so the store checks it on every request and
+    recomputes the weights fingerprint only when it changed.
+    """
+    return hash(tuple((id(p), p._version) for p in model.parameters()))
+
+
+def adapter_state(model: Any) -> tuple[tuple[str, ...], bool] | None:
+    """Active adapter names and whether adapters are switched off (`disable_adapters`), or None."""
+    if not getattr(model, "peft_config", None):
+        return None
+    try:
+        active = tuple(model.active_adapters())
+    except (AttributeError, ValueError):
+        active = tuple(sorted(model.peft_config))
+    disabled = False
+    for module in model.modules():
+        if hasattr(module, "_disable_adapters"):
+            disabled = bool(module._disable_adapters)
+            break
+    return active, disabled
+
+
 def model_namespace(model: Any, salt: str | None = None, weights: str | None = None) -> str:
     """The namespace of `model` as it is now (dtype and adapters can change between calls).
 
-    `weights` is the model's `weights_fingerprint`, computed once by the store.
+    `weights` is the model's `weights_fingerprint`, computed by the store when it changes.
     """
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else {}
-    adapters: Any = None
-    if getattr(model, "peft_config", None):
-        try:
-            adapters = list(model.active_adapters())
-        except (AttributeError, ValueError):
-            adapters = sorted(model.peft_config)
     parts = {
         "class": type(model).__name__,
         "config": fingerprint(config),
         "weights": weights,
         "dtype": str(getattr(model, "dtype", None)),
-        "adapters": adapters,
+        "adapters": adapter_state(model),
         "salt": salt,
     }
     return fingerprint(parts)

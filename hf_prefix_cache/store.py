@@ -26,7 +26,7 @@ import torch
 from ._compat import check_transformers
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
-from .keys import model_namespace, weights_fingerprint
+from .keys import adapter_state, model_namespace, weights_fingerprint, weights_version
 from .placement import Placement, attach_snapshot_copy
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
@@ -282,7 +282,7 @@ class PrefixCache:
         self.ttl = ttl
         self.min_store_len = min_store_len
         self.max_entries = max_entries
-        self._weights = weights_fingerprint(model)
+        self._weights = (weights_version(model), weights_fingerprint(model))
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = _on_cuda(model)
@@ -415,12 +415,15 @@ class PrefixCache:
             self._hook = None
 
     def namespace(self) -> str:
-        """The model's current namespace (recomputed when its dtype or adapters change)."""
+        """The model's current namespace (recomputed when its dtype, adapters or weights change)."""
         model = self.model
-        probe = (getattr(model, "dtype", None), _active_adapters(model))
+        version = weights_version(model)
+        if version != self._weights[0]:
+            self._weights = (version, weights_fingerprint(model))
+        probe = (getattr(model, "dtype", None), adapter_state(model), self._weights[1])
         cached = self._namespace_cache
         if cached is None or cached[0] != probe:
-            cached = (probe, model_namespace(model, self.salt, self._weights))
+            cached = (probe, model_namespace(model, self.salt, self._weights[1]))
             self._namespace_cache = cached
         return cached[1]
 
@@ -883,15 +886,6 @@ def _best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapsh
             if length <= limit and (best is None or length > best.length):
                 best = snap
     return (best.length, best) if best is not None else (0, None)
-
-
-def _active_adapters(model: Any) -> tuple[str, ...] | None:
-    if not getattr(model, "peft_config", None):
-        return None
-    try:
-        return tuple(model.active_adapters())
-    except (AttributeError, ValueError):
-        return tuple(sorted(model.peft_config))
 
 
 def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:
