@@ -4,6 +4,7 @@ bad or foreign files are skipped without losing anything else, and bytes on disk
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -117,10 +118,20 @@ def test_other_weights_dtype_or_salt_never_load_the_files(llama: Any, tmp_path: 
     assert len(_files(tmp_path)) == 1  # the original file is untouched
 
 
+@pytest.fixture(scope="module")
+def two_entries(tmp_path_factory: Any) -> Path:
+    """A disk_dir holding two llama entries, written once by another process; tests copy it."""
+    root = tmp_path_factory.mktemp("two_entries")
+    _write_in_another_process(root, "llama", [41, 42])
+    return root
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "foreign_meta"])
-def test_a_bad_file_is_skipped_and_nothing_else_is_lost(llama: Any, tmp_path: Path, damage: str, caplog: Any) -> None:
+def test_a_bad_file_is_skipped_and_nothing_else_is_lost(
+    llama: Any, tmp_path: Path, two_entries: Path, damage: str, caplog: Any
+) -> None:
     """A corrupted, truncated, non-safetensors or foreign file costs its own entry only, with a warning."""
-    _write_in_another_process(tmp_path, "llama", [41, 42])
+    shutil.copytree(two_entries, tmp_path, dirs_exist_ok=True)
     good_ids, bad_ids = random_prompt(40, seed=41), random_prompt(40, seed=42)
     store = PrefixCache(llama, disk_dir=tmp_path, attach=False, save_on_exit=False)
     bad_file = next(n.value.disk.path for n in _leaf_nodes(store, bad_ids))
