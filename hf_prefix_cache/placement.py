@@ -245,6 +245,28 @@ class Placement:
             out.append(device_seg)  # else a copy for this request only; the node stays where it is
         return out
 
+    def settle(self, path: Sequence[Node[Segment]]) -> None:
+        """Keep tiers monotone after an insert: a new leaf never sits on a faster tier than its parent.
+
+        Ancestors off the device are brought back when room can be made; otherwise the new leaf
+        moves down to the slowest ancestor's tier, so every tier's frontier can always empty it.
+        """
+        leaf = path[-1]
+        above = path[:-1]
+        if not above or max(node.tier for node in above) == DEVICE:
+            return
+        self.tree.lock(leaf)
+        try:
+            self.bring_to_device(above, leaf.start)
+        finally:
+            self.tree.unlock(leaf)
+        slowest = max(node.tier for node in above)
+        if slowest != DEVICE and leaf.parent is not None and leaf.tier < slowest:
+            if leaf.nbytes > self.budgets[slowest] or not self._move(leaf, slowest):
+                self.drop(leaf)
+            else:
+                self.tree.offer(leaf)
+
     # ------------------------------------------------------------ disk index and save
     def index_disk(self, namespace: str) -> None:
         """Add the disk files of `namespace` to the tree, once per namespace and process."""

@@ -738,6 +738,8 @@ class PrefixCache:
             for snap in all_snapshots:
                 self._attach_snapshot(result.path, snap)
             self._tree.touch(result.path)
+            if result.new_node is not None:
+                self._placement.settle(result.path)
             if session is not None and result.path:
                 session.hold(result.path[-1])
             self._placement.enforce()

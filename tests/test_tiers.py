@@ -126,6 +126,9 @@ def test_hybrid_model_snapshots_move_to_host_and_restore_exactly() -> None:
         before = store.stats().hit_tokens
         assert_same_as_cold(model, longer, store)
         assert store.stats().hit_tokens - before == 39  # the snapshot taken after prompt token 39
+        # No room on the device: the hit was served from a copy and the new branch joined its parent's tier.
+        assert store.stats().device_nbytes == 0
+        assert all(n.tier >= n.parent.tier for n in store._tree.iter_nodes() if not n.parent.is_root)
         store.check_integrity()
     finally:
         store.detach()
@@ -254,6 +257,25 @@ def test_device_map_restores_each_layer_to_its_own_device(tmp_path: Any) -> None
             node = store._tree.match(store.namespace(), p[0].tolist()).path[-1]
             assert node.tier == DEVICE
             assert [k.device.index for k in node.value.run.keys] == [0, 1]
+        store.check_integrity()
+    finally:
+        store.detach()
+
+
+def test_a_branch_never_sits_on_a_faster_tier_than_its_parent(llama: Any) -> None:
+    """When the device cannot take back an offloaded prefix, a new branch joins the prefix's tier."""
+    per_token = _kv_bytes_per_token(llama)
+    store = PrefixCache(llama, max_device_bytes=20 * per_token, max_host_bytes=400 * per_token)
+    try:
+        ids = _distinct(1)
+        generate(llama, ids, past_key_values=store)  # 35 tokens: too big for the device, kept on the host
+        assert store.stats().device_nbytes == 0 and store.stats().host_nbytes == 35 * per_token
+        branch = torch.cat([ids, random_prompt(10, seed=2)], 1)
+        before = store.stats().hit_tokens
+        assert_same_as_cold(llama, branch, store)  # served from a temporary copy of the 30-token prefix
+        assert store.stats().hit_tokens - before == 30
+        assert all(n.tier >= n.parent.tier for n in store._tree.iter_nodes() if not n.parent.is_root)
+        assert store.stats().device_nbytes == 0
         store.check_integrity()
     finally:
         store.detach()
