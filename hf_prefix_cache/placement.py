@@ -224,6 +224,7 @@ class Placement:
             torch.OutOfMemoryError: a copy to the device did not fit.
         """
         out: list[Segment] = []
+        promote = True  # once an ancestor stays off the device, its descendants do too (tiers stay monotone)
         for node in path:
             seg = node.value
             assert seg is not None
@@ -237,7 +238,8 @@ class Placement:
             states = {layer: self.state_device(layer) for snap in host.snapshots.values() for layer in snap.states}
             device_seg = segment_to_device(host, self.mover, states)
             self.counters.reloads += 1
-            if self.make_room(DEVICE, node.nbytes):
+            promote = promote and self.make_room(DEVICE, node.nbytes)
+            if promote:
                 self._release(node, seg)
                 self.counters.num_snapshots += len(device_seg.snapshots)
                 self.tree.set_value(node, device_seg)
