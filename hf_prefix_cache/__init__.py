@@ -12,7 +12,12 @@ from ._compat import check_transformers
 check_transformers()
 
 from .cache import WorkingCache  # noqa: E402
-from .errors import IncompatibleModelError, PrefixCacheError, UnsupportedVersionError  # noqa: E402
+from .errors import (  # noqa: E402
+    IncompatibleModelError,
+    PrefixCacheError,
+    UnhashableMediaError,
+    UnsupportedVersionError,
+)
 from .keys import PrefixKey  # noqa: E402
 from .radix import RadixTree  # noqa: E402
 from .stats import CacheStats  # noqa: E402
@@ -26,6 +31,7 @@ __all__ = [
     "PrefixCacheError",
     "PrefixKey",
     "RadixTree",
+    "UnhashableMediaError",
     "UnsupportedVersionError",
     "WorkingCache",
     "parse_nbytes",
