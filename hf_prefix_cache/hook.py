@@ -17,35 +17,20 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, cast
 
 import torch
 
 from .cache import WorkingCache
-from .errors import IncompatibleModelError
+from .errors import IncompatibleModelError, UnhashableMediaError
+from .media import MediaLayout
+from .multimodal import MEDIA_KWARGS
 from .segments import Snapshot
 from .store import Plan, PrefixCache
 
 logger = logging.getLogger("hf_prefix_cache")
 
-# Inputs whose placeholders would need media-aware keys (not handled yet): such calls run cold.
-_MEDIA_KWARGS = (
-    "pixel_values",
-    "pixel_values_videos",
-    "image_sizes",
-    "image_grid_thw",
-    "video_grid_thw",
-    "input_features",
-    "input_values",
-    "pixel_attention_mask",
-    "mm_encoder_outputs",
-    "encoder_outputs",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "cross_attention_mask",
-    "aspect_ratio_ids",
-)
 _STATIC_CACHE_IMPLEMENTATIONS = ("static", "offloaded_static", "sliding_window", "hybrid", "mamba", "quantized")
 
 
@@ -100,10 +85,21 @@ class GenerateHook:
             return self._original(*args, **kwargs)
         assert isinstance(input_ids, torch.Tensor)
         rows = input_ids.tolist()
+        layout, reason = self._media_layout(rows, kwargs)
+        if reason is not None:
+            store.count_fallback(reason, len(rows[0]))
+            return self._original(*args, **kwargs)
+        # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
+        symbols: Sequence[Hashable] = layout.symbols(rows[0]) if layout is not None else rows[0]
         # Rows of a batch reuse only what all of them share; the last token is always fed, for its logits.
         shared = _common_prefix_len(rows)
         namespace = store.namespace()
-        plan = store.acquire(namespace, rows[0][:shared], limit=min(shared, len(rows[0]) - 1))
+        plan = store.acquire(
+            namespace,
+            cast("Sequence[int]", symbols[:shared]),  # the tree compares any hashable symbols
+            limit=min(shared, len(rows[0]) - 1),
+            spans=layout.spans if layout is not None else (),
+        )
         try:
             cache = store.new_cache()
             if plan.restore_len:
@@ -115,14 +111,32 @@ class GenerateHook:
                 fed, snapshots = self._prefill_states(cache, input_ids, plan)
             if cache_kwarg == "cache_params":
                 cache.skip_len = fed
+            media = store.profile.media
+            if media is not None and layout is not None and plan.restore_len:
+                # Only the suffix's media go to generate (plus explicit positions for M-RoPE).
+                kwargs = media.resume_kwargs(input_ids, kwargs, layout, plan.restore_len)
             kwargs[cache_kwarg] = cache
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
         store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store_result(namespace, sequences, cache, snapshots)
+        self._store_result(namespace, sequences, cache, snapshots, symbols if layout is not None else None)
         return output
+
+    def _media_layout(self, rows: list[list[int]], kwargs: dict[str, Any]) -> tuple[MediaLayout | None, str | None]:
+        """The prompt's media items (None for a model without media handling), or why to run cold."""
+        media = self._store.profile.media
+        if media is None:
+            return None, None
+        try:
+            layout = media.layout(rows[0], kwargs)
+        except UnhashableMediaError as err:
+            logger.info("media not hashable, running cold: %s", err)
+            return None, "unhashable_media"
+        if layout is None:
+            return None, "media_placeholders"
+        return layout, None
 
     def _why_cold(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
         """Name the reason this call cannot reuse safely, or None."""
@@ -138,8 +152,20 @@ class GenerateHook:
             return "batch_size"
         if input_ids.shape[1] == 0:
             return "empty_prompt"
-        if any(kwargs.get(name) is not None for name in _MEDIA_KWARGS):
-            return "media_inputs"
+        if input_ids.shape[0] != 1 and store.profile.media is not None and store.profile.media.has_positions:
+            return "mrope_batch"
+        media_names = [name for name in MEDIA_KWARGS if kwargs.get(name) is not None]
+        if media_names:
+            media = store.profile.media
+            if media is None:
+                return f"media_inputs:{getattr(model.config, 'model_type', None)}"
+            unknown = [name for name in media_names if name not in media.handled]
+            if unknown:
+                return f"media_inputs:{unknown[0]}"
+            if input_ids.shape[0] != 1:
+                return "media_batch"
+            if store.profile.has_state:
+                return "media_recurrent"
         if kwargs.get("position_ids") is not None:
             return "explicit_position_ids"
         if arguments.get("assistant_model") is not None:
@@ -214,7 +240,12 @@ class GenerateHook:
         self._model(input_ids=input_ids[:, start:end], **kwargs)
 
     def _store_result(
-        self, namespace: str, sequences: torch.Tensor, cache: WorkingCache, snapshots: list[Snapshot]
+        self,
+        namespace: str,
+        sequences: torch.Tensor,
+        cache: WorkingCache,
+        snapshots: list[Snapshot],
+        prompt_symbols: Sequence[Hashable] | None,
     ) -> None:
         kv_len = cache.kv_length()
         # The last generated token is never fed back, so the cache covers all but it.
@@ -223,6 +254,8 @@ class GenerateHook:
             return
         batched = sequences.shape[0] > 1
         for row, ids in enumerate(sequences[:, :length].tolist()):
+            if prompt_symbols is not None:
+                ids[: len(prompt_symbols)] = prompt_symbols[:length]
             self._store.insert_sequence(namespace, ids, cache, snapshots, row=row if batched else None)
 
     # ----------------------------------------------------------- cache_params

@@ -22,6 +22,7 @@ import torch
 from ._compat import check_transformers
 from .cache import WorkingCache
 from .keys import model_namespace
+from .media import clamp_below_spans
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
 from .segments import Run, Segment, Snapshot, join_kv, kv_pieces
@@ -387,16 +388,19 @@ class PrefixCache:
             c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0
 
-    def acquire(self, namespace: str, tokens: Sequence[int], limit: int | None = None) -> Plan:
+    def acquire(
+        self, namespace: str, tokens: Sequence[int], limit: int | None = None, *, spans: Sequence[tuple[int, int]] = ()
+    ) -> Plan:
         """Match `tokens`, pin the matched path, and gather what restoring it needs.
 
-        Restores at most `limit` tokens (default: all but the last, which is fed for its logits).
+        Restores at most `limit` tokens (default: all but the last, which is fed for its logits),
+        never cutting inside one of the media `spans` (`[start, end)` positions).
         """
         if limit is None:
             limit = len(tokens) - 1
         with self._lock:
             match = self._tree.match(namespace, tokens)
-            limit = min(match.matched_len, limit)
+            limit = clamp_below_spans(min(match.matched_len, limit), spans)
             restore_len, snapshot = limit, None
             if self.profile.has_state:
                 restore_len, snapshot = _best_snapshot(match.path, limit)

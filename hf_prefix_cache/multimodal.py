@@ -1,0 +1,276 @@
+"""MediaAdapter: how one model family's media inputs become keyed items and suffix-only inputs.
+
+For each supported family an adapter knows which `generate` kwargs carry media, which rows of
+them make up each item (and so what is hashed: exactly what the model consumes, unpadded),
+how many placeholder tokens each item has, how to hand `generate` only the items whose
+placeholders lie in the uncached suffix, and, for M-RoPE models, the explicit positions of
+the whole prompt. Transformers feeds the model every media kwarg it is given on the first
+step and checks that features and placeholders agree, so passing a cached item again fails,
+and leaving out one in the suffix silently embeds its placeholders as text.
+
+Knows nothing about the store or the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
+
+#: Every kwarg that carries media or media bookkeeping for some model in transformers 5.23.
+MEDIA_KWARGS = (
+    "pixel_values",
+    "pixel_values_videos",
+    "image_sizes",
+    "image_grid_thw",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "input_features",
+    "input_values",
+    "feature_attention_mask",
+    "pixel_attention_mask",
+    "mm_encoder_outputs",
+    "encoder_outputs",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "cross_attention_mask",
+    "aspect_ratio_ids",
+    "aspect_ratio_mask",
+    "image_embeds",
+)
+
+
+# Per media kind: (kind, placeholder id or None when unusable, each item's hashed parts, placeholder counts or None).
+_KindItems = tuple[str, int | None, list[tuple[Any, ...]], list[int] | None]
+
+
+class MediaAdapter:
+    """One family's media handling; subclasses fill in the per-family parts.
+
+    `handled` names the kwargs the adapter understands; a call passing any other media kwarg
+    runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
+    """
+
+    handled: frozenset[str] = frozenset()
+    has_positions = False
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+
+    def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        """The media items of a one-row prompt, or None when placeholders and media disagree.
+
+        Raises:
+            UnhashableMediaError: when a media input is not a tensor, array or PIL image.
+        """
+        items: list[MediaItem] = []
+        for kind, token_id, parts, lengths in self._items(tokens, kwargs):
+            if token_id is None:
+                return None
+            runs = find_runs(tokens, token_id)
+            if not parts and not runs:
+                continue
+            spans = assign_spans(runs, lengths) if lengths is not None else _one_per_run(runs, len(parts))
+            if spans is None or len(spans) != len(parts):
+                return None
+            items += [MediaItem(kind, hash_media(*p), a, b) for p, (a, b) in zip(parts, spans, strict=True)]
+        items.sort(key=lambda item: item.start)
+        return MediaLayout(tuple(items))
+
+    def resume_kwargs(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
+    ) -> dict[str, Any]:
+        """`kwargs` for a `generate` whose cache holds the first `cached_len` positions (> 0)."""
+        out = dict(kwargs)
+        self._slice(out, layout, cached_len)
+        return out
+
+    # --------------------------------------------------------------- per family
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[_KindItems]:
+        """Per media kind, the items of `kwargs`; counts None means one item per placeholder run."""
+        raise NotImplementedError
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        """Keep only the suffix's items in `kwargs` (in place)."""
+        raise NotImplementedError
+
+
+def _one_per_run(runs: Sequence[tuple[int, int]], num_items: int) -> list[tuple[int, int]] | None:
+    return list(runs) if len(runs) == num_items else None
+
+
+def _token_id(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _set_or_drop(kwargs: dict[str, Any], name: str, value: Any, keep: bool) -> None:
+    if keep:
+        kwargs[name] = value
+    else:
+        kwargs.pop(name, None)
+
+
+class LlavaMedia(MediaAdapter):
+    """LLaVA: `pixel_values` `[num_images, C, H, W]`, every image the same number of placeholders."""
+
+    handled = frozenset({"pixel_values"})
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[_KindItems]:
+        token_id = _token_id(self.config, "image_token_id", "image_token_index")
+        pixels = kwargs.get("pixel_values")
+        if pixels is None:
+            return [("image", token_id, [], [])]
+        if not isinstance(pixels, torch.Tensor):
+            return [("image", token_id, [(pixels,)], None)]  # let hashing name its type
+        # All images have one placeholder count, so adjacent images in one run can be told apart.
+        num = pixels.shape[0]
+        total = sum(b - a for a, b in find_runs(tokens, token_id)) if token_id is not None else 0
+        if num == 0 or total % num:
+            return [("image", None, [], None)]
+        return [("image", token_id, [(pixels[i],) for i in range(num)], [total // num] * num)]
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        pixels = kwargs.get("pixel_values")
+        if pixels is None:
+            return
+        k = layout.num_cached("image", cached_len)
+        _set_or_drop(kwargs, "pixel_values", pixels[k:], k < pixels.shape[0])
+
+
+class LlavaNextMedia(MediaAdapter):
+    """LLaVA-NeXT: anyres patch stacks padded per prompt; an item is its valid patches plus its size."""
+
+    handled = frozenset({"pixel_values", "image_sizes"})
+
+    def _num_patches(self, image_sizes: torch.Tensor) -> list[int]:
+        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+        return [
+            image_size_to_num_patches(
+                image_size=size,
+                grid_pinpoints=self.config.image_grid_pinpoints,
+                patch_size=self.config.vision_config.image_size,
+            )
+            for size in image_sizes
+        ]
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[_KindItems]:
+        token_id = _token_id(self.config, "image_token_id", "image_token_index")
+        pixels, sizes = kwargs.get("pixel_values"), kwargs.get("image_sizes")
+        if pixels is None:
+            return [("image", token_id, [], None)]
+        if not isinstance(pixels, torch.Tensor) or not isinstance(sizes, torch.Tensor) or pixels.dim() not in (4, 5):
+            return [("image", None, [], None)]
+        counts = self._num_patches(sizes)
+        if pixels.dim() == 5:
+            parts = [(pixels[i, :n], sizes[i]) for i, n in enumerate(counts)]
+        else:
+            offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]
+            parts = [(pixels[offsets[i] : offsets[i + 1]], sizes[i]) for i in range(len(counts))]
+        return [("image", token_id, parts, None)]
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        pixels, sizes = kwargs.get("pixel_values"), kwargs.get("image_sizes")
+        if pixels is None or sizes is None:
+            return
+        k = layout.num_cached("image", cached_len)
+        keep = k < sizes.shape[0]
+        if pixels.dim() == 4:
+            skip = sum(self._num_patches(sizes[:k]))
+            pixels_left = pixels[skip:]
+        else:
+            pixels_left = pixels[k:]
+        _set_or_drop(kwargs, "pixel_values", pixels_left, keep)
+        _set_or_drop(kwargs, "image_sizes", sizes[k:], keep)
+
+
+class Qwen2VLMedia(MediaAdapter):
+    """Qwen2-VL: flattened patch rows per item from `*_grid_thw`; M-RoPE positions over the whole prompt."""
+
+    handled = frozenset(
+        {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+    )
+    has_positions = True
+    _KINDS = (("image", "image_token_id", "pixel_values", "image_grid_thw"),) + (
+        ("video", "video_token_id", "pixel_values_videos", "video_grid_thw"),
+    )
+
+    def _merge(self) -> int:
+        return int(self.config.vision_config.spatial_merge_size) ** 2
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[_KindItems]:
+        out: list[_KindItems] = []
+        for kind, id_name, pixels_name, grid_name in self._KINDS:
+            token_id = _token_id(self.config, id_name)
+            pixels, grid = kwargs.get(pixels_name), kwargs.get(grid_name)
+            if pixels is None and grid is None:
+                out.append((kind, token_id, [], []))
+                continue
+            if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor):
+                out.append((kind, None, [], None))
+                continue
+            rows = grid.prod(-1).tolist()
+            if sum(rows) != pixels.shape[0]:
+                out.append((kind, None, [], None))
+                continue
+            offsets = [0, *torch.tensor(rows).cumsum(0).tolist()]
+            parts = [(pixels[offsets[i] : offsets[i + 1]], grid[i]) for i in range(len(rows))]
+            out.append((kind, token_id, parts, [n // self._merge() for n in rows]))
+        return out
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        for kind, _, pixels_name, grid_name in self._KINDS:
+            pixels, grid = kwargs.get(pixels_name), kwargs.get(grid_name)
+            if pixels is None or grid is None:
+                continue
+            k = layout.num_cached(kind, cached_len)
+            keep = k < grid.shape[0]
+            skip = int(grid[:k].prod(-1).sum()) if k else 0
+            _set_or_drop(kwargs, pixels_name, pixels[skip:], keep)
+            _set_or_drop(kwargs, grid_name, grid[k:], keep)
+
+    def resume_kwargs(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
+    ) -> dict[str, Any]:
+        # Positions come from all grids, so compute them before slicing: [4, 1, L] = text row + 3 M-RoPE rows.
+        positions = self.positions(input_ids, kwargs)
+        out = super().resume_kwargs(input_ids, kwargs, layout, cached_len)
+        out["position_ids"] = positions
+        return out
+
+    def positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """Explicit `[4, 1, L]` positions of the whole prompt, never reading `rope_deltas` left on the model."""
+        text = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        image_grid, video_grid = kwargs.get("image_grid_thw"), kwargs.get("video_grid_thw")
+        if image_grid is None and video_grid is None:
+            rope = text[None].expand(3, -1, -1)
+        else:
+            types = torch.zeros_like(input_ids, dtype=torch.int)
+            for kind, id_name, _, _ in self._KINDS:
+                token_id = _token_id(self.config, id_name)
+                types[input_ids == token_id] = 1 if kind == "image" else 2
+            rope, _ = self.model.model.get_rope_index(
+                input_ids, mm_token_type_ids=types, image_grid_thw=image_grid, video_grid_thw=video_grid
+            )
+        return torch.cat([text[None], rope.to(text.dtype)], dim=0)
+
+
+_ADAPTERS: dict[str, type[MediaAdapter]] = {
+    "llava": LlavaMedia,
+    "llava_next": LlavaNextMedia,
+    "qwen2_vl": Qwen2VLMedia,
+}
+
+
+def media_adapter_for(model: Any) -> MediaAdapter | None:
+    """The adapter of `model`'s family, or None when its media cannot be served exactly."""
+    cls = _ADAPTERS.get(getattr(model.config, "model_type", ""))
+    return cls(model) if cls is not None else None

@@ -1,0 +1,157 @@
+"""Tiny random-weight vision-language models and their media, built offline from config classes.
+
+Each builder seeds ``torch.manual_seed(0)`` and returns an eval-mode float32 model with eager
+attention whose generation never stops early (see ``tiny_models._finalize``). Text ids come
+from ``random_prompt`` (``[4, 100)``); placeholders use ids above 100:
+
+* ``llava``: CLIP vision tower (32x32 images, 8x8 patches): 16 placeholders per image.
+* ``llava_next``: the same tower with anyres tiling (pinpoints up to 64x64); an image's
+  placeholder count depends on its size (``llava_next_tokens``). Pixels come from the real
+  ``LlavaNextImageProcessorPil``, which pads every prompt's patch stacks to its largest image.
+* ``qwen2_vl``: M-RoPE text model; an image of grid ``(t, h, w)`` is ``t*h*w`` rows of
+  ``3*2*2*2`` values and ``t*h*w/4`` placeholders between vision start/end ids.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from PIL import Image
+from tiny_models import _finalize, random_prompt
+
+IMAGE_ID, VIDEO_ID, VISION_START_ID, VISION_END_ID = 120, 121, 122, 123
+PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]
+
+_TEXT: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": None,
+}
+_CLIP: dict[str, Any] = {
+    "model_type": "clip_vision_model",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 32,
+    "patch_size": 8,
+}
+
+
+def _build(model_cls: type, config: Any) -> Any:
+    torch.manual_seed(0)
+    config._attn_implementation = "eager"
+    return _finalize(model_cls(config))
+
+
+def tiny_llava() -> Any:
+    """LLaVA with a Llama text model: 16 placeholders per 32x32 image."""
+    config = transformers.LlavaConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMAGE_ID,
+        vision_feature_layer=-1,
+    )
+    return _build(transformers.LlavaForConditionalGeneration, config)
+
+
+def tiny_llava_next() -> Any:
+    """LLaVA-NeXT (anyres) with a Llama text model."""
+    config = transformers.LlavaNextConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMAGE_ID,
+        vision_feature_layer=-1,
+        image_grid_pinpoints=PINPOINTS,
+    )
+    return _build(transformers.LlavaNextForConditionalGeneration, config)
+
+
+def tiny_qwen2_vl() -> Any:
+    """Qwen2-VL (M-RoPE, 2x2 merge)."""
+    config = transformers.Qwen2VLConfig(
+        text_config={
+            **_TEXT,
+            "model_type": "qwen2_vl_text",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+        },
+        vision_config={
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 4,
+            "patch_size": 2,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            "mlp_ratio": 2,
+        },
+        image_token_id=IMAGE_ID,
+        video_token_id=VIDEO_ID,
+        vision_start_token_id=VISION_START_ID,
+        vision_end_token_id=VISION_END_ID,
+    )
+    return _build(transformers.Qwen2VLForConditionalGeneration, config)
+
+
+TINY_VLMS = {"llava": tiny_llava, "llava_next": tiny_llava_next, "qwen2_vl": tiny_qwen2_vl}
+
+
+@functools.cache
+def cached_vlm(name: str) -> Any:
+    """One instance per name per session."""
+    return TINY_VLMS[name]()
+
+
+def pil_image(seed: int, height: int = 32, width: int = 32) -> Image.Image:
+    """A random RGB image."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8))
+
+
+def llava_pixels(seed: int) -> torch.Tensor:
+    """One LLaVA image as the model consumes it: ``[3, 32, 32]`` float32."""
+    return torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+@functools.cache
+def llava_next_processor() -> Any:
+    """The real LLaVA-NeXT image processor (PIL backend), configured for the tiny tower."""
+    return transformers.LlavaNextImageProcessorPil(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS
+    )
+
+
+def llava_next_tokens(model: Any, pixel_values: torch.Tensor, image_sizes: torch.Tensor) -> list[int]:
+    """Placeholder count of each image, as the model's feature packing produces them."""
+    with torch.no_grad():
+        features = model.model.get_image_features(pixel_values, image_sizes).pooler_output
+    return [int(f.shape[0]) for f in features]
+
+
+def qwen_pixels(seed: int, grid: tuple[int, int, int] = (1, 4, 6)) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Qwen2-VL item: ``t*h*w`` patch rows and its ``[1, 3]`` grid."""
+    t, h, w = grid
+    rows = torch.rand(t * h * w, 3 * 2 * 2 * 2, generator=torch.Generator().manual_seed(seed))
+    return rows, torch.tensor([list(grid)])
+
+
+def text(n: int, seed: int) -> torch.Tensor:
+    """``n`` random text ids."""
+    return random_prompt(n, seed=seed)
+
+
+def run(token_id: int, n: int) -> torch.Tensor:
+    """``n`` placeholders."""
+    return torch.full((1, n), token_id, dtype=torch.long)
