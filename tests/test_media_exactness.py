@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_as_cold
+from conftest import assert_same_as_cold, generate, max_logit_diff
 from tiny_vlms import (
     IMAGE_ID,
     VISION_END_ID,
@@ -71,6 +71,17 @@ class Family:
     def check(self, ids: torch.Tensor, images: list[Any], store: PrefixCache) -> Any:
         return assert_same_as_cold(self.model, ids, store, new=NEW, **self.kwargs(ids, images))
 
+    def encoded(self, ids: torch.Tensor, images: list[Any], store: PrefixCache) -> int:
+        """Run through `store` only; return how many images (or patch rows, for Qwen2-VL) the vision tower saw."""
+        tower = self.model.model.visual if self.name == "qwen2_vl" else self.model.model.vision_tower
+        seen: list[int] = []
+        handle = tower.register_forward_hook(lambda _m, args, _o: seen.append(int(args[0].shape[0])))
+        try:
+            generate(self.model, ids, NEW, past_key_values=store, **self.kwargs(ids, images))
+        finally:
+            handle.remove()
+        return sum(seen)
+
 
 FAMILIES = ("llava", "llava_next", "qwen2_vl")
 
@@ -83,6 +94,16 @@ def family(request: pytest.FixtureRequest) -> Iterator[tuple[Family, PrefixCache
     store.check_integrity()
     assert not store.stats().fallbacks, store.stats().fallbacks
     store.detach()
+
+
+def _num_patches(fam: Family, kwargs: dict[str, Any]) -> int:
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    config = fam.model.config
+    return sum(
+        image_size_to_num_patches(size, config.image_grid_pinpoints, config.vision_config.image_size)
+        for size in kwargs["image_sizes"]
+    )
 
 
 class _Hits:
@@ -105,6 +126,14 @@ def test_second_image_in_the_suffix(family: tuple[Family, PrefixCache]) -> None:
     second = torch.cat([prefix, run(99, 1), text(4, 3), fam.placeholders(img2), text(3, 4)], dim=1)
     fam.check(second, [img1, img2], store)
     assert hits.last() == prefix.shape[1]
+    store.clear()
+    fam.check(prefix, [img1], store)
+    # Only the second image reaches the vision tower (LLaVA-NeXT: its valid patches; Qwen2-VL: its rows).
+    alone = fam.kwargs(second, [img2])
+    expected = alone["pixel_values"].shape[0]
+    if fam.name == "llava_next":
+        expected = _num_patches(fam, alone)
+    assert fam.encoded(second, [img1, img2], store) == expected
 
 
 def test_changed_first_image_with_identical_tokens(family: tuple[Family, PrefixCache]) -> None:
@@ -149,6 +178,7 @@ def test_exact_repeat(family: tuple[Family, PrefixCache]) -> None:
     fam.check(ids, [img1, img2], store)
     fam.check(ids, [img1, img2], store)
     assert hits.last() == ids.shape[1] - 1
+    assert fam.encoded(ids, [img1, img2], store) == 0  # a hit covering all media skips the encoder
 
 
 def test_prompt_ending_in_an_image_never_cuts_inside_it(family: tuple[Family, PrefixCache]) -> None:
@@ -164,3 +194,61 @@ def test_prompt_ending_in_an_image_never_cuts_inside_it(family: tuple[Family, Pr
     fam.check(ids, [img1, img2], store)
     fam.check(ids, [img1, img2], store)
     assert hits.last() == head.shape[1] + (1 if fam.name == "qwen2_vl" else 0)
+
+
+def test_stale_rope_deltas_from_another_request_are_never_used() -> None:
+    """Qwen2-VL: a hit after an unrelated request (which leaves its rope_deltas on the model) stays exact."""
+    fam = Family("qwen2_vl")
+    store = PrefixCache(fam.model)
+    try:
+        img1, img2 = fam.image(0), fam.image(1)
+        ids = torch.cat([text(3, 1), fam.placeholders(img1), text(2, 2), fam.placeholders(img2), text(4, 3)], dim=1)
+        cold = generate(fam.model, ids, NEW, **fam.kwargs(ids, [img1, img2]))
+        generate(fam.model, ids, NEW, past_key_values=store, **fam.kwargs(ids, [img1, img2]))
+        follow = torch.cat([cold.sequences, text(5, 4)], dim=1)
+        cold_follow = generate(fam.model, follow, NEW, **fam.kwargs(follow, [img1, img2]))
+        for other in (torch.cat([text(2, 7), fam.placeholders(img2)], dim=1), text(30, 8)):
+            kwargs = fam.kwargs(other, [img2]) if other.shape[1] < 30 else {}
+            generate(fam.model, other, NEW, **kwargs)  # cold, unrelated: leaves its own rope_deltas
+            warm = generate(fam.model, follow, NEW, past_key_values=store, **fam.kwargs(follow, [img1, img2]))
+            assert torch.equal(warm.sequences, cold_follow.sequences)
+            assert max_logit_diff(warm, cold_follow) < 1e-4
+        assert store.stats().hit_tokens == (cold.sequences.shape[1] - 1) + (follow.shape[1] - 1)
+    finally:
+        store.detach()
+
+
+def test_qwen2_vl_text_only_prompts_reuse_exactly() -> None:
+    """Qwen2-VL serves text-only chats too (explicit positions), after media requests changed rope_deltas."""
+    fam = Family("qwen2_vl")
+    store = PrefixCache(fam.model)
+    try:
+        img = fam.image(0)
+        other = torch.cat([text(2, 7), fam.placeholders(img)], dim=1)
+        turn = text(20, 9)
+        for i in range(3):
+            cold = generate(fam.model, turn, NEW)
+            generate(fam.model, other, NEW, **fam.kwargs(other, [img]))  # leaves image rope_deltas on the model
+            warm = generate(fam.model, turn, NEW, past_key_values=store)
+            assert torch.equal(warm.sequences, cold.sequences)
+            assert max_logit_diff(warm, cold) < 1e-4
+            turn = torch.cat([cold.sequences, text(4, 20 + i)], dim=1)
+        assert store.stats().hit_tokens > 0 and not store.stats().fallbacks
+    finally:
+        store.detach()
+
+
+def test_llava_adjacent_images_in_one_placeholder_run() -> None:
+    """LLaVA images with nothing between them are told apart by their equal placeholder counts."""
+    fam = Family("llava")
+    store = PrefixCache(fam.model)
+    try:
+        img1, img2, img3 = fam.image(1), fam.image(2), fam.image(3)
+        head = torch.cat([text(3, 1), fam.placeholders(img1)], dim=1)
+        fam.check(torch.cat([head, text(2, 2)], dim=1), [img1], store)
+        ids = torch.cat([head, fam.placeholders(img2), fam.placeholders(img3), text(2, 2)], dim=1)
+        fam.check(ids, [img1, img2, img3], store)
+        assert store.stats().hit_tokens == head.shape[1]
+        assert fam.encoded(ids, [img1, img2, img3], store) == 0
+    finally:
+        store.detach()

@@ -105,7 +105,54 @@ def tiny_qwen2_vl() -> Any:
     return _build(transformers.Qwen2VLForConditionalGeneration, config)
 
 
-TINY_VLMS = {"llava": tiny_llava, "llava_next": tiny_llava_next, "qwen2_vl": tiny_qwen2_vl}
+def tiny_llava_onevision() -> Any:
+    """LLaVA-OneVision (anyres, SigLIP tower, Qwen2 text): not served yet, runs cold with a named reason."""
+    config = transformers.LlavaOnevisionConfig(
+        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config={**_CLIP, "model_type": "siglip_vision_model"},
+        image_token_index=IMAGE_ID,
+        video_token_index=VIDEO_ID,
+        vision_feature_layer=-1,
+        image_grid_pinpoints=PINPOINTS,
+    )
+    return _build(transformers.LlavaOnevisionForConditionalGeneration, config)
+
+
+def tiny_qwen2_5_vl() -> Any:
+    """Qwen2.5-VL (M-RoPE): not served yet, every request runs cold (`mrope_positions`)."""
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={
+            **_TEXT,
+            "model_type": "qwen2_5_vl_text",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "out_hidden_size": 64,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "patch_size": 2,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 8,
+            "fullatt_block_indexes": [0],
+        },
+        image_token_id=IMAGE_ID,
+        video_token_id=VIDEO_ID,
+        vision_start_token_id=VISION_START_ID,
+        vision_end_token_id=VISION_END_ID,
+    )
+    return _build(transformers.Qwen2_5_VLForConditionalGeneration, config)
+
+
+TINY_VLMS = {
+    "llava": tiny_llava,
+    "llava_next": tiny_llava_next,
+    "qwen2_vl": tiny_qwen2_vl,
+    "llava_onevision": tiny_llava_onevision,
+    "qwen2_5_vl": tiny_qwen2_5_vl,
+}
 
 
 @functools.cache
