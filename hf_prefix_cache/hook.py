@@ -24,6 +24,7 @@ import torch
 
 from .cache import WorkingCache
 from .errors import IncompatibleModelError, UnhashableMediaError
+from .keys import fingerprint
 from .media import MediaLayout
 from .multimodal import MEDIA_KWARGS
 from .segments import Snapshot
@@ -94,6 +95,9 @@ class GenerateHook:
         # Rows of a batch reuse only what all of them share; the last token is always fed, for its logits.
         shared = _common_prefix_len(rows)
         namespace = store.namespace()
+        if store.profile.media is not None and store.profile.media.whole_prompt_only:
+            # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
+            namespace = fingerprint([namespace, [str(s) for s in symbols]])
         plan = store.acquire(
             namespace,
             cast("Sequence[int]", symbols[:shared]),  # the tree compares any hashable symbols
@@ -152,11 +156,12 @@ class GenerateHook:
             return "batch_size"
         if input_ids.shape[1] == 0:
             return "empty_prompt"
-        if input_ids.shape[0] != 1 and store.profile.media is not None and store.profile.media.has_positions:
-            return "mrope_batch"
+        media = store.profile.media
+        if input_ids.shape[0] != 1 and media is not None and (media.has_positions or media.whole_prompt_only):
+            # Positions and prompt-wide namespaces are computed for one row.
+            return "mrope_batch" if media.has_positions else "prefix_lm_batch"
         media_names = [name for name in MEDIA_KWARGS if kwargs.get(name) is not None]
         if media_names:
-            media = store.profile.media
             if media is None:
                 return f"media_inputs:{getattr(model.config, 'model_type', None)}"
             unknown = [name for name in media_names if name not in media.handled]

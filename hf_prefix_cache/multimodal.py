@@ -52,10 +52,13 @@ class MediaAdapter:
 
     `handled` names the kwargs the adapter understands; a call passing any other media kwarg
     runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
+    `whole_prompt_only` marks prefix-LM models (the whole prompt attends both ways), which may
+    reuse only an identical prompt.
     """
 
     handled: frozenset[str] = frozenset()
     has_positions = False
+    whole_prompt_only = False
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -143,6 +146,22 @@ class LlavaMedia(MediaAdapter):
             return
         k = layout.num_cached("image", cached_len)
         _set_or_drop(kwargs, "pixel_values", pixels[k:], k < pixels.shape[0])
+
+
+class Gemma3Media(LlavaMedia):
+    """Gemma 3: LLaVA-like pixels; image blocks attend both ways, so `token_type_ids` go through whole.
+
+    A cut never falls inside a placeholder span, so a cached block was always computed whole.
+    """
+
+    handled = frozenset({"pixel_values", "token_type_ids"})
+
+
+class PaliGemmaMedia(LlavaMedia):
+    """PaliGemma: the prompt is one bidirectional prefix, so only an identical prompt is reused."""
+
+    handled = frozenset({"pixel_values", "token_type_ids"})
+    whole_prompt_only = True
 
 
 class LlavaNextMedia(MediaAdapter):
@@ -265,6 +284,8 @@ class Qwen2VLMedia(MediaAdapter):
 
 _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "llava": LlavaMedia,
+    "gemma3": Gemma3Media,
+    "paligemma": PaliGemmaMedia,
     "llava_next": LlavaNextMedia,
     "qwen2_vl": Qwen2VLMedia,
 }

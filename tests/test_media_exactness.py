@@ -14,6 +14,8 @@ import pytest
 import torch
 from conftest import assert_same_as_cold, generate, max_logit_diff
 from tiny_vlms import (
+    BOI_ID,
+    EOI_ID,
     IMAGE_ID,
     VISION_END_ID,
     VISION_START_ID,
@@ -40,7 +42,7 @@ class Family:
         self.model = cached_vlm(name)
 
     def image(self, seed: int) -> Any:
-        if self.name == "llava":
+        if self.name in ("llava", "gemma3"):
             return llava_pixels(seed)
         if self.name == "llava_next":
             sizes = [(30, 60), (50, 40), (32, 32), (64, 20)]
@@ -50,6 +52,8 @@ class Family:
     def placeholders(self, image: Any) -> torch.Tensor:
         if self.name == "llava":
             return run(IMAGE_ID, 16)
+        if self.name == "gemma3":
+            return torch.cat([run(BOI_ID, 1), run(IMAGE_ID, 4), run(EOI_ID, 1)], dim=1)
         if self.name == "llava_next":
             kw = llava_next_processor()([image], return_tensors="pt")
             (n,) = llava_next_tokens(self.model, kw["pixel_values"], kw["image_sizes"])
@@ -60,6 +64,8 @@ class Family:
     def kwargs(self, ids: torch.Tensor, images: list[Any]) -> dict[str, Any]:
         if self.name == "llava":
             return {"pixel_values": torch.stack(images)}
+        if self.name == "gemma3":
+            return {"pixel_values": torch.stack(images), "token_type_ids": (ids == IMAGE_ID).long()}
         if self.name == "llava_next":
             return dict(llava_next_processor()(images, return_tensors="pt"))
         return {
@@ -75,7 +81,12 @@ class Family:
         """Run through `store` only; return how many images (or patch rows, for Qwen2-VL) the vision tower saw."""
         tower = self.model.model.visual if self.name == "qwen2_vl" else self.model.model.vision_tower
         seen: list[int] = []
-        handle = tower.register_forward_hook(lambda _m, args, _o: seen.append(int(args[0].shape[0])))
+
+        def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
+            first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+            seen.append(int(first.shape[0]))
+
+        handle = tower.register_forward_hook(record, with_kwargs=True)
         try:
             generate(self.model, ids, NEW, past_key_values=store, **self.kwargs(ids, images))
         finally:
@@ -83,7 +94,9 @@ class Family:
         return sum(seen)
 
 
-FAMILIES = ("llava", "llava_next", "qwen2_vl")
+FAMILIES = ("llava", "llava_next", "qwen2_vl", "gemma3")
+# Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
+FRAMED = ("qwen2_vl", "gemma3")
 
 
 @pytest.fixture(params=FAMILIES)
@@ -146,7 +159,7 @@ def test_changed_first_image_with_identical_tokens(family: tuple[Family, PrefixC
     assert torch.equal(fam.placeholders(img1), fam.placeholders(other))
     fam.check(ids, [img1, img2], store)
     fam.check(ids, [other, img2], store)
-    assert hits.last() == head.shape[1] + (1 if fam.name == "qwen2_vl" else 0)  # Qwen: vision-start is text
+    assert hits.last() == head.shape[1] + (1 if fam.name in FRAMED else 0)  # vision-start / begin-of-image is text
     fam.check(ids, [img1, img2], store)
     assert hits.last() == ids.shape[1] - 1
 
@@ -188,12 +201,12 @@ def test_prompt_ending_in_an_image_never_cuts_inside_it(family: tuple[Family, Pr
     img1, img2 = fam.image(1), fam.image(2)
     head = torch.cat([text(3, 1), fam.placeholders(img1), text(2, 2)], dim=1)
     tail = fam.placeholders(img2)
-    if fam.name == "qwen2_vl":
-        tail = tail[:, :-1]  # end on the last placeholder, not on vision-end
+    if fam.name in FRAMED:
+        tail = tail[:, :-1]  # end on the last placeholder, not on vision-end / end-of-image
     ids = torch.cat([head, tail], dim=1)
     fam.check(ids, [img1, img2], store)
     fam.check(ids, [img1, img2], store)
-    assert hits.last() == head.shape[1] + (1 if fam.name == "qwen2_vl" else 0)
+    assert hits.last() == head.shape[1] + (1 if fam.name in FRAMED else 0)
 
 
 def test_stale_rope_deltas_from_another_request_are_never_used() -> None:

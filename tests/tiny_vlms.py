@@ -146,7 +146,43 @@ def tiny_qwen2_5_vl() -> Any:
     return _build(transformers.Qwen2_5_VLForConditionalGeneration, config)
 
 
+_SIGLIP = {**_CLIP, "model_type": "siglip_vision_model"}
+BOI_ID, EOI_ID = 124, 125
+
+
+def tiny_gemma3() -> Any:
+    """Gemma 3: 4 placeholders per image between begin/end-of-image ids; sliding + full text layers."""
+    config = transformers.Gemma3Config(
+        text_config={
+            **_TEXT,
+            "model_type": "gemma3_text",
+            "head_dim": 16,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        vision_config=_SIGLIP,
+        mm_tokens_per_image=4,
+        image_token_index=IMAGE_ID,
+        boi_token_index=BOI_ID,
+        eoi_token_index=EOI_ID,
+    )
+    return _build(transformers.Gemma3ForConditionalGeneration, config)
+
+
+def tiny_paligemma() -> Any:
+    """PaliGemma (prefix-LM): 16 placeholders per image at the start of the prompt."""
+    config = transformers.PaliGemmaConfig(
+        text_config={**_TEXT, "model_type": "gemma", "head_dim": 16},
+        vision_config={**_SIGLIP, "projection_dim": 64},
+        image_token_index=IMAGE_ID,
+        projection_dim=64,
+    )
+    return _build(transformers.PaliGemmaForConditionalGeneration, config)
+
+
 TINY_VLMS = {
+    "gemma3": tiny_gemma3,
+    "paligemma": tiny_paligemma,
     "llava": tiny_llava,
     "llava_next": tiny_llava_next,
     "qwen2_vl": tiny_qwen2_vl,
