@@ -14,11 +14,14 @@ import pytest
 import torch
 from conftest import assert_same_as_cold, generate, max_logit_diff
 from tiny_vlms import (
+    AUDIO_ID,
     BOI_ID,
     EOI_ID,
     IMAGE_ID,
     VISION_END_ID,
     VISION_START_ID,
+    audio_clip,
+    audio_tokens,
     cached_vlm,
     llava_next_processor,
     llava_next_tokens,
@@ -42,6 +45,8 @@ class Family:
         self.model = cached_vlm(name)
 
     def image(self, seed: int) -> Any:
+        if self.name == "qwen2_audio":
+            return audio_clip(seed, [60, 44, 80][seed % 3])
         if self.name in ("llava", "gemma3"):
             return llava_pixels(seed)
         if self.name == "llava_next":
@@ -50,6 +55,8 @@ class Family:
         return qwen_pixels(seed, [(1, 4, 6), (1, 2, 4), (1, 4, 4)][seed % 3])
 
     def placeholders(self, image: Any) -> torch.Tensor:
+        if self.name == "qwen2_audio":
+            return run(AUDIO_ID, audio_tokens(int(image[1].sum())))
         if self.name == "llava":
             return run(IMAGE_ID, 16)
         if self.name == "gemma3":
@@ -62,6 +69,11 @@ class Family:
         return torch.cat([run(VISION_START_ID, 1), run(IMAGE_ID, n), run(VISION_END_ID, 1)], dim=1)
 
     def kwargs(self, ids: torch.Tensor, images: list[Any]) -> dict[str, Any]:
+        if self.name == "qwen2_audio":
+            return {
+                "input_features": torch.stack([f for f, _ in images]),
+                "feature_attention_mask": torch.stack([m for _, m in images]),
+            }
         if self.name == "llava":
             return {"pixel_values": torch.stack(images)}
         if self.name == "gemma3":
@@ -79,7 +91,8 @@ class Family:
 
     def encoded(self, ids: torch.Tensor, images: list[Any], store: PrefixCache) -> int:
         """Run through `store` only; return how many images (or patch rows, for Qwen2-VL) the vision tower saw."""
-        tower = self.model.model.visual if self.name == "qwen2_vl" else self.model.model.vision_tower
+        towers = {"qwen2_vl": "visual", "qwen2_audio": "audio_tower"}
+        tower = getattr(self.model.model, towers.get(self.name, "vision_tower"))
         seen: list[int] = []
 
         def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
@@ -94,7 +107,7 @@ class Family:
         return sum(seen)
 
 
-FAMILIES = ("llava", "llava_next", "qwen2_vl", "gemma3")
+FAMILIES = ("llava", "llava_next", "qwen2_vl", "gemma3", "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
 FRAMED = ("qwen2_vl", "gemma3")
 
@@ -141,9 +154,9 @@ def test_second_image_in_the_suffix(family: tuple[Family, PrefixCache]) -> None:
     assert hits.last() == prefix.shape[1]
     store.clear()
     fam.check(prefix, [img1], store)
-    # Only the second image reaches the vision tower (LLaVA-NeXT: its valid patches; Qwen2-VL: its rows).
+    # Only the second item reaches the encoder (LLaVA-NeXT: its valid patches; Qwen2-VL: its rows; audio: its clip).
     alone = fam.kwargs(second, [img2])
-    expected = alone["pixel_values"].shape[0]
+    expected = alone["input_features" if fam.name == "qwen2_audio" else "pixel_values"].shape[0]
     if fam.name == "llava_next":
         expected = _num_patches(fam, alone)
     assert fam.encoded(second, [img1, img2], store) == expected

@@ -180,7 +180,44 @@ def tiny_paligemma() -> Any:
     return _build(transformers.PaliGemmaForConditionalGeneration, config)
 
 
+AUDIO_ID = 126
+MEL_BINS, MEL_FRAMES = 16, 100
+
+
+def tiny_qwen2_audio() -> Any:
+    """Qwen2-Audio: clips of 100 mel frames (16 bins); a clip of `f` valid frames has `((f-1)//2+1-2)//2+1` placeholders."""
+    config = transformers.Qwen2AudioConfig(
+        text_config={**_TEXT, "model_type": "qwen2"},
+        audio_config={
+            "model_type": "qwen2_audio_encoder",
+            "d_model": 32,
+            "encoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "encoder_ffn_dim": 64,
+            "num_mel_bins": MEL_BINS,
+            "max_source_positions": MEL_FRAMES // 2,
+        },
+        audio_token_index=AUDIO_ID,
+    )
+    return _build(transformers.Qwen2AudioForConditionalGeneration, config)
+
+
+def audio_clip(seed: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One clip as the processor pads it: ``[16, 100]`` mel features (zeros past `frames`) and its frame mask."""
+    features = torch.zeros(MEL_BINS, MEL_FRAMES)
+    features[:, :frames] = torch.rand(MEL_BINS, frames, generator=torch.Generator().manual_seed(seed))
+    mask = torch.zeros(MEL_FRAMES, dtype=torch.long)
+    mask[:frames] = 1
+    return features, mask
+
+
+def audio_tokens(frames: int) -> int:
+    """Placeholders of a clip with `frames` valid mel frames."""
+    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
 TINY_VLMS = {
+    "qwen2_audio": tiny_qwen2_audio,
     "gemma3": tiny_gemma3,
     "paligemma": tiny_paligemma,
     "llava": tiny_llava,
