@@ -6,6 +6,10 @@ streamers, logits processors and the returned sequences are as in a cold run); t
 then feeds the model only the uncached suffix. Requests that cannot reuse safely run the
 original `generate` untouched, and the reason is counted.
 
+Prompts with media (models with a `MediaAdapter`) are keyed by tokens and media content
+together; `generate` then gets only the media of the uncached suffix, and M-RoPE models get
+explicit positions of the whole prompt.
+
 For models with recurrent layers the hook prefills the uncached prompt itself, in chunks that
 end where snapshots are wanted (the divergence from the stored prefix, every
 `snapshot_interval` tokens, the token before the last), and leaves the last token to

@@ -92,6 +92,21 @@ class MediaAdapter:
         self._slice(out, layout, cached_len)
         return out
 
+    def manual_problem(self, tokens: Sequence[int]) -> str | None:
+        """Why `lookup`/`insert` (which key token ids only) cannot serve `tokens` exactly, or None."""
+        if self.has_positions:
+            return "mrope_positions"
+        if self.whole_prompt_only:
+            return "prefix_lm"
+        ids = {t for t in self.placeholder_ids() if t is not None}
+        if any(t in ids for t in tokens):
+            return "media_placeholders"
+        return None
+
+    def placeholder_ids(self) -> tuple[int | None, ...]:
+        """The token ids that stand for media in this family's prompts."""
+        return tuple(token_id for _, token_id, _, _ in self._items((), {}))
+
     # --------------------------------------------------------------- per family
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[_KindItems]:
         """Per media kind, the items of `kwargs`; counts None means one item per placeholder run."""

@@ -299,6 +299,7 @@ class PrefixCache:
         if self.profile.unsupported is not None:
             raise ValueError(f"{type(self.model).__name__} cannot reuse cached prefixes: {self.profile.unsupported}")
         tokens = _as_token_list(input_ids)
+        _check_manual_media(self.profile, tokens)
         plan = self.acquire(self.namespace(), tokens)
         cache = self.new_cache()
         if plan.restore_len:
@@ -314,6 +315,7 @@ class PrefixCache:
         if not isinstance(cache, WorkingCache) or cache.profile is not self.profile:
             raise ValueError("insert() takes a cache made by this store's lookup() or new_cache()")
         tokens = _as_token_list(token_ids)
+        _check_manual_media(self.profile, tokens)
         kv_len = cache.kv_length()
         if kv_len is not None and kv_len != len(tokens):
             raise ValueError(f"the cache holds {kv_len} positions but {len(tokens)} token ids were given")
@@ -548,6 +550,16 @@ def _active_adapters(model: Any) -> tuple[str, ...] | None:
         return tuple(model.active_adapters())
     except (AttributeError, ValueError):
         return tuple(sorted(model.peft_config))
+
+
+def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
+    """`lookup`/`insert` key token ids only: refuse what only `generate` keys exactly (media, M-RoPE, prefix-LM)."""
+    problem = profile.media.manual_problem(tokens) if profile.media is not None else None
+    if problem is not None:
+        raise ValueError(
+            f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "
+            "use model.generate(**inputs, past_key_values=store), which keys media by content"
+        )
 
 
 def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:

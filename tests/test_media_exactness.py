@@ -18,6 +18,7 @@ from tiny_vlms import (
     BOI_ID,
     EOI_ID,
     IMAGE_ID,
+    VIDEO_ID,
     VISION_END_ID,
     VISION_START_ID,
     audio_clip,
@@ -276,5 +277,36 @@ def test_llava_adjacent_images_in_one_placeholder_run() -> None:
         fam.check(ids, [img1, img2, img3], store)
         assert store.stats().hit_tokens == head.shape[1]
         assert fam.encoded(ids, [img1, img2, img3], store) == 0
+    finally:
+        store.detach()
+
+
+def test_qwen2_vl_image_cached_then_video_in_the_suffix() -> None:
+    """Qwen2-VL keys images and videos apart; a video after a cached image is the only medium encoded."""
+    fam = Family("qwen2_vl")
+    store = PrefixCache(fam.model)
+    try:
+        image = fam.image(1)
+        video_rows, video_grid = qwen_pixels(5, (2, 4, 4))
+        n_video = int(video_grid.prod()) // 4
+        head = torch.cat([text(4, 1), fam.placeholders(image), text(3, 2)], dim=1)
+        fam.check(head, [image], store)
+        video = torch.cat([run(VISION_START_ID, 1), run(VIDEO_ID, n_video), run(VISION_END_ID, 1)], dim=1)
+        ids = torch.cat([head, run(99, 1), video, text(3, 3)], dim=1)
+        kwargs = {
+            **fam.kwargs(ids, [image]),
+            "pixel_values_videos": video_rows,
+            "video_grid_thw": video_grid,
+            "mm_token_type_ids": (ids == IMAGE_ID).int() + 2 * (ids == VIDEO_ID).int(),
+        }
+        before = store.stats().hit_tokens
+        assert_same_as_cold(fam.model, ids, store, new=NEW, **kwargs)
+        assert store.stats().hit_tokens - before == head.shape[1]
+        # The same ids with another video of the same grid reuse up to that video only.
+        other = {**kwargs, "pixel_values_videos": qwen_pixels(6, (2, 4, 4))[0]}
+        before = store.stats().hit_tokens
+        assert_same_as_cold(fam.model, ids, store, new=NEW, **other)
+        assert store.stats().hit_tokens - before == head.shape[1] + 2  # the separator and vision-start are text
+        assert not store.stats().fallbacks
     finally:
         store.detach()

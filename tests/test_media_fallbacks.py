@@ -81,3 +81,32 @@ def test_unhashable_media_run_cold() -> None:
         assert store.stats().entries == 0
     finally:
         store.detach()
+
+
+@pytest.mark.parametrize(
+    ("name", "ids", "problem"),
+    [
+        ("llava", torch.cat([text(4, 1), run(IMAGE_ID, 16)], dim=1), "media_placeholders"),
+        ("qwen2_vl", text(8, 1), "mrope_positions"),
+        ("paligemma", text(8, 1), "prefix_lm"),
+    ],
+)
+def test_low_level_api_refuses_what_only_generate_keys_exactly(name: str, ids: torch.Tensor, problem: str) -> None:
+    """`lookup`/`insert` key token ids only, so media placeholders, M-RoPE and prefix-LM prompts raise."""
+    store = PrefixCache(cached_vlm(name), attach=False)
+    with pytest.raises(ValueError, match=problem):
+        store.lookup(ids)
+    with pytest.raises(ValueError, match=problem):
+        store.insert(ids, store.new_cache())
+
+
+def test_low_level_api_serves_text_on_llava() -> None:
+    """Text without placeholders still goes through `lookup`/`insert` on a vision-language model."""
+    model = cached_vlm("llava")
+    store = PrefixCache(model, attach=False)
+    ids = text(10, 1)
+    with store.lookup(ids) as hit, torch.no_grad():
+        model(ids, past_key_values=hit.cache, use_cache=True)
+    assert store.insert(ids, hit.cache) == 10
+    with store.lookup(ids) as again:
+        assert again.cached_len == 9
