@@ -233,7 +233,8 @@ class Qwen2VLMedia(MediaAdapter):
         {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
     )
     has_positions = True
-    _KINDS = (("image", "image_token_id", "pixel_values", "image_grid_thw"),) + (
+    _KINDS = (
+        ("image", "image_token_id", "pixel_values", "image_grid_thw"),
         ("video", "video_token_id", "pixel_values_videos", "video_grid_thw"),
     )
 
@@ -256,9 +257,19 @@ class Qwen2VLMedia(MediaAdapter):
                 out.append((kind, None, [], None))
                 continue
             offsets = [0, *torch.tensor(rows).cumsum(0).tolist()]
-            parts = [(pixels[offsets[i] : offsets[i + 1]], grid[i]) for i in range(len(rows))]
+            parts = [
+                (pixels[offsets[i] : offsets[i + 1]], grid[i], *self._extra(kind, kwargs, i)) for i in range(len(rows))
+            ]
             out.append((kind, token_id, parts, [n // self._merge() for n in rows]))
         return out
+
+    def _extra(self, kind: str, kwargs: dict[str, Any], index: int) -> tuple[Any, ...]:
+        """Further per-item inputs that change the item's states (hashed with it)."""
+        return ()
+
+    def _rope_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Further `get_rope_index` arguments, for all items."""
+        return {}
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         for kind, _, pixels_name, grid_name in self._KINDS:
@@ -270,6 +281,8 @@ class Qwen2VLMedia(MediaAdapter):
             skip = int(grid[:k].prod(-1).sum()) if k else 0
             _set_or_drop(kwargs, pixels_name, pixels[skip:], keep)
             _set_or_drop(kwargs, grid_name, grid[k:], keep)
+            if kind == "video" and kwargs.get("second_per_grid_ts") is not None:
+                _set_or_drop(kwargs, "second_per_grid_ts", kwargs["second_per_grid_ts"][k:], keep)
 
     def resume_kwargs(
         self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
@@ -292,9 +305,36 @@ class Qwen2VLMedia(MediaAdapter):
                 token_id = _token_id(self.config, id_name)
                 types[input_ids == token_id] = 1 if kind == "image" else 2
             rope, _ = self.model.model.get_rope_index(
-                input_ids, mm_token_type_ids=types, image_grid_thw=image_grid, video_grid_thw=video_grid
+                input_ids,
+                mm_token_type_ids=types,
+                image_grid_thw=image_grid,
+                video_grid_thw=video_grid,
+                **self._rope_kwargs(kwargs),
             )
         return torch.cat([text[None], rope.to(text.dtype)], dim=0)
+
+
+class Qwen2_5VLMedia(Qwen2VLMedia):
+    """Qwen2.5-VL: as Qwen2-VL, plus each video's `second_per_grid_ts` (its temporal position spacing)."""
+
+    handled = Qwen2VLMedia.handled | {"second_per_grid_ts"}
+
+    def _extra(self, kind: str, kwargs: dict[str, Any], index: int) -> tuple[Any, ...]:
+        seconds = kwargs.get("second_per_grid_ts")
+        if kind != "video" or seconds is None:
+            return ()
+        return (torch.as_tensor(seconds[index], dtype=torch.float64),)
+
+    def _rope_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        seconds = kwargs.get("second_per_grid_ts")
+        return {"second_per_grid_ts": seconds} if seconds is not None else {}
+
+
+class Qwen3VLMedia(Qwen2VLMedia):
+    """Qwen3-VL images (deepstack, interleaved M-RoPE). Videos, whose frames are separate
+    placeholder runs with timestamps between them, are not served yet (they run cold)."""
+
+    handled = frozenset({"pixel_values", "image_grid_thw", "mm_token_type_ids"})
 
 
 class Qwen2AudioMedia(MediaAdapter):
@@ -333,6 +373,8 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "paligemma": PaliGemmaMedia,
     "llava_next": LlavaNextMedia,
     "qwen2_vl": Qwen2VLMedia,
+    "qwen2_5_vl": Qwen2_5VLMedia,
+    "qwen3_vl": Qwen3VLMedia,
     "qwen2_audio": Qwen2AudioMedia,
 }
 

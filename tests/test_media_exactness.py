@@ -92,7 +92,7 @@ class Family:
 
     def encoded(self, ids: torch.Tensor, images: list[Any], store: PrefixCache) -> int:
         """Run through `store` only; return how many images (or patch rows, for Qwen2-VL) the vision tower saw."""
-        towers = {"qwen2_vl": "visual", "qwen2_audio": "audio_tower"}
+        towers = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "qwen2_audio": "audio_tower"}
         tower = getattr(self.model.model, towers.get(self.name, "vision_tower"))
         seen: list[int] = []
 
@@ -108,9 +108,10 @@ class Family:
         return sum(seen)
 
 
-FAMILIES = ("llava", "llava_next", "qwen2_vl", "gemma3", "qwen2_audio")
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES = ("llava", "llava_next", *QWEN_VL, "qwen3_vl", "gemma3", "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
-FRAMED = ("qwen2_vl", "gemma3")
+FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3")
 
 
 @pytest.fixture(params=FAMILIES)
@@ -223,9 +224,10 @@ def test_prompt_ending_in_an_image_never_cuts_inside_it(family: tuple[Family, Pr
     assert hits.last() == head.shape[1] + (1 if fam.name in FRAMED else 0)
 
 
-def test_stale_rope_deltas_from_another_request_are_never_used() -> None:
-    """Qwen2-VL: a hit after an unrelated request (which leaves its rope_deltas on the model) stays exact."""
-    fam = Family("qwen2_vl")
+@pytest.mark.parametrize("name", [*QWEN_VL, "qwen3_vl"])
+def test_stale_rope_deltas_from_another_request_are_never_used(name: str) -> None:
+    """Qwen2-VL family: a hit after an unrelated request (which leaves its rope_deltas on the model) stays exact."""
+    fam = Family(name)
     store = PrefixCache(fam.model)
     try:
         img1, img2 = fam.image(0), fam.image(1)
@@ -245,9 +247,10 @@ def test_stale_rope_deltas_from_another_request_are_never_used() -> None:
         store.detach()
 
 
-def test_qwen2_vl_text_only_prompts_reuse_exactly() -> None:
-    """Qwen2-VL serves text-only chats too (explicit positions), after media requests changed rope_deltas."""
-    fam = Family("qwen2_vl")
+@pytest.mark.parametrize("name", [*QWEN_VL, "qwen3_vl"])
+def test_qwen2_vl_text_only_prompts_reuse_exactly(name: str) -> None:
+    """The Qwen2-VL family serves text-only chats too (explicit positions), after media requests changed rope_deltas."""
+    fam = Family(name)
     store = PrefixCache(fam.model)
     try:
         img = fam.image(0)
@@ -281,9 +284,10 @@ def test_llava_adjacent_images_in_one_placeholder_run() -> None:
         store.detach()
 
 
-def test_qwen2_vl_image_cached_then_video_in_the_suffix() -> None:
-    """Qwen2-VL keys images and videos apart; a video after a cached image is the only medium encoded."""
-    fam = Family("qwen2_vl")
+@pytest.mark.parametrize("name", QWEN_VL)
+def test_qwen2_vl_image_cached_then_video_in_the_suffix(name: str) -> None:
+    """The Qwen2-VL family keys images and videos apart; a video after a cached image is the only medium encoded."""
+    fam = Family(name)
     store = PrefixCache(fam.model)
     try:
         image = fam.image(1)
@@ -299,6 +303,8 @@ def test_qwen2_vl_image_cached_then_video_in_the_suffix() -> None:
             "video_grid_thw": video_grid,
             "mm_token_type_ids": (ids == IMAGE_ID).int() + 2 * (ids == VIDEO_ID).int(),
         }
+        if name == "qwen2_5_vl":
+            kwargs["second_per_grid_ts"] = torch.tensor([0.5])
         before = store.stats().hit_tokens
         assert_same_as_cold(fam.model, ids, store, new=NEW, **kwargs)
         assert store.stats().hit_tokens - before == head.shape[1]
@@ -307,6 +313,11 @@ def test_qwen2_vl_image_cached_then_video_in_the_suffix() -> None:
         before = store.stats().hit_tokens
         assert_same_as_cold(fam.model, ids, store, new=NEW, **other)
         assert store.stats().hit_tokens - before == head.shape[1] + 2  # the separator and vision-start are text
+        if name == "qwen2_5_vl":
+            # Another temporal spacing changes the video's positions: reuse stops at the video again.
+            before = store.stats().hit_tokens
+            assert_same_as_cold(fam.model, ids, store, new=NEW, **{**kwargs, "second_per_grid_ts": torch.tensor([2.0])})
+            assert store.stats().hit_tokens - before == head.shape[1] + 2
         assert not store.stats().fallbacks
     finally:
         store.detach()

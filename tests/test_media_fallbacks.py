@@ -34,8 +34,8 @@ def test_family_without_a_media_adapter_runs_cold() -> None:
 
 
 def test_mrope_model_without_positions_runs_cold_even_for_text() -> None:
-    """Qwen2.5-VL keeps the blanket `mrope_positions` refusal: stale rope_deltas would be wrong."""
-    assert _fallbacks(cached_vlm("qwen2_5_vl"), text(12, 1)) == {"mrope_positions": 2}
+    """GLM-4V keeps the blanket `mrope_positions` refusal: stale rope_deltas would be wrong."""
+    assert _fallbacks(cached_vlm("glm4v"), text(12, 1)) == {"mrope_positions": 2}
 
 
 def test_media_kwarg_the_family_does_not_know_runs_cold() -> None:

@@ -119,7 +119,7 @@ def tiny_llava_onevision() -> Any:
 
 
 def tiny_qwen2_5_vl() -> Any:
-    """Qwen2.5-VL (M-RoPE): not served yet, every request runs cold (`mrope_positions`)."""
+    """Qwen2.5-VL (M-RoPE, windowed vision attention), same patch layout as Qwen2-VL."""
     config = transformers.Qwen2_5_VLConfig(
         text_config={
             **_TEXT,
@@ -216,7 +216,70 @@ def audio_tokens(frames: int) -> int:
     return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
+def tiny_qwen3_vl() -> Any:
+    """Qwen3-VL (interleaved M-RoPE, deepstack features), same patch layout as Qwen2-VL."""
+    config = transformers.Qwen3VLConfig(
+        text_config={
+            **_TEXT,
+            "model_type": "qwen3_vl_text",
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True,
+            },
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "out_hidden_size": 64,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "patch_size": 2,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=IMAGE_ID,
+        video_token_id=VIDEO_ID,
+        vision_start_token_id=VISION_START_ID,
+        vision_end_token_id=VISION_END_ID,
+    )
+    return _build(transformers.Qwen3VLForConditionalGeneration, config)
+
+
+def tiny_glm4v() -> Any:
+    """GLM-4V (M-RoPE): no media adapter, so every request runs cold (`mrope_positions`)."""
+    config = transformers.Glm4vConfig(
+        text_config={
+            **_TEXT,
+            "model_type": "glm4v_text",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "out_hidden_size": 64,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "patch_size": 2,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "image_size": 8,
+        },
+        image_token_id=IMAGE_ID,
+        video_token_id=VIDEO_ID,
+        image_start_token_id=VISION_START_ID,
+        image_end_token_id=VISION_END_ID,
+    )
+    return _build(transformers.Glm4vForConditionalGeneration, config)
+
+
 TINY_VLMS = {
+    "qwen3_vl": tiny_qwen3_vl,
+    "glm4v": tiny_glm4v,
     "qwen2_audio": tiny_qwen2_audio,
     "gemma3": tiny_gemma3,
     "paligemma": tiny_paligemma,
