@@ -129,7 +129,9 @@ class GenerateHook:
             store.release(plan)
         store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store_result(namespace, sequences, cache, snapshots, symbols if layout is not None else None)
+        # Media symbols replace a prompt's placeholders; only one-row calls have media items.
+        media_symbols = symbols if layout is not None and layout.items else None
+        self._store_result(namespace, sequences, cache, snapshots, media_symbols)
         return output
 
     def _media_layout(self, rows: list[list[int]], kwargs: dict[str, Any]) -> tuple[MediaLayout | None, str | None]:
@@ -262,6 +264,7 @@ class GenerateHook:
         if length <= 0:
             return
         batched = sequences.shape[0] > 1
+        assert prompt_symbols is None or not batched, "media symbols are for one-row calls"
         for row, ids in enumerate(sequences[:, :length].tolist()):
             if prompt_symbols is not None:
                 ids[: len(prompt_symbols)] = prompt_symbols[:length]

@@ -110,3 +110,21 @@ def test_low_level_api_serves_text_on_llava() -> None:
     assert store.insert(ids, hit.cache) == 10
     with store.lookup(ids) as again:
         assert again.cached_len == 9
+
+
+def test_text_batches_on_a_vision_language_model_store_each_row() -> None:
+    """A text-only batch on LLaVA stores every row under its own ids, so each row later reuses its own prompt."""
+    model = cached_vlm("llava")
+    store = PrefixCache(model)
+    try:
+        common = text(8, 1)
+        rows = torch.cat([torch.cat([common, text(6, 2)], dim=1), torch.cat([common, text(6, 3)], dim=1)])
+        rows[1, 8] = 99 if rows[0, 8] != 99 else 98  # the rows diverge right after the common part
+        out = assert_same_as_cold(model, rows, store, new=3)
+        for i in range(2):
+            follow = torch.cat([out.sequences[i : i + 1], text(3, 4)], dim=1)
+            before = store.stats().hit_tokens
+            assert_same_as_cold(model, follow, store, new=3)
+            assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
+    finally:
+        store.detach()
