@@ -321,3 +321,22 @@ def test_qwen2_vl_image_cached_then_video_in_the_suffix(name: str) -> None:
         assert not store.stats().fallbacks
     finally:
         store.detach()
+
+
+def test_llava_next_image_padded_differently_in_a_later_prompt_still_matches() -> None:
+    """LLaVA-NeXT: a small image, padded to a larger one's patch count in turn 2, keeps its key."""
+    fam = Family("llava_next")
+    store = PrefixCache(fam.model)
+    try:
+        small, large = pil_image(1, 32, 32), pil_image(2, 30, 60)
+        alone = llava_next_processor()([small], return_tensors="pt")["pixel_values"]
+        both = llava_next_processor()([small, large], return_tensors="pt")["pixel_values"]
+        assert alone.shape[1] < both.shape[1]  # the same picture is a different tensor in turn 2
+        turn = torch.cat([text(4, 1), fam.placeholders(small), text(3, 2)], dim=1)
+        out = fam.check(turn, [small], store)
+        turn = torch.cat([out.sequences, text(2, 3), fam.placeholders(large), text(3, 4)], dim=1)
+        before = store.stats().hit_tokens
+        fam.check(turn, [small, large], store)
+        assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
+    finally:
+        store.detach()
