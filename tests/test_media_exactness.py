@@ -17,6 +17,7 @@ from tiny_vlms import (
     AUDIO_ID,
     BOI_ID,
     EOI_ID,
+    FAKE_IMAGE_ID,
     IMAGE_ID,
     VIDEO_ID,
     VISION_END_ID,
@@ -36,6 +37,8 @@ from tiny_vlms import (
 from hf_prefix_cache import PrefixCache
 
 NEW = 5
+SPECIAL_IDS = list(range(100, 128))
+IDEFICS = ("idefics3", "smolvlm")
 
 
 class Family:
@@ -48,7 +51,7 @@ class Family:
     def image(self, seed: int) -> Any:
         if self.name == "qwen2_audio":
             return audio_clip(seed, [60, 44, 80][seed % 3])
-        if self.name in ("llava", "gemma3"):
+        if self.name in ("llava", "gemma3", *IDEFICS):
             return llava_pixels(seed)
         if self.name == "llava_next":
             sizes = [(30, 60), (50, 40), (32, 32), (64, 20)]
@@ -62,6 +65,8 @@ class Family:
             return run(IMAGE_ID, 16)
         if self.name == "gemma3":
             return torch.cat([run(BOI_ID, 1), run(IMAGE_ID, 4), run(EOI_ID, 1)], dim=1)
+        if self.name in IDEFICS:
+            return torch.cat([run(FAKE_IMAGE_ID, 1), run(IMAGE_ID, 4), run(FAKE_IMAGE_ID, 1)], dim=1)
         if self.name == "llava_next":
             kw = llava_next_processor()([image], return_tensors="pt")
             (n,) = llava_next_tokens(self.model, kw["pixel_values"], kw["image_sizes"])
@@ -79,6 +84,8 @@ class Family:
             return {"pixel_values": torch.stack(images)}
         if self.name == "gemma3":
             return {"pixel_values": torch.stack(images), "token_type_ids": (ids == IMAGE_ID).long()}
+        if self.name in IDEFICS:
+            return {"pixel_values": torch.stack(images)[None]}
         if self.name == "llava_next":
             return dict(llava_next_processor()(images, return_tensors="pt"))
         return {
@@ -88,11 +95,20 @@ class Family:
         }
 
     def check(self, ids: torch.Tensor, images: list[Any], store: PrefixCache) -> Any:
-        return assert_same_as_cold(self.model, ids, store, new=NEW, **self.kwargs(ids, images))
+        # Answers never contain media or framing ids, so a later turn built from them stays a valid prompt.
+        kwargs = {**self.kwargs(ids, images), "suppress_tokens": SPECIAL_IDS}
+        return assert_same_as_cold(self.model, ids, store, new=NEW, **kwargs)
 
     def encoded(self, ids: torch.Tensor, images: list[Any], store: PrefixCache) -> int:
         """Run through `store` only; return how many images (or patch rows, for Qwen2-VL) the vision tower saw."""
-        towers = {"qwen2_vl": "visual", "qwen2_5_vl": "visual", "qwen3_vl": "visual", "qwen2_audio": "audio_tower"}
+        towers = {
+            "qwen2_vl": "visual",
+            "qwen2_5_vl": "visual",
+            "qwen3_vl": "visual",
+            "qwen2_audio": "audio_tower",
+            "idefics3": "vision_model",
+            "smolvlm": "vision_model",
+        }
         tower = getattr(self.model.model, towers.get(self.name, "vision_tower"))
         seen: list[int] = []
 
@@ -109,9 +125,9 @@ class Family:
 
 
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
-FAMILIES = ("llava", "llava_next", *QWEN_VL, "qwen3_vl", "gemma3", "qwen2_audio")
+FAMILIES = ("llava", "llava_next", *QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
-FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3")
+FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS)
 
 
 @pytest.fixture(params=FAMILIES)

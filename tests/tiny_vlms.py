@@ -277,7 +277,35 @@ def tiny_glm4v() -> Any:
     return _build(transformers.Glm4vForConditionalGeneration, config)
 
 
+FAKE_IMAGE_ID = 124
+
+
+def _idefics3_config(config_cls: type, vision_type: str) -> Any:
+    return config_cls(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config={**_CLIP, "model_type": vision_type},
+        scale_factor=2,
+        image_token_id=IMAGE_ID,
+    )
+
+
+def tiny_idefics3() -> Any:
+    """Idefics3: each 32x32 crop is 4 placeholders (pixel shuffle 2), framed by fake-image ids."""
+    return _build(
+        transformers.Idefics3ForConditionalGeneration, _idefics3_config(transformers.Idefics3Config, "idefics3_vision")
+    )
+
+
+def tiny_smolvlm() -> Any:
+    """SmolVLM: Idefics3's layout."""
+    return _build(
+        transformers.SmolVLMForConditionalGeneration, _idefics3_config(transformers.SmolVLMConfig, "smolvlm_vision")
+    )
+
+
 TINY_VLMS = {
+    "idefics3": tiny_idefics3,
+    "smolvlm": tiny_smolvlm,
     "qwen3_vl": tiny_qwen3_vl,
     "glm4v": tiny_glm4v,
     "qwen2_audio": tiny_qwen2_audio,
