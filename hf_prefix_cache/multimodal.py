@@ -261,6 +261,38 @@ class LlavaNextMedia(MediaAdapter):
         _set_or_drop(kwargs, "image_sizes", sizes[k:], keep)
 
 
+class LlavaNextVideoMedia(LlavaNextMedia):
+    """LLaVA-NeXT-Video: LLaVA-NeXT images plus `pixel_values_videos` `[num_videos, frames, C, H, W]`.
+
+    Videos of one call are stacked, so they all have one placeholder count.
+    """
+
+    handled = LlavaNextMedia.handled | {"pixel_values_videos"}
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[_KindItems]:
+        token_id = _token_id(self.config, "video_token_id", "video_token_index")
+        videos = kwargs.get("pixel_values_videos")
+        if videos is None:
+            video: _KindItems = ("video", token_id, [], [])
+        elif not isinstance(videos, torch.Tensor) or videos.dim() != 5 or token_id is None:
+            video = ("video", None, [], None)
+        else:
+            num = videos.shape[0]
+            total = sum(b - a for a, b in find_runs(tokens, token_id))
+            if num == 0 or total % num:
+                video = ("video", None, [], None)
+            else:
+                video = ("video", token_id, [(videos[i],) for i in range(num)], [total // num] * num)
+        return [*super()._items(tokens, kwargs), video]
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        super()._slice(kwargs, layout, cached_len)
+        videos = kwargs.get("pixel_values_videos")
+        if videos is not None:
+            k = layout.num_cached("video", cached_len)
+            _set_or_drop(kwargs, "pixel_values_videos", videos[k:], k < videos.shape[0])
+
+
 class Qwen2VLMedia(MediaAdapter):
     """Qwen2-VL: flattened patch rows per item from `*_grid_thw`; M-RoPE positions over the whole prompt."""
 
@@ -407,6 +439,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "gemma3": Gemma3Media,
     "paligemma": PaliGemmaMedia,
     "llava_next": LlavaNextMedia,
+    "llava_next_video": LlavaNextVideoMedia,
     "qwen2_vl": Qwen2VLMedia,
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,

@@ -32,6 +32,7 @@ from tiny_vlms import (
     qwen_pixels,
     run,
     text,
+    video_frames,
 )
 
 from hf_prefix_cache import PrefixCache
@@ -39,6 +40,7 @@ from hf_prefix_cache import PrefixCache
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))
 IDEFICS = ("idefics3", "smolvlm")
+ANYRES = ("llava_next", "llava_next_video")
 
 
 class Family:
@@ -53,7 +55,7 @@ class Family:
             return audio_clip(seed, [60, 44, 80][seed % 3])
         if self.name in ("llava", "gemma3", *IDEFICS):
             return llava_pixels(seed)
-        if self.name == "llava_next":
+        if self.name in ANYRES:
             sizes = [(30, 60), (50, 40), (32, 32), (64, 20)]
             return pil_image(seed, *sizes[seed % len(sizes)])
         return qwen_pixels(seed, [(1, 4, 6), (1, 2, 4), (1, 4, 4)][seed % 3])
@@ -67,7 +69,7 @@ class Family:
             return torch.cat([run(BOI_ID, 1), run(IMAGE_ID, 4), run(EOI_ID, 1)], dim=1)
         if self.name in IDEFICS:
             return torch.cat([run(FAKE_IMAGE_ID, 1), run(IMAGE_ID, 4), run(FAKE_IMAGE_ID, 1)], dim=1)
-        if self.name == "llava_next":
+        if self.name in ANYRES:
             kw = llava_next_processor()([image], return_tensors="pt")
             (n,) = llava_next_tokens(self.model, kw["pixel_values"], kw["image_sizes"])
             return run(IMAGE_ID, n)
@@ -86,7 +88,7 @@ class Family:
             return {"pixel_values": torch.stack(images), "token_type_ids": (ids == IMAGE_ID).long()}
         if self.name in IDEFICS:
             return {"pixel_values": torch.stack(images)[None]}
-        if self.name == "llava_next":
+        if self.name in ANYRES:
             return dict(llava_next_processor()(images, return_tensors="pt"))
         return {
             "pixel_values": torch.cat([rows for rows, _ in images]),
@@ -125,7 +127,7 @@ class Family:
 
 
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
-FAMILIES = ("llava", "llava_next", *QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, "qwen2_audio")
+FAMILIES = ("llava", *ANYRES, *QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
 FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS)
 
@@ -175,7 +177,7 @@ def test_second_image_in_the_suffix(family: tuple[Family, PrefixCache]) -> None:
     # Only the second item reaches the encoder (LLaVA-NeXT: its valid patches; Qwen2-VL: its rows; audio: its clip).
     alone = fam.kwargs(second, [img2])
     expected = alone["input_features" if fam.name == "qwen2_audio" else "pixel_values"].shape[0]
-    if fam.name == "llava_next":
+    if fam.name in ANYRES:
         expected = _num_patches(fam, alone)
     assert fam.encoded(second, [img1, img2], store) == expected
 
@@ -354,5 +356,24 @@ def test_llava_next_image_padded_differently_in_a_later_prompt_still_matches() -
         before = store.stats().hit_tokens
         fam.check(turn, [small, large], store)
         assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
+    finally:
+        store.detach()
+
+
+def test_llava_next_video_image_cached_then_video_in_the_suffix() -> None:
+    """LLaVA-NeXT-Video: a video after a cached image is the only medium encoded; a changed video reuses up to it."""
+    fam = Family("llava_next_video")
+    store = PrefixCache(fam.model)
+    try:
+        image = fam.image(1)
+        head = torch.cat([text(4, 1), fam.placeholders(image), text(3, 2)], dim=1)
+        fam.check(head, [image], store)
+        ids = torch.cat([head, run(99, 1), run(VIDEO_ID, 8), text(3, 3)], dim=1)
+        for seed, expected in ((1, head.shape[1]), (2, head.shape[1] + 1), (2, ids.shape[1] - 1)):
+            kwargs = {**fam.kwargs(ids, [image]), "pixel_values_videos": video_frames(seed)[None]}
+            before = store.stats().hit_tokens
+            assert_same_as_cold(fam.model, ids, store, new=NEW, suppress_tokens=SPECIAL_IDS, **kwargs)
+            assert store.stats().hit_tokens - before == expected
+        assert not store.stats().fallbacks
     finally:
         store.detach()

@@ -78,6 +78,25 @@ def tiny_llava_next() -> Any:
     return _build(transformers.LlavaNextForConditionalGeneration, config)
 
 
+def tiny_llava_next_video() -> Any:
+    """LLaVA-NeXT-Video: LLaVA-NeXT images; each 32x32 video frame is 4 placeholders (2x2 pooling)."""
+    config = transformers.LlavaNextVideoConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMAGE_ID,
+        video_token_index=VIDEO_ID,
+        vision_feature_layer=-1,
+        image_grid_pinpoints=PINPOINTS,
+        spatial_pool_stride=2,
+    )
+    return _build(transformers.LlavaNextVideoForConditionalGeneration, config)
+
+
+def video_frames(seed: int, frames: int = 2) -> torch.Tensor:
+    """One LLaVA-NeXT-Video clip: ``[frames, 3, 32, 32]`` float32."""
+    return torch.rand(frames, 3, 32, 32, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
 def tiny_qwen2_vl() -> Any:
     """Qwen2-VL (M-RoPE, 2x2 merge)."""
     config = transformers.Qwen2VLConfig(
@@ -304,6 +323,7 @@ def tiny_smolvlm() -> Any:
 
 
 TINY_VLMS = {
+    "llava_next_video": tiny_llava_next_video,
     "idefics3": tiny_idefics3,
     "smolvlm": tiny_smolvlm,
     "qwen3_vl": tiny_qwen3_vl,
