@@ -12,7 +12,12 @@ from ._compat import check_transformers
 check_transformers()
 
 from .cache import WorkingCache  # noqa: E402
-from .errors import IncompatibleModelError, PrefixCacheError, UnsupportedVersionError  # noqa: E402
+from .errors import (  # noqa: E402
+    IncompatibleModelError,
+    PrefixCacheError,
+    UnhashableMediaError,
+    UnsupportedVersionError,
+)
 from .keys import PrefixKey  # noqa: E402
 from .pressure import PressureEvent  # noqa: E402
 from .radix import RadixTree  # noqa: E402
@@ -30,6 +35,7 @@ __all__ = [
     "PressureEvent",
     "RadixTree",
     "Session",
+    "UnhashableMediaError",
     "UnsupportedVersionError",
     "WorkingCache",
     "parse_nbytes",

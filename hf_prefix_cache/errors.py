@@ -2,6 +2,7 @@
 
     PrefixCacheError
     ├── IncompatibleModelError   the store was built for another model
+    ├── UnhashableMediaError     a media input is of a type we cannot hash (never pickled)
     └── UnsupportedVersionError  transformers is not the version the layer adapters were written for
 
 Caller mistakes that need no type of their own are `ValueError`/`TypeError` with a message
@@ -18,6 +19,10 @@ class PrefixCacheError(Exception):
 
 class IncompatibleModelError(PrefixCacheError, ValueError):
     """A store was handed to a model it was not built for."""
+
+
+class UnhashableMediaError(PrefixCacheError, TypeError):
+    """A media input is not a torch tensor, numpy array or PIL image, so it has no content hash."""
 
 
 class UnsupportedVersionError(PrefixCacheError, ImportError):

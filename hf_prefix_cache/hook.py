@@ -6,6 +6,10 @@ streamers, logits processors and the returned sequences are as in a cold run); t
 then feeds the model only the uncached suffix. Requests that cannot reuse safely run the
 original `generate` untouched, and the reason is counted.
 
+Prompts with media (models with a `MediaAdapter`) are keyed by tokens and media content
+together; `generate` then gets only the media of the uncached suffix, and M-RoPE models get
+explicit positions of the whole prompt.
+
 For models with recurrent layers the hook prefills the uncached prompt itself, in chunks that
 end where snapshots are wanted (the divergence from the stored prefix, every
 `snapshot_interval` tokens, the token before the last), and leaves the last token to
@@ -17,13 +21,16 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, cast
 
 import torch
 
 from .cache import WorkingCache
-from .errors import IncompatibleModelError
+from .errors import IncompatibleModelError, UnhashableMediaError
+from .keys import fingerprint
+from .media import MediaLayout
+from .multimodal import MEDIA_KWARGS
 from .segments import Snapshot
 from .session import Session
 from .store import Plan, PrefixCache
@@ -31,23 +38,6 @@ from .tiers import is_out_of_memory
 
 logger = logging.getLogger("hf_prefix_cache")
 
-# Inputs whose placeholders would need media-aware keys (not handled yet): such calls run cold.
-_MEDIA_KWARGS = (
-    "pixel_values",
-    "pixel_values_videos",
-    "image_sizes",
-    "image_grid_thw",
-    "video_grid_thw",
-    "input_features",
-    "input_values",
-    "pixel_attention_mask",
-    "mm_encoder_outputs",
-    "encoder_outputs",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "cross_attention_mask",
-    "aspect_ratio_ids",
-)
 _STATIC_CACHE_IMPLEMENTATIONS = ("static", "offloaded_static", "sliding_window", "hybrid", "mamba", "quantized")
 
 
@@ -107,8 +97,17 @@ class GenerateHook:
             return self._original(*args, **kwargs)
         assert isinstance(input_ids, torch.Tensor)
         rows = input_ids.tolist()
+        layout, reason = self._media_layout(rows, kwargs)
+        if reason is not None:
+            store.count_fallback(reason, len(rows[0]))
+            return self._original(*args, **kwargs)
+        # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
+        symbols: Sequence[Hashable] = layout.symbols(rows[0]) if layout is not None else rows[0]
         namespace = store.namespace()
-        restored = self._restore(namespace, rows)
+        if store.profile.media is not None and store.profile.media.whole_prompt_only:
+            # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
+            namespace = fingerprint([namespace, [str(s) for s in symbols]])
+        restored = self._restore(namespace, rows, symbols, layout.spans if layout is not None else ())
         if restored is None:
             store.count_fallback("out_of_memory", len(rows[0]))
             return self._original(*args, **kwargs)
@@ -120,16 +119,24 @@ class GenerateHook:
                 fed, snapshots = self._prefill_states(cache, input_ids, plan)
             if cache_kwarg == "cache_params":
                 cache.skip_len = fed
+            media = store.profile.media
+            if media is not None and layout is not None and plan.restore_len:
+                # Only the suffix's media go to generate (plus explicit positions for M-RoPE).
+                kwargs = media.resume_kwargs(input_ids, kwargs, layout, plan.restore_len)
             kwargs[cache_kwarg] = cache
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
         store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store_result(namespace, sequences, cache, snapshots, session)
+        # Media symbols replace a prompt's placeholders; only one-row calls have media items.
+        media_symbols = symbols if layout is not None and layout.items else None
+        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session)
         return output
 
-    def _restore(self, namespace: str, rows: list[list[int]]) -> tuple[Plan, WorkingCache] | None:
+    def _restore(
+        self, namespace: str, rows: list[list[int]], symbols: Sequence[Hashable], spans: Sequence[tuple[int, int]]
+    ) -> tuple[Plan, WorkingCache] | None:
         """Acquire and restore the shared prefix of `rows`; None when the device ran out of memory twice.
 
         After a first out-of-memory error the store moves its unpinned entries off the device and
@@ -141,7 +148,12 @@ class GenerateHook:
         for attempt in range(2):
             plan: Plan | None = None
             try:
-                plan = store.acquire(namespace, rows[0][:shared], limit=min(shared, len(rows[0]) - 1))
+                plan = store.acquire(
+                    namespace,
+                    cast("Sequence[int]", symbols[:shared]),  # the tree compares any hashable symbols
+                    limit=min(shared, len(rows[0]) - 1),
+                    spans=spans,
+                )
                 cache = store.new_cache()
                 if plan.restore_len:
                     cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot, batch_size=len(rows))
@@ -157,6 +169,20 @@ class GenerateHook:
                     store.relieve_device()
         return None
 
+    def _media_layout(self, rows: list[list[int]], kwargs: dict[str, Any]) -> tuple[MediaLayout | None, str | None]:
+        """The prompt's media items (None for a model without media handling), or why to run cold."""
+        media = self._store.profile.media
+        if media is None:
+            return None, None
+        try:
+            layout = media.layout(rows[0], kwargs)
+        except UnhashableMediaError as err:
+            logger.info("media not hashable, running cold: %s", err)
+            return None, "unhashable_media"
+        if layout is None:
+            return None, "media_placeholders"
+        return layout, None
+
     def _why_cold(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
         """Name the reason this call cannot reuse safely, or None."""
         store, model = self._store, self._model
@@ -171,8 +197,21 @@ class GenerateHook:
             return "batch_size"
         if input_ids.shape[1] == 0:
             return "empty_prompt"
-        if any(kwargs.get(name) is not None for name in _MEDIA_KWARGS):
-            return "media_inputs"
+        media = store.profile.media
+        if input_ids.shape[0] != 1 and media is not None and (media.has_positions or media.whole_prompt_only):
+            # Positions and prompt-wide namespaces are computed for one row.
+            return "mrope_batch" if media.has_positions else "prefix_lm_batch"
+        media_names = [name for name in MEDIA_KWARGS if kwargs.get(name) is not None]
+        if media_names:
+            if media is None:
+                return f"media_inputs:{getattr(model.config, 'model_type', None)}"
+            unknown = [name for name in media_names if name not in media.handled]
+            if unknown:
+                return f"media_inputs:{unknown[0]}"
+            if input_ids.shape[0] != 1:
+                return "media_batch"
+            if store.profile.has_state:
+                return "media_recurrent"
         if kwargs.get("position_ids") is not None:
             return "explicit_position_ids"
         if arguments.get("assistant_model") is not None:
@@ -252,6 +291,7 @@ class GenerateHook:
         sequences: torch.Tensor,
         cache: WorkingCache,
         snapshots: list[Snapshot],
+        prompt_symbols: Sequence[Hashable] | None,
         session: Session | None = None,
     ) -> None:
         kv_len = cache.kv_length()
@@ -260,7 +300,10 @@ class GenerateHook:
         if length <= 0:
             return
         batched = sequences.shape[0] > 1
+        assert prompt_symbols is None or not batched, "media symbols are for one-row calls"
         for row, ids in enumerate(sequences[:, :length].tolist()):
+            if prompt_symbols is not None:
+                ids[: len(prompt_symbols)] = prompt_symbols[:length]
             self._store.insert_sequence(
                 namespace, ids, cache, snapshots, row=row if batched else None, session=None if batched else session
             )

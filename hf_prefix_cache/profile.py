@@ -14,6 +14,7 @@ from typing import Any
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
 from .layers import LayerAdapter, adapter_for
+from .multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23): the
 # uncached suffix must go one token per forward.
@@ -35,6 +36,7 @@ class ModelProfile:
     accepts_position_ids: bool
     accepts_logits_to_keep: bool
     unsupported: str | None
+    media: MediaAdapter | None = None
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -51,7 +53,8 @@ def profile_model(model: Any) -> ModelProfile:
     params = set(inspect.signature(model.forward).parameters)
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
-    unsupported = _unsupported_reason(model, config, model_type)
+    media = media_adapter_for(model)
+    unsupported = _unsupported_reason(model, config, model_type, media)
     adapters: list[LayerAdapter] = []
     specs: list[tuple[type, dict[str, Any]]] = []
     if unsupported is None:
@@ -79,10 +82,11 @@ def profile_model(model: Any) -> ModelProfile:
         accepts_position_ids="position_ids" in params,
         accepts_logits_to_keep="logits_to_keep" in params,
         unsupported=unsupported,
+        media=media,
     )
 
 
-def _unsupported_reason(model: Any, config: Any, model_type: str | None) -> str | None:
+def _unsupported_reason(model: Any, config: Any, model_type: str | None, media: MediaAdapter | None) -> str | None:
     if getattr(config, "is_encoder_decoder", False):
         return "encoder_decoder"
     if model_type in _MODULE_STATE_MODEL_TYPES:
@@ -90,8 +94,9 @@ def _unsupported_reason(model: Any, config: Any, model_type: str | None) -> str 
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
     if supports_dynamic is not None and not supports_dynamic():
         return "own_cache_class"
-    # M-RoPE models keep rope_deltas on the instance; text and media reuse for them needs explicit positions.
+    # M-RoPE models keep rope_deltas on the instance; reuse needs explicit positions, which only some adapters give.
     inner = getattr(model, "model", None)
-    if hasattr(model, "get_rope_index") or (inner is not None and hasattr(inner, "get_rope_index")):
+    has_rope_index = hasattr(model, "get_rope_index") or (inner is not None and hasattr(inner, "get_rope_index"))
+    if has_rope_index and (media is None or not media.has_positions):
         return "mrope_positions"
     return None

@@ -27,6 +27,7 @@ from ._compat import check_transformers
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .keys import adapter_state, model_namespace, weights_fingerprint, weights_version
+from .media import clamp_below_spans
 from .placement import Placement, attach_snapshot_copy
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
@@ -515,6 +516,7 @@ class PrefixCache:
         if self.profile.unsupported is not None:
             raise ValueError(f"{type(self.model).__name__} cannot reuse cached prefixes: {self.profile.unsupported}")
         tokens = _as_token_list(input_ids)
+        _check_manual_media(self.profile, tokens)
         plan = self.acquire(self.namespace(), tokens)
         cache = self.new_cache()
         if plan.restore_len:
@@ -530,6 +532,7 @@ class PrefixCache:
         if not isinstance(cache, WorkingCache) or cache.profile is not self.profile:
             raise ValueError("insert() takes a cache made by this store's lookup() or new_cache()")
         tokens = _as_token_list(token_ids)
+        _check_manual_media(self.profile, tokens)
         kv_len = cache.kv_length()
         if kv_len is not None and kv_len != len(tokens):
             raise ValueError(f"the cache holds {kv_len} positions but {len(tokens)} token ids were given")
@@ -630,12 +633,14 @@ class PrefixCache:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def acquire(self, namespace: str, tokens: Sequence[int], limit: int | None = None) -> Plan:
+    def acquire(
+        self, namespace: str, tokens: Sequence[int], limit: int | None = None, *, spans: Sequence[tuple[int, int]] = ()
+    ) -> Plan:
         """Match `tokens`, pin the matched path, and gather what restoring it needs.
 
-        Restores at most `limit` tokens (default: all but the last, which is fed for its logits).
-        Entries off the device are brought back first; a disk file found corrupt is dropped and
-        the match retried.
+        Restores at most `limit` tokens (default: all but the last, which is fed for its logits),
+        never cutting inside one of the media `spans` (`[start, end)` positions). Entries off the
+        device are brought back first; a disk file found corrupt is dropped and the match retried.
 
         Raises:
             torch.OutOfMemoryError: bringing an entry back to the device did not fit (nothing is pinned then).
@@ -646,7 +651,7 @@ class PrefixCache:
             with self._lock:
                 self._maintain(namespace)
                 match = self._tree.match(namespace, tokens)
-                cap = min(match.matched_len, limit)
+                cap = clamp_below_spans(min(match.matched_len, limit), spans)
                 restore_len, path = cap, match.path
                 if self.profile.has_state:
                     restore_len, _ = _best_snapshot([n.value for n in path if n.value is not None], cap)
@@ -888,6 +893,16 @@ def _best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapsh
             if length <= limit and (best is None or length > best.length):
                 best = snap
     return (best.length, best) if best is not None else (0, None)
+
+
+def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
+    """`lookup`/`insert` key token ids only: refuse what only `generate` keys exactly (media, M-RoPE, prefix-LM)."""
+    problem = profile.media.manual_problem(tokens) if profile.media is not None else None
+    if problem is not None:
+        raise ValueError(
+            f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "
+            "use model.generate(**inputs, past_key_values=store), which keys media by content"
+        )
 
 
 def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:

@@ -1,0 +1,130 @@
+"""Media requests the store cannot serve exactly run cold, with the reason counted."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_same_as_cold, generate
+from tiny_vlms import IMAGE_ID, cached_vlm, llava_next_processor, llava_next_tokens, llava_pixels, pil_image, run, text
+
+from hf_prefix_cache import PrefixCache
+
+
+def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
+    store = PrefixCache(model)
+    try:
+        for _ in range(2):
+            assert_same_as_cold(model, ids, store, new=3, **kwargs)
+        assert store.stats().hit_tokens == 0
+        return store.stats().fallbacks
+    finally:
+        store.detach()
+
+
+def test_family_without_a_media_adapter_runs_cold() -> None:
+    """LLaVA-OneVision media requests run cold as `media_inputs:llava_onevision`."""
+    model = cached_vlm("llava_onevision")
+    kwargs = dict(llava_next_processor()([pil_image(1, 50, 40)], return_tensors="pt"))
+    (n,) = llava_next_tokens(model, kwargs["pixel_values"], kwargs["image_sizes"])
+    ids = torch.cat([text(4, 1), run(IMAGE_ID, n), text(4, 2)], dim=1)
+    assert _fallbacks(model, ids, **kwargs) == {"media_inputs:llava_onevision": 2}
+
+
+def test_mrope_model_without_positions_runs_cold_even_for_text() -> None:
+    """GLM-4V keeps the blanket `mrope_positions` refusal: stale rope_deltas would be wrong."""
+    assert _fallbacks(cached_vlm("glm4v"), text(12, 1)) == {"mrope_positions": 2}
+
+
+def test_media_kwarg_the_family_does_not_know_runs_cold() -> None:
+    """A LLaVA call with pre-encoded features (`mm_encoder_outputs`) runs cold, named after the kwarg."""
+    model = cached_vlm("llava")
+    ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1)
+    with torch.no_grad():
+        features = model.model.get_image_features(llava_pixels(1)[None])
+    assert _fallbacks(model, ids, mm_encoder_outputs={"image": features}) == {"media_inputs:mm_encoder_outputs": 2}
+
+
+def test_batched_media_requests_run_cold() -> None:
+    """Two rows with images run cold (`media_batch`)."""
+    model = cached_vlm("llava")
+    ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1).repeat(2, 1)
+    kwargs = {"pixel_values": torch.stack([llava_pixels(1), llava_pixels(2)])}
+    assert _fallbacks(model, ids, **kwargs) == {"media_batch": 2}
+
+
+def test_placeholders_that_do_not_match_the_media_run_cold() -> None:
+    """Two images' placeholders with one image run cold, and transformers' own error reaches the caller."""
+    model = cached_vlm("llava")
+    store = PrefixCache(model)
+    try:
+        ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2), run(IMAGE_ID, 16)], dim=1)
+        with pytest.raises(ValueError, match="do not match"):
+            generate(model, ids, 3, past_key_values=store, pixel_values=llava_pixels(1)[None])
+        assert store.stats().fallbacks == {"media_placeholders": 1}
+    finally:
+        store.detach()
+
+
+def test_unhashable_media_run_cold() -> None:
+    """Media of a type with no content hash (a list) run cold as `unhashable_media`."""
+    model = cached_vlm("llava")
+    store = PrefixCache(model)
+    try:
+        ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1)
+        # Whatever transformers then does with a list, the store must not serve it.
+        with contextlib.suppress(Exception):
+            generate(model, ids, 3, past_key_values=store, pixel_values=[llava_pixels(1)])
+        assert store.stats().fallbacks == {"unhashable_media": 1}
+        assert store.stats().entries == 0
+    finally:
+        store.detach()
+
+
+@pytest.mark.parametrize(
+    ("name", "ids", "problem"),
+    [
+        ("llava", torch.cat([text(4, 1), run(IMAGE_ID, 16)], dim=1), "media_placeholders"),
+        ("qwen2_vl", text(8, 1), "mrope_positions"),
+        ("paligemma", text(8, 1), "prefix_lm"),
+    ],
+)
+def test_low_level_api_refuses_what_only_generate_keys_exactly(name: str, ids: torch.Tensor, problem: str) -> None:
+    """`lookup`/`insert` key token ids only, so media placeholders, M-RoPE and prefix-LM prompts raise."""
+    store = PrefixCache(cached_vlm(name), attach=False)
+    with pytest.raises(ValueError, match=problem):
+        store.lookup(ids)
+    with pytest.raises(ValueError, match=problem):
+        store.insert(ids, store.new_cache())
+
+
+def test_low_level_api_serves_text_on_llava() -> None:
+    """Text without placeholders still goes through `lookup`/`insert` on a vision-language model."""
+    model = cached_vlm("llava")
+    store = PrefixCache(model, attach=False)
+    ids = text(10, 1)
+    with store.lookup(ids) as hit, torch.no_grad():
+        model(ids, past_key_values=hit.cache, use_cache=True)
+    assert store.insert(ids, hit.cache) == 10
+    with store.lookup(ids) as again:
+        assert again.cached_len == 9
+
+
+def test_text_batches_on_a_vision_language_model_store_each_row() -> None:
+    """A text-only batch on LLaVA stores every row under its own ids, so each row later reuses its own prompt."""
+    model = cached_vlm("llava")
+    store = PrefixCache(model)
+    try:
+        common = text(8, 1)
+        rows = torch.cat([torch.cat([common, text(6, 2)], dim=1), torch.cat([common, text(6, 3)], dim=1)])
+        rows[1, 8] = 99 if rows[0, 8] != 99 else 98  # the rows diverge right after the common part
+        out = assert_same_as_cold(model, rows, store, new=3)
+        for i in range(2):
+            follow = torch.cat([out.sequences[i : i + 1], text(3, 4)], dim=1)
+            before = store.stats().hit_tokens
+            assert_same_as_cold(model, follow, store, new=3)
+            assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
+    finally:
+        store.detach()
