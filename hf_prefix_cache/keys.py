@@ -12,6 +12,7 @@ hash is ever trusted alone; the 128-bit xxhash here only fingerprints configurat
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,15 +61,53 @@ def weights_fingerprint(model: Any) -> str:
     return h.hexdigest()
 
 
-def weights_version(model: Any) -> int:
-    """A cheap token that changes whenever a parameter is replaced, added or modified in place.
+# Bumped whenever any module anywhere registers a parameter or a submodule (`module.weight =
+# nn.Parameter(...)`, adding an adapter), so a cached parameter list is re-read only then.
+_structure_epoch = 0
+
+
+_seen_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def _parameter_registered(*args: Any) -> None:
+    global _structure_epoch
+    _structure_epoch += 1
+
+
+def _module_registered(parent: Any, name: str, module: Any) -> None:
+    # Models slice their layer lists on every forward (`layers[:n]` registers the same layers in a
+    # new ModuleList); only a module never registered before can bring new parameters.
+    global _structure_epoch
+    if module is not None and module not in _seen_modules:
+        _seen_modules.add(module)
+        _structure_epoch += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_registered)
+torch.nn.modules.module.register_module_module_registration_hook(_module_registered)
+
+
+class WeightsProbe:
+    """A cheap token that changes whenever a model's parameters are replaced, added or modified in place.
 
     Every in-place write to a tensor (an optimizer step, `load_state_dict`, merging an adapter)
-    bumps its `_version`; adding or removing an adapter changes the parameter set. Costs one
-    pass over the parameter list (microseconds), so the store checks it on every request and
-    recomputes the weights fingerprint only when it changed.
+    bumps its `_version`; registering a parameter or a module (replacing a weight, adding an
+    adapter) bumps a process-wide epoch, after which the parameter list is read again. A check
+    costs a few microseconds, so the store runs it on every request and recomputes the weights
+    fingerprint only when it changed. Not seen: `param.data = other` (no version bump); call
+    `store.clear()` after swapping weights that way.
     """
-    return hash(tuple((id(p), p._version) for p in model.parameters()))
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._epoch = -1
+        self._params: list[Any] = []
+
+    def version(self) -> int:
+        if self._epoch != _structure_epoch:
+            self._epoch = _structure_epoch
+            self._params = list(self._model.parameters())
+        return hash(tuple((id(p), p._version) for p in self._params))
 
 
 def adapter_state(model: Any) -> tuple[tuple[str, ...], bool] | None:

@@ -26,7 +26,7 @@ import torch
 from ._compat import check_transformers
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
-from .keys import adapter_state, model_namespace, weights_fingerprint, weights_version
+from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
 from .placement import Placement, attach_snapshot_copy
 from .policy import make_policy
@@ -283,7 +283,8 @@ class PrefixCache:
         self.ttl = ttl
         self.min_store_len = min_store_len
         self.max_entries = max_entries
-        self._weights = (weights_version(model), weights_fingerprint(model))
+        self._weights_probe = WeightsProbe(model)
+        self._weights = (self._weights_probe.version(), weights_fingerprint(model))
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = _on_cuda(model)
@@ -418,7 +419,7 @@ class PrefixCache:
     def namespace(self) -> str:
         """The model's current namespace (recomputed when its dtype, adapters or weights change)."""
         model = self.model
-        version = weights_version(model)
+        version = self._weights_probe.version()
         if version != self._weights[0]:
             self._weights = (version, weights_fingerprint(model))
         probe = (getattr(model, "dtype", None), adapter_state(model), self._weights[1])

@@ -73,3 +73,13 @@ def test_lora_adapter_and_its_on_off_state_are_part_of_the_namespace() -> None:
         assert store.stats().hit_tokens == hits + 29  # its own earlier entry
     finally:
         store.detach()
+
+
+def test_a_replaced_weight_tensor_changes_the_namespace() -> None:
+    """Assigning a new Parameter object (not an in-place write) is noticed too."""
+    model = build("llama")
+    store = PrefixCache(model, attach=False)
+    before = store.namespace()
+    layer = model.model.layers[1].mlp.up_proj
+    layer.weight = torch.nn.Parameter(layer.weight.detach() * 1.01)
+    assert store.namespace() != before
