@@ -34,7 +34,7 @@ from .segments import DiskRef, Run, Segment, Snapshot
 
 logger = logging.getLogger("hf_prefix_cache")
 
-FORMAT = "hf_prefix_cache.segment/1"
+FORMAT = "hf_prefix_cache.segment/2"
 _META_KEY = "hf_prefix_cache"
 
 
@@ -110,15 +110,14 @@ class DiskTier:
         for length, snap in seg.snapshots.items():
             layers: dict[str, Any] = {}
             for layer, state in snap.states.items():
-                names: dict[str, list[int | None]] = {}
+                # attribute -> {index: whether a tensor is stored for it} (a layer may hold None at an index)
+                present: dict[str, dict[str, bool]] = {}
                 for attr, per_idx in state.tensors.items():
-                    names[attr] = []
+                    present[attr] = {str(idx): t is not None for idx, t in per_idx.items()}
                     for idx, t in per_idx.items():
-                        names[attr].append(idx if t is not None else None)
                         if t is not None:
                             tensors[f"s.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
-                    names[attr + "#all"] = list(per_idx)
-                layers[str(layer)] = {"tensors": names, "flags": _flags_to_json(state.flags)}
+                layers[str(layer)] = {"tensors": present, "flags": _flags_to_json(state.flags)}
             snapshots[str(length)] = {"nbytes": snap.nbytes, "layers": layers}
         meta = {
             "format": FORMAT,
@@ -228,12 +227,9 @@ class DiskTier:
                 layer = int(layer_text)
                 per_attr: dict[str, dict[int, torch.Tensor | None]] = {}
                 for attr, present in layer_meta["tensors"].items():
-                    if attr.endswith("#all"):
-                        continue
-                    every = layer_meta["tensors"][attr + "#all"]
-                    have = {i for i in present if i is not None}
                     per_attr[attr] = {
-                        int(i): (tensors[f"s.{length}.{layer}.{attr}.{i}"] if i in have else None) for i in every
+                        int(i): (tensors[f"s.{length}.{layer}.{attr}.{i}"] if stored else None)
+                        for i, stored in present.items()
                     }
                 states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
             if sorted(states) != list(layout.state_layers):

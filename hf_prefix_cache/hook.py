@@ -38,8 +38,6 @@ from .tiers import is_out_of_memory
 
 logger = logging.getLogger("hf_prefix_cache")
 
-_STATIC_CACHE_IMPLEMENTATIONS = ("static", "offloaded_static", "sliding_window", "hybrid", "mamba", "quantized")
-
 
 class GenerateHook:
     """Installs itself as `model.generate`; `detach` puts the original back."""

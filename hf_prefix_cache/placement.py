@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from .disk import DiskTier
 from .policy import CostAwarePolicy, LRUPolicy
 from .radix import Node, RadixTree
-from .segments import Run, Segment
+from .segments import Segment
 from .tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, is_out_of_memory, segment_to_device, segment_to_host
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -40,7 +39,6 @@ class PlacementCounters:
     disk_writes: int = 0
     skipped_files: int = 0
     num_snapshots: int = 0
-    moved_bytes: list[int] = field(default_factory=lambda: [0] * NUM_TIERS)
 
 
 class Placement:
@@ -149,7 +147,6 @@ class Placement:
         self.tree.set_value(node, new)
         self.tree.set_tier(node, to)
         self.counters.offloads += 1
-        self.counters.moved_bytes[to] += node.nbytes
         return True
 
     # ------------------------------------------------------------ dropping
@@ -313,22 +310,3 @@ class Placement:
                 moved += 1
                 self._shrink(DISK, self.budgets[DISK])
         return moved
-
-
-def attach_snapshot_copy(seg: Segment, tier: int, snap: Any, mover: Mover) -> Any | None:
-    """The form of snapshot `snap` that a segment on `tier` may hold (None: it cannot hold one)."""
-    if tier == DEVICE:
-        return snap
-    if tier == HOST:
-        probe = Segment(None, seg.start, seg.end, 0, {snap.length: snap})
-        return segment_to_host(probe, mover).snapshots[snap.length]
-    return None
-
-
-def runs_of(segments: Sequence[Segment]) -> list[Run]:
-    """The distinct runs `segments` refer to."""
-    seen: dict[int, Run] = {}
-    for seg in segments:
-        if seg.run is not None:
-            seen[id(seg.run)] = seg.run
-    return list(seen.values())

@@ -28,7 +28,7 @@ from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
-from .placement import Placement, attach_snapshot_copy
+from .placement import Placement
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
 from .profile import ModelProfile, profile_model
@@ -36,7 +36,7 @@ from .radix import Node, RadixTree
 from .segments import Run, Segment, Snapshot, join_kv, kv_pieces
 from .session import Session
 from .stats import CacheStats
-from .tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover
+from .tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover, snapshot_to_host
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -818,10 +818,11 @@ class PrefixCache:
                 seg = node.value
                 assert seg is not None
                 if snap.length not in seg.snapshots:
-                    copy = attach_snapshot_copy(seg, node.tier, snap, self._placement.mover)
-                    if copy is None:
-                        return  # the node is on disk; its files are not rewritten for one snapshot
-                    seg.snapshots[snap.length] = copy
+                    if node.tier == DISK:
+                        return  # its file is not rewritten for one snapshot
+                    seg.snapshots[snap.length] = (
+                        snap if node.tier == DEVICE else snapshot_to_host(snap, self._placement.mover)
+                    )
                     self._placement.counters.num_snapshots += 1
                     self._tree.refresh_nbytes(node)
                     self._placement.enforce()

@@ -114,7 +114,7 @@ def segment_to_host(seg: Segment, mover: Mover) -> Segment:
         run = Run(host_keys, host_values, seg.start, seg.end, devices=list(seg.run.devices))
         run.wait = _both(wait_k, wait_v)
         run.num_refs = 1
-    snapshots = {n: _snapshot_to(snap, mover, None) for n, snap in seg.snapshots.items()}
+    snapshots = {n: snapshot_to_host(snap, mover) for n, snap in seg.snapshots.items()}
     return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots)
 
 
@@ -137,6 +137,11 @@ def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch
         run.num_refs = 1
     snapshots = {n: _snapshot_to(snap, mover, state_devices) for n, snap in seg.snapshots.items()}
     return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots)
+
+
+def snapshot_to_host(snap: Snapshot, mover: Mover) -> Snapshot:
+    """A copy of `snap` in host memory (finished: snapshots are small)."""
+    return _snapshot_to(snap, mover, None)
 
 
 def _snapshot_to(snap: Snapshot, mover: Mover, devices: dict[int, torch.device | None] | None) -> Snapshot:

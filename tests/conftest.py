@@ -29,6 +29,21 @@ def model_factory() -> Any:
     return build
 
 
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of float32 keys and values one token takes in every layer of `model`."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * 4
+
+
+def distinct_prompt(seed: int, n: int = 30) -> torch.Tensor:
+    """A random prompt whose first token depends on `seed`, so prompts of different seeds share no prefix."""
+    ids = random_prompt(n, seed=seed)
+    ids[0, 0] = 4 + seed % 120
+    return ids
+
+
 def generate(model: Any, ids: torch.Tensor, new: int = 6, **kwargs: Any) -> Any:
     """Greedy generation returning sequences and per-step logits."""
     kwargs.setdefault("attention_mask", torch.ones_like(ids))
@@ -57,7 +72,9 @@ __all__ = [
     "TINY_MODELS",
     "assert_same_as_cold",
     "cached_model",
+    "distinct_prompt",
     "generate",
+    "kv_bytes_per_token",
     "max_logit_diff",
     "random_prompt",
 ]

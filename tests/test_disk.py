@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_as_cold, cached_model, generate, random_prompt
+from conftest import assert_same_as_cold, cached_model, generate, kv_bytes_per_token, random_prompt
 from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
@@ -168,7 +168,7 @@ def _leaf_nodes(store: PrefixCache, ids: torch.Tensor) -> list[Any]:
 
 def test_disk_budget_deletes_the_least_recently_used_files(llama: Any, tmp_path: Path) -> None:
     """Past the disk budget the oldest entries' files are deleted; bytes on disk match the count."""
-    per_token = 2 * 2 * 2 * 16 * 4
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_device_bytes=1, max_host_bytes=0, disk_dir=tmp_path, max_disk_bytes=100 * per_token)
     try:
         for seed in range(5):

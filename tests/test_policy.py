@@ -8,21 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_as_cold, cached_model, generate, random_prompt
+from conftest import assert_same_as_cold, cached_model, distinct_prompt, generate, kv_bytes_per_token, random_prompt
 
 from hf_prefix_cache import PrefixCache, PressureEvent
-
-
-def _kv_bytes_per_token(model: Any) -> int:
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
-
-
-def _distinct(seed: int, n: int = 30) -> torch.Tensor:
-    ids = random_prompt(n, seed=seed)
-    ids[0, 0] = 4 + seed % 120
-    return ids
 
 
 def _cached_len(store: PrefixCache, ids: torch.Tensor) -> int:
@@ -47,8 +35,8 @@ def test_cost_policy_keeps_small_entries_that_save_as_much_per_byte() -> None:
             one = store.stats().nbytes
             store.max_bytes = int(one * 2.5)
             for seed in range(2, 6):
-                generate(model, _distinct(seed, 8), new=1, past_key_values=store)  # short, recent entries
-            kinds[policy] = _cached_len(store, torch.cat([long_ids, _distinct(7, 2)], 1))
+                generate(model, distinct_prompt(seed, 8), new=1, past_key_values=store)  # short, recent entries
+            kinds[policy] = _cached_len(store, torch.cat([long_ids, distinct_prompt(7, 2)], 1))
             store.check_integrity()
         finally:
             store.detach()
@@ -60,7 +48,7 @@ def test_ttl_drops_entries_unused_for_longer(llama: Any) -> None:
     """An entry unused for longer than `ttl` seconds is dropped on the next store operation."""
     store = PrefixCache(llama, ttl=0.2)
     try:
-        old, fresh = _distinct(1), _distinct(2)
+        old, fresh = distinct_prompt(1), distinct_prompt(2)
         generate(llama, old, new=1, past_key_values=store)
         time.sleep(0.3)
         generate(llama, fresh, new=1, past_key_values=store)
@@ -76,9 +64,9 @@ def test_max_entries_keeps_the_most_recent(llama: Any) -> None:
     store = PrefixCache(llama, max_entries=2)
     try:
         for seed in range(4):
-            generate(llama, _distinct(seed), new=1, past_key_values=store)
+            generate(llama, distinct_prompt(seed), new=1, past_key_values=store)
             assert store.stats().entries <= 2
-        assert [_cached_len(store, _distinct(s)) for s in range(4)] == [0, 0, 29, 29]
+        assert [_cached_len(store, distinct_prompt(s)) for s in range(4)] == [0, 0, 29, 29]
     finally:
         store.detach()
 
@@ -87,10 +75,10 @@ def test_sequences_below_min_store_len_are_served_not_stored(llama: Any) -> None
     """Short sequences are served exactly but not stored when below `min_store_len`."""
     store = PrefixCache(llama, min_store_len=20)
     try:
-        assert_same_as_cold(llama, _distinct(1, 10), store, new=3)
+        assert_same_as_cold(llama, distinct_prompt(1, 10), store, new=3)
         assert store.stats().entries == 0
         assert store.stats().fallbacks == {"entry_below_min_store_len": 1}
-        generate(llama, _distinct(2, 30), new=1, past_key_values=store)
+        generate(llama, distinct_prompt(2, 30), new=1, past_key_values=store)
         assert store.stats().entries == 1
     finally:
         store.detach()
@@ -98,13 +86,13 @@ def test_sequences_below_min_store_len_are_served_not_stored(llama: Any) -> None
 
 def test_pinned_system_prompt_survives_any_pressure(llama: Any) -> None:
     """A pinned prefix is computed once and never evicted, whatever else is stored; unpin releases it."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_bytes=60 * per_token)
     try:
         system = random_prompt(25, seed=3)
         assert store.pin(system) == 25
         for seed in range(6):
-            generate(llama, _distinct(10 + seed), new=1, past_key_values=store)
+            generate(llama, distinct_prompt(10 + seed), new=1, past_key_values=store)
             assert store.stats().nbytes <= 60 * per_token
         question = torch.cat([system, random_prompt(6, seed=4)], 1)
         before = store.stats().hit_tokens
@@ -112,7 +100,7 @@ def test_pinned_system_prompt_survives_any_pressure(llama: Any) -> None:
         assert store.stats().hit_tokens - before == 25
         assert store.unpin(system) and not store.unpin(system)
         for seed in range(6):
-            generate(llama, _distinct(20 + seed), new=1, past_key_values=store)
+            generate(llama, distinct_prompt(20 + seed), new=1, past_key_values=store)
         assert _cached_len(store, system) == 0
         store.check_integrity()
     finally:
@@ -121,7 +109,7 @@ def test_pinned_system_prompt_survives_any_pressure(llama: Any) -> None:
 
 def test_session_keeps_its_latest_turn_warm(llama: Any) -> None:
     """A session's latest entry survives pressure that evicts everything else; closing it lets it go."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_bytes=80 * per_token)
     try:
         chat = store.session("alice")
@@ -131,7 +119,7 @@ def test_session_keeps_its_latest_turn_warm(llama: Any) -> None:
         out2 = generate(llama, turn2, past_key_values=chat)
         assert chat.held_len == out2.sequences.shape[1] - 1
         for seed in range(6):
-            generate(llama, _distinct(30 + seed, 20), new=1, past_key_values=store)
+            generate(llama, distinct_prompt(30 + seed, 20), new=1, past_key_values=store)
         turn3 = torch.cat([out2.sequences, random_prompt(5, seed=7)], 1)
         before, held = store.stats().hit_tokens, chat.held_len
         assert_same_as_cold(llama, turn3, chat)
@@ -148,19 +136,19 @@ def test_session_keeps_its_latest_turn_warm(llama: Any) -> None:
 
 def test_pressure_callback_fires_once_per_crossing(llama: Any) -> None:
     """A callback hears each threshold once when use rises past it, again only after use fell below."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_bytes=100 * per_token)
     events: list[PressureEvent] = []
     store.on_pressure(events.append, thresholds=(0.5, 0.9))
     try:
-        generate(llama, _distinct(1, 30), new=1, past_key_values=store)  # 30%
+        generate(llama, distinct_prompt(1, 30), new=1, past_key_values=store)  # 30%
         assert events == []
-        generate(llama, _distinct(2, 30), new=1, past_key_values=store)  # 60%
+        generate(llama, distinct_prompt(2, 30), new=1, past_key_values=store)  # 60%
         assert [(e.tier, e.threshold) for e in events] == [("device", 0.5)]
-        generate(llama, _distinct(3, 35), new=1, past_key_values=store)  # 95%
+        generate(llama, distinct_prompt(3, 35), new=1, past_key_values=store)  # 95%
         assert [e.threshold for e in events] == [0.5, 0.9]
         assert events[-1].fraction >= 0.9 and events[-1].max_bytes == 100 * per_token
-        generate(llama, _distinct(4, 30), new=1, past_key_values=store)  # evicts, stays high
+        generate(llama, distinct_prompt(4, 30), new=1, past_key_values=store)  # evicts, stays high
         assert len(events) == 2
     finally:
         store.detach()

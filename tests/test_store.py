@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_as_cold, cached_model, generate, random_prompt
+from conftest import assert_same_as_cold, cached_model, generate, kv_bytes_per_token, random_prompt
 
 import hf_prefix_cache
 from hf_prefix_cache import PrefixCache, parse_nbytes
@@ -29,13 +29,6 @@ def _held_bytes(store: PrefixCache) -> int:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     snaps = sum(s.nbytes for n in store._tree.iter_nodes() for s in n.value.snapshots.values())
     return sum(storages.values()) + snaps
-
-
-def _kv_bytes_per_token(model: Any) -> int:
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return 2 * c.num_hidden_layers * kv_heads * head_dim * 4  # keys and values, float32
 
 
 @pytest.fixture
@@ -75,7 +68,7 @@ def test_shared_prefix_is_stored_once_and_bytes_are_exact(llama: Any) -> None:
             generate(llama, torch.cat([common, tail], 1), new=6, past_key_values=store)
         stats = store.stats()
         # 30 shared + 4 x (10 prompt + 5 fed answer tokens) distinct positions
-        assert stats.nbytes == (30 + 4 * 15) * _kv_bytes_per_token(llama)
+        assert stats.nbytes == (30 + 4 * 15) * kv_bytes_per_token(llama)
         assert stats.nbytes == _held_bytes(store)
         assert stats.entries == 4
         store.check_integrity()
@@ -102,7 +95,7 @@ def test_multi_turn_keeps_one_run_so_restores_stay_views(llama: Any) -> None:
 
 def test_budget_evicts_least_recently_used_and_compacts(llama: Any) -> None:
     """Under a small budget old conversations go first, bytes stay under it and match what is held."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_bytes=120 * per_token)
     try:
         common = random_prompt(20, seed=5)
@@ -130,7 +123,7 @@ def test_budget_evicts_least_recently_used_and_compacts(llama: Any) -> None:
 
 def test_pinned_entries_survive_eviction(llama: Any) -> None:
     """While a lookup holds an entry, no amount of new entries evicts it."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_bytes=100 * per_token)
     try:
         pinned_ids = random_prompt(40, seed=6)
@@ -148,7 +141,7 @@ def test_pinned_entries_survive_eviction(llama: Any) -> None:
 
 def test_entry_larger_than_the_budget_is_not_stored(llama: Any) -> None:
     """A sequence bigger than the whole budget is served but not stored, and nothing else is lost."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_bytes=50 * per_token)
     try:
         small = random_prompt(20, seed=7)

@@ -7,17 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_as_cold, cached_model, generate, random_prompt
+from conftest import assert_same_as_cold, cached_model, distinct_prompt, generate, kv_bytes_per_token, random_prompt
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.tiers import DEVICE, HOST
-
-
-def _kv_bytes_per_token(model: Any) -> int:
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return 2 * c.num_hidden_layers * kv_heads * head_dim * 4
 
 
 def _tier_held_bytes(store: PrefixCache, tier: int) -> int:
@@ -36,12 +29,6 @@ def _tier_held_bytes(store: PrefixCache, tier: int) -> int:
     return sum(storages.values()) + snaps
 
 
-def _distinct(seed: int, n: int = 30) -> torch.Tensor:
-    ids = random_prompt(n, seed=seed)
-    ids[0, 0] = 4 + seed % 120  # distinct first tokens: no shared prefix between entries
-    return ids
-
-
 @pytest.fixture
 def llama() -> Any:
     return cached_model("llama")
@@ -49,10 +36,10 @@ def llama() -> Any:
 
 def test_over_device_budget_entries_move_to_host_and_hit_exactly(llama: Any) -> None:
     """Past the device budget old entries go to the host tier, stay within both budgets and still hit exactly."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_device_bytes=80 * per_token, max_host_bytes=200 * per_token)
     try:
-        prompts = [_distinct(seed) for seed in range(5)]
+        prompts = [distinct_prompt(seed) for seed in range(5)]
         for p in prompts:
             generate(llama, p, past_key_values=store)
             stats = store.stats()
@@ -76,19 +63,19 @@ def test_over_device_budget_entries_move_to_host_and_hit_exactly(llama: Any) -> 
 
 def test_entries_are_dropped_only_when_every_tier_is_full(llama: Any) -> None:
     """With both tiers full the least recently used entries are dropped; bytes never pass a budget."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_device_bytes=40 * per_token, max_host_bytes=80 * per_token)
     try:
         for seed in range(8):
-            generate(llama, _distinct(seed), past_key_values=store)
+            generate(llama, distinct_prompt(seed), past_key_values=store)
             stats = store.stats()
             assert stats.device_nbytes <= 40 * per_token and stats.host_nbytes <= 80 * per_token
             store.check_integrity()
         stats = store.stats()
         assert stats.evictions > 0 and stats.entries == 3  # one 35-token entry on the device, two on the host
-        with store.lookup(_distinct(0)) as hit:
+        with store.lookup(distinct_prompt(0)) as hit:
             assert hit.cached_len == 0  # the oldest is gone
-        with store.lookup(_distinct(6)) as hit:
+        with store.lookup(distinct_prompt(6)) as hit:
             assert hit.cached_len == 29  # a recent one was kept (on the host) and restores
     finally:
         store.detach()
@@ -96,7 +83,7 @@ def test_entries_are_dropped_only_when_every_tier_is_full(llama: Any) -> None:
 
 def test_shared_prefix_stays_on_the_device_while_its_branches_move(llama: Any) -> None:
     """A system prompt shared by many conversations is not offloaded before the branches that hang off it."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_device_bytes=60 * per_token, max_host_bytes=400 * per_token)
     try:
         system = random_prompt(24, seed=3)
@@ -207,10 +194,10 @@ def test_budgets_are_parsed_and_checked(llama: Any) -> None:
 def test_cuda_offload_uses_pinned_memory_and_restores_exactly() -> None:
     """On CUDA the host tier is page-locked, copies run on a side stream, and hits restore exactly on the GPU."""
     model = cached_model("llama").to("cuda")
-    per_token = _kv_bytes_per_token(model)
+    per_token = kv_bytes_per_token(model)
     store = PrefixCache(model, max_device_bytes=40 * per_token, max_host_bytes="64MB")
     try:
-        prompts = [_distinct(seed).cuda() for seed in range(4)]
+        prompts = [distinct_prompt(seed).cuda() for seed in range(4)]
         for p in prompts:
             generate(model, p, past_key_values=store)
         host_nodes = [n for n in store._tree.iter_nodes() if n.tier == HOST]
@@ -245,10 +232,10 @@ def test_device_map_restores_each_layer_to_its_own_device(tmp_path: Any) -> None
         "lm_head": 1,
     }
     model = dispatch_model(model, device_map=device_map)
-    per_token = _kv_bytes_per_token(model)
+    per_token = kv_bytes_per_token(model)
     store = PrefixCache(model, max_device_bytes=40 * per_token, max_host_bytes=60 * per_token, disk_dir=tmp_path)
     try:
-        prompts = [_distinct(seed).to("cuda:0") for seed in range(5)]
+        prompts = [distinct_prompt(seed).to("cuda:0") for seed in range(5)]
         for p in prompts:
             generate(model, p, past_key_values=store)
         assert store.stats().disk_nbytes > 0
@@ -264,10 +251,10 @@ def test_device_map_restores_each_layer_to_its_own_device(tmp_path: Any) -> None
 
 def test_a_branch_never_sits_on_a_faster_tier_than_its_parent(llama: Any) -> None:
     """When the device cannot take back an offloaded prefix, a new branch joins the prefix's tier."""
-    per_token = _kv_bytes_per_token(llama)
+    per_token = kv_bytes_per_token(llama)
     store = PrefixCache(llama, max_device_bytes=20 * per_token, max_host_bytes=400 * per_token)
     try:
-        ids = _distinct(1)
+        ids = distinct_prompt(1)
         generate(llama, ids, past_key_values=store)  # 35 tokens: too big for the device, kept on the host
         assert store.stats().device_nbytes == 0 and store.stats().host_nbytes == 35 * per_token
         branch = torch.cat([ids, random_prompt(10, seed=2)], 1)
