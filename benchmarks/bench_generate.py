@@ -40,33 +40,18 @@ import cProfile
 import io
 import os
 import pstats
-import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import transformers
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from _common import Timings, load_average, timed, tiny_llama
+from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
 
 # Token ids below this are left to special tokens; prompts never use them.
 _FIRST_ID = 4
-
-
-@dataclass
-class Timings:
-    """Seconds per call, by variant name, in insertion order."""
-
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.samples.setdefault(name, []).append(seconds)
-
-    def median(self, name: str) -> float:
-        return statistics.median(self.samples[name])
 
 
 class PromptSource:
@@ -90,26 +75,7 @@ class PromptSource:
 
 def build_model(args: argparse.Namespace) -> Any:
     """The random-weight tiny Llama described in the module docstring."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max(4096, args.prefix_len + args.suffix_len + args.gen_tokens + 8),
-        bos_token_id=1,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    model: Any = LlamaForCausalLM(config)
-    model = model.to(torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = None
-    model.generation_config.do_sample = False
-    return model
+    return tiny_llama(args, args.prefix_len + args.suffix_len + args.gen_tokens + 8)
 
 
 def view_cache(model: Any, source: DynamicCache) -> DynamicCache:
@@ -122,13 +88,6 @@ def view_cache(model: Any, source: DynamicCache) -> DynamicCache:
         layer.keys, layer.values = src.keys, src.values
         layer.is_initialized = True
     return cache
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    """Seconds taken by `fn(*args, **kwargs)`, and its result."""
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return time.perf_counter() - start, out
 
 
 def fmt_ms(seconds: float) -> str:
@@ -318,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     print(f"prompt = {args.prefix_len}-token shared prefix + {args.suffix_len}-token fresh suffix, greedy")
-    print(f"load average at start: {_load()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
 
     prefix = prompts.fresh(args.prefix_len)
     with torch.no_grad():
@@ -360,14 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.profile:
         profile_hits(model, store, prefix, prompts, args)
-    print(f"load average at end: {_load()}; total time {time.perf_counter() - started:.1f} s")
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
+    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

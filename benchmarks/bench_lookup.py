@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from _common import load_average
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache, RadixTree
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         f"entries and queries: {args.seq_len} tokens; {args.prefixes} shared system prompts of "
         f"{args.system_len} tokens + random tails; vocab {args.vocab}"
     )
-    print(f"load average at start: {_load()} on {os.cpu_count()} CPUs; numpy {np.__version__}")
+    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs; numpy {np.__version__}")
     header = f"{'entries':>8} {'radix us':>10} {'store us':>10} {'scan-np us':>11} {'scan-py us':>11}"
     header += f" {'insert us':>10} {'insert-full us':>15} {'tree nodes':>11}"
     print("\nper-lookup median microseconds (2,000-token queries); insert columns: PrefixCache.insert_sequence")
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("radix", "store", "scan-np", "scan-py", "insert-full"):
         if name in first:
             print(f"  {name:<12} {last[name] / first[name]:8.2f}x")
-    print(f"load average at end: {_load()}; total time {time.perf_counter() - started:.1f} s")
+    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
 
 
 def _tree_match(tree: RadixTree[FakeValue], tokens: list[int]) -> int:
@@ -279,13 +280,6 @@ def _insert_full(
 
 def _cell(row: dict[str, float], key: str, width: int) -> str:
     return f"{row[key]:>{width}.1f}" if key in row else f"{'-':>{width}}"
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 if __name__ == "__main__":

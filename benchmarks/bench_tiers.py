@@ -55,39 +55,22 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import transformers
+from _common import Timings, load_average, timed, tiny_llama
 from safetensors.torch import load_file, save_file
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.disk import _checksum
 
 # Token ids below this are left to special tokens; prompts never use them.
 _FIRST_ID = 4
-
-
-@dataclass
-class Timings:
-    """Seconds per call, by variant name, in insertion order."""
-
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.samples.setdefault(name, []).append(seconds)
-
-    def median(self, name: str) -> float:
-        return statistics.median(self.samples[name])
-
-    def reps(self, name: str) -> int:
-        return len(self.samples[name])
 
 
 class Ids:
@@ -108,34 +91,7 @@ class Ids:
 
 def build_model(args: argparse.Namespace) -> Any:
     """The random-weight tiny Llama of bench_generate.py."""
-    torch.manual_seed(0)
-    longest = max([args.prefix_len + args.suffix_len + args.gen_tokens, *args.lengths]) + 8
-    config = LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max(4096, longest),
-        bos_token_id=1,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    model: Any = LlamaForCausalLM(config)
-    model = model.to(torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = None
-    model.generation_config.do_sample = False
-    return model
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    """Seconds taken by `fn(*args, **kwargs)`, and its result."""
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return time.perf_counter() - start, out
+    return tiny_llama(args, max([args.prefix_len + args.suffix_len + args.gen_tokens, *args.lengths]) + 8)
 
 
 def prefill(model: Any, ids: torch.Tensor) -> DynamicCache:
@@ -517,21 +473,14 @@ def main(argv: list[str] | None = None) -> None:
         f"attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
     print(f"torch {torch.__version__}, transformers {transformers.__version__}; the device is the CPU (host memory)")
-    print(f"load average at start: {_load()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
     with tempfile.TemporaryDirectory(prefix="bench_tiers_") as tmp:
         print(f"disk tier folder: {tmp}")
         print_bandwidth(run_bandwidth(model, args, ids, tmp), args)
         timings, nbytes = run_break_even(model, args, ids, tmp)
         print_break_even(timings, nbytes, args)
         check_exactness(model, args, ids, tmp)
-    print(f"load average at end: {_load()}; total time {time.perf_counter() - started:.1f} s")
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
+    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

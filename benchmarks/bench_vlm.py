@@ -36,33 +36,19 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import transformers
+from _common import Timings, load_average, timed
 from transformers import DynamicCache, LlavaConfig, LlavaForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
 
 # Token ids below this are left to special tokens; text never uses them nor the image id.
 _FIRST_ID = 4
-
-
-@dataclass
-class Timings:
-    """Seconds per call, by variant name, in insertion order."""
-
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.samples.setdefault(name, []).append(seconds)
-
-    def median(self, name: str) -> float:
-        return statistics.median(self.samples[name])
 
 
 class TowerCounter:
@@ -117,13 +103,6 @@ def build_model(args: argparse.Namespace) -> Any:
 def image_tokens(args: argparse.Namespace) -> int:
     """Placeholders per image: one per patch (the default strategy drops CLIP's class token)."""
     return int((args.image_size // args.patch_size) ** 2)
-
-
-def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    """Seconds taken by `fn(*args, **kwargs)`, and its result."""
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return time.perf_counter() - start, out
 
 
 def fmt_ms(seconds: float) -> str:
@@ -272,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         f"attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"load average at start: {_load()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
 
     timings, tokens, n = run(model, args)
     per_image = image_tokens(args)
@@ -304,14 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     mismatched = sorted(name for name, token in tokens.items() if token != tokens["cold"])
     print(f"  greedy token: {tokens['cold']} (cold); variants that differ: {mismatched or 'none'}")
     assert not mismatched, f"greedy tokens differ from cold: { {m: tokens[m] for m in mismatched} }"
-    print(f"load average at end: {_load()}; total time {time.perf_counter() - started:.1f} s")
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
+    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

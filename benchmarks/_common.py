@@ -1,0 +1,71 @@
+"""Plumbing shared by the benchmark scripts: timing, medians, the tiny Llama, the load average.
+
+Imported as `_common` (the scripts run as `python benchmarks/<script>.py`, so this folder is
+on `sys.path`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+@dataclass
+class Timings:
+    """Seconds per call, by variant name, in insertion order."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.samples.setdefault(name, []).append(seconds)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def reps(self, name: str) -> int:
+        return len(self.samples[name])
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    """Seconds taken by `fn(*args, **kwargs)`, and its result."""
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - start, out
+
+
+def tiny_llama(args: Any, max_positions: int) -> Any:
+    """The random-weight Llama of the benchmarks (sizes from `args`), float32, greedy, never stopping early."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=max(4096, max_positions),
+        bos_token_id=1,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model: Any = LlamaForCausalLM(config)
+    model = model.to(torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = None
+    model.generation_config.do_sample = False
+    return model
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
