@@ -10,7 +10,7 @@ those positions becomes a negative int encoding (item hash, index within the ite
 which no token id can equal; so a stored prefix matches only if its tokens and every media
 item overlapping it match. Cut points never fall inside a span (`clamp_below_spans`).
 
-Knows nothing about models, the store or transformers: `multimodal.py` says which tensors
+Knows nothing about models, the store or transformers: `multimodal/` says which tensors
 of which model make up an item.
 """
 

@@ -1,0 +1,39 @@
+"""Media adapters per model family, and the lookup from a model to its adapter.
+
+One module per family (`llava`, `llava_next`, `idefics`, `qwen_vl`, `qwen_audio`); the base
+class and shared helpers live in `base`. A family missing here runs cold on media inputs,
+with the reason `media_inputs:<model_type>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import MEDIA_KWARGS, MediaAdapter
+from .idefics import Idefics3Media
+from .llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
+from .llava_next import LlavaNextMedia, LlavaNextVideoMedia
+from .qwen_audio import Qwen2AudioMedia
+from .qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
+
+__all__ = ["MEDIA_KWARGS", "MediaAdapter", "media_adapter_for"]
+
+_ADAPTERS: dict[str, type[MediaAdapter]] = {
+    "llava": LlavaMedia,
+    "gemma3": Gemma3Media,
+    "paligemma": PaliGemmaMedia,
+    "llava_next": LlavaNextMedia,
+    "llava_next_video": LlavaNextVideoMedia,
+    "qwen2_vl": Qwen2VLMedia,
+    "qwen2_5_vl": Qwen2_5VLMedia,
+    "qwen3_vl": Qwen3VLMedia,
+    "qwen2_audio": Qwen2AudioMedia,
+    "idefics3": Idefics3Media,
+    "smolvlm": Idefics3Media,
+}
+
+
+def media_adapter_for(model: Any) -> MediaAdapter | None:
+    """The adapter of `model`'s family, or None when its media cannot be served exactly."""
+    cls = _ADAPTERS.get(getattr(model.config, "model_type", ""))
+    return cls(model) if cls is not None else None

@@ -1,0 +1,137 @@
+"""MediaAdapter: how one model family's media inputs become keyed items and suffix-only inputs.
+
+For each supported family an adapter knows which `generate` kwargs carry media, which rows of
+them make up each item (and so what is hashed: exactly what the model consumes, unpadded),
+how many placeholder tokens each item has, how to hand `generate` only the items whose
+placeholders lie in the uncached suffix, and, for M-RoPE models, the explicit positions of
+the whole prompt. Transformers feeds the model every media kwarg it is given on the first
+step and checks that features and placeholders agree, so passing a cached item again fails,
+and leaving out one in the suffix silently embeds its placeholders as text.
+
+This module holds the base class and the helpers the family modules share. Knows nothing
+about the store or the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
+
+#: Every kwarg that carries media or media bookkeeping for some model in transformers 5.23.
+MEDIA_KWARGS = (
+    "pixel_values",
+    "pixel_values_videos",
+    "image_sizes",
+    "image_grid_thw",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "input_features",
+    "input_values",
+    "feature_attention_mask",
+    "pixel_attention_mask",
+    "mm_encoder_outputs",
+    "encoder_outputs",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "cross_attention_mask",
+    "aspect_ratio_ids",
+    "aspect_ratio_mask",
+    "image_embeds",
+)
+
+
+# Per media kind: (kind, placeholder id or None when unusable, each item's hashed parts, placeholder counts or None).
+KindItems = tuple[str, int | None, list[tuple[Any, ...]], list[int] | None]
+
+
+class MediaAdapter:
+    """One family's media handling; subclasses fill in the per-family parts.
+
+    `handled` names the kwargs the adapter understands; a call passing any other media kwarg
+    runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
+    `whole_prompt_only` marks prefix-LM models (the whole prompt attends both ways), which may
+    reuse only an identical prompt.
+    """
+
+    handled: frozenset[str] = frozenset()
+    has_positions = False
+    whole_prompt_only = False
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+
+    def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        """The media items of a one-row prompt, or None when placeholders and media disagree.
+
+        Raises:
+            UnhashableMediaError: when a media input is not a tensor, array or PIL image.
+        """
+        items: list[MediaItem] = []
+        for kind, token_id, parts, lengths in self._items(tokens, kwargs):
+            if token_id is None:
+                return None
+            runs = find_runs(tokens, token_id)
+            if not parts and not runs:
+                continue
+            spans = assign_spans(runs, lengths) if lengths is not None else one_per_run(runs, len(parts))
+            if spans is None or len(spans) != len(parts):
+                return None
+            items += [MediaItem(kind, hash_media(*p), a, b) for p, (a, b) in zip(parts, spans, strict=True)]
+        items.sort(key=lambda item: item.start)
+        return MediaLayout(tuple(items))
+
+    def resume_kwargs(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
+    ) -> dict[str, Any]:
+        """`kwargs` for a `generate` whose cache holds the first `cached_len` positions (> 0)."""
+        out = dict(kwargs)
+        self._slice(out, layout, cached_len)
+        return out
+
+    def manual_problem(self, tokens: Sequence[int]) -> str | None:
+        """Why `lookup`/`insert` (which key token ids only) cannot serve `tokens` exactly, or None."""
+        if self.has_positions:
+            return "mrope_positions"
+        if self.whole_prompt_only:
+            return "prefix_lm"
+        ids = {t for t in self.placeholder_ids() if t is not None}
+        if any(t in ids for t in tokens):
+            return "media_placeholders"
+        return None
+
+    def placeholder_ids(self) -> tuple[int | None, ...]:
+        """The token ids that stand for media in this family's prompts."""
+        return tuple(token_id for _, token_id, _, _ in self._items((), {}))
+
+    # --------------------------------------------------------------- per family
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
+        """Per media kind, the items of `kwargs`; counts None means one item per placeholder run."""
+        raise NotImplementedError
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        """Keep only the suffix's items in `kwargs` (in place)."""
+        raise NotImplementedError
+
+
+def one_per_run(runs: Sequence[tuple[int, int]], num_items: int) -> list[tuple[int, int]] | None:
+    return list(runs) if len(runs) == num_items else None
+
+
+def config_token_id(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def set_or_drop(kwargs: dict[str, Any], name: str, value: Any, keep: bool) -> None:
+    if keep:
+        kwargs[name] = value
+    else:
+        kwargs.pop(name, None)

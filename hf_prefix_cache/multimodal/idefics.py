@@ -1,0 +1,46 @@
+"""Idefics3 and SmolVLM: each image crop is an item."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..media import MediaLayout, find_runs
+from .base import KindItems, MediaAdapter, config_token_id, set_or_drop
+
+
+class Idefics3Media(MediaAdapter):
+    """Idefics3 / SmolVLM: `pixel_values` `[1, num_crops, C, H, W]`; each crop is an item.
+
+    The processor splits an image into crops, each with its own placeholder run, and the
+    vision model encodes crops one by one, so a cached prefix may end between two crops.
+    """
+
+    handled = frozenset({"pixel_values", "pixel_attention_mask"})
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
+        token_id = config_token_id(self.config, "image_token_id")
+        pixels, mask = kwargs.get("pixel_values"), kwargs.get("pixel_attention_mask")
+        if pixels is None:
+            return [("image", token_id, [], [])]
+        if not isinstance(pixels, torch.Tensor) or pixels.dim() != 5 or pixels.shape[0] != 1 or token_id is None:
+            return [("image", None, [], None)]
+        num = pixels.shape[1]
+        total = sum(b - a for a, b in find_runs(tokens, token_id))
+        # All-zero crops are batch padding, which the model drops: they have no placeholders.
+        if num == 0 or total % num or bool((pixels == 0).flatten(2).all(-1).any()):
+            return [("image", None, [], None)]
+        parts = [(pixels[0, i], *((mask[0, i],) if mask is not None else ())) for i in range(num)]
+        return [("image", token_id, parts, [total // num] * num)]
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        pixels, mask = kwargs.get("pixel_values"), kwargs.get("pixel_attention_mask")
+        if pixels is None:
+            return
+        k = layout.num_cached("image", cached_len)
+        keep = k < pixels.shape[1]
+        set_or_drop(kwargs, "pixel_values", pixels[:, k:], keep)
+        if mask is not None:
+            set_or_drop(kwargs, "pixel_attention_mask", mask[:, k:], keep)
