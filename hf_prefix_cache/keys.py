@@ -102,12 +102,15 @@ class WeightsProbe:
         self._model = model
         self._epoch = -1
         self._params: list[Any] = []
+        self._ids = 0
 
     def version(self) -> int:
         if self._epoch != _structure_epoch:
             self._epoch = _structure_epoch
             self._params = list(self._model.parameters())
-        return hash(tuple((id(p), p._version) for p in self._params))
+            self._ids = hash(tuple(id(p) for p in self._params))
+        # Versions only grow, so over one parameter list their sum changes whenever one of them does.
+        return hash((self._ids, sum(p._version for p in self._params)))
 
 
 def adapter_state(model: Any) -> tuple[tuple[str, ...], bool] | None:

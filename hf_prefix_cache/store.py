@@ -717,6 +717,8 @@ class PrefixCache:
                 self._counters.fallbacks["entry_below_min_store_len"] += 1
             return 0
         assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
+        if not self.profile.has_state and self._touch_if_stored(namespace, tokens, session):
+            return 0  # an exact repeat: nothing new to capture
         run = cache.capture_run(length, row) if self.profile.has_kv else None
         all_snapshots = list(snapshots)
         if self.profile.has_state:
@@ -756,6 +758,18 @@ class PrefixCache:
         return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
+    def _touch_if_stored(self, namespace: str, tokens: Sequence[int], session: Session | None) -> bool:
+        """If all of `tokens` is stored already, mark it used (and held by `session`) and say so."""
+        with self._lock:
+            self._maintain(namespace)
+            match = self._tree.match(namespace, tokens)
+            if match.matched_len != len(tokens) or not match.path or match.path[-1].end != len(tokens):
+                return False
+            self._tree.touch(match.path)
+            if session is not None:
+                session.hold(match.path[-1])
+            return True
+
     def _maintain(self, namespace: str) -> None:
         """Index the namespace's disk files on first use; drop expired entries (at most every ttl/8 s)."""
         self._placement.index_disk(namespace)
