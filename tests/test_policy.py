@@ -154,3 +154,25 @@ def test_pressure_callback_fires_once_per_crossing(llama: Any) -> None:
         store.detach()
     with pytest.raises(ValueError, match="fractions"):
         store.on_pressure(events.append, thresholds=(1.5,))
+
+
+def test_exact_repeat_refreshes_the_entry_and_a_session_holds_it(llama: Any) -> None:
+    """Re-storing an already stored sequence changes no bytes, but counts as a use and is held by a session."""
+    per_token = kv_bytes_per_token(llama)
+    store = PrefixCache(llama, max_bytes=70 * per_token)
+    try:
+        first, second = distinct_prompt(1, 30), distinct_prompt(2, 30)
+        generate(llama, first, new=1, past_key_values=store)  # 30 tokens stored
+        generate(llama, second, new=1, past_key_values=store)
+        nbytes = store.stats().nbytes
+        chat = store.session("repeat")
+        generate(llama, first, new=1, past_key_values=chat)  # exact repeat: nothing new to store
+        assert store.stats().nbytes == nbytes
+        assert chat.held_len == 30
+        chat.close()
+        # The repeat made `first` the most recent entry, so pressure evicts `second`.
+        generate(llama, distinct_prompt(3, 30), new=1, past_key_values=store)
+        assert _cached_len(store, first) == 29 and _cached_len(store, second) == 0
+        store.check_integrity()
+    finally:
+        store.detach()
