@@ -118,10 +118,10 @@ class GenerateHook:
             store.count_fallback("out_of_memory", len(rows[0]))
             return self._original(*args, **kwargs)
         plan, cache = restored
-        if scope and plan.matched_len == 0 and layout is not None:
-            self._count_new_media(base_namespace, layout)
         num_restored_items = len(plan.items)
         try:
+            if scope and plan.matched_len == 0 and layout is not None:
+                self._count_new_media(base_namespace, layout)
             snapshots: list[Snapshot] = []
             fed = plan.restore_len
             if store.profile.has_state:
