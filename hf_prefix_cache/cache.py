@@ -8,9 +8,12 @@ transformers' cache attributes directly (through `layers/`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import Cache, DynamicCache
 
+from .layers import CrossAttentionAdapter, LayerState
 from .profile import ModelProfile
 from .segments import Run, Snapshot
 
@@ -39,11 +42,13 @@ class WorkingCache(DynamicCache):
         values: list[torch.Tensor | None] | None,
         snapshot: Snapshot | None,
         batch_size: int = 1,
+        items: Sequence[Snapshot] = (),
     ) -> None:
         """Load a prefix of `length` tokens: key views for attention layers, state clones for the rest.
 
         With `batch_size > 1` every row gets the same prefix (broadcast views; transformers
-        concatenates onto them, which makes new tensors).
+        concatenates onto them, which makes new tensors). `items` are the states of the media
+        items in the prefix, in prompt order: their vision keys/values fill the cross-attention layers.
         """
         assert batch_size == 1 or not self.profile.has_state, "batched restores are for attention-only models"
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
@@ -57,6 +62,50 @@ class WorkingCache(DynamicCache):
             if adapter.has_state:
                 assert snapshot is not None and snapshot.length == length, "state restore needs a snapshot at length"
                 adapter.restore_state(layer, snapshot.states[i])
+        if items:
+            self._restore_items(items)
+
+    def _restore_items(self, items: Sequence[Snapshot]) -> None:
+        for i in self.profile.item_layers:
+            adapter = self.profile.adapters[i]
+            assert isinstance(adapter, CrossAttentionAdapter)
+            keys = [_only(item.states[i], "keys") for item in items]
+            values = [_only(item.states[i], "values") for item in items]
+            # [B, H, vision tokens of all items, D]; one item restores as the stored tensor itself.
+            k = keys[0] if len(keys) == 1 else torch.cat(keys, dim=-2)
+            v = values[0] if len(values) == 1 else torch.cat(values, dim=-2)
+            adapter.restore_media(self.layers[i], k, v)
+
+    def item_states(self, ends: Sequence[int], skip: int) -> list[Snapshot]:
+        """States of the media items whose placeholders end at `ends` (prompt order), but the first `skip`.
+
+        The cross-attention layers hold one equal block of vision tokens per item, in item order
+        (images are encoded one by one). Blocks are copied out when the layer holds several, so a
+        stored item keeps only its own bytes.
+        """
+        if not self.profile.item_layers or len(ends) <= skip:
+            return []
+        held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i in self.profile.item_layers:
+            adapter = self.profile.adapters[i]
+            assert isinstance(adapter, CrossAttentionAdapter)
+            kv = adapter.capture_media(self.layers[i])
+            assert kv is not None and kv[0].shape[-2] % len(ends) == 0, (
+                f"cross-attention layer {i} holds {None if kv is None else kv[0].shape[-2]} vision tokens "
+                f"for {len(ends)} items"
+            )
+            held[i] = kv
+        out = []
+        for j in range(skip, len(ends)):
+            states = {}
+            for i, (k, v) in held.items():
+                n = k.shape[-2] // len(ends)
+                kj, vj = k[..., j * n : (j + 1) * n, :], v[..., j * n : (j + 1) * n, :]
+                if len(ends) > 1:
+                    kj, vj = kj.clone(), vj.clone()
+                states[i] = LayerState(tensors={"keys": {0: kj}, "values": {0: vj}}, flags={})
+            out.append(Snapshot(ends[j], states))
+        return out
 
     def capture_run(self, length: int, row: int | None = None) -> Run:
         """The keys/values of positions `[0, length)` (of one batch `row`), by reference."""
@@ -89,3 +138,9 @@ class WorkingCache(DynamicCache):
         if not self.profile.has_kv:
             return None
         return int(self.get_seq_length())
+
+
+def _only(state: LayerState, name: str) -> torch.Tensor:
+    tensor = state.tensors[name][0]
+    assert tensor is not None, f"an item state without {name}"
+    return tensor

@@ -3,7 +3,8 @@
 Layout: `<disk_dir>/<namespace>/<id>.safetensors`. The namespace (model class, config,
 weights fingerprint, dtype, adapters, salt) names the folder, so a store only ever scans the
 files of its own model. A file holds the keys/values of positions `[lo, hi)` of one sequence
-and the snapshots taken inside that range; its JSON metadata holds the whole symbol sequence
+the snapshots taken inside that range and the item states (Mllama: an image's cross-attention
+keys/values) of media placeholders inside it; its JSON metadata holds the whole symbol sequence
 `[0, hi)` (so a new process can rebuild the tree), the layout of the tensors and a 128-bit
 checksum of their bytes, checked on every load.
 
@@ -20,7 +21,7 @@ import json
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,12 @@ class CorruptFileError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """What a file must look like to fit the model: layer count and which layers have keys or states."""
+    """What a file must look like to fit the model: layer count and which layers have keys, states or item states."""
 
     num_layers: int
     kv_layers: tuple[int, ...]
     state_layers: tuple[int, ...]
+    item_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +64,12 @@ class DiskEntry:
     nbytes_per_token: int
     snapshot_nbytes: dict[int, int]
     devices: list[str | None]
+    item_nbytes: dict[int, int] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return (self.hi - self.lo) * self.nbytes_per_token + sum(self.snapshot_nbytes.values())
+        states = sum(self.snapshot_nbytes.values()) + sum(self.item_nbytes.values())
+        return (self.hi - self.lo) * self.nbytes_per_token + states
 
 
 class DiskTier:
@@ -106,19 +110,8 @@ class DiskTier:
             devices = [str(d) if d is not None else None for d in seg.run.devices]
         else:
             devices = [None] * self.layout.num_layers
-        snapshots: dict[str, Any] = {}
-        for length, snap in seg.snapshots.items():
-            layers: dict[str, Any] = {}
-            for layer, state in snap.states.items():
-                # attribute -> {index: whether a tensor is stored for it} (a layer may hold None at an index)
-                present: dict[str, dict[str, bool]] = {}
-                for attr, per_idx in state.tensors.items():
-                    present[attr] = {str(idx): t is not None for idx, t in per_idx.items()}
-                    for idx, t in per_idx.items():
-                        if t is not None:
-                            tensors[f"s.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
-                layers[str(layer)] = {"tensors": present, "flags": _flags_to_json(state.flags)}
-            snapshots[str(length)] = {"nbytes": snap.nbytes, "layers": layers}
+        snapshots = _states_to_file("s", seg.snapshots, tensors)
+        items = _states_to_file("i", seg.items, tensors)
         meta = {
             "format": FORMAT,
             "namespace": namespace,
@@ -128,6 +121,7 @@ class DiskTier:
             "nbytes_per_token": seg.nbytes_per_token,
             "devices": devices,
             "snapshots": snapshots,
+            "items": items,
             "checksum": _checksum(tensors),
         }
         folder = self.folder(namespace)
@@ -142,7 +136,13 @@ class DiskTier:
         finally:
             tmp.unlink(missing_ok=True)
         return _stub(
-            path, seg.start, seg.end, seg.nbytes_per_token, devices, {n: s.nbytes for n, s in seg.snapshots.items()}
+            path,
+            seg.start,
+            seg.end,
+            seg.nbytes_per_token,
+            devices,
+            {n: s.nbytes for n, s in seg.snapshots.items()},
+            {n: s.nbytes for n, s in seg.items.items()},
         )
 
     def delete(self, path: Path) -> None:
@@ -184,7 +184,15 @@ class DiskTier:
 
     def stub_for(self, entry: DiskEntry) -> Segment:
         """The disk stub segment for a scanned entry."""
-        return _stub(entry.path, entry.lo, entry.hi, entry.nbytes_per_token, entry.devices, entry.snapshot_nbytes)
+        return _stub(
+            entry.path,
+            entry.lo,
+            entry.hi,
+            entry.nbytes_per_token,
+            entry.devices,
+            entry.snapshot_nbytes,
+            entry.item_nbytes,
+        )
 
     def load(self, stub: Segment) -> Segment:
         """Read disk stub `stub` into a host-memory segment, checking the file's checksum.
@@ -217,30 +225,16 @@ class DiskTier:
                 raise CorruptFileError(
                     f"{path} holds {run.nbytes_per_token} bytes per token, expected {stub.nbytes_per_token}"
                 )
-        snapshots = {}
-        for length_text, snap_meta in meta["snapshots"].items():
-            length = int(length_text)
-            if not stub.start < length <= stub.end:
-                continue  # belongs to the other part of a split segment
-            states = {}
-            for layer_text, layer_meta in snap_meta["layers"].items():
-                layer = int(layer_text)
-                per_attr: dict[str, dict[int, torch.Tensor | None]] = {}
-                for attr, present in layer_meta["tensors"].items():
-                    per_attr[attr] = {
-                        int(i): (tensors[f"s.{length}.{layer}.{attr}.{i}"] if stored else None)
-                        for i, stored in present.items()
-                    }
-                states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
-            if sorted(states) != list(layout.state_layers):
-                raise CorruptFileError(f"{path} has states for other layers than the model's {layout.state_layers}")
-            snapshots[length] = Snapshot(length, states)
+        snapshots = _states_from_file("s", meta["snapshots"], tensors, stub, layout.state_layers)
         if sorted(snapshots) != sorted(stub.snapshots):
             raise CorruptFileError(f"{path} holds snapshots at {sorted(snapshots)}, expected {sorted(stub.snapshots)}")
+        items = _states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers)
+        if sorted(items) != sorted(stub.items):
+            raise CorruptFileError(f"{path} holds item states at {sorted(items)}, expected {sorted(stub.items)}")
         if run is not None and (stub.start, stub.end) != (run_lo, run_hi):
             # A split segment: keep only its own range, in tensors of its own.
             run.compact(stub.start, stub.end)
-        return Segment(run, stub.start, stub.end, stub.nbytes_per_token, snapshots)
+        return Segment(run, stub.start, stub.end, stub.nbytes_per_token, snapshots, items=items)
 
     def _read_header(self, path: Path, namespace: str) -> DiskEntry:
         with safe_open(str(path), framework="pt") as f:
@@ -269,16 +263,70 @@ class DiskTier:
             raise CorruptFileError(f"snapshots at {sorted(snapshot_nbytes)} outside [{lo}, {hi})")
         if layout.state_layers and hi not in snapshot_nbytes:
             raise CorruptFileError("a recurrent model's segment without a snapshot at its end")
+        item_nbytes = {int(n): int(s["nbytes"]) for n, s in meta.get("items", {}).items()}
+        if any(not lo < n <= hi for n in item_nbytes):
+            raise CorruptFileError(f"item states at {sorted(item_nbytes)} outside [{lo}, {hi})")
         devices = _devices(meta, layout.num_layers)
-        return DiskEntry(path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices)
+        return DiskEntry(path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes)
 
 
 def _stub(
-    path: Path, lo: int, hi: int, nbytes_per_token: int, devices: list[str | None], snapshot_nbytes: dict[int, int]
+    path: Path,
+    lo: int,
+    hi: int,
+    nbytes_per_token: int,
+    devices: list[str | None],
+    snapshot_nbytes: dict[int, int],
+    item_nbytes: dict[int, int],
 ) -> Segment:
     ref = DiskRef(path, lo, hi, [torch.device(d) if d is not None else None for d in devices])
     snapshots = {n: Snapshot(n, {}, nbytes) for n, nbytes in snapshot_nbytes.items()}
-    return Segment(None, lo, hi, nbytes_per_token, snapshots, disk=ref)
+    items = {n: Snapshot(n, {}, nbytes) for n, nbytes in item_nbytes.items()}
+    return Segment(None, lo, hi, nbytes_per_token, snapshots, disk=ref, items=items)
+
+
+def _states_to_file(prefix: str, at: dict[int, Snapshot], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """JSON metadata for snapshots (or item states) `at`; their tensors go into `tensors` as `<prefix>.<n>.…`."""
+    out: dict[str, Any] = {}
+    for length, snap in at.items():
+        layers: dict[str, Any] = {}
+        for layer, state in snap.states.items():
+            # attribute -> {index: whether a tensor is stored for it} (a layer may hold None at an index)
+            present: dict[str, dict[str, bool]] = {}
+            for attr, per_idx in state.tensors.items():
+                present[attr] = {str(idx): t is not None for idx, t in per_idx.items()}
+                for idx, t in per_idx.items():
+                    if t is not None:
+                        tensors[f"{prefix}.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
+            layers[str(layer)] = {"tensors": present, "flags": _flags_to_json(state.flags)}
+        out[str(length)] = {"nbytes": snap.nbytes, "layers": layers}
+    return out
+
+
+def _states_from_file(
+    prefix: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor], stub: Segment, layers: tuple[int, ...]
+) -> dict[int, Snapshot]:
+    """The snapshots (or item states) of `meta` that fall in `stub`'s range, checked to cover exactly `layers`."""
+    assert stub.disk is not None
+    out: dict[int, Snapshot] = {}
+    for length_text, snap_meta in meta.items():
+        length = int(length_text)
+        if not stub.start < length <= stub.end:
+            continue  # belongs to the other part of a split segment
+        states = {}
+        for layer_text, layer_meta in snap_meta["layers"].items():
+            layer = int(layer_text)
+            per_attr: dict[str, dict[int, torch.Tensor | None]] = {}
+            for attr, present in layer_meta["tensors"].items():
+                per_attr[attr] = {
+                    int(i): (tensors[f"{prefix}.{length}.{layer}.{attr}.{i}"] if stored else None)
+                    for i, stored in present.items()
+                }
+            states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
+        if sorted(states) != list(layers):
+            raise CorruptFileError(f"{stub.disk.path} has states for other layers than the model's {layers}")
+        out[length] = Snapshot(length, states)
+    return out
 
 
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:

@@ -8,7 +8,8 @@ original `generate` untouched, and the reason is counted.
 
 Prompts with media (models with a `MediaAdapter`) are keyed by tokens and media content
 together; `generate` then gets only the media of the uncached suffix, and M-RoPE models get
-explicit positions of the whole prompt.
+explicit positions of the whole prompt. Cross-attention models (Mllama) also restore the
+vision keys/values of the prefix's images (item states) and store those of new images.
 
 For models with recurrent layers the hook prefills the uncached prompt itself, in chunks that
 end where snapshots are wanted (the divergence from the stored prefix, every
@@ -101,23 +102,32 @@ class GenerateHook:
             return self._original(*args, **kwargs)
         # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
         symbols: Sequence[Hashable] = layout.symbols(rows[0]) if layout is not None else rows[0]
-        namespace = store.namespace()
-        if store.profile.media is not None and store.profile.media.whole_prompt_only:
+        namespace = base_namespace = store.namespace()
+        media = store.profile.media
+        if media is not None and media.whole_prompt_only:
             # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
             namespace = fingerprint([namespace, [str(s) for s in symbols]])
-        restored = self._restore(namespace, rows, symbols, layout.spans if layout is not None else ())
+        scope = media.scope(layout.items) if media is not None and layout is not None else []
+        if scope:
+            # Every position sees every medium of the prompt: share only between prompts with the same media.
+            namespace = fingerprint([namespace, scope])
+        spans = layout.spans if layout is not None else ()
+        item_spans = spans if store.profile.item_layers else ()
+        restored = self._restore(namespace, rows, symbols, spans, item_spans)
         if restored is None:
             store.count_fallback("out_of_memory", len(rows[0]))
             return self._original(*args, **kwargs)
         plan, cache = restored
+        num_restored_items = len(plan.items)
         try:
+            if scope and plan.matched_len == 0 and layout is not None:
+                self._count_new_media(base_namespace, layout)
             snapshots: list[Snapshot] = []
             fed = plan.restore_len
             if store.profile.has_state:
                 fed, snapshots = self._prefill_states(cache, input_ids, plan)
             if cache_kwarg == "cache_params":
                 cache.skip_len = fed
-            media = store.profile.media
             if media is not None and layout is not None and plan.restore_len:
                 # Only the suffix's media go to generate (plus explicit positions for M-RoPE).
                 kwargs = media.resume_kwargs(input_ids, kwargs, layout, plan.restore_len)
@@ -129,11 +139,29 @@ class GenerateHook:
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         # Media symbols replace a prompt's placeholders; only one-row calls have media items.
         media_symbols = symbols if layout is not None and layout.items else None
-        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session)
+        # The cross-attention layers now hold every image; the restored ones are stored already.
+        items = cache.item_states([end for _, end in item_spans], num_restored_items) if item_spans else []
+        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items)
         return output
 
+    def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
+        """Count the adapter's event when this prompt's media extend those of a stored conversation."""
+        media = self._store.profile.media
+        assert media is not None
+        if media.new_item_reason is None:
+            return
+        for j in range(len(layout.items) - 1, 0, -1):
+            if self._store.has_entries(fingerprint([base_namespace, media.scope(layout.items[:j])])):
+                self._store.count_event(media.new_item_reason)
+                return
+
     def _restore(
-        self, namespace: str, rows: list[list[int]], symbols: Sequence[Hashable], spans: Sequence[tuple[int, int]]
+        self,
+        namespace: str,
+        rows: list[list[int]],
+        symbols: Sequence[Hashable],
+        spans: Sequence[tuple[int, int]],
+        item_spans: Sequence[tuple[int, int]] = (),
     ) -> tuple[Plan, WorkingCache] | None:
         """Acquire and restore the shared prefix of `rows`; None when the device ran out of memory twice.
 
@@ -151,10 +179,13 @@ class GenerateHook:
                     cast("Sequence[int]", symbols[:shared]),  # the tree compares any hashable symbols
                     limit=min(shared, len(rows[0]) - 1),
                     spans=spans,
+                    item_spans=item_spans,
                 )
                 cache = store.new_cache()
                 if plan.restore_len:
-                    cache.restore(plan.restore_len, plan.keys, plan.values, plan.snapshot, batch_size=len(rows))
+                    cache.restore(
+                        plan.restore_len, plan.keys, plan.values, plan.snapshot, batch_size=len(rows), items=plan.items
+                    )
                 plan.keys = plan.values = None  # the cache holds them now
                 return plan, cache
             except Exception as exc:
@@ -179,6 +210,9 @@ class GenerateHook:
             return None, "unhashable_media"
         if layout is None:
             return None, "media_placeholders"
+        reason = media.why_cold(rows[0], kwargs)
+        if reason is not None:
+            return None, reason
         return layout, None
 
     def _why_cold(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
@@ -291,6 +325,7 @@ class GenerateHook:
         snapshots: list[Snapshot],
         prompt_symbols: Sequence[Hashable] | None,
         session: Session | None = None,
+        items: Sequence[Snapshot] = (),
     ) -> None:
         kv_len = cache.kv_length()
         # The last generated token is never fed back, so the cache covers all but it.
@@ -303,7 +338,13 @@ class GenerateHook:
             if prompt_symbols is not None:
                 ids[: len(prompt_symbols)] = prompt_symbols[:length]
             self._store.insert_sequence(
-                namespace, ids, cache, snapshots, row=row if batched else None, session=None if batched else session
+                namespace,
+                ids,
+                cache,
+                snapshots,
+                row=row if batched else None,
+                session=None if batched else session,
+                items=() if batched else [s for s in items if s.length <= length],
             )
 
     # ----------------------------------------------------------- cache_params

@@ -232,7 +232,8 @@ class Placement:
             if seg.disk is not None:
                 assert self.disk is not None, "a disk segment in a store without a disk tier"
                 host = self.disk.load(seg)
-            states = {layer: self.state_device(layer) for snap in host.snapshots.values() for layer in snap.states}
+            held = [*host.snapshots.values(), *host.items.values()]
+            states = {layer: self.state_device(layer) for snap in held for layer in snap.states}
             device_seg = segment_to_device(host, self.mover, states)
             self.counters.reloads += 1
             promote = promote and self.make_room(DEVICE, node.nbytes)

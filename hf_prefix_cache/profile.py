@@ -11,9 +11,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
-from .layers import LayerAdapter, adapter_for
+from .layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from .multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23): the
@@ -25,7 +25,11 @@ _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
 
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
-    """How one model is served; `unsupported` names why it never reuses, or is None."""
+    """How one model is served; `unsupported` names why it never reuses, or is None.
+
+    `item_layers` are the cross-attention layers (Mllama), which hold keys/values of media
+    items rather than of tokens; the store keeps them per item (see `segments.Segment.items`).
+    """
 
     cache_kwarg: str
     adapters: tuple[LayerAdapter, ...]
@@ -37,6 +41,7 @@ class ModelProfile:
     accepts_logits_to_keep: bool
     unsupported: str | None
     media: MediaAdapter | None = None
+    item_layers: tuple[int, ...] = ()
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -72,6 +77,13 @@ def profile_model(model: Any) -> ModelProfile:
             specs.append((cls, dict(kwargs)))
         if unsupported is None and not adapters:
             unsupported = "no_cache_layers"
+    item_layers = media.item_layers() if media is not None and unsupported is None else ()
+    for i in item_layers:
+        # Cross-attention layers are plain DynamicLayers holding vision tokens, never sliced by text length.
+        if specs[i][0] is not DynamicLayer:
+            unsupported, adapters, specs, item_layers = f"cross_attention_layer:{specs[i][0].__name__}", [], [], ()
+            break
+        adapters[i] = CrossAttentionAdapter()
     return ModelProfile(
         cache_kwarg=cache_kwarg,
         adapters=tuple(adapters),
@@ -83,6 +95,7 @@ def profile_model(model: Any) -> ModelProfile:
         accepts_logits_to_keep="logits_to_keep" in params,
         unsupported=unsupported,
         media=media,
+        item_layers=item_layers,
     )
 
 

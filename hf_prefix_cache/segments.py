@@ -8,6 +8,10 @@ Invariant (checked by `PrefixCache.check_integrity`): the segments that refer to
 `[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
 drops a segment calls `Run.release`, which compacts the run when its referenced range shrinks.
 
+A segment may also hold *item states*: tensors computed from one media item alone (Mllama:
+an image's cross-attention keys/values), kept under the position after the item's
+placeholder, so a prefix that contains the placeholder restores them with it.
+
 A run lives on the model's devices (each layer's tensors on that layer's device) or in host
 memory; a segment on disk has no run but a `DiskRef` to the file holding its range. Runs off
 the device back exactly one tree node each until that node is split; `tiers.py` moves them.
@@ -115,8 +119,11 @@ class DiskRef:
 class Segment:
     """The value of one tree node covering positions `[start, end)`.
 
-    `snapshots` maps a length in `(start, end]` to the states after that many tokens. A
-    segment on disk has `disk` set, no run, and snapshots without states.
+    `snapshots` maps a length in `(start, end]` to the states after that many tokens.
+    `items` maps the end of a media item's placeholder span in `(start, end]` to the states
+    computed from that item alone (a `Snapshot` whose `length` is that end; its layers are the
+    cross-attention layers). A segment on disk has `disk` set, no run, and snapshots and item
+    states without tensors.
     """
 
     run: Run | None
@@ -125,10 +132,12 @@ class Segment:
     nbytes_per_token: int
     snapshots: dict[int, Snapshot] = field(default_factory=dict)
     disk: DiskRef | None = None
+    items: dict[int, Snapshot] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return (self.end - self.start) * self.nbytes_per_token + sum(s.nbytes for s in self.snapshots.values())
+        states = sum(s.nbytes for s in self.snapshots.values()) + sum(s.nbytes for s in self.items.values())
+        return (self.end - self.start) * self.nbytes_per_token + states
 
     def split(self, offset: int) -> tuple[Segment, Segment]:
         at = self.start + offset
@@ -139,6 +148,8 @@ class Segment:
             self.run, at, self.end, self.nbytes_per_token, {n: s for n, s in self.snapshots.items() if n > at}
         )
         head.disk = tail.disk = self.disk
+        head.items = {n: s for n, s in self.items.items() if n <= at}
+        tail.items = {n: s for n, s in self.items.items() if n > at}
         if self.run is not None:
             self.run.num_refs += 1  # one segment became two
         if self.disk is not None:

@@ -141,7 +141,10 @@ class _NotAWorkingCacheError(AttributeError):
 
 @dataclass(slots=True)
 class Plan:
-    """What one request takes from the store: the first `restore_len` tokens, pinned until `release`."""
+    """What one request takes from the store: the first `restore_len` tokens, pinned until `release`.
+
+    `items` are the states of the media items inside the restored prefix, in prompt order.
+    """
 
     namespace: str
     restore_len: int
@@ -151,6 +154,7 @@ class Plan:
     snapshot: Snapshot | None
     path: tuple[Node[Segment], ...]
     released: bool = False
+    items: list[Snapshot] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -288,7 +292,9 @@ class PrefixCache:
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = _on_cuda(model)
-        layout = Layout(len(self.profile.adapters), self.profile.kv_layers, self.profile.state_layers)
+        layout = Layout(
+            len(self.profile.adapters), self.profile.kv_layers, self.profile.state_layers, self.profile.item_layers
+        )
         self._placement = Placement(
             self._tree,
             budgets,
@@ -560,6 +566,8 @@ class PrefixCache:
                     raise RuntimeError(f"{node} holds a segment of [{seg.start}, {seg.end})")
                 if any(not seg.start < n <= seg.end for n in seg.snapshots):
                     raise RuntimeError(f"{node} holds snapshots outside its range: {sorted(seg.snapshots)}")
+                if any(not seg.start < n <= seg.end for n in seg.items):
+                    raise RuntimeError(f"{node} holds item states outside its range: {sorted(seg.items)}")
                 on_disk = seg.disk is not None
                 if on_disk != (node.tier == DISK):
                     raise RuntimeError(f"{node} sits on tier {TIER_NAMES[node.tier]} but disk={on_disk}")
@@ -617,6 +625,16 @@ class PrefixCache:
             self._warned.add(reason)
         (logger.warning if first else logger.info)("prefix cache skipped, running cold: %s", reason)
 
+    def count_event(self, reason: str) -> None:
+        """Count `reason` in `fallbacks` for a request that was served (and stored) but reused less."""
+        with self._lock:
+            self._counters.fallbacks[reason] += 1
+
+    def has_entries(self, namespace: str) -> bool:
+        """Whether the tree holds anything under `namespace` (disk files are not indexed for this)."""
+        with self._lock:
+            return namespace in self._tree.namespaces()
+
     def count_request(self, prompt_len: int, restore_len: int, num_rows: int = 1) -> None:
         with self._lock:
             c = self._counters
@@ -635,13 +653,21 @@ class PrefixCache:
             torch.cuda.empty_cache()
 
     def acquire(
-        self, namespace: str, tokens: Sequence[int], limit: int | None = None, *, spans: Sequence[tuple[int, int]] = ()
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        limit: int | None = None,
+        *,
+        spans: Sequence[tuple[int, int]] = (),
+        item_spans: Sequence[tuple[int, int]] = (),
     ) -> Plan:
         """Match `tokens`, pin the matched path, and gather what restoring it needs.
 
         Restores at most `limit` tokens (default: all but the last, which is fed for its logits),
-        never cutting inside one of the media `spans` (`[start, end)` positions). Entries off the
-        device are brought back first; a disk file found corrupt is dropped and the match retried.
+        never cutting inside one of the media `spans` (`[start, end)` positions). Media items
+        whose spans are in `item_spans` (prompt order) restore with their stored item states; a
+        prefix is cut before the first such item it holds without one. Entries off the device
+        are brought back first; a disk file found corrupt is dropped and the match retried.
 
         Raises:
             torch.OutOfMemoryError: bringing an entry back to the device did not fit (nothing is pinned then).
@@ -671,6 +697,10 @@ class PrefixCache:
                 if self.profile.has_state:
                     found, snapshot = _best_snapshot(segments, restore_len)
                     assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
+                items: list[Snapshot] = []
+                if item_spans:
+                    assert not self.profile.has_state, "item states are for attention-only models"
+                    restore_len, items = _item_states(segments, item_spans, restore_len)
                 pieces = kv_pieces(segments, restore_len)
                 calls = self._pressure_calls()
             break
@@ -686,7 +716,7 @@ class PrefixCache:
                 if path:
                     self._tree.unlock(path[-1])
             raise
-        return Plan(namespace, restore_len, match.matched_len, keys, values, snapshot, path)
+        return Plan(namespace, restore_len, match.matched_len, keys, values, snapshot, path, items=items)
 
     def release(self, plan: Plan) -> None:
         with self._lock:
@@ -703,11 +733,14 @@ class PrefixCache:
         snapshots: Sequence[Snapshot],
         row: int | None = None,
         session: Session | None = None,
+        items: Sequence[Snapshot] = (),
     ) -> int:
         """Store the states in `cache` for `tokens` (all of them), plus earlier `snapshots`.
 
         `row` picks one row of a batched cache; its new tokens are then always copied out,
         since the batch's tensors hold every row. `session`, when given, pins the stored entry.
+        `items` are media item states, each kept by the node holding its placeholder's end
+        (nodes that already hold one keep theirs).
         """
         length = len(tokens)
         if length == 0:
@@ -724,11 +757,17 @@ class PrefixCache:
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
             self._remember_state_devices(all_snapshots[-1])
+        if items:
+            self._remember_state_devices(items[0])
         nbytes_per_token = run.nbytes_per_token if run is not None else 0
         with self._lock:
             self._maintain(namespace)
             matched_len = self._tree.match(namespace, tokens).matched_len
-            new_nbytes = (length - matched_len) * nbytes_per_token + sum(s.nbytes for s in all_snapshots)
+            new_nbytes = (
+                (length - matched_len) * nbytes_per_token
+                + sum(s.nbytes for s in all_snapshots)
+                + sum(s.nbytes for s in items if s.length > matched_len)
+            )
             largest = max(self._placement.budgets)  # it lands on the device, then moves to a tier that holds it
             if new_nbytes > largest:
                 self._counters.fallbacks["entry_over_budget"] += 1
@@ -745,6 +784,8 @@ class PrefixCache:
                 self._place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
             for snap in all_snapshots:
                 self._attach_snapshot(result.path, snap)
+            for state in items:
+                self._attach_item(result.path, state)
             self._tree.touch(result.path)
             if result.new_node is not None:
                 self._placement.settle(result.path)
@@ -842,6 +883,18 @@ class PrefixCache:
                     self._placement.enforce()
                 return
 
+    def _attach_item(self, path: Sequence[Node[Segment]], state: Snapshot) -> None:
+        for node in path:
+            if node.start < state.length <= node.end:
+                seg = node.value
+                assert seg is not None
+                if state.length not in seg.items and node.tier != DISK:  # a file is not rewritten for one item
+                    seg.items[state.length] = (
+                        state if node.tier == DEVICE else snapshot_to_host(state, self._placement.mover)
+                    )
+                    self._tree.refresh_nbytes(node)
+                return
+
     def _remember_state_devices(self, snap: Snapshot) -> None:
         if len(self._state_devices) == len(snap.states):
             return
@@ -909,6 +962,25 @@ def _best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapsh
             if length <= limit and (best is None or length > best.length):
                 best = snap
     return (best.length, best) if best is not None else (0, None)
+
+
+def _item_states(
+    segments: Sequence[Segment], spans: Sequence[tuple[int, int]], limit: int
+) -> tuple[int, list[Snapshot]]:
+    """The stored states of the items whose spans end at or below `limit`, in order.
+
+    Returns the limit lowered to the start of the first such item without a stored state, and
+    the states before it.
+    """
+    found: list[Snapshot] = []
+    for start, end in spans:
+        if end > limit:
+            break
+        state = next((seg.items[end] for seg in segments if seg.start < end <= seg.end and end in seg.items), None)
+        if state is None:
+            return start, found
+        found.append(state)
+    return limit, found
 
 
 def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:

@@ -5,10 +5,10 @@ layer's device), `HOST` (CPU memory, page-locked when the model runs on CUDA, so
 asynchronous) and `DISK` (one safetensors file per segment, written by `disk.py`).
 
 A segment that leaves a tier gets a run of its own in the new place: `segment_to_host` and
-`segment_to_device` copy the segment's range of keys/values and its snapshots and return a new
-`Segment`; the caller swaps it into the tree and releases the old one. On CUDA the copy to host
-runs on a side stream so decoding on the default stream is not stalled; the new run carries a
-`wait` that blocks until the copy is done, called before anything reads it.
+`segment_to_device` copy the segment's range of keys/values, its snapshots and its item states
+and return a new `Segment`; the caller swaps it into the tree and releases the old one. On CUDA
+the copy to host runs on a side stream so decoding on the default stream is not stalled; the new
+run carries a `wait` that blocks until the copy is done, called before anything reads it.
 
 Knows tensors and devices; nothing about trees or models.
 """
@@ -115,13 +115,14 @@ def segment_to_host(seg: Segment, mover: Mover) -> Segment:
         run.wait = _both(wait_k, wait_v)
         run.num_refs = 1
     snapshots = {n: snapshot_to_host(snap, mover) for n, snap in seg.snapshots.items()}
-    return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots)
+    items = {n: snapshot_to_host(state, mover) for n, state in seg.items.items()}
+    return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots, items=items)
 
 
 def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch.device | None]) -> Segment:
     """A copy of host segment `seg` on the devices its layers belong to, on a run of its own.
 
-    `state_devices` maps a stateful layer to its device (snapshots do not remember one).
+    `state_devices` maps a stateful (or item-state) layer to its device (snapshots do not remember one).
     """
     assert seg.disk is None, "load a disk segment before moving it to the device"
     run = None
@@ -136,7 +137,8 @@ def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch
         )
         run.num_refs = 1
     snapshots = {n: _snapshot_to(snap, mover, state_devices) for n, snap in seg.snapshots.items()}
-    return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots)
+    items = {n: _snapshot_to(state, mover, state_devices) for n, state in seg.items.items()}
+    return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots, items=items)
 
 
 def snapshot_to_host(snap: Snapshot, mover: Mover) -> Snapshot:

@@ -2,6 +2,8 @@
 
 Lookup is by exact class: a subclass may add state an adapter does not know (an indexer,
 a quantized copy), so an unregistered class is refused with its name rather than guessed.
+Cross-attention layers share their class with full attention; the profile picks
+`CrossAttentionAdapter` for them by index, from the media adapter.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from transformers.cache_utils import (
 )
 
 from .base import LayerAdapter, LayerState
+from .cross import CrossAttentionAdapter
 from .full import FullAttentionAdapter
 from .recurrent import HybridAdapter, RecurrentAdapter
 from .sliding import SlidingWindowAdapter
@@ -58,4 +61,4 @@ def adapter_for(layer: Any) -> LayerAdapter | None:
     return ADAPTERS.get(type(layer))
 
 
-__all__ = ["ADAPTERS", "LayerAdapter", "LayerState", "adapter_for"]
+__all__ = ["ADAPTERS", "CrossAttentionAdapter", "LayerAdapter", "LayerState", "adapter_for"]

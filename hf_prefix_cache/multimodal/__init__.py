@@ -1,6 +1,6 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
-One module per family (`llava`, `llava_next`, `idefics`, `qwen_vl`, `qwen_audio`); the base
+One module per family (`llava`, `llava_next`, `idefics`, `qwen_vl`, `qwen_audio`, `mllama`); the base
 class and shared helpers live in `base`. A family missing here runs cold on media inputs,
 with the reason `media_inputs:<model_type>`.
 """
@@ -13,6 +13,7 @@ from .base import MEDIA_KWARGS, MediaAdapter
 from .idefics import Idefics3Media
 from .llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
 from .llava_next import LlavaNextMedia, LlavaNextVideoMedia
+from .mllama import MllamaMedia
 from .qwen_audio import Qwen2AudioMedia
 from .qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
 
@@ -30,6 +31,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_audio": Qwen2AudioMedia,
     "idefics3": Idefics3Media,
     "smolvlm": Idefics3Media,
+    "mllama": MllamaMedia,
 }
 
 

@@ -40,6 +40,7 @@ MEDIA_KWARGS = (
     "cross_attention_mask",
     "aspect_ratio_ids",
     "aspect_ratio_mask",
+    "cross_attention_states",
     "image_embeds",
 )
 
@@ -54,12 +55,15 @@ class MediaAdapter:
     `handled` names the kwargs the adapter understands; a call passing any other media kwarg
     runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
     `whole_prompt_only` marks prefix-LM models (the whole prompt attends both ways), which may
-    reuse only an identical prompt.
+    reuse only an identical prompt. `new_item_reason`, for families whose every position
+    depends on all media of the prompt (`scope`), names the event counted when a prompt adds
+    media to a conversation whose earlier media are stored.
     """
 
     handled: frozenset[str] = frozenset()
     has_positions = False
     whole_prompt_only = False
+    new_item_reason: str | None = None
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -92,6 +96,21 @@ class MediaAdapter:
         out = dict(kwargs)
         self._slice(out, layout, cached_len)
         return out
+
+    def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
+        """Why a prompt whose media fit its placeholders still cannot reuse exactly, or None."""
+        return None
+
+    def scope(self, items: Sequence[MediaItem]) -> list[str]:
+        """Namespace parts for a prompt with media `items`: entries are shared only within one scope.
+
+        Empty (the default) when a position's states depend only on the media before it.
+        """
+        return []
+
+    def item_layers(self) -> tuple[int, ...]:
+        """Cache layers that hold states computed from media items alone (cross-attention), by index."""
+        return ()
 
     def manual_problem(self, tokens: Sequence[int]) -> str | None:
         """Why `lookup`/`insert` (which key token ids only) cannot serve `tokens` exactly, or None."""
