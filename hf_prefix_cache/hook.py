@@ -206,6 +206,9 @@ class GenerateHook:
             unknown = [name for name in media_names if name not in media.handled]
             if unknown:
                 return f"media_inputs:{unknown[0]}"
+            problem = media.problem(kwargs)
+            if problem is not None:
+                return problem
             if input_ids.shape[0] != 1:
                 return "media_batch"
             if store.profile.has_state:

@@ -41,6 +41,7 @@ MEDIA_KWARGS = (
     "aspect_ratio_ids",
     "aspect_ratio_mask",
     "image_embeds",
+    "batch_num_images",
 )
 
 
@@ -54,10 +55,12 @@ class MediaAdapter:
     `handled` names the kwargs the adapter understands; a call passing any other media kwarg
     runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
     `whole_prompt_only` marks prefix-LM models (the whole prompt attends both ways), which may
-    reuse only an identical prompt.
+    reuse only an identical prompt. `settings` names `generate` kwargs that override a config
+    value and change how media are encoded; a call overriding one runs cold.
     """
 
     handled: frozenset[str] = frozenset()
+    settings: tuple[str, ...] = ()
     has_positions = False
     whole_prompt_only = False
 
@@ -84,6 +87,15 @@ class MediaAdapter:
             items += [MediaItem(kind, hash_media(*p), a, b) for p, (a, b) in zip(parts, spans, strict=True)]
         items.sort(key=lambda item: item.start)
         return MediaLayout(tuple(items))
+
+    def problem(self, kwargs: dict[str, Any]) -> str | None:
+        """Why this call's media cannot be served exactly although the adapter handles its kwargs, or None."""
+        for name in self.settings:
+            value = kwargs.get(name)
+            if value is not None and value != getattr(self.config, name, None):
+                # Items are keyed by content only, so states encoded under other settings must not be reused.
+                return f"vision_settings:{name}"
+        return None
 
     def resume_kwargs(
         self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
