@@ -69,6 +69,7 @@ def test_onevision_prompt_mixing_tiled_and_single_patch_images_runs_cold() -> No
 @pytest.mark.parametrize(
     ("name", "setting", "value"),
     [
+        ("llava", "vision_feature_layer", -2),
         ("llava_next", "vision_feature_layer", -2),
         ("llava_onevision", "vision_feature_layer", -2),
         ("llava_onevision", "vision_aspect_ratio", "anyres_max_1"),
@@ -77,8 +78,12 @@ def test_onevision_prompt_mixing_tiled_and_single_patch_images_runs_cold() -> No
 def test_overriding_how_media_are_encoded_runs_cold(name: str, setting: str, value: Any) -> None:
     """A `generate` kwarg overriding the config's vision settings runs cold; the config's own value is served."""
     model = cached_vlm(name)
-    kwargs = dict(llava_next_processor()([pil_image(1)], return_tensors="pt"))  # 32x32: one grid patch, no shrink
-    (n,) = llava_next_tokens(model, kwargs["pixel_values"], kwargs["image_sizes"])
+    if name == "llava":
+        kwargs: dict[str, Any] = {"pixel_values": llava_pixels(1)[None]}
+        n = 16
+    else:
+        kwargs = dict(llava_next_processor()([pil_image(1)], return_tensors="pt"))  # 32x32: one grid patch, no shrink
+        (n,) = llava_next_tokens(model, kwargs["pixel_values"], kwargs["image_sizes"])
     ids = torch.cat([text(4, 1), run(IMAGE_ID, n), text(4, 2)], dim=1)
     assert _fallbacks(model, ids, **kwargs, **{setting: value}) == {f"vision_settings:{setting}": 2}
     store = PrefixCache(model)
