@@ -203,6 +203,9 @@ class GenerateHook:
         media = self._store.profile.media
         if media is None:
             return None, None
+        reason = media.why_cold(rows[0], kwargs)
+        if reason is not None:
+            return None, reason
         try:
             layout = media.layout(rows[0], kwargs)
         except UnhashableMediaError as err:
@@ -210,9 +213,6 @@ class GenerateHook:
             return None, "unhashable_media"
         if layout is None:
             return None, "media_placeholders"
-        reason = media.why_cold(rows[0], kwargs)
-        if reason is not None:
-            return None, reason
         return layout, None
 
     def _why_cold(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:

@@ -7,8 +7,21 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from conftest import assert_same_as_cold, generate
-from tiny_vlms import IMAGE_ID, cached_vlm, llava_next_processor, llava_next_tokens, llava_pixels, pil_image, run, text
+from tiny_vlms import (
+    _CLIP,
+    _TEXT,
+    IMAGE_ID,
+    _build,
+    cached_vlm,
+    llava_next_processor,
+    llava_next_tokens,
+    llava_pixels,
+    pil_image,
+    run,
+    text,
+)
 
 from hf_prefix_cache import PrefixCache
 
@@ -24,13 +37,62 @@ def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
         store.detach()
 
 
+def tiny_vipllava() -> Any:
+    """VipLlava (LLaVA with multi-layer vision features): no media adapter, 16 placeholders per 32x32 image."""
+    config = transformers.VipLlavaConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMAGE_ID,
+        vision_feature_layers=[-2, -1],
+    )
+    return _build(transformers.VipLlavaForConditionalGeneration, config)
+
+
 def test_family_without_a_media_adapter_runs_cold() -> None:
-    """LLaVA-OneVision media requests run cold as `media_inputs:llava_onevision`."""
+    """VipLlava media requests run cold as `media_inputs:vipllava`."""
+    model = tiny_vipllava()
+    ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1)
+    assert _fallbacks(model, ids, pixel_values=llava_pixels(1)[None]) == {"media_inputs:vipllava": 2}
+
+
+def test_onevision_prompt_mixing_tiled_and_single_patch_images_runs_cold() -> None:
+    """LLaVA-OneVision with `batch_num_images=[1, 2]` in one prompt (one tiled image, two single-patch) runs cold."""
     model = cached_vlm("llava_onevision")
-    kwargs = dict(llava_next_processor()([pil_image(1, 50, 40)], return_tensors="pt"))
-    (n,) = llava_next_tokens(model, kwargs["pixel_values"], kwargs["image_sizes"])
+    kwargs = dict(llava_next_processor()([pil_image(1, 50, 40), pil_image(2), pil_image(3)], return_tensors="pt"))
+    kwargs["batch_num_images"] = torch.tensor([1, 2])
+    with torch.no_grad():
+        features = model.model.get_image_features(**kwargs).pooler_output
+    ids = torch.cat([text(4, 1), *[torch.cat([run(IMAGE_ID, f.shape[0]), text(2, 2)], 1) for f in features]], dim=1)
+    assert _fallbacks(model, ids, **kwargs) == {"media_mixed_patching": 2}
+
+
+@pytest.mark.parametrize(
+    ("name", "setting", "value"),
+    [
+        ("llava", "vision_feature_layer", -2),
+        ("llava_next", "vision_feature_layer", -2),
+        ("llava_onevision", "vision_feature_layer", -2),
+        ("llava_onevision", "vision_aspect_ratio", "anyres_max_1"),
+    ],
+)
+def test_overriding_how_media_are_encoded_runs_cold(name: str, setting: str, value: Any) -> None:
+    """A `generate` kwarg overriding the config's vision settings runs cold; the config's own value is served."""
+    model = cached_vlm(name)
+    if name == "llava":
+        kwargs: dict[str, Any] = {"pixel_values": llava_pixels(1)[None]}
+        n = 16
+    else:
+        kwargs = dict(llava_next_processor()([pil_image(1)], return_tensors="pt"))  # 32x32: one grid patch, no shrink
+        (n,) = llava_next_tokens(model, kwargs["pixel_values"], kwargs["image_sizes"])
     ids = torch.cat([text(4, 1), run(IMAGE_ID, n), text(4, 2)], dim=1)
-    assert _fallbacks(model, ids, **kwargs) == {"media_inputs:llava_onevision": 2}
+    assert _fallbacks(model, ids, **kwargs, **{setting: value}) == {f"vision_settings:{setting}": 2}
+    store = PrefixCache(model)
+    try:
+        for _ in range(2):
+            assert_same_as_cold(model, ids, store, new=3, **kwargs, **{setting: getattr(model.config, setting)})
+        assert store.stats().hit_tokens == ids.shape[1] - 1 and not store.stats().fallbacks
+    finally:
+        store.detach()
 
 
 def test_mrope_model_without_positions_runs_cold_even_for_text() -> None:

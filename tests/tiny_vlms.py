@@ -125,7 +125,7 @@ def tiny_qwen2_vl() -> Any:
 
 
 def tiny_llava_onevision() -> Any:
-    """LLaVA-OneVision (anyres, SigLIP tower, Qwen2 text): not served yet, runs cold with a named reason."""
+    """LLaVA-OneVision (anyres, SigLIP tower, Qwen2 text), the config's default `vision_aspect_ratio`."""
     config = transformers.LlavaOnevisionConfig(
         text_config={**_TEXT, "model_type": "qwen2"},
         vision_config={**_CLIP, "model_type": "siglip_vision_model"},

@@ -1,7 +1,7 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
-One module per family (`llava`, `llava_next`, `idefics`, `qwen_vl`, `qwen_audio`, `mllama`); the base
-class and shared helpers live in `base`. A family missing here runs cold on media inputs,
+One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
+`mllama`); the base class and shared helpers live in `base`. A family missing here runs cold on media inputs,
 with the reason `media_inputs:<model_type>`.
 """
 
@@ -13,6 +13,7 @@ from .base import MEDIA_KWARGS, MediaAdapter
 from .idefics import Idefics3Media
 from .llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
 from .llava_next import LlavaNextMedia, LlavaNextVideoMedia
+from .llava_onevision import LlavaOnevisionMedia
 from .mllama import MllamaMedia
 from .qwen_audio import Qwen2AudioMedia
 from .qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
@@ -25,6 +26,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "paligemma": PaliGemmaMedia,
     "llava_next": LlavaNextMedia,
     "llava_next_video": LlavaNextVideoMedia,
+    "llava_onevision": LlavaOnevisionMedia,
     "qwen2_vl": Qwen2VLMedia,
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,

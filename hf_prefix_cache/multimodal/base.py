@@ -42,6 +42,7 @@ MEDIA_KWARGS = (
     "aspect_ratio_mask",
     "cross_attention_states",
     "image_embeds",
+    "batch_num_images",
 )
 
 
@@ -55,12 +56,14 @@ class MediaAdapter:
     `handled` names the kwargs the adapter understands; a call passing any other media kwarg
     runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
     `whole_prompt_only` marks prefix-LM models (the whole prompt attends both ways), which may
-    reuse only an identical prompt. `new_item_reason`, for families whose every position
-    depends on all media of the prompt (`scope`), names the event counted when a prompt adds
-    media to a conversation whose earlier media are stored.
+    reuse only an identical prompt. `settings` names `generate` kwargs that override a config
+    value and change how media are encoded; a call overriding one runs cold. `new_item_reason`,
+    for families whose every position depends on all media of the prompt (`scope`), names the
+    event counted when a prompt adds media to a conversation whose earlier media are stored.
     """
 
     handled: frozenset[str] = frozenset()
+    settings: tuple[str, ...] = ()
     has_positions = False
     whole_prompt_only = False
     new_item_reason: str | None = None
@@ -99,6 +102,11 @@ class MediaAdapter:
 
     def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
         """Why a prompt whose media fit its placeholders still cannot reuse exactly, or None."""
+        for name in self.settings:
+            value = kwargs.get(name)
+            if value is not None and value != getattr(self.config, name, None):
+                # Items are keyed by content only, so states encoded under other settings must not be reused.
+                return f"vision_settings:{name}"
         return None
 
     def scope(self, items: Sequence[MediaItem]) -> list[str]:

@@ -15,6 +15,7 @@ class LlavaMedia(MediaAdapter):
     """LLaVA: `pixel_values` `[num_images, C, H, W]`, every image the same number of placeholders."""
 
     handled = frozenset({"pixel_values"})
+    settings: tuple[str, ...] = ("vision_feature_layer", "vision_feature_select_strategy")
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         token_id = config_token_id(self.config, "image_token_id", "image_token_index")

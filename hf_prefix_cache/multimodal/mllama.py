@@ -71,6 +71,9 @@ class MllamaMedia(MediaAdapter):
             set_or_drop(kwargs, name, kwargs[name][:, k:], keep)
 
     def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
+        reason = super().why_cold(tokens, kwargs)
+        if reason is not None:
+            return reason
         ratio_mask = kwargs.get("aspect_ratio_mask")
         if kwargs.get("pixel_values") is None or not isinstance(ratio_mask, torch.Tensor):
             return None  # text only: the cross-attention layers are skipped, the mask is unused
