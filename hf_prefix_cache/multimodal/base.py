@@ -118,6 +118,14 @@ class MediaAdapter:
         raise NotImplementedError
 
 
+def merge_items(*groups: Sequence[MediaItem]) -> MediaLayout | None:
+    """One layout of items laid out separately, in prompt order; None when two of them overlap."""
+    items = sorted((item for group in groups for item in group), key=lambda item: item.start)
+    if any(a.end > b.start for a, b in zip(items, items[1:], strict=False)):
+        return None
+    return MediaLayout(tuple(items))
+
+
 def one_per_run(runs: Sequence[tuple[int, int]], num_items: int) -> list[tuple[int, int]] | None:
     return list(runs) if len(runs) == num_items else None
 
