@@ -1,8 +1,8 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`mllama`); the base class and shared helpers live in `base`. A family missing here runs cold on media inputs,
-with the reason `media_inputs:<model_type>`.
+`qwen_omni`, `mllama`); the base class and shared helpers live in `base`. A family missing here
+runs cold on media inputs, with the reason `media_inputs:<model_type>`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .llava_next import LlavaNextMedia, LlavaNextVideoMedia
 from .llava_onevision import LlavaOnevisionMedia
 from .mllama import MllamaMedia
 from .qwen_audio import Qwen2AudioMedia
+from .qwen_omni import Qwen2_5OmniThinkerMedia
 from .qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
 
 __all__ = ["MEDIA_KWARGS", "MediaAdapter", "media_adapter_for"]
@@ -31,6 +32,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
     "qwen2_audio": Qwen2AudioMedia,
+    "qwen2_5_omni_thinker": Qwen2_5OmniThinkerMedia,
     "idefics3": Idefics3Media,
     "smolvlm": Idefics3Media,
     "mllama": MllamaMedia,

@@ -29,9 +29,12 @@ MEDIA_KWARGS = (
     "image_grid_thw",
     "video_grid_thw",
     "second_per_grid_ts",
+    "video_second_per_grid",
+    "use_audio_in_video",
     "input_features",
     "input_values",
     "feature_attention_mask",
+    "audio_feature_lengths",
     "pixel_attention_mask",
     "mm_encoder_outputs",
     "encoder_outputs",
@@ -143,6 +146,14 @@ class MediaAdapter:
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         """Keep only the suffix's items in `kwargs` (in place)."""
         raise NotImplementedError
+
+
+def merge_items(*groups: Sequence[MediaItem]) -> MediaLayout | None:
+    """One layout of items laid out separately, in prompt order; None when two of them overlap."""
+    items = sorted((item for group in groups for item in group), key=lambda item: item.start)
+    if any(a.end > b.start for a, b in zip(items, items[1:], strict=False)):
+        return None
+    return MediaLayout(tuple(items))
 
 
 def one_per_run(runs: Sequence[tuple[int, int]], num_items: int) -> list[tuple[int, int]] | None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ..media import MediaLayout
-from .base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from ..media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
+from .base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
 
 
 class Qwen2VLMedia(MediaAdapter):
@@ -18,6 +18,8 @@ class Qwen2VLMedia(MediaAdapter):
         {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
     )
     has_positions = True
+    #: The kwarg holding each video's seconds per temporal grid step (it spaces the video's positions).
+    _SECONDS = "second_per_grid_ts"
     _KINDS = (
         ("image", "image_token_id", "pixel_values", "image_grid_thw"),
         ("video", "video_token_id", "pixel_values_videos", "video_grid_thw"),
@@ -66,8 +68,8 @@ class Qwen2VLMedia(MediaAdapter):
             skip = int(grid[:k].prod(-1).sum()) if k else 0
             set_or_drop(kwargs, pixels_name, pixels[skip:], keep)
             set_or_drop(kwargs, grid_name, grid[k:], keep)
-            if kind == "video" and kwargs.get("second_per_grid_ts") is not None:
-                set_or_drop(kwargs, "second_per_grid_ts", kwargs["second_per_grid_ts"][k:], keep)
+            if kind == "video" and kwargs.get(self._SECONDS) is not None:
+                set_or_drop(kwargs, self._SECONDS, kwargs[self._SECONDS][k:], keep)
 
     def resume_kwargs(
         self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
@@ -105,18 +107,61 @@ class Qwen2_5VLMedia(Qwen2VLMedia):
     handled = Qwen2VLMedia.handled | {"second_per_grid_ts"}
 
     def _extra(self, kind: str, kwargs: dict[str, Any], index: int) -> tuple[Any, ...]:
-        seconds = kwargs.get("second_per_grid_ts")
+        seconds = kwargs.get(self._SECONDS)
         if kind != "video" or seconds is None:
             return ()
         return (torch.as_tensor(seconds[index], dtype=torch.float64),)
 
     def _rope_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        seconds = kwargs.get("second_per_grid_ts")
+        seconds = kwargs.get(self._SECONDS)
         return {"second_per_grid_ts": seconds} if seconds is not None else {}
 
 
 class Qwen3VLMedia(Qwen2VLMedia):
-    """Qwen3-VL images (deepstack, interleaved M-RoPE). Videos, whose frames are separate
-    placeholder runs with timestamps between them, are not served yet (they run cold)."""
+    """Qwen3-VL (deepstack, interleaved M-RoPE): images as Qwen2-VL; a video spans all its frames.
 
-    handled = frozenset({"pixel_values", "image_grid_thw", "mm_token_type_ids"})
+    The processor writes each of a video's `t` frames as its own placeholder run, with the
+    frame's timestamp text and vision end/start ids between runs. An item spans from its first
+    frame's first placeholder to its last frame's last, so no cut falls between frames; the
+    text inside that span is hashed with the item, so its symbols still key those tokens.
+    """
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
+        # Videos are laid out by `layout` (one item across several runs); the base sees images only.
+        return [entry for entry in super()._items(tokens, kwargs) if entry[0] == "image"]
+
+    def placeholder_ids(self) -> tuple[int | None, ...]:
+        return (config_token_id(self.config, "image_token_id"), config_token_id(self.config, "video_token_id"))
+
+    def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        images = super().layout(tokens, kwargs)
+        videos = self._videos(tokens, kwargs)
+        if images is None or videos is None:
+            return None
+        return merge_items(images.items, videos)
+
+    def _videos(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
+        """One item per video, from its first frame's placeholders to its last's; None on a mismatch."""
+        token_id = config_token_id(self.config, "video_token_id")
+        runs = find_runs(tokens, token_id) if token_id is not None else []
+        pixels, grid = kwargs.get("pixel_values_videos"), kwargs.get("video_grid_thw")
+        if pixels is None and grid is None:
+            return None if runs else []
+        if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor) or grid.dim() != 2:
+            return None
+        rows = grid.prod(-1).tolist()
+        if sum(rows) != pixels.shape[0]:
+            return None
+        # One placeholder run per frame: h*w/merge placeholders each.
+        frame_lens = [h * w // self._merge() for t, h, w in grid.tolist() for _ in range(t)]
+        frames = assign_spans(runs, frame_lens)
+        if frames is None:
+            return None
+        items, frame, row = [], 0, 0
+        for i, (t, _, _) in enumerate(grid.tolist()):
+            start, end = frames[frame][0], frames[frame + t - 1][1]
+            span_ids = torch.tensor(list(tokens[start:end]), dtype=torch.long)
+            digest = hash_media(pixels[row : row + rows[i]], grid[i], span_ids)
+            items.append(MediaItem("video", digest, start, end))
+            frame, row = frame + t, row + rows[i]
+        return items
