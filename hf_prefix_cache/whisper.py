@@ -70,6 +70,7 @@ _REFUSED_SETTINGS = (
 class _Request:
     """What the outer call hands its inner `generate_with_fallback`, through `past_key_values`."""
 
+    store: PrefixCache
     namespace: str
     session: Session | None
     served: bool = field(default=False)
@@ -130,7 +131,7 @@ class WhisperHook(GenerateHook):
         audio_namespace = fingerprint([namespace, "encoder_input", f"{digest:032x}"])
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
-        extra["past_key_values"] = _Request(audio_namespace, session)
+        extra["past_key_values"] = _Request(store, audio_namespace, session)
         return self._original(*bound.args, **bound.kwargs)
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -192,8 +193,8 @@ class WhisperHook(GenerateHook):
         bound = self._segment_signature.bind(*args, **kwargs)
         inner = dict(bound.arguments["kwargs"])
         request = inner.get("past_key_values")
-        if not isinstance(request, _Request):
-            return self._original_segment(*args, **kwargs)
+        if not isinstance(request, _Request) or request.store is not self._store:
+            return self._original_segment(*args, **kwargs)  # not ours (another store's hook may sit below)
         assert not request.served, "one short-form request reaches generate_with_fallback once"
         request.served = True
         bound.arguments["kwargs"] = inner

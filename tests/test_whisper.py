@@ -186,6 +186,23 @@ def test_explicit_decoder_input_ids_are_the_prompt() -> None:
         assert store.stats().hit_tokens == ids.shape[1] - 1
 
 
+def test_a_full_decoder_attention_mask_is_served_and_one_with_zeros_runs_cold() -> None:
+    """With `decoder_input_ids`, an all-ones `decoder_attention_mask` is served; a mask with a zero is `padding`."""
+    model = whisper()
+    features = audio(16)
+    ids = torch.tensor([[SOT, EN, TRANSCRIBE, NO_TIMESTAMPS, 12, 13]])
+    ones = torch.ones_like(ids)
+    holed = ones.clone()
+    holed[0, 4] = 0
+    with attached(model) as store:
+        for _ in range(2):
+            same_as_cold(model, store, features, decoder_input_ids=ids, decoder_attention_mask=ones)
+        assert store.stats().hit_tokens == ids.shape[1] - 1
+        store.reset_stats()
+        same_as_cold(model, store, features, decoder_input_ids=ids, decoder_attention_mask=holed)
+        assert store.stats().fallbacks == {"padding": 1} and store.stats().hit_tokens == 0
+
+
 def test_a_whole_answer_is_reused_as_the_next_prompt() -> None:
     """A prompt that continues a stored answer restores all of it that was fed (all but its last token)."""
     model = whisper()
@@ -386,3 +403,16 @@ def test_detach_restores_both_generate_methods() -> None:
     assert "generate_with_fallback" in model.__dict__
     store.detach()
     assert "generate" not in model.__dict__ and "generate_with_fallback" not in model.__dict__
+
+
+def test_two_stores_on_one_model_each_serve_their_own_requests() -> None:
+    """Stacked hooks of two stores pass each other's requests through: each store holds only what went through it."""
+    model = whisper()
+    with attached(model) as first, attached(model, max_encoder_bytes=0) as second:
+        same_as_cold(model, first, audio(30), language="en")
+        same_as_cold(model, second, audio(31), language="en")
+        same_as_cold(model, first, audio(30), language="en")
+        same_as_cold(model, second, audio(30), language="en")
+        assert first.stats().hit_tokens == 3 and first.stats().entries == 1
+        assert second.stats().hit_tokens == 0 and second.stats().entries == 2
+        assert first.stats().encoder_entries == 1 and second.stats().encoder_entries == 0
