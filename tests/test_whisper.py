@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -265,6 +266,21 @@ def test_sessions_keep_serving() -> None:
         assert store.stats().hit_tokens == 3
         assert torch.equal(out.sequences, transcribe(model, audio(10), language="en").sequences)
         session.close()
+
+
+def test_decoder_states_saved_to_disk_are_found_by_a_new_store(tmp_path: Path) -> None:
+    """A new store on the same disk folder restores the clip's decoder prefix; encoder outputs are not persisted."""
+    model = whisper()
+    with attached(model, disk_dir=tmp_path, save_on_exit=False) as store:
+        transcribe(model, audio(17), past_key_values=store, language="en")
+        assert store.save() > 0
+    with attached(model, disk_dir=tmp_path, save_on_exit=False) as store:
+        assert served(store, model, audio(17), language="en") == 1
+        assert store.stats().hit_tokens == 3 and store.stats().reloads == 1
+        store.reset_stats()
+        assert served(store, model, audio(18), language="en") == 1
+        assert store.stats().hit_tokens == 0
+        store.check_integrity()
 
 
 # ------------------------------------------------------------------------------- encoder outputs
