@@ -21,6 +21,8 @@ from .multimodal import MediaAdapter, media_adapter_for
 _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba"})
 # Recurrence kept in module attributes rather than in the Cache object.
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+# Encoder-decoder families served keyed by their encoder input (`whisper.py`), by model_type.
+_ENCODER_FAMILIES = {"whisper": "WhisperForConditionalGeneration"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,8 @@ class ModelProfile:
 
     `item_layers` are the cross-attention layers (Mllama), which hold keys/values of media
     items rather than of tokens; the store keeps them per item (see `segments.Segment.items`).
+    `encoder_family` names an encoder-decoder family served keyed by its encoder input
+    (``"whisper"``); None for decoder-only models.
     """
 
     cache_kwarg: str
@@ -42,6 +46,7 @@ class ModelProfile:
     unsupported: str | None
     media: MediaAdapter | None = None
     item_layers: tuple[int, ...] = ()
+    encoder_family: str | None = None
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -59,7 +64,8 @@ def profile_model(model: Any) -> ModelProfile:
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
     media = media_adapter_for(model)
-    unsupported = _unsupported_reason(model, config, model_type, media)
+    encoder_family = _encoder_family(model, config)
+    unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
     adapters: list[LayerAdapter] = []
     specs: list[tuple[type, dict[str, Any]]] = []
     if unsupported is None:
@@ -96,11 +102,21 @@ def profile_model(model: Any) -> ModelProfile:
         unsupported=unsupported,
         media=media,
         item_layers=item_layers,
+        encoder_family=encoder_family,
     )
 
 
-def _unsupported_reason(model: Any, config: Any, model_type: str | None, media: MediaAdapter | None) -> str | None:
-    if getattr(config, "is_encoder_decoder", False):
+def _encoder_family(model: Any, config: Any) -> str | None:
+    family = getattr(config, "model_type", None)
+    if not getattr(config, "is_encoder_decoder", False) or family not in _ENCODER_FAMILIES:
+        return None
+    return family if type(model).__name__ == _ENCODER_FAMILIES[family] else None
+
+
+def _unsupported_reason(
+    model: Any, config: Any, model_type: str | None, media: MediaAdapter | None, encoder_family: str | None
+) -> str | None:
+    if getattr(config, "is_encoder_decoder", False) and encoder_family is None:
         return "encoder_decoder"
     if model_type in _MODULE_STATE_MODEL_TYPES:
         return "module_state"

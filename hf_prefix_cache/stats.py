@@ -15,6 +15,11 @@ class CacheStats:
     `evictions` counts nodes dropped from the store, `offloads` moves to a slower tier,
     `reloads` entries brought back to the device for a hit, `expired` entries dropped by the
     ttl, `skipped_files` disk files found unusable.
+
+    Encoder-decoder models keyed by their encoder input (Whisper) also keep encoder outputs,
+    apart from the tree and its tiers: `encoder_entries` of them, `encoder_nbytes` bytes (not
+    in `nbytes`) within `max_encoder_bytes`; `encoder_hits` counts requests that skipped the
+    encoder.
     """
 
     requests: int = 0
@@ -39,6 +44,10 @@ class CacheStats:
     expired: int = 0
     skipped_files: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
+    encoder_entries: int = 0
+    encoder_nbytes: int = 0
+    max_encoder_bytes: int = 0
+    encoder_hits: int = 0
 
     @property
     def hit_rate(self) -> float:

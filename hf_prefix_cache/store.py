@@ -26,6 +26,7 @@ import torch
 from ._compat import check_transformers
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
+from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
 from .placement import Placement
@@ -230,6 +231,9 @@ class PrefixCache:
         salt: isolates tenants: stores entries under a namespace no other salt shares.
         save_on_exit: with `disk_dir`, move what is in memory to disk when the process exits.
         attach: wrap `model.generate` (default). With False use `lookup`/`insert` yourself.
+        max_encoder_bytes: encoder-decoder models served keyed by their encoder input
+            (Whisper): budget for stored encoder outputs, on the model's device and apart from
+            `max_bytes` (default: an eighth of the device budget; 0 stores none).
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -260,6 +264,7 @@ class PrefixCache:
         salt: str | None = None,
         save_on_exit: bool = True,
         attach: bool = True,
+        max_encoder_bytes: int | str | None = None,
     ) -> None:
         check_transformers()
         if snapshot_interval is not None and snapshot_interval < 1:
@@ -313,6 +318,10 @@ class PrefixCache:
         self._pressure = PressureMonitor()
         self._next_expiry = 0.0
         self._hook: GenerateHook | None = None
+        encoder_budget = self.max_bytes // 8 if self.profile.encoder_family is not None else 0
+        self.encoder_outputs = EncoderOutputs(
+            parse_nbytes(max_encoder_bytes) if max_encoder_bytes is not None else encoder_budget
+        )
         if self.profile.unsupported is not None:
             logger.warning(
                 "%s cannot reuse cached prefixes (%s); generate() through this store runs cold",
@@ -323,8 +332,10 @@ class PrefixCache:
             atexit.register(_save_at_exit, weakref.ref(self))
         if attach:
             from .hook import GenerateHook
+            from .whisper import WhisperHook
 
-            self._hook = GenerateHook(self, model)
+            hook_class = WhisperHook if self.profile.encoder_family == "whisper" else GenerateHook
+            self._hook = hook_class(self, model)
 
     # ------------------------------------------------------------------ public
     @property
@@ -373,17 +384,23 @@ class PrefixCache:
                 expired=c.expired,
                 skipped_files=p.skipped_files,
                 fallbacks=dict(c.fallbacks),
+                encoder_entries=self.encoder_outputs.num_entries,
+                encoder_nbytes=self.encoder_outputs.nbytes,
+                max_encoder_bytes=self.encoder_outputs.max_bytes,
+                encoder_hits=self.encoder_outputs.hits,
             )
 
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
         with self._lock:
             self._counters = _Counters()
+            self.encoder_outputs.hits = 0
             p = self._placement.counters
             p.evictions = p.evicted_bytes = p.offloads = p.reloads = p.skipped_files = 0
 
     def clear(self) -> None:
-        """Drop every stored entry, on every tier (disk files included), and every pin and session."""
+        """Drop every stored entry, on every tier (disk files included), stored encoder outputs, pins and sessions."""
+        self.encoder_outputs.clear()
         with self._lock:
             for session in list(self._sessions.values()):
                 session._release()
@@ -458,6 +475,8 @@ class PrefixCache:
         tokens = _as_token_list(token_ids)
         if not tokens:
             raise ValueError("pin() needs at least one token id")
+        if self.profile.encoder_family is not None:
+            raise ValueError("cannot pin on an encoder-decoder model: its prefixes are keyed by the encoder input too")
         namespace = self.namespace()
         with self._lock:
             self._placement.index_disk(namespace)
@@ -984,8 +1003,13 @@ def _item_states(
 
 
 def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
-    """`lookup`/`insert` key token ids only: refuse what only `generate` keys exactly (media, M-RoPE, prefix-LM)."""
+    """`lookup`/`insert` key token ids only: refuse what only `generate` keys exactly.
+
+    That is media, M-RoPE, prefix-LM, and encoder-decoder models (keyed by their encoder input).
+    """
     problem = profile.media.manual_problem(tokens) if profile.media is not None else None
+    if profile.encoder_family is not None:
+        problem = "encoder-decoder"
     if problem is not None:
         raise ValueError(
             f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "

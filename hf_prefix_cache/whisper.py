@@ -1,0 +1,254 @@
+"""WhisperHook: Whisper short-form generation keyed by the audio, with its encoder output reused.
+
+`WhisperForConditionalGeneration.generate` builds the decoder prompt itself (start, language,
+task and no-timestamps tokens, after any `prompt_ids`) and only then calls
+`GenerationMixin.generate` from `generate_with_fallback`. So the hook acts at two levels:
+
+1. Around `generate`: checks the call is one short-form clip it can serve (otherwise the
+   original runs cold with a named reason), hashes the encoder input (`input_features`, and
+   `attention_mask` if given) with `media.hash_media`, takes the encoder output stored for
+   that hash or runs the encoder once and stores it (`encoder_decoder.EncoderOutputs`), and
+   calls the original with `encoder_outputs` in place of `input_features` (the same tensor
+   transformers would compute; language detection uses it too). `past_key_values` carries a
+   `_Request` down to the inner call.
+2. Around `generate_with_fallback`, where the decoder ids are known: matches them in a tree
+   namespace extended by the audio hash (another audio never shares decoder states, since
+   every decoder position attends to the audio), restores the matched decoder self-attention
+   prefix into an `EncoderDecoderCache` whose cross-attention part starts empty (transformers
+   fills it from this request's encoder output on the first step), and stores the finished
+   decoder sequence.
+
+Both patches are instance attributes, removed by `detach`. Knows nothing about the tree.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutput
+
+from .hook import GenerateHook
+from .keys import fingerprint
+from .media import hash_media
+from .session import Session
+
+if TYPE_CHECKING:
+    from .store import PrefixCache
+
+logger = logging.getLogger("hf_prefix_cache")
+
+# Generate arguments the hook does not serve, each with the fallback reason it counts.
+_REFUSED_ARGUMENTS = (
+    ("encoder_outputs", "encoder_outputs"),
+    ("inputs_embeds", "inputs_embeds"),
+    ("decoder_inputs_embeds", "inputs_embeds"),
+    ("decoder_position_ids", "explicit_position_ids"),
+    ("position_ids", "explicit_position_ids"),
+    ("assistant_model", "assisted_decoding"),
+    ("custom_generate", "custom_generate"),
+)
+# Settings (argument, passed config or model config) that make reuse inexact, each with its reason.
+_REFUSED_SETTINGS = (
+    ("return_timestamps", "return_timestamps"),  # may loop over several windows of one clip
+    ("return_token_timestamps", "return_token_timestamps"),
+    ("output_attentions", "output_attentions"),  # would include the encoder's, which a hit skips
+    ("output_hidden_states", "output_hidden_states"),
+    ("no_speech_threshold", "no_speech_threshold"),  # its detector reruns the model on input_features
+    ("prompt_lookup_num_tokens", "assisted_decoding"),
+    ("assistant_early_exit", "assisted_decoding"),
+)
+
+
+@dataclass(slots=True)
+class _Request:
+    """What the outer call hands its inner `generate_with_fallback`, through `past_key_values`."""
+
+    store: PrefixCache
+    namespace: str
+    session: Session | None
+    served: bool = field(default=False)
+
+
+class WhisperHook(GenerateHook):
+    """Serves `WhisperForConditionalGeneration.generate(input_features, past_key_values=store)`."""
+
+    def __init__(self, store: PrefixCache, model: Any) -> None:
+        super().__init__(store, model)
+        self._original_segment = model.generate_with_fallback
+        self._segment_signature = inspect.signature(self._original_segment)
+
+        @functools.wraps(self._original_segment)
+        def generate_with_fallback(*args: Any, **kwargs: Any) -> Any:
+            return self._serve_segment(*args, **kwargs)
+
+        model.generate_with_fallback = generate_with_fallback
+        self._segment_wrapper = generate_with_fallback
+        encoder = model.get_encoder()
+        # Whisper pads every clip to this many mel frames; longer input is long-form.
+        self._num_frames = int(encoder.conv1.stride[0] * encoder.conv2.stride[0] * model.config.max_source_positions)
+
+    def detach(self) -> None:
+        super().detach()
+        if self._model.__dict__.get("generate_with_fallback") is self._segment_wrapper:
+            del self._model.generate_with_fallback
+
+    # ----------------------------------------------------------------- outer call
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        store = self._store
+        given = kwargs.get("past_key_values")
+        session = None
+        if isinstance(given, Session):
+            session, given = given, given.store
+            if session.closed:
+                raise ValueError(f"session {session.name!r} is closed; open a new one with store.session(name)")
+        if given is not store:
+            return super().__call__(*args, **kwargs)  # not ours: passes through, or raises for another store
+        kwargs.pop("past_key_values")
+        bound = self._signature.bind_partial(*args, **kwargs)
+        extra = bound.arguments.setdefault("kwargs", {})
+        call = {**extra, **{k: v for k, v in bound.arguments.items() if k != "kwargs"}}
+        features, mask = call.get("input_features"), call.get("attention_mask")
+        reason = self._why_cold_whisper(features, call)
+        if reason is not None:
+            store.count_fallback(reason, 0)
+            return self._original(*args, **kwargs)
+        assert isinstance(features, torch.Tensor)
+        digest = hash_media(features) if mask is None else hash_media(features, mask)
+        namespace = store.namespace()
+        hidden = store.encoder_outputs.get(namespace, digest)
+        if hidden is None:
+            hidden = self._encode(features, mask)
+            if not store.encoder_outputs.put(namespace, digest, hidden):
+                logger.info("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
+        # The decoder attends to the audio at every position: its states are only shared for the same audio.
+        audio_namespace = fingerprint([namespace, "encoder_input", f"{digest:032x}"])
+        bound.arguments["input_features"] = None
+        extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
+        extra["past_key_values"] = _Request(store, audio_namespace, session)
+        return self._original(*bound.args, **bound.kwargs)
+
+    def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The encoder output `generate` would compute: the clip zero-padded to the window, as Whisper pads it."""
+        if features.shape[-1] < self._num_frames:
+            features = F.pad(features, (0, self._num_frames - features.shape[-1]))
+        with torch.no_grad():
+            out = self._model.get_encoder()(input_features=features, attention_mask=mask, return_dict=True)
+        hidden: torch.Tensor = out.last_hidden_state
+        return hidden
+
+    def _why_cold_whisper(self, features: Any, call: dict[str, Any]) -> str | None:
+        """Name the reason this call cannot reuse safely, or None."""
+        store = self._store
+        if store.profile.unsupported is not None:
+            return store.profile.unsupported
+        for name, reason in _REFUSED_ARGUMENTS:
+            if call.get(name) is not None:
+                return reason
+        if not isinstance(features, torch.Tensor) or features.dim() != 3 or not features.is_floating_point():
+            return "no_input_features"
+        if features.shape[0] != 1:
+            return "batch_size"
+        if features.shape[-1] > self._num_frames:
+            return "long_form"
+        if features.shape[-1] < self._num_frames:
+            # Whisper reports segment times and progress from the unpadded frame count, a hit's encoder output has none.
+            for name in ("return_segments", "monitor_progress"):
+                if call.get(name):
+                    return name
+        mask = call.get("attention_mask")
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            return "unhashable_media"
+        setting = _Settings(self._model, call)
+        for name, reason in _REFUSED_SETTINGS:
+            if setting(name):
+                return reason
+        temperature = call.get("temperature")
+        if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
+            return "temperature_fallback"  # several generate calls on one request
+        if (setting("num_beams") or 1) > 1:
+            return "beam_search"
+        if (setting("num_return_sequences") or 1) > 1:
+            return "num_return_sequences"
+        if setting("use_cache") is False:
+            return "use_cache_false"
+        # transformers refuses a passed cache next to any cache_implementation but a default "hybrid", which it unsets.
+        asked = setting("cache_implementation")
+        if asked is not None and asked != "hybrid":
+            return f"cache_implementation:{asked}"
+        ids = call.get("decoder_input_ids")
+        if ids is not None and (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1):
+            return "batch_size" if isinstance(ids, torch.Tensor) and ids.dim() == 2 else "no_input_ids"
+        return None
+
+    # ----------------------------------------------------------------- inner call
+    def _serve_segment(self, *args: Any, **kwargs: Any) -> Any:
+        """`generate_with_fallback` with the decoder prefix restored from, and the result stored in, the store."""
+        bound = self._segment_signature.bind(*args, **kwargs)
+        inner = dict(bound.arguments["kwargs"])
+        request = inner.get("past_key_values")
+        if not isinstance(request, _Request) or request.store is not self._store:
+            return self._original_segment(*args, **kwargs)  # not ours (another store's hook may sit below)
+        assert not request.served, "one short-form request reaches generate_with_fallback once"
+        request.served = True
+        bound.arguments["kwargs"] = inner
+        store = self._store
+        ids: torch.Tensor = bound.arguments["decoder_input_ids"]
+        rows = ids.tolist()
+        mask = inner.get("decoder_attention_mask")
+        if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
+            inner.pop("past_key_values")
+            store.count_fallback("padding", len(rows[0]))
+            return self._original_segment(*bound.args, **bound.kwargs)
+        restored = self._restore(request.namespace, rows, rows[0], ())
+        if restored is None:
+            inner.pop("past_key_values")
+            store.count_fallback("out_of_memory", len(rows[0]))
+            return self._original_segment(*bound.args, **bound.kwargs)
+        plan, working = restored
+        # An empty cross-attention cache: the first step projects this request's encoder output into it.
+        inner["past_key_values"] = EncoderDecoderCache(working, DynamicCache())
+        # Whisper sets this itself only without an attention_mask; it makes generate feed just the uncached ids.
+        bound.arguments["generation_config"]._mask_length = ids.shape[-1]
+        try:
+            output = self._original_segment(*bound.args, **bound.kwargs)
+        finally:
+            store.release(plan)
+        store.count_request(len(rows[0]), plan.restore_len)
+        sequence = _full_sequence(output[1][0])
+        kv_len = working.kv_length()
+        if sequence is not None and kv_len is not None and sequence.shape[-1] == kv_len + 1:
+            self._store_result(request.namespace, sequence.reshape(1, -1), working, [], None, request.session)
+        else:
+            logger.warning("whisper output does not match its cache (%s vs %s); not stored", sequence, kv_len)
+        return output
+
+
+class _Settings:
+    """Reads a generation setting as Whisper will see it: the first set of argument, passed config, model config."""
+
+    def __init__(self, model: Any, call: dict[str, Any]) -> None:
+        self._call = call
+        self._configs = [c for c in (call.get("generation_config"), model.generation_config) if c is not None]
+
+    def __call__(self, name: str) -> Any:
+        value = self._call.get(name)
+        for config in self._configs:
+            if value is not None:
+                break
+            value = getattr(config, name, None)
+        return value
+
+
+def _full_sequence(segment_output: Any) -> torch.Tensor | None:
+    """The decoder ids `GenerationMixin.generate` returned for the one row (prompt included)."""
+    if isinstance(segment_output, torch.Tensor):
+        return segment_output
+    sequences = segment_output.get("sequences") if isinstance(segment_output, dict) else None
+    return sequences if isinstance(sequences, torch.Tensor) else None
