@@ -118,6 +118,9 @@ def _unsupported_reason(
 ) -> str | None:
     if getattr(config, "is_encoder_decoder", False) and encoder_family is None:
         return "encoder_decoder"
+    if getattr(model, "thinker", None) is not None:
+        # Thinker + talker (Qwen2.5-Omni): the wrapper's generate drives the thinker in its own way.
+        return "thinker_talker"
     if model_type in _MODULE_STATE_MODEL_TYPES:
         return "module_state"
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)

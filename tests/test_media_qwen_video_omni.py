@@ -436,3 +436,27 @@ def test_omni_placeholders_that_do_not_match_the_media_run_cold(name: str, ids: 
         assert store.stats().entries == 0
     finally:
         store.detach()
+
+
+def test_full_omni_model_is_refused_and_its_thinker_is_served() -> None:
+    """The thinker + talker wrapper runs cold as `thinker_talker`; a store on `model.thinker` reuses."""
+    import transformers
+
+    thinker = cached_omni()
+    config = transformers.Qwen2_5OmniConfig(thinker_config=thinker.config.to_dict(), enable_audio_output=False)
+    full = transformers.Qwen2_5OmniForConditionalGeneration(config).eval()
+    full.thinker.load_state_dict(thinker.state_dict())
+    store = PrefixCache(full)
+    try:
+        # Every request through the wrapper then runs cold under this name (the profile's reason).
+        assert store.profile.unsupported == "thinker_talker"
+    finally:
+        store.detach()
+    ids = text(20, 3)
+    served = Served(full.thinker)
+    try:
+        served.check(ids, Media())
+        served.check(ids, Media())
+        assert served.hits() == ids.shape[1] - 1
+    finally:
+        served.store.detach()
