@@ -769,7 +769,7 @@ class PrefixCache:
                 self._counters.fallbacks["entry_below_min_store_len"] += 1
             return 0
         assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
-        if not self.profile.has_state and self._touch_if_stored(namespace, tokens, session):
+        if not self.profile.has_state and not items and self._touch_if_stored(namespace, tokens, session):
             return 0  # an exact repeat: nothing new to capture
         run = cache.capture_run(length, row) if self.profile.has_kv else None
         all_snapshots = list(snapshots)
