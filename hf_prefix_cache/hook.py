@@ -141,6 +141,10 @@ class GenerateHook:
         media_symbols = symbols if layout is not None and layout.items else None
         # The cross-attention layers now hold every image; the restored ones are stored already.
         items = cache.item_states([end for _, end in item_spans], num_restored_items) if item_spans else []
+        kv_len = cache.kv_length()
+        exact_repeat = kv_len is not None and kv_len <= plan.matched_len and not store.profile.has_state
+        if exact_repeat and not (items or session):
+            return output  # an exact repeat: all of it was matched (and marked used) when acquired
         self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items)
         return output
 

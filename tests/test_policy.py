@@ -173,6 +173,11 @@ def test_exact_repeat_refreshes_the_entry_and_a_session_holds_it(llama: Any) -> 
         # The repeat made `first` the most recent entry, so pressure evicts `second`.
         generate(llama, distinct_prompt(3, 30), new=1, past_key_values=store)
         assert _cached_len(store, first) == 29 and _cached_len(store, second) == 0
+        # Without a session the repeat stores nothing at all, yet still counts as a use.
+        generate(llama, first, new=1, past_key_values=store)
+        assert store.stats().nbytes == nbytes
+        generate(llama, distinct_prompt(4, 30), new=1, past_key_values=store)
+        assert _cached_len(store, first) == 29 and _cached_len(store, distinct_prompt(3, 30)) == 0
         store.check_integrity()
     finally:
         store.detach()
