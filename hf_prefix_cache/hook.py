@@ -70,12 +70,7 @@ class GenerateHook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = self._store
         cache_kwarg = store.profile.cache_kwarg
-        given = kwargs.get("past_key_values", kwargs.get("cache_params"))
-        session = None
-        if isinstance(given, Session):
-            session, given = given, given.store
-            if session.closed:
-                raise ValueError(f"session {session.name!r} is closed; open a new one with store.session(name)")
+        session, given = unwrap_session(kwargs.get("past_key_values", kwargs.get("cache_params")))
         if given is not store:
             if isinstance(given, PrefixCache) and given.model is not self._model:
                 raise IncompatibleModelError(
@@ -369,6 +364,19 @@ class GenerateHook:
             return original(input_ids, *args, **kwargs)
 
         self._model.prepare_inputs_for_generation = prepare_inputs_for_generation
+
+
+def unwrap_session(given: Any) -> tuple[Session | None, Any]:
+    """Split a passed `Session` into itself and its store; anything else passes as it is.
+
+    Raises:
+        ValueError: the session is closed.
+    """
+    if not isinstance(given, Session):
+        return None, given
+    if given.closed:
+        raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
+    return given, given.store
 
 
 def _common_prefix_len(rows: list[list[int]]) -> int:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from .hook import GenerateHook
+from .hook import GenerateHook, unwrap_session
 from .keys import fingerprint
 from .media import hash_media
 from .session import Session
@@ -102,12 +102,7 @@ class WhisperHook(GenerateHook):
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = self._store
-        given = kwargs.get("past_key_values")
-        session = None
-        if isinstance(given, Session):
-            session, given = given, given.store
-            if session.closed:
-                raise ValueError(f"session {session.name!r} is closed; open a new one with store.session(name)")
+        session, given = unwrap_session(kwargs.get("past_key_values"))
         if given is not store:
             return super().__call__(*args, **kwargs)  # not ours: passes through, or raises for another store
         kwargs.pop("past_key_values")

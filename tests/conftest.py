@@ -78,3 +78,15 @@ __all__ = [
     "max_logit_diff",
     "random_prompt",
 ]
+
+
+class Hits:
+    """Hit tokens of a store's requests since the previous `last()` call."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.seen = store, store.stats().hit_tokens
+
+    def last(self) -> int:
+        now = self.store.stats().hit_tokens
+        hit, self.seen = now - self.seen, now
+        return hit

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_as_cold, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold, generate, max_logit_diff
 from tiny_vlms import (
     AUDIO_ID,
     BOI_ID,
@@ -152,20 +152,10 @@ def _num_patches(fam: Family, kwargs: dict[str, Any]) -> int:
     )
 
 
-class _Hits:
-    def __init__(self, store: PrefixCache) -> None:
-        self.store, self.seen = store, 0
-
-    def last(self) -> int:
-        now = self.store.stats().hit_tokens
-        hit, self.seen = now - self.seen, now
-        return hit
-
-
 def test_second_image_in_the_suffix(family: tuple[Family, PrefixCache]) -> None:
     """A prompt adding a second image after a cached first one reuses the first and encodes only the second."""
     fam, store = family
-    hits = _Hits(store)
+    hits = Hits(store)
     img1, img2 = fam.image(1), fam.image(2)
     prefix = torch.cat([text(5, 1), fam.placeholders(img1), text(6, 2)], dim=1)
     fam.check(prefix, [img1], store)
@@ -185,7 +175,7 @@ def test_second_image_in_the_suffix(family: tuple[Family, PrefixCache]) -> None:
 def test_changed_first_image_with_identical_tokens(family: tuple[Family, PrefixCache]) -> None:
     """Identical token ids with another first image reuse nothing past that image's start."""
     fam, store = family
-    hits = _Hits(store)
+    hits = Hits(store)
     img1, other, img2 = fam.image(1), fam.image(13), fam.image(2)  # seeds 1 and 13: same size, other pixels
     head = text(5, 1)
     ids = torch.cat([head, fam.placeholders(img1), text(6, 2), fam.placeholders(img2), text(3, 4)], dim=1)
@@ -200,7 +190,7 @@ def test_changed_first_image_with_identical_tokens(family: tuple[Family, PrefixC
 def test_multi_turn_chat_with_a_new_image_later(family: tuple[Family, PrefixCache]) -> None:
     """Each turn reuses the previous turn's prompt and answer; a new image in turn 2 is the only one encoded."""
     fam, store = family
-    hits = _Hits(store)
+    hits = Hits(store)
     img1, img2 = fam.image(1), fam.image(2)
     turn = torch.cat([text(4, 10), fam.placeholders(img1), text(5, 11)], dim=1)
     out = fam.check(turn, [img1], store)
@@ -218,7 +208,7 @@ def test_multi_turn_chat_with_a_new_image_later(family: tuple[Family, PrefixCach
 def test_exact_repeat(family: tuple[Family, PrefixCache]) -> None:
     """Repeating a two-image prompt reuses all but the last token and passes no media."""
     fam, store = family
-    hits = _Hits(store)
+    hits = Hits(store)
     img1, img2 = fam.image(1), fam.image(2)
     ids = torch.cat([text(3, 1), fam.placeholders(img1), text(2, 2), fam.placeholders(img2), text(4, 3)], dim=1)
     fam.check(ids, [img1, img2], store)
@@ -230,7 +220,7 @@ def test_exact_repeat(family: tuple[Family, PrefixCache]) -> None:
 def test_prompt_ending_in_an_image_never_cuts_inside_it(family: tuple[Family, PrefixCache]) -> None:
     """When the token kept for logits is a placeholder, the reuse stops at that image's start."""
     fam, store = family
-    hits = _Hits(store)
+    hits = Hits(store)
     img1, img2 = fam.image(1), fam.image(2)
     head = torch.cat([text(3, 1), fam.placeholders(img1), text(2, 2)], dim=1)
     tail = fam.placeholders(img2)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import assert_same_as_cold, generate
+from conftest import Hits, assert_same_as_cold, generate
 from tiny_vlms import (
     _SIGLIP,
     _TEXT,
@@ -113,18 +113,6 @@ def encoded(model: Any, ids: torch.Tensor, store: PrefixCache, **kwargs: Any) ->
     with Tower(model) as tower:
         generate(model, ids, NEW, past_key_values=store, **kwargs)
     return sum(tower.seen)
-
-
-class Hits:
-    """Hit tokens of the store's last request."""
-
-    def __init__(self, store: PrefixCache) -> None:
-        self.store, self.seen = store, 0
-
-    def last(self) -> int:
-        now = self.store.stats().hit_tokens
-        hit, self.seen = now - self.seen, now
-        return hit
 
 
 class OneVision:

@@ -18,34 +18,11 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
-from .base import LayerAdapter, LayerState
+from .base import LayerAdapter, LayerState, NoCacheAdapter
 from .cross import CrossAttentionAdapter
 from .full import FullAttentionAdapter
 from .recurrent import HybridAdapter, RecurrentAdapter
 from .sliding import SlidingWindowAdapter
-
-
-class NoCacheAdapter:
-    """`DummyLayer`: KV-sharing consumers and MLP-only layers hold nothing."""
-
-    has_kv = False
-    has_state = False
-
-    def prepare(self, layer: Any) -> None:
-        pass
-
-    def capture_kv(self, layer: Any) -> None:
-        return None
-
-    def restore_kv(self, layer: Any, keys: Any, values: Any, length: int) -> None:
-        raise AssertionError("dummy layers hold nothing")
-
-    def snapshot_state(self, layer: Any) -> None:
-        return None
-
-    def restore_state(self, layer: Any, state: LayerState) -> None:
-        raise AssertionError("dummy layers hold nothing")
-
 
 ADAPTERS: dict[type, LayerAdapter] = {
     DynamicLayer: FullAttentionAdapter(),

@@ -55,3 +55,25 @@ class LayerAdapter(Protocol):
     def prepare(self, layer: Any) -> None:
         """Set a fresh layer up so that a later `capture_kv` sees every position."""
         ...
+
+
+class NoCacheAdapter:
+    """`DummyLayer` (KV-sharing consumers, MLP-only layers): nothing per token, nothing to snapshot."""
+
+    has_kv = False
+    has_state = False
+
+    def prepare(self, layer: Any) -> None:
+        pass
+
+    def capture_kv(self, layer: Any) -> None:
+        return None
+
+    def restore_kv(self, layer: Any, keys: Any, values: Any, length: int) -> None:
+        raise AssertionError(f"{type(self).__name__} layers hold no per-token keys nor states")
+
+    def snapshot_state(self, layer: Any) -> None:
+        return None
+
+    def restore_state(self, layer: Any, state: LayerState) -> None:
+        raise AssertionError(f"{type(self).__name__} layers hold no per-token keys nor states")

@@ -14,27 +14,11 @@ from typing import Any
 
 import torch
 
-from .base import LayerState
+from .base import NoCacheAdapter
 
 
-class CrossAttentionAdapter:
-    has_kv = False
-    has_state = False
-
-    def prepare(self, layer: Any) -> None:
-        pass
-
-    def capture_kv(self, layer: Any) -> None:
-        return None
-
-    def restore_kv(self, layer: Any, keys: Any, values: Any, length: int) -> None:
-        raise AssertionError("cross-attention layers are restored per media item")
-
-    def snapshot_state(self, layer: Any) -> None:
-        return None
-
-    def restore_state(self, layer: Any, state: LayerState) -> None:
-        raise AssertionError("cross-attention layers have no recurrent state")
+class CrossAttentionAdapter(NoCacheAdapter):
+    """Holds nothing per token (so the store never slices it); media blocks go through the methods below."""
 
     def capture_media(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Keys and values `[B, H, num_vision_tokens, D]` of every media item seen, or None when empty."""
