@@ -21,8 +21,17 @@ from .multimodal import MediaAdapter, media_adapter_for
 _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba"})
 # Recurrence kept in module attributes rather than in the Cache object.
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
-# Encoder-decoder families served keyed by their encoder input (`whisper.py`), by model_type.
-_ENCODER_FAMILIES = {"whisper": "WhisperForConditionalGeneration"}
+# Encoder-decoder classes served keyed by their encoder input, by model_type: the family's hook module.
+_ENCODER_FAMILIES = {
+    "whisper": ("whisper", "WhisperForConditionalGeneration"),  # whisper.py
+    # seq2seq.py: `GenerationMixin.generate` as it is; each type tested against cold runs.
+    "bart": ("seq2seq", "BartForConditionalGeneration"),
+    "t5": ("seq2seq", "T5ForConditionalGeneration"),
+    "mt5": ("seq2seq", "MT5ForConditionalGeneration"),
+    "marian": ("seq2seq", "MarianMTModel"),
+    "pegasus": ("seq2seq", "PegasusForConditionalGeneration"),
+    "florence2": ("seq2seq", "Florence2ForConditionalGeneration"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +41,8 @@ class ModelProfile:
     `item_layers` are the cross-attention layers (Mllama), which hold keys/values of media
     items rather than of tokens; the store keeps them per item (see `segments.Segment.items`).
     `encoder_family` names an encoder-decoder family served keyed by its encoder input
-    (``"whisper"``); None for decoder-only models.
+    (``"whisper"``, ``"seq2seq"``); None for decoder-only models. Its `adapters` are the
+    decoder's self-attention layers.
     """
 
     cache_kwarg: str
@@ -71,6 +81,8 @@ def profile_model(model: Any) -> ModelProfile:
     if unsupported is None:
         # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
         layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        if encoder_family is not None:
+            layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
             adapter = adapter_for(cls(**kwargs)) if cls is not None else None
@@ -107,10 +119,26 @@ def profile_model(model: Any) -> ModelProfile:
 
 
 def _encoder_family(model: Any, config: Any) -> str | None:
-    family = getattr(config, "model_type", None)
-    if not getattr(config, "is_encoder_decoder", False) or family not in _ENCODER_FAMILIES:
+    served = _ENCODER_FAMILIES.get(getattr(config, "model_type", None) or "")
+    if not getattr(config, "is_encoder_decoder", False) or served is None:
         return None
-    return family if type(model).__name__ == _ENCODER_FAMILIES[family] else None
+    family, class_name = served
+    return family if type(model).__name__ == class_name else None
+
+
+def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[dict[str, Any]]) -> Any:
+    """The decoder's layer types: T5 and Florence-2's text config count the encoder's layers as `num_hidden_layers`."""
+    # The model's own config (Florence-2: its text config), not get_text_config's renamed copy of it.
+    text = getattr(config, "text_config", None) or config
+    num_layers = next(
+        (n for n in (getattr(text, a, None) for a in ("num_decoder_layers", "decoder_layers")) if isinstance(n, int)),
+        len(layer_types),
+    )
+    if num_layers == len(layer_types):
+        return layer_types, per_layer_kwargs
+    # These decoders have one kind of layer throughout; repeat it.
+    assert len(set(layer_types)) == 1, f"mixed layer types {set(layer_types)} with {num_layers} decoder layers"
+    return [layer_types[0]] * num_layers, [dict(per_layer_kwargs[0]) for _ in range(num_layers)]
 
 
 def _unsupported_reason(

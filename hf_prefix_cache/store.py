@@ -232,7 +232,7 @@ class PrefixCache:
         save_on_exit: with `disk_dir`, move what is in memory to disk when the process exits.
         attach: wrap `model.generate` (default). With False use `lookup`/`insert` yourself.
         max_encoder_bytes: encoder-decoder models served keyed by their encoder input
-            (Whisper): budget for stored encoder outputs, on the model's device and apart from
+            (Whisper, BART, T5, ...): budget for stored encoder outputs, on the model's device and apart from
             `max_bytes` (default: an eighth of the device budget; 0 stores none).
 
     Example:
@@ -332,10 +332,11 @@ class PrefixCache:
             atexit.register(_save_at_exit, weakref.ref(self))
         if attach:
             from .hook import GenerateHook
+            from .seq2seq import Seq2SeqHook
             from .whisper import WhisperHook
 
-            hook_class = WhisperHook if self.profile.encoder_family == "whisper" else GenerateHook
-            self._hook = hook_class(self, model)
+            hooks = {"whisper": WhisperHook, "seq2seq": Seq2SeqHook}
+            self._hook = hooks.get(self.profile.encoder_family or "", GenerateHook)(self, model)
 
     # ------------------------------------------------------------------ public
     @property

@@ -10,7 +10,7 @@ task and no-timestamps tokens, after any `prompt_ids`) and only then calls
    that hash or runs the encoder once and stores it (`encoder_decoder.EncoderOutputs`), and
    calls the original with `encoder_outputs` in place of `input_features` (the same tensor
    transformers would compute; language detection uses it too). `past_key_values` carries a
-   `_Request` down to the inner call.
+   `DecoderRequest` down to the inner call.
 2. Around `generate_with_fallback`, where the decoder ids are known: matches them in a tree
    namespace extended by the audio hash (another audio never shares decoder states, since
    every decoder position attends to the audio), restores the matched decoder self-attention
@@ -18,6 +18,7 @@ task and no-timestamps tokens, after any `prompt_ids`) and only then calls
    fills it from this request's encoder output on the first step), and stores the finished
    decoder sequence.
 
+The hashing namespace, encoder-output store and decoder restore are `encoder_keyed.py`'s.
 Both patches are instance attributes, removed by `detach`. Knows nothing about the tree.
 """
 
@@ -26,18 +27,15 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from .hook import GenerateHook, unwrap_session
-from .keys import fingerprint
+from .encoder_keyed import DecoderRequest, EncoderKeyedHook, encoder_namespace
+from .hook import unwrap_session
 from .media import hash_media
-from .session import Session
 
 if TYPE_CHECKING:
     from .store import PrefixCache
@@ -66,17 +64,7 @@ _REFUSED_SETTINGS = (
 )
 
 
-@dataclass(slots=True)
-class _Request:
-    """What the outer call hands its inner `generate_with_fallback`, through `past_key_values`."""
-
-    store: PrefixCache
-    namespace: str
-    session: Session | None
-    served: bool = field(default=False)
-
-
-class WhisperHook(GenerateHook):
+class WhisperHook(EncoderKeyedHook):
     """Serves `WhisperForConditionalGeneration.generate(input_features, past_key_values=store)`."""
 
     def __init__(self, store: PrefixCache, model: Any) -> None:
@@ -120,13 +108,11 @@ class WhisperHook(GenerateHook):
         hidden = store.encoder_outputs.get(namespace, digest)
         if hidden is None:
             hidden = self._encode(features, mask)
-            if not store.encoder_outputs.put(namespace, digest, hidden):
-                logger.info("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
-        # The decoder attends to the audio at every position: its states are only shared for the same audio.
-        audio_namespace = fingerprint([namespace, "encoder_input", f"{digest:032x}"])
+            self._keep_encoder_output(namespace, digest, hidden)
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
-        extra["past_key_values"] = _Request(store, audio_namespace, session)
+        # The decoder attends to the audio at every position: its states are only shared for the same audio.
+        extra["past_key_values"] = DecoderRequest(store, encoder_namespace(namespace, digest), session)
         return self._original(*bound.args, **bound.kwargs)
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -188,7 +174,7 @@ class WhisperHook(GenerateHook):
         bound = self._segment_signature.bind(*args, **kwargs)
         inner = dict(bound.arguments["kwargs"])
         request = inner.get("past_key_values")
-        if not isinstance(request, _Request) or request.store is not self._store:
+        if not isinstance(request, DecoderRequest) or request.store is not self._store:
             return self._original_segment(*args, **kwargs)  # not ours (another store's hook may sit below)
         assert not request.served, "one short-form request reaches generate_with_fallback once"
         request.served = True
@@ -201,14 +187,12 @@ class WhisperHook(GenerateHook):
             inner.pop("past_key_values")
             store.count_fallback("padding", len(rows[0]))
             return self._original_segment(*bound.args, **bound.kwargs)
-        restored = self._restore(request.namespace, rows, rows[0], ())
+        restored = self._restore_decoder(request.namespace, ids)
         if restored is None:
             inner.pop("past_key_values")
             store.count_fallback("out_of_memory", len(rows[0]))
             return self._original_segment(*bound.args, **bound.kwargs)
-        plan, working = restored
-        # An empty cross-attention cache: the first step projects this request's encoder output into it.
-        inner["past_key_values"] = EncoderDecoderCache(working, DynamicCache())
+        plan, working, inner["past_key_values"] = restored
         # Whisper sets this itself only without an attention_mask; it makes generate feed just the uncached ids.
         bound.arguments["generation_config"]._mask_length = ids.shape[-1]
         try:

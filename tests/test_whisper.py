@@ -352,43 +352,6 @@ def test_what_the_store_does_not_serve_runs_cold_with_a_reason(
         assert stats.hit_tokens == 0 and stats.entries == 0 and stats.encoder_entries == 0
 
 
-def tiny_t5() -> Any:
-    torch.manual_seed(0)
-    config = transformers.T5Config(
-        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0
-    )
-    return transformers.T5ForConditionalGeneration(config).eval()
-
-
-def tiny_bart() -> Any:
-    torch.manual_seed(0)
-    config = transformers.BartConfig(
-        vocab_size=64,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-    )
-    return transformers.BartForConditionalGeneration(config).eval()
-
-
-@pytest.mark.parametrize("build", [tiny_t5, tiny_bart], ids=["t5", "bart"])
-def test_other_encoder_decoder_models_stay_cold(build: Any) -> None:
-    """T5 and BART are not served: every request runs cold as `encoder_decoder`."""
-    model = build()
-    ids = torch.arange(3, 15)[None]
-    with attached(model) as store:
-        for _ in range(2):
-            warm = model.generate(ids, max_new_tokens=4, do_sample=False, past_key_values=store)
-            assert torch.equal(warm, model.generate(ids, max_new_tokens=4, do_sample=False))
-        assert store.stats().fallbacks == {"encoder_decoder": 2}
-        assert store.stats().hit_tokens == 0
-
-
 def test_a_subclass_of_whisper_is_not_served() -> None:
     """Only the exact Whisper class is served; a subclass may change generate and runs cold."""
 

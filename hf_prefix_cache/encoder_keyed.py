@@ -1,0 +1,82 @@
+"""EncoderKeyedHook: what the encoder-decoder hooks share (`whisper.py`, `seq2seq.py`).
+
+An encoder-decoder model's decoder attends to the encoder output at every position, so its
+self-attention states are only valid for the same encoder input. The hooks therefore:
+
+1. hash the encoder input (`media.hash_media`) and extend the model namespace by that hash
+   (`encoder_namespace`): another input never shares decoder states, only the same one does;
+2. reuse the encoder output stored for that hash (`encoder_decoder.EncoderOutputs`), passing
+   it to `generate` as `encoder_outputs` so the encoder does not run;
+3. where the decoder ids are known (inside `generate`), restore the matched decoder prefix
+   into an `EncoderDecoderCache(working cache, empty cache)`: transformers reuses a filled
+   cross-attention part whatever the encoder output (`is_updated`), so it always starts empty
+   and the first step projects this request's encoder output into it.
+
+A `DecoderRequest` carries what the outer call knows down to that inner call, through
+`past_key_values`. Knows nothing about the tree, nor about how a family builds its decoder ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from .hook import GenerateHook
+from .keys import fingerprint
+from .session import Session
+
+if TYPE_CHECKING:
+    from .cache import WorkingCache
+    from .store import Plan, PrefixCache
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+@dataclass(slots=True)
+class DecoderRequest:
+    """What an outer `generate` call hands the inner step that sees the decoder ids.
+
+    `namespace` is already extended by the encoder-input hash. The inner step sets `served`,
+    and `plan` / `working` when it restored a cache (the outer call releases and stores them).
+    """
+
+    store: PrefixCache
+    namespace: str
+    session: Session | None
+    served: bool = field(default=False)
+    plan: Plan | None = field(default=None)
+    working: WorkingCache | None = field(default=None)
+
+
+def encoder_namespace(namespace: str, digest: int) -> str:
+    """The tree namespace of decoder states computed over the encoder input hashed to `digest`."""
+    return fingerprint([namespace, "encoder_input", f"{digest:032x}"])
+
+
+class EncoderKeyedHook(GenerateHook):
+    """A `GenerateHook` for encoder-decoder models: encoder outputs by input hash, decoder prefixes restored."""
+
+    def _keep_encoder_output(self, namespace: str, digest: int, hidden: torch.Tensor) -> None:
+        """Store the encoder output of input `digest` (logged, not kept, when it alone exceeds the budget)."""
+        if not self._store.encoder_outputs.put(namespace, digest, hidden):
+            logger.info("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
+
+    def _restore_decoder(
+        self, namespace: str, decoder_ids: torch.Tensor
+    ) -> tuple[Plan, WorkingCache, EncoderDecoderCache] | None:
+        """Acquire and restore the stored prefix of the one-row `decoder_ids`; None when out of memory.
+
+        Returns the plan (release it when `generate` ends), the working self-attention cache
+        (what to store afterwards) and the `EncoderDecoderCache` to hand `generate`.
+        """
+        rows = decoder_ids.tolist()
+        restored = self._restore(namespace, rows, rows[0], ())
+        if restored is None:
+            return None
+        plan, working = restored
+        # An empty cross-attention cache: the first step projects this request's encoder output into it.
+        return plan, working, EncoderDecoderCache(working, DynamicCache())

@@ -1,0 +1,380 @@
+"""Encoder-decoder models on `GenerationMixin.generate` (BART, T5, mT5, Marian, Pegasus, Florence-2) through the store.
+
+Keyed by the encoder input: exact against cold runs (tokens, logits < 1e-4), the encoder skipped
+when its input was seen, decoder prefixes reused only under the same encoder input.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from conftest import LOGIT_TOL
+
+from hf_prefix_cache import PrefixCache
+
+VOCAB = 100
+IMAGE = 99  # Florence-2's image placeholder id
+#: Florence-2 placeholders per 32x32 image: a 4x4 grid after strides 4 and 2, plus one temporal token.
+IMAGE_TOKENS = 17
+
+
+def _bart_sizes() -> dict[str, Any]:
+    return {
+        "vocab_size": VOCAB,
+        "d_model": 32,
+        "encoder_layers": 3,  # unlike the decoder's, so a cache sized by the encoder would fail
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "max_position_embeddings": 128,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "decoder_start_token_id": 2,
+        "init_std": 0.5,  # greedy tokens that depend on the input; logits below ~10
+    }
+
+
+def _t5_sizes() -> dict[str, Any]:
+    return {
+        "vocab_size": VOCAB,
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 64,
+        "num_layers": 3,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "decoder_start_token_id": 0,
+        "initializer_factor": 1.0,
+    }
+
+
+def _florence2() -> Any:
+    return transformers.Florence2ForConditionalGeneration(
+        transformers.Florence2Config(
+            vision_config={
+                "depths": [1, 1],
+                "patch_size": [7, 3],
+                "patch_stride": [4, 2],
+                "patch_padding": [3, 1],
+                "patch_prenorm": [False, True],
+                "embed_dim": [16, 32],
+                "num_heads": [2, 4],
+                "num_groups": [2, 4],
+                "window_size": 2,
+                "drop_path_rate": 0.0,
+                "projection_dim": 32,
+                "max_temporal_embeddings": 4,
+                "max_position_embeddings": 8,
+            },
+            text_config={"model_type": "bart", **_bart_sizes()},
+            image_token_id=IMAGE,
+        )
+    )
+
+
+BUILDERS: dict[str, Callable[[], Any]] = {
+    "bart": lambda: transformers.BartForConditionalGeneration(transformers.BartConfig(**_bart_sizes())),
+    "t5": lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(**_t5_sizes())),
+    "mt5": lambda: transformers.MT5ForConditionalGeneration(transformers.MT5Config(**_t5_sizes())),
+    "marian": lambda: transformers.MarianMTModel(
+        transformers.MarianConfig(**{**_bart_sizes(), "decoder_start_token_id": 1, "decoder_vocab_size": VOCAB})
+    ),
+    "pegasus": lambda: transformers.PegasusForConditionalGeneration(transformers.PegasusConfig(**_bart_sizes())),
+    "florence2": _florence2,
+}
+TEXT_FAMILIES = ["bart", "t5", "mt5", "marian", "pegasus"]
+
+
+@functools.cache
+def tiny(name: str) -> Any:
+    """A random-weight model of family `name` (eager attention, greedy, never stopping at EOS)."""
+    torch.manual_seed(0)
+    model = BUILDERS[name]().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.forced_eos_token_id = None
+    model.generation_config.do_sample = False
+    return model
+
+
+def encoder_input(name: str, seed: int, n: int = 12) -> dict[str, torch.Tensor]:
+    """`generate` kwargs feeding the encoder: random ids (Florence-2: after an image's placeholders, with its pixels)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, IMAGE, (1, n), generator=g)
+    if name != "florence2":
+        return {"input_ids": ids}
+    ids = torch.cat([torch.zeros(1, 1, dtype=torch.long), torch.full((1, IMAGE_TOKENS), IMAGE), ids], dim=1)
+    return {"input_ids": ids, "pixel_values": torch.randn(1, 3, 32, 32, generator=g)}
+
+
+def run(model: Any, inputs: dict[str, torch.Tensor], new: int = 5, **kwargs: Any) -> Any:
+    return model.generate(
+        **inputs, max_new_tokens=new, do_sample=False, return_dict_in_generate=True, output_logits=True, **kwargs
+    )
+
+
+def same_as_cold(model: Any, store: PrefixCache, inputs: dict[str, torch.Tensor], **kwargs: Any) -> Any:
+    """Run through `store` and cold; assert equal tokens and logits within LOGIT_TOL; return the cached run."""
+    warm = run(model, inputs, past_key_values=store, **kwargs)
+    cold = run(model, inputs, **kwargs)
+    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+    assert len(cold.logits) == len(warm.logits)
+    diff = max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True))
+    assert diff < LOGIT_TOL, f"logits differ by {diff}"
+    return warm
+
+
+@contextmanager
+def encoder_calls(model: Any) -> Iterator[list[int]]:
+    """Count forwards of the (text) encoder while the block runs."""
+    calls: list[int] = []
+    handle = model.get_encoder().register_forward_hook(lambda *_: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def attached(model: Any, **options: Any) -> Iterator[PrefixCache]:
+    store = PrefixCache(model, **options)
+    try:
+        yield store
+    finally:
+        store.detach()
+
+
+def decoder_prompt(model: Any, *tail: int) -> torch.Tensor:
+    """Decoder ids: the model's start token, then `tail`."""
+    return torch.tensor([[model.generation_config.decoder_start_token_id, *tail]])
+
+
+# ------------------------------------------------------------------------------------------- reuse
+
+
+@pytest.mark.parametrize("name", [*TEXT_FAMILIES, "florence2"])
+def test_an_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder(name: str) -> None:
+    """Repeating a request restores all decoder prompt tokens but the last, and the encoder does not run."""
+    model = tiny(name)
+    inputs = encoder_input(name, seed=1)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    with attached(model) as store:
+        assert store.profile.encoder_family == "seq2seq"
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert len(calls) == 2  # the stored run and the cold one
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert len(calls) == 1  # only the cold run
+        stats = store.stats()
+        assert stats.hit_tokens == prompt.shape[1] - 1
+        assert stats.encoder_hits == 1 and stats.encoder_entries == 1
+        assert stats.fallbacks == {}
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "florence2"])
+def test_the_default_decoder_prompt_reuses_the_encoder_output(name: str) -> None:
+    """Without decoder ids the prompt is the start token alone: nothing to restore, but the encoder is skipped."""
+    model = tiny(name)
+    inputs = encoder_input(name, seed=2)
+    with attached(model) as store:
+        same_as_cold(model, store, inputs)
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, inputs)
+        assert len(calls) == 1
+        assert store.stats().encoder_hits == 1 and store.stats().hit_tokens == 0
+        assert store.stats().entries == 1
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "florence2"])
+def test_another_encoder_input_with_the_same_decoder_prompt_reuses_nothing(name: str) -> None:
+    """The same decoder ids over another encoder input restore nothing and encode the new input."""
+    model = tiny(name)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    with attached(model) as store:
+        same_as_cold(model, store, encoder_input(name, seed=3), decoder_input_ids=prompt)
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, encoder_input(name, seed=4), decoder_input_ids=prompt)
+        assert len(calls) == 2
+        assert store.stats().hit_tokens == 0 and store.stats().encoder_hits == 0
+        assert store.stats().entries == 2
+
+
+def test_another_image_with_the_same_text_reuses_nothing() -> None:
+    """Florence-2: the pixels are part of the encoder input; a new image with the same ids is a miss."""
+    model = tiny("florence2")
+    inputs = encoder_input("florence2", seed=5)
+    other = {**inputs, "pixel_values": inputs["pixel_values"] + 0.5}
+    prompt = decoder_prompt(model, 7, 8)
+    with attached(model) as store:
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        same_as_cold(model, store, other, decoder_input_ids=prompt)
+        assert store.stats().hit_tokens == 0 and store.stats().encoder_hits == 0
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "florence2"])
+def test_a_decoder_prompt_continuing_a_stored_answer_reuses_it(name: str) -> None:
+    """Decoder ids extending a stored answer restore that answer (all but its last token, never fed)."""
+    model = tiny(name)
+    inputs = encoder_input(name, seed=6)
+    with attached(model) as store:
+        first = same_as_cold(model, store, inputs, decoder_input_ids=decoder_prompt(model, 7))
+        answer = first.sequences  # start, 7, then 5 generated tokens
+        same_as_cold(model, store, inputs, decoder_input_ids=torch.cat([answer, torch.tensor([[11, 12]])], dim=1))
+        assert store.stats().hit_tokens == answer.shape[1] - 1
+
+
+def test_decoder_ids_without_the_start_token_get_it_as_generate_prepends_it() -> None:
+    """Decoder ids lacking the start token are keyed as generate feeds them: with the start token first."""
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=7)
+    with attached(model) as store:
+        same_as_cold(model, store, inputs, decoder_input_ids=torch.tensor([[7, 8, 9]]))
+        same_as_cold(model, store, inputs, decoder_input_ids=decoder_prompt(model, 7, 8, 9))
+        assert store.stats().hit_tokens == 3
+
+
+def test_a_padded_encoder_mask_is_part_of_the_key_and_served() -> None:
+    """An encoder attention mask with zeros is hashed with the ids: the same mask is served exactly, another misses."""
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=8)
+    padded = torch.ones_like(inputs["input_ids"])
+    padded[:, -3:] = 0
+    prompt = decoder_prompt(model, 7, 8)
+    with attached(model) as store:
+        same_as_cold(model, store, {**inputs, "attention_mask": padded}, decoder_input_ids=prompt)
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, {**inputs, "attention_mask": padded}, decoder_input_ids=prompt)
+        assert len(calls) == 1 and store.stats().hit_tokens == 2
+        same_as_cold(model, store, {**inputs, "attention_mask": torch.ones_like(padded)}, decoder_input_ids=prompt)
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)  # no mask: another key again
+        assert store.stats().hit_tokens == 2 and store.stats().encoder_entries == 3
+
+
+def test_a_full_decoder_attention_mask_is_served_and_one_with_zeros_runs_cold() -> None:
+    """A decoder mask of ones is what the hook passes anyway; one with zeros runs cold as `padding`."""
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=9)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    with attached(model) as store:
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt, decoder_attention_mask=torch.ones_like(prompt))
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt, decoder_attention_mask=torch.ones_like(prompt))
+        assert store.stats().hit_tokens == 3
+        holes = torch.tensor([[1, 0, 1, 1]])
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt, decoder_attention_mask=holes)
+        assert store.stats().fallbacks == {"padding": 1}
+
+
+def test_sessions_keep_serving() -> None:
+    """A session's turns are stored and reused like plain requests."""
+    model = tiny("t5")
+    inputs = encoder_input("t5", seed=10)
+    with attached(model) as store:
+        session = store.session("chat")
+        prompt = decoder_prompt(model, 7)
+        for _ in range(3):
+            out = run(model, inputs, decoder_input_ids=prompt, past_key_values=session)
+            cold = run(model, inputs, decoder_input_ids=prompt)
+            assert torch.equal(out.sequences, cold.sequences)
+            assert max((a - b).abs().max().item() for a, b in zip(cold.logits, out.logits, strict=True)) < LOGIT_TOL
+            prompt = torch.cat([out.sequences, torch.tensor([[11]])], dim=1)  # the next turn continues the answer
+        # Turns 2 and 3 restore the previous turn's whole sequence but its last token.
+        assert store.stats().hit_tokens == (1 + 5) + (1 + 5 + 1 + 5)
+
+
+# ------------------------------------------------------------------------------------------ fallbacks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"num_beams": 2}, "beam_search"),
+        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
+        ({"use_cache": False}, "use_cache_false"),
+        ({"output_attentions": True}, "output_attentions"),
+        ({"cache_implementation": "static"}, "cache_implementation:static"),
+        ({"head_mask": None, "labels": torch.tensor([[5, 6, 7]])}, "encoder_kwarg:labels"),  # None counts as absent
+    ],
+    ids=["beams", "num-return-sequences", "no-cache", "attentions", "static-cache", "unknown-kwarg"],
+)
+def test_what_the_store_does_not_serve_runs_cold_with_a_reason(kwargs: dict[str, Any], reason: str) -> None:
+    """Beams, several sequences, no cache, attentions, another cache class and unknown model kwargs run cold."""
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=11)
+    with attached(model) as store:
+        for _ in range(2):
+            try:
+                warm = model.generate(**inputs, max_new_tokens=3, past_key_values=store, **kwargs)
+            except (TypeError, ValueError) as err:  # the model refuses the kwarg itself, as it does cold
+                with pytest.raises(type(err)):
+                    model.generate(**inputs, max_new_tokens=3, **kwargs)
+                continue
+            if not kwargs.get("do_sample"):
+                cold = model.generate(**inputs, max_new_tokens=3, **kwargs)
+                got = warm if isinstance(warm, torch.Tensor) else warm.sequences
+                assert torch.equal(got, cold if isinstance(cold, torch.Tensor) else cold.sequences)
+        stats = store.stats()
+        assert stats.fallbacks == {reason: 2}
+        assert stats.entries == 0 and stats.encoder_entries == 0
+
+
+def test_a_batch_runs_cold() -> None:
+    """Two rows of encoder input run cold as `batch_size`."""
+    model = tiny("bart")
+    ids = torch.cat([encoder_input("bart", seed=12)["input_ids"], encoder_input("bart", seed=13)["input_ids"]])
+    with attached(model) as store:
+        warm = run(model, {"input_ids": ids}, past_key_values=store)
+        assert torch.equal(warm.sequences, run(model, {"input_ids": ids}).sequences)
+        assert store.stats().fallbacks == {"batch_size": 1}
+
+
+def test_other_encoder_decoder_models_stay_cold() -> None:
+    """An encoder-decoder type outside the tested list (mBART) runs cold as `encoder_decoder`."""
+    torch.manual_seed(0)
+    model = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**_bart_sizes())).eval()
+    ids = encoder_input("bart", seed=14)["input_ids"]
+    with attached(model) as store:
+        for _ in range(2):
+            warm = model.generate(ids, max_new_tokens=4, do_sample=False, past_key_values=store)
+            assert torch.equal(warm, model.generate(ids, max_new_tokens=4, do_sample=False))
+        assert store.stats().fallbacks == {"encoder_decoder": 2}
+
+
+def test_a_subclass_is_not_served() -> None:
+    """Only the listed classes are served; a subclass may change generate and runs cold."""
+
+    class CustomBart(transformers.BartForConditionalGeneration):  # type: ignore[misc]
+        pass
+
+    model = CustomBart(tiny("bart").config).eval()
+    with attached(model) as store:
+        assert store.profile.unsupported == "encoder_decoder"
+
+
+def test_detach_restores_generate_and_the_decoder_ids_step() -> None:
+    """Detaching removes both instance patches."""
+    model = tiny("bart")
+    store = PrefixCache(model)
+    assert "_prepare_decoder_input_ids_for_generation" in model.__dict__
+    store.detach()
+    assert "generate" not in model.__dict__
+    assert "_prepare_decoder_input_ids_for_generation" not in model.__dict__
+
+
+def test_low_level_api_refuses_seq2seq() -> None:
+    """`lookup`/`insert`/`pin` key token ids only, not the encoder input: they raise."""
+    with attached(tiny("bart")) as store:
+        with pytest.raises(ValueError, match="encoder-decoder"):
+            store.pin([2, 7, 8])
+        with pytest.raises(ValueError, match="encoder-decoder"):
+            store.lookup([2, 7, 8])
