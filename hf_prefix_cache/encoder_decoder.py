@@ -1,7 +1,7 @@
 """EncoderOutputs: a byte-bounded store of encoder outputs, keyed by model namespace and input hash.
 
-For encoder-decoder models (Whisper) the encoder is most of the work of a short answer. A
-request whose encoder input (its content hash, `media.hash_media`) was seen before under the
+For encoder-decoder models (Whisper, BART, T5, Florence-2, ...) the encoder is most of the
+work of a short answer. A request whose encoder input (its content hash, `media.hash_media`) was seen before under the
 same model namespace (weights, dtype, adapters, salt) gets the stored output and skips the
 encoder; any other input, or another namespace, finds nothing. Outputs are held by reference
 (the encoder made them; nothing writes into them) on the device they were computed on, and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,13 +137,19 @@ def same_as_cold(model: Any, store: PrefixCache, inputs: dict[str, torch.Tensor]
 
 @contextmanager
 def encoder_calls(model: Any) -> Iterator[list[int]]:
-    """Count forwards of the (text) encoder while the block runs."""
+    """Count forwards of the (text) encoder while the block runs; Florence-2's vision tower must run with it."""
     calls: list[int] = []
-    handle = model.get_encoder().register_forward_hook(lambda *_: calls.append(1))
+    vision: list[int] = []
+    handles = [model.get_encoder().register_forward_hook(lambda *_: calls.append(1))]
+    tower = getattr(getattr(model, "model", None), "vision_tower", None)
+    if tower is not None:
+        handles.append(tower.register_forward_hook(lambda *_: vision.append(1)))
     try:
         yield calls
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+    assert tower is None or len(vision) == len(calls), f"vision tower ran {len(vision)}x, text encoder {len(calls)}x"
 
 
 @contextmanager
@@ -290,6 +297,24 @@ def test_sessions_keep_serving() -> None:
             prompt = torch.cat([out.sequences, torch.tensor([[11]])], dim=1)  # the next turn continues the answer
         # Turns 2 and 3 restore the previous turn's whole sequence but its last token.
         assert store.stats().hit_tokens == (1 + 5) + (1 + 5 + 1 + 5)
+
+
+def test_decoder_states_saved_to_disk_are_found_by_a_new_store(tmp_path: Path) -> None:
+    """A new store on the same disk folder restores the decoder prefix of the same input; encoder outputs are not saved."""
+    model = tiny("t5")
+    inputs = encoder_input("t5", seed=15)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    with attached(model, disk_dir=tmp_path, save_on_exit=False) as store:
+        run(model, inputs, decoder_input_ids=prompt, past_key_values=store)
+        assert store.save() > 0
+    with attached(model, disk_dir=tmp_path, save_on_exit=False) as store:
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert len(calls) == 2  # the encoder output was not saved: it runs again
+        assert store.stats().hit_tokens == 3 and store.stats().reloads == 1
+        same_as_cold(model, store, encoder_input("t5", seed=16), decoder_input_ids=prompt)
+        assert store.stats().hit_tokens == 3
+        store.check_integrity()
 
 
 # ------------------------------------------------------------------------------------------ fallbacks
