@@ -386,6 +386,20 @@ def test_a_subclass_is_not_served() -> None:
         assert store.profile.unsupported == "encoder_decoder"
 
 
+def test_two_stores_on_one_model_each_serve_their_own_requests() -> None:
+    """Stacked hooks: each store restores and stores only the requests passed to it."""
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=17)
+    prompt = decoder_prompt(model, 7, 8)
+    with attached(model) as first, attached(model) as second:
+        same_as_cold(model, first, inputs, decoder_input_ids=prompt)
+        same_as_cold(model, second, inputs, decoder_input_ids=prompt)
+        assert first.stats().hit_tokens == 0 and second.stats().hit_tokens == 0
+        same_as_cold(model, first, inputs, decoder_input_ids=prompt)
+        assert first.stats().hit_tokens == 2 and second.stats().hit_tokens == 0
+        assert first.stats().entries == 1 and second.stats().entries == 1
+
+
 def test_detach_restores_generate_and_the_decoder_ids_step() -> None:
     """Detaching removes both instance patches."""
     model = tiny("bart")
