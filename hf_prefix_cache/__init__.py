@@ -11,6 +11,7 @@ from ._compat import check_transformers
 
 check_transformers()
 
+from .budgets import parse_nbytes  # noqa: E402
 from .cache import WorkingCache  # noqa: E402
 from .errors import (  # noqa: E402
     IncompatibleModelError,
@@ -23,7 +24,7 @@ from .pressure import PressureEvent  # noqa: E402
 from .radix import RadixTree  # noqa: E402
 from .session import Session  # noqa: E402
 from .stats import CacheStats  # noqa: E402
-from .store import Lookup, PrefixCache, parse_nbytes  # noqa: E402
+from .store import Lookup, PrefixCache  # noqa: E402
 
 __all__ = [
     "CacheStats",

@@ -194,3 +194,34 @@ def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Ten
         keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
         values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
     return keys, values
+
+
+def best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapshot | None]:
+    """The longest snapshot at or below `limit` among consecutive `segments` from position 0."""
+    best: Snapshot | None = None
+    for seg in segments:
+        if seg.start >= limit:
+            break
+        for length, snap in seg.snapshots.items():
+            if length <= limit and (best is None or length > best.length):
+                best = snap
+    return (best.length, best) if best is not None else (0, None)
+
+
+def item_states(
+    segments: Sequence[Segment], spans: Sequence[tuple[int, int]], limit: int
+) -> tuple[int, list[Snapshot]]:
+    """The stored states of the items whose spans end at or below `limit`, in order.
+
+    Returns the limit lowered to the start of the first such item without a stored state, and
+    the states before it.
+    """
+    found: list[Snapshot] = []
+    for start, end in spans:
+        if end > limit:
+            break
+        state = next((seg.items[end] for seg in segments if seg.start < end <= seg.end and end in seg.items), None)
+        if state is None:
+            return start, found
+        found.append(state)
+    return limit, found

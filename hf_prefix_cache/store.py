@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
 import threading
 import time
 import weakref
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._compat import check_transformers
+from .budgets import DEFAULT_DISK_BYTES, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .encoder_decoder import EncoderOutputs
@@ -34,7 +34,7 @@ from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
-from .segments import Run, Segment, Snapshot, join_kv, kv_pieces
+from .segments import Run, Segment, Snapshot, best_snapshot, item_states, join_kv, kv_pieces
 from .session import Session
 from .stats import CacheStats
 from .tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover, snapshot_to_host
@@ -45,73 +45,6 @@ if TYPE_CHECKING:
     from .hook import GenerateHook
 
 logger = logging.getLogger("hf_prefix_cache")
-
-_GiB = 1 << 30
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
-
-
-def parse_nbytes(size: int | str) -> int:
-    """`4096`, `"512MB"`, `"1.5 GiB"` -> bytes.
-
-    Raises:
-        ValueError: for a negative size or an unknown unit.
-    """
-    if isinstance(size, bool):
-        raise TypeError("a byte size must be an int or a string like '4GB', not a bool")
-    if isinstance(size, int):
-        value = size
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"cannot read {size!r} as a byte size; write e.g. 4096, '512MB' or '4GiB'")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value < 0:
-        raise ValueError(f"a byte size cannot be negative, got {size!r}")
-    return value
-
-
-def _ram_bytes() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 16 * _GiB
-
-
-def _on_cuda(model: Any) -> bool:
-    device = getattr(model, "device", torch.device("cpu"))
-    return bool(device.type == "cuda" and torch.cuda.is_available())
-
-
-def default_max_bytes(model: Any) -> int:
-    """Device budget: 30% of free GPU memory for a CUDA model; otherwise a quarter of RAM, at most 8 GiB."""
-    if _on_cuda(model):
-        free, _ = torch.cuda.mem_get_info(model.device)
-        return int(free * 0.3)
-    return min(_ram_bytes() // 4, 8 * _GiB)
-
-
-def default_host_bytes(model: Any) -> int:
-    """Host budget: a quarter of RAM up to 16 GiB for a CUDA model; 0 for a CPU model (its device is the host)."""
-    return min(_ram_bytes() // 4, 16 * _GiB) if _on_cuda(model) else 0
-
-
-DEFAULT_DISK_BYTES = 20 * _GiB
-
 
 # Cache methods transformers calls; reaching one means the store was passed where a Cache was expected.
 _CACHE_API = frozenset(
@@ -296,7 +229,7 @@ class PrefixCache:
         self._weights = (self._weights_probe.version(), weights_fingerprint(model))
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
-        cuda = _on_cuda(model)
+        cuda = on_cuda(model)
         layout = Layout(
             len(self.profile.adapters), self.profile.kv_layers, self.profile.state_layers, self.profile.item_layers
         )
@@ -701,7 +634,7 @@ class PrefixCache:
                 cap = clamp_below_spans(min(match.matched_len, limit), spans)
                 restore_len, path = cap, match.path
                 if self.profile.has_state:
-                    restore_len, _ = _best_snapshot([n.value for n in path if n.value is not None], cap)
+                    restore_len, _ = best_snapshot([n.value for n in path if n.value is not None], cap)
                 if path:
                     self._tree.lock(path[-1])
                 try:
@@ -715,12 +648,12 @@ class PrefixCache:
                     raise
                 snapshot = None
                 if self.profile.has_state:
-                    found, snapshot = _best_snapshot(segments, restore_len)
+                    found, snapshot = best_snapshot(segments, restore_len)
                     assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
                 items: list[Snapshot] = []
                 if item_spans:
                     assert not self.profile.has_state, "item states are for attention-only models"
-                    restore_len, items = _item_states(segments, item_spans, restore_len)
+                    restore_len, items = item_states(segments, item_spans, restore_len)
                 pieces = kv_pieces(segments, restore_len)
                 calls = self._pressure_calls()
             break
@@ -970,37 +903,6 @@ def _save_at_exit(ref: weakref.ref[PrefixCache]) -> None:
 
 def _never_called(start: int, end: int) -> Segment:
     raise AssertionError("pin() inserts only what is already stored")
-
-
-def _best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapshot | None]:
-    """The longest snapshot at or below `limit` among consecutive `segments` from position 0."""
-    best: Snapshot | None = None
-    for seg in segments:
-        if seg.start >= limit:
-            break
-        for length, snap in seg.snapshots.items():
-            if length <= limit and (best is None or length > best.length):
-                best = snap
-    return (best.length, best) if best is not None else (0, None)
-
-
-def _item_states(
-    segments: Sequence[Segment], spans: Sequence[tuple[int, int]], limit: int
-) -> tuple[int, list[Snapshot]]:
-    """The stored states of the items whose spans end at or below `limit`, in order.
-
-    Returns the limit lowered to the start of the first such item without a stored state, and
-    the states before it.
-    """
-    found: list[Snapshot] = []
-    for start, end in spans:
-        if end > limit:
-            break
-        state = next((seg.items[end] for seg in segments if seg.start < end <= seg.end and end in seg.items), None)
-        if state is None:
-            return start, found
-        found.append(state)
-    return limit, found
 
 
 def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:

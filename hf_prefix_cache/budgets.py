@@ -1,0 +1,76 @@
+"""Byte budgets: sizes written as ints or strings ("4GB", "1.5 GiB"), and the default tier budgets."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import torch
+
+_GiB = 1 << 30
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+def parse_nbytes(size: int | str) -> int:
+    """`4096`, `"512MB"`, `"1.5 GiB"` -> bytes.
+
+    Raises:
+        ValueError: for a negative size or an unknown unit.
+    """
+    if isinstance(size, bool):
+        raise TypeError("a byte size must be an int or a string like '4GB', not a bool")
+    if isinstance(size, int):
+        value = size
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"cannot read {size!r} as a byte size; write e.g. 4096, '512MB' or '4GiB'")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value < 0:
+        raise ValueError(f"a byte size cannot be negative, got {size!r}")
+    return value
+
+
+def _ram_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * _GiB
+
+
+def on_cuda(model: Any) -> bool:
+    """Whether `model` runs on a CUDA device that is available."""
+    device = getattr(model, "device", torch.device("cpu"))
+    return bool(device.type == "cuda" and torch.cuda.is_available())
+
+
+def default_max_bytes(model: Any) -> int:
+    """Device budget: 30% of free GPU memory for a CUDA model; otherwise a quarter of RAM, at most 8 GiB."""
+    if on_cuda(model):
+        free, _ = torch.cuda.mem_get_info(model.device)
+        return int(free * 0.3)
+    return min(_ram_bytes() // 4, 8 * _GiB)
+
+
+def default_host_bytes(model: Any) -> int:
+    """Host budget: a quarter of RAM up to 16 GiB for a CUDA model; 0 for a CPU model (its device is the host)."""
+    return min(_ram_bytes() // 4, 16 * _GiB) if on_cuda(model) else 0
+
+
+DEFAULT_DISK_BYTES = 20 * _GiB
