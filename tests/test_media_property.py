@@ -1,0 +1,102 @@
+"""Random conversations of text and images through a tiny LLaVA: every request equals its cold
+run, and reuses exactly what a reference model of the rules predicts.
+
+The reference keys each prompt position by its token, or by (image, index in the image) for a
+placeholder; a request reuses the longest common prefix with any stored sequence (prompt plus
+answer minus its last token), capped at all but the last prompt token and moved back to the
+start of an image it would cut. Images come from a pool of three, texts from a pool of four
+tokens, so prompts share prefixes often, and the same placeholders often stand for other
+pictures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+from conftest import assert_same_as_cold
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels
+
+from hf_prefix_cache import PrefixCache
+
+NEW = 3
+PER_IMAGE = 16  # placeholders per 32x32 image on the tiny tower
+SUPPRESS = list(range(100, 128))  # answers never contain placeholder or special ids
+POOL = [llava_pixels(seed) for seed in range(3)]
+
+# A prompt piece: a few text tokens, or the index of an image in POOL.
+pieces = st.one_of(st.lists(st.integers(4, 7), min_size=1, max_size=4), st.integers(0, len(POOL) - 1))
+# A request: its new pieces, and whether it continues the previous answer (a chat turn).
+requests = st.lists(st.tuples(st.lists(pieces, min_size=1, max_size=4), st.booleans()), min_size=1, max_size=4)
+
+
+class Prompt:
+    """Token ids, the images in order, and the reference symbol of every position."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.images: list[int] = []
+        self.symbols: list[Hashable] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def add_text(self, tokens: list[int]) -> None:
+        self.ids += tokens
+        self.symbols += tokens
+
+    def add_image(self, index: int) -> None:
+        start = len(self.ids)
+        self.ids += [IMAGE_ID] * PER_IMAGE
+        self.symbols += [("image", index, i) for i in range(PER_IMAGE)]
+        self.spans.append((start, start + PER_IMAGE))
+        self.images.append(index)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"pixel_values": torch.stack([POOL[i] for i in self.images])} if self.images else {}
+
+
+def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
+    best = 0
+    for seq in stored:
+        n = 0
+        while n < min(len(seq), len(prompt.symbols)) and seq[n] == prompt.symbols[n]:
+            n += 1
+        best = max(best, n)
+    cut = min(best, len(prompt.ids) - 1)
+    for start, end in prompt.spans:
+        if start < cut < end:
+            cut = start
+    return cut
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests)
+def test_random_conversations_reuse_exactly_what_the_rules_allow(conversation: list[Any]) -> None:
+    model = cached_vlm("llava")
+    store = PrefixCache(model)
+    stored: list[list[Hashable]] = []
+    previous: tuple[Prompt, list[int]] | None = None
+    try:
+        for new_pieces, continues in conversation:
+            prompt = Prompt()
+            if continues and previous is not None:
+                # The previous prompt and its answer, then the new pieces.
+                old, answer = previous
+                prompt.ids, prompt.images = list(old.ids), list(old.images)
+                prompt.symbols, prompt.spans = list(old.symbols), list(old.spans)
+                prompt.add_text(answer)
+            for piece in new_pieces:
+                prompt.add_image(piece) if isinstance(piece, int) else prompt.add_text(piece)
+            ids = torch.tensor([prompt.ids])
+            before = store.stats().hit_tokens
+            out = assert_same_as_cold(model, ids, store, new=NEW, suppress_tokens=SUPPRESS, **prompt.kwargs())
+            assert store.stats().hit_tokens - before == expected_reuse(prompt, stored)
+            answer = out.sequences[0, ids.shape[1] :].tolist()
+            stored.append(prompt.symbols + answer[:-1])
+            previous = (prompt, answer)
+        assert not store.stats().fallbacks, store.stats().fallbacks
+        store.check_integrity()
+    finally:
+        store.detach()
