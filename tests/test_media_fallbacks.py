@@ -190,3 +190,27 @@ def test_text_batches_on_a_vision_language_model_store_each_row() -> None:
             assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
     finally:
         store.detach()
+
+
+@pytest.mark.parametrize("marks", ["missing", "other"])
+def test_qwen2_vl_grids_without_the_processor_marks_run_cold(marks: str) -> None:
+    """Without `mm_token_type_ids` (or with marks that are not the placeholders) transformers gives
+    other positions, so a stored prompt with the same tokens and image must not be reused."""
+    from tiny_vlms import VISION_END_ID, VISION_START_ID, qwen_pixels
+
+    model = cached_vlm("qwen2_vl")
+    ids = torch.cat([text(4, 1), run(VISION_START_ID, 1), run(IMAGE_ID, 6), run(VISION_END_ID, 1), text(4, 2)], dim=1)
+    rows, grid = qwen_pixels(1)
+    store = PrefixCache(model)
+    try:
+        # Stored with the processor's marks first: the same tokens and image, M-RoPE positions.
+        proper = (ids == IMAGE_ID).int()
+        assert_same_as_cold(model, ids, store, new=3, pixel_values=rows, image_grid_thw=grid, mm_token_type_ids=proper)
+        before = store.stats().hit_tokens
+        other = {} if marks == "missing" else {"mm_token_type_ids": torch.zeros_like(proper)}
+        assert_same_as_cold(model, ids, store, new=3, pixel_values=rows, image_grid_thw=grid, **other)
+        assert store.stats().hit_tokens == before
+        reason = "mm_token_type_ids_missing" if marks == "missing" else "mm_token_type_ids"
+        assert store.stats().fallbacks == {reason: 1}
+    finally:
+        store.detach()

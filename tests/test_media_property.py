@@ -1,5 +1,6 @@
-"""Random conversations of text and images through a tiny LLaVA: every request equals its cold
-run, and reuses exactly what a reference model of the rules predicts.
+"""Random conversations of text and images through a tiny LLaVA and a tiny Qwen2-VL (M-RoPE):
+every request equals its cold run, and reuses exactly what a reference model of the rules
+predicts.
 
 The reference keys each prompt position by its token, or by (image, index in the image) for a
 placeholder; a request reuses the longest common prefix with any stored sequence (prompt plus
@@ -14,21 +15,23 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+import pytest
 import torch
 from conftest import assert_same_as_cold
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels
+from tiny_vlms import IMAGE_ID, VISION_END_ID, VISION_START_ID, cached_vlm, llava_pixels, qwen_pixels
 
 from hf_prefix_cache import PrefixCache
 
 NEW = 3
-PER_IMAGE = 16  # placeholders per 32x32 image on the tiny tower
 SUPPRESS = list(range(100, 128))  # answers never contain placeholder or special ids
-POOL = [llava_pixels(seed) for seed in range(3)]
+NUM_IMAGES = 3
+LLAVA_POOL = [llava_pixels(seed) for seed in range(NUM_IMAGES)]  # 16 placeholders each
+QWEN_POOL = [qwen_pixels(seed) for seed in range(NUM_IMAGES)]  # grid (1, 4, 6): 6 placeholders each
 
 # A prompt piece: a few text tokens, or the index of an image in POOL.
-pieces = st.one_of(st.lists(st.integers(4, 7), min_size=1, max_size=4), st.integers(0, len(POOL) - 1))
+pieces = st.one_of(st.lists(st.integers(4, 7), min_size=1, max_size=4), st.integers(0, NUM_IMAGES - 1))
 # A request: its new pieces, and whether it continues the previous answer (a chat turn).
 requests = st.lists(st.tuples(st.lists(pieces, min_size=1, max_size=4), st.booleans()), min_size=1, max_size=4)
 
@@ -36,7 +39,8 @@ requests = st.lists(st.tuples(st.lists(pieces, min_size=1, max_size=4), st.boole
 class Prompt:
     """Token ids, the images in order, and the reference symbol of every position."""
 
-    def __init__(self) -> None:
+    def __init__(self, family: str) -> None:
+        self.family = family
         self.ids: list[int] = []
         self.images: list[int] = []
         self.symbols: list[Hashable] = []
@@ -47,14 +51,39 @@ class Prompt:
         self.symbols += tokens
 
     def add_image(self, index: int) -> None:
+        qwen = self.family == "qwen2_vl"
+        if qwen:
+            self.add_text([VISION_START_ID])
+        per_image = 6 if qwen else 16
         start = len(self.ids)
-        self.ids += [IMAGE_ID] * PER_IMAGE
-        self.symbols += [("image", index, i) for i in range(PER_IMAGE)]
-        self.spans.append((start, start + PER_IMAGE))
+        self.ids += [IMAGE_ID] * per_image
+        self.symbols += [("image", index, i) for i in range(per_image)]
+        self.spans.append((start, start + per_image))
         self.images.append(index)
+        if qwen:
+            self.add_text([VISION_END_ID])
+
+    def continued(self, answer: list[int]) -> Prompt:
+        """This prompt followed by `answer` (the next chat turn starts so)."""
+        out = Prompt(self.family)
+        out.ids, out.images, out.symbols, out.spans = (
+            list(self.ids),
+            list(self.images),
+            list(self.symbols),
+            list(self.spans),
+        )
+        out.add_text(answer)
+        return out
 
     def kwargs(self) -> dict[str, Any]:
-        return {"pixel_values": torch.stack([POOL[i] for i in self.images])} if self.images else {}
+        if not self.images:
+            return {}
+        if self.family == "qwen2_vl":
+            rows, grids = zip(*(QWEN_POOL[i] for i in self.images), strict=True)
+            # As the processor returns them: the grids, and 1 marking each image placeholder.
+            marks = (torch.tensor([self.ids]) == IMAGE_ID).int()
+            return {"pixel_values": torch.cat(rows), "image_grid_thw": torch.cat(grids), "mm_token_type_ids": marks}
+        return {"pixel_values": torch.stack([LLAVA_POOL[i] for i in self.images])}
 
 
 def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
@@ -71,22 +100,17 @@ def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
     return cut
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests)
-def test_random_conversations_reuse_exactly_what_the_rules_allow(conversation: list[Any]) -> None:
-    model = cached_vlm("llava")
+@given(conversation=requests)
+def test_random_conversations_reuse_exactly_what_the_rules_allow(family: str, conversation: list[Any]) -> None:
+    model = cached_vlm(family)
     store = PrefixCache(model)
     stored: list[list[Hashable]] = []
     previous: tuple[Prompt, list[int]] | None = None
     try:
         for new_pieces, continues in conversation:
-            prompt = Prompt()
-            if continues and previous is not None:
-                # The previous prompt and its answer, then the new pieces.
-                old, answer = previous
-                prompt.ids, prompt.images = list(old.ids), list(old.images)
-                prompt.symbols, prompt.spans = list(old.symbols), list(old.spans)
-                prompt.add_text(answer)
+            prompt = previous[0].continued(previous[1]) if continues and previous is not None else Prompt(family)
             for piece in new_pieces:
                 prompt.add_image(piece) if isinstance(piece, int) else prompt.add_text(piece)
             ids = torch.tensor([prompt.ids])

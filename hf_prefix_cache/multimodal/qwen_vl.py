@@ -28,6 +28,31 @@ class Qwen2VLMedia(MediaAdapter):
     def _merge(self) -> int:
         return int(self.config.vision_config.spatial_merge_size) ** 2
 
+    def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
+        """A prompt with grids needs the processor's `mm_token_type_ids`, marking exactly the placeholders.
+
+        Without it transformers gives every position a text position (no M-RoPE), and with other
+        marks other positions; either way a prompt with the same tokens and media has other
+        states, which the media key cannot tell apart.
+        """
+        if kwargs.get("image_grid_thw") is None and kwargs.get("video_grid_thw") is None:
+            return super().why_cold(tokens, kwargs)
+        marks = kwargs.get("mm_token_type_ids")
+        if marks is None:
+            return "mm_token_type_ids_missing"
+        expected = self._token_types(torch.tensor([list(tokens)], dtype=torch.long))
+        if not isinstance(marks, torch.Tensor) or not torch.equal(marks.detach().cpu().to(expected.dtype), expected):
+            return "mm_token_type_ids"
+        return super().why_cold(tokens, kwargs)
+
+    def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The processor's `mm_token_type_ids` for `input_ids`: 1 on image placeholders, 2 on video ones."""
+        types = torch.zeros_like(input_ids, dtype=torch.int)
+        for kind, id_name, _, _ in self._KINDS:
+            token_id = config_token_id(self.config, id_name)
+            types[input_ids == token_id] = 1 if kind == "image" else 2
+        return types
+
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         out: list[KindItems] = []
         for kind, id_name, pixels_name, grid_name in self._KINDS:
@@ -87,13 +112,9 @@ class Qwen2VLMedia(MediaAdapter):
         if image_grid is None and video_grid is None:
             rope = text[None].expand(3, -1, -1)
         else:
-            types = torch.zeros_like(input_ids, dtype=torch.int)
-            for kind, id_name, _, _ in self._KINDS:
-                token_id = config_token_id(self.config, id_name)
-                types[input_ids == token_id] = 1 if kind == "image" else 2
             rope, _ = self.model.model.get_rope_index(
                 input_ids,
-                mm_token_type_ids=types,
+                mm_token_type_ids=self._token_types(input_ids),
                 image_grid_thw=image_grid,
                 video_grid_thw=video_grid,
                 **self._rope_kwargs(kwargs),
