@@ -101,7 +101,7 @@ class GenerateHook:
         media = store.profile.media
         if media is not None and media.whole_prompt_only:
             # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
-            namespace = fingerprint([namespace, [str(s) for s in symbols]])
+            namespace = fingerprint([namespace, [str(s) for s in symbols], media.prompt_parts(kwargs)])
         scope = media.scope(layout.items) if media is not None and layout is not None else []
         if scope:
             # Every position sees every medium of the prompt: share only between prompts with the same media.

@@ -192,25 +192,34 @@ def test_text_batches_on_a_vision_language_model_store_each_row() -> None:
         store.detach()
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
 @pytest.mark.parametrize("marks", ["missing", "other"])
-def test_qwen2_vl_grids_without_the_processor_marks_run_cold(marks: str) -> None:
-    """Without `mm_token_type_ids` (or with marks that are not the placeholders) transformers gives
-    other positions, so a stored prompt with the same tokens and image must not be reused."""
-    from tiny_vlms import VISION_END_ID, VISION_START_ID, qwen_pixels
+def test_media_without_the_processor_marks_run_cold(family: str, marks: str) -> None:
+    """Without the processor's per-token marks (`mm_token_type_ids` for Qwen2-VL: M-RoPE positions;
+    `token_type_ids` for Gemma 3: image blocks attending both ways), or with other marks,
+    transformers computes other states, so a stored prompt with the same tokens and image must
+    not be reused."""
+    from tiny_vlms import BOI_ID, EOI_ID, VISION_END_ID, VISION_START_ID, qwen_pixels
 
-    model = cached_vlm("qwen2_vl")
-    ids = torch.cat([text(4, 1), run(VISION_START_ID, 1), run(IMAGE_ID, 6), run(VISION_END_ID, 1), text(4, 2)], dim=1)
-    rows, grid = qwen_pixels(1)
+    model = cached_vlm(family)
+    if family == "qwen2_vl":
+        start, end, size = VISION_START_ID, VISION_END_ID, 6
+        rows, grid = qwen_pixels(1)
+        media: dict[str, Any] = {"pixel_values": rows, "image_grid_thw": grid}
+        name = "mm_token_type_ids"
+    else:
+        start, end, size = BOI_ID, EOI_ID, 4
+        media, name = {"pixel_values": llava_pixels(1)[None]}, "token_type_ids"
+    ids = torch.cat([text(4, 1), run(start, 1), run(IMAGE_ID, size), run(end, 1), text(4, 2)], dim=1)
+    proper = (ids == IMAGE_ID).int()
     store = PrefixCache(model)
     try:
-        # Stored with the processor's marks first: the same tokens and image, M-RoPE positions.
-        proper = (ids == IMAGE_ID).int()
-        assert_same_as_cold(model, ids, store, new=3, pixel_values=rows, image_grid_thw=grid, mm_token_type_ids=proper)
+        # Stored with the processor's marks first: the same tokens and image.
+        assert_same_as_cold(model, ids, store, new=3, **media, **{name: proper})
         before = store.stats().hit_tokens
-        other = {} if marks == "missing" else {"mm_token_type_ids": torch.zeros_like(proper)}
-        assert_same_as_cold(model, ids, store, new=3, pixel_values=rows, image_grid_thw=grid, **other)
+        other = {} if marks == "missing" else {name: torch.zeros_like(proper)}
+        assert_same_as_cold(model, ids, store, new=3, **media, **other)
         assert store.stats().hit_tokens == before
-        reason = "mm_token_type_ids_missing" if marks == "missing" else "mm_token_type_ids"
-        assert store.stats().fallbacks == {reason: 1}
+        assert store.stats().fallbacks == {(f"{name}_missing" if marks == "missing" else name): 1}
     finally:
         store.detach()

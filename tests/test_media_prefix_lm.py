@@ -82,3 +82,18 @@ def test_batches_run_cold(store: PrefixCache) -> None:
     for _ in range(2):
         assert_same_as_cold(store.model, ids, store, new=3)
     assert store.stats().fallbacks == {"prefix_lm_batch": 2}
+
+
+def test_other_token_type_ids_share_nothing(store: PrefixCache) -> None:
+    """`token_type_ids` mark prefix (0) and suffix (1) positions and change the mask, as does passing none:
+    the same prompt with other marks is its own entry (reusing was 1.3e-3 off)."""
+    ids = _prompt(1, 1)
+    pixels = llava_pixels(1)[None]
+    suffix_marked = torch.zeros_like(ids)
+    suffix_marked[0, -3:] = 1
+    for i, marks in enumerate((suffix_marked, torch.zeros_like(ids), None, suffix_marked)):
+        before = store.stats().hit_tokens
+        extra = {"token_type_ids": marks} if marks is not None else {}
+        assert_same_as_cold(store.model, ids, store, new=NEW, pixel_values=pixels, **extra)
+        reused = store.stats().hit_tokens - before
+        assert reused == (ids.shape[1] - 1 if i == 3 else 0)  # only the repeat of the first marks reuses

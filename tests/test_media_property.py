@@ -1,4 +1,5 @@
-"""Random conversations of text and images through a tiny LLaVA and a tiny Qwen2-VL (M-RoPE):
+"""Random conversations of text and images through a tiny LLaVA, Qwen2-VL (M-RoPE) and Gemma 3
+(image blocks attending both ways, sliding-window layers):
 every request equals its cold run, and reuses exactly what a reference model of the rules
 predicts.
 
@@ -20,14 +21,14 @@ import torch
 from conftest import assert_same_as_cold
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_vlms import IMAGE_ID, VISION_END_ID, VISION_START_ID, cached_vlm, llava_pixels, qwen_pixels
+from tiny_vlms import BOI_ID, EOI_ID, IMAGE_ID, VISION_END_ID, VISION_START_ID, cached_vlm, llava_pixels, qwen_pixels
 
 from hf_prefix_cache import PrefixCache
 
 NEW = 3
 SUPPRESS = list(range(100, 128))  # answers never contain placeholder or special ids
 NUM_IMAGES = 3
-LLAVA_POOL = [llava_pixels(seed) for seed in range(NUM_IMAGES)]  # 16 placeholders each
+LLAVA_POOL = [llava_pixels(seed) for seed in range(NUM_IMAGES)]  # 16 placeholders each (Gemma 3: 4)
 QWEN_POOL = [qwen_pixels(seed) for seed in range(NUM_IMAGES)]  # grid (1, 4, 6): 6 placeholders each
 
 # A prompt piece: a few text tokens, or the index of an image in POOL.
@@ -51,17 +52,18 @@ class Prompt:
         self.symbols += tokens
 
     def add_image(self, index: int) -> None:
-        qwen = self.family == "qwen2_vl"
-        if qwen:
-            self.add_text([VISION_START_ID])
-        per_image = 6 if qwen else 16
+        framing, per_image = {"qwen2_vl": ((VISION_START_ID, VISION_END_ID), 6), "gemma3": ((BOI_ID, EOI_ID), 4)}.get(
+            self.family, ((), 16)
+        )
+        if framing:
+            self.add_text([framing[0]])
         start = len(self.ids)
         self.ids += [IMAGE_ID] * per_image
         self.symbols += [("image", index, i) for i in range(per_image)]
         self.spans.append((start, start + per_image))
         self.images.append(index)
-        if qwen:
-            self.add_text([VISION_END_ID])
+        if framing:
+            self.add_text([framing[1]])
 
     def continued(self, answer: list[int]) -> Prompt:
         """This prompt followed by `answer` (the next chat turn starts so)."""
@@ -83,7 +85,10 @@ class Prompt:
             # As the processor returns them: the grids, and 1 marking each image placeholder.
             marks = (torch.tensor([self.ids]) == IMAGE_ID).int()
             return {"pixel_values": torch.cat(rows), "image_grid_thw": torch.cat(grids), "mm_token_type_ids": marks}
-        return {"pixel_values": torch.stack([LLAVA_POOL[i] for i in self.images])}
+        pixels = torch.stack([LLAVA_POOL[i] for i in self.images])
+        if self.family == "gemma3":
+            return {"pixel_values": pixels, "token_type_ids": (torch.tensor([self.ids]) == IMAGE_ID).int()}
+        return {"pixel_values": pixels}
 
 
 def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
@@ -100,7 +105,7 @@ def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
     return cut
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "gemma3"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=requests)
 def test_random_conversations_reuse_exactly_what_the_rules_allow(family: str, conversation: list[Any]) -> None:

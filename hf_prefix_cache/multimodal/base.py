@@ -59,7 +59,10 @@ class MediaAdapter:
     `handled` names the kwargs the adapter understands; a call passing any other media kwarg
     runs cold. `has_positions` marks M-RoPE models, whose positions the hook always passes.
     `whole_prompt_only` marks prefix-LM models (the whole prompt attends both ways), which may
-    reuse only an identical prompt. `settings` names `generate` kwargs that override a config
+    reuse only an identical prompt. `marks_kwarg` names the processor's per-token modality marks
+    (`mm_token_type_ids`, Gemma 3's `token_type_ids`), which change positions or attention: a
+    call with media must pass exactly the processor's marks (`marks`: config names of a token id
+    and its code), or it runs cold. `settings` names `generate` kwargs that override a config
     value and change how media are encoded; a call overriding one runs cold. `new_item_reason`,
     for families whose every position depends on all media of the prompt (`scope`), names the
     event counted when a prompt adds media to a conversation whose earlier media are stored.
@@ -67,6 +70,8 @@ class MediaAdapter:
 
     handled: frozenset[str] = frozenset()
     settings: tuple[str, ...] = ()
+    marks_kwarg: str | None = None
+    marks: tuple[tuple[tuple[str, ...], int], ...] = ()
     has_positions = False
     whole_prompt_only = False
     new_item_reason: str | None = None
@@ -110,7 +115,31 @@ class MediaAdapter:
             if value is not None and value != getattr(self.config, name, None):
                 # Items are keyed by content only, so states encoded under other settings must not be reused.
                 return f"vision_settings:{name}"
+        if self.marks_kwarg is not None and self._has_media(kwargs):
+            # The marks decide positions or attention; the key assumes the processor's, so require them.
+            marks = kwargs.get(self.marks_kwarg)
+            if marks is None:
+                return f"{self.marks_kwarg}_missing"
+            expected = self.token_marks(torch.tensor([list(tokens)], dtype=torch.long))
+            if not isinstance(marks, torch.Tensor) or not torch.equal(marks.detach().cpu().to(torch.int), expected):
+                return self.marks_kwarg
         return None
+
+    def token_marks(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """What the processor puts in `marks_kwarg` for `input_ids`: per `marks`, its code on its token ids."""
+        marks = torch.zeros_like(input_ids, dtype=torch.int)
+        for id_names, code in self.marks:
+            token_id = config_token_id(self.config, *id_names)
+            if token_id is not None:
+                marks[input_ids == token_id] = code
+        return marks
+
+    def _has_media(self, kwargs: dict[str, Any]) -> bool:
+        return any(kwargs.get(name) is not None for name in self.handled if name != self.marks_kwarg)
+
+    def prompt_parts(self, kwargs: dict[str, Any]) -> list[Any]:
+        """For `whole_prompt_only` families: what besides the prompt's symbols its namespace holds."""
+        return []
 
     def scope(self, items: Sequence[MediaItem]) -> list[str]:
         """Namespace parts for a prompt with media `items`: entries are shared only within one scope.

@@ -46,6 +46,9 @@ class Gemma3Media(LlavaMedia):
     """
 
     handled = frozenset({"pixel_values", "token_type_ids"})
+    # Without the processor's marks an image block attends causally, not both ways.
+    marks_kwarg: str | None = "token_type_ids"
+    marks = ((("image_token_id", "image_token_index"), 1),)
 
 
 class PaliGemmaMedia(LlavaMedia):
@@ -53,3 +56,8 @@ class PaliGemmaMedia(LlavaMedia):
 
     handled = frozenset({"pixel_values", "token_type_ids"})
     whole_prompt_only = True
+
+    def prompt_parts(self, kwargs: dict[str, Any]) -> list[Any]:
+        # Which positions are prefix (0) or suffix (1) changes the mask; no marks is another mask again.
+        marks = kwargs.get("token_type_ids")
+        return [marks.tolist() if isinstance(marks, torch.Tensor) else marks]

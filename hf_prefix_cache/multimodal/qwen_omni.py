@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..media import MediaItem, MediaLayout, hash_media
-from .base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
+from .base import KindItems, config_token_id, merge_items, set_or_drop
 from .qwen_vl import Qwen2_5VLMedia
 
 
@@ -44,10 +44,7 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
         }
     )
     _SECONDS = "video_second_per_grid"
-
-    def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
-        # The thinker finds its media by token id; it takes no `mm_token_type_ids`.
-        return MediaAdapter.why_cold(self, tokens, kwargs)
+    marks_kwarg = None  # the thinker finds its media by token id; it takes no `mm_token_type_ids`
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         visual = super()._items(tokens, kwargs)

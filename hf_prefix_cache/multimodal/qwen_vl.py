@@ -18,6 +18,9 @@ class Qwen2VLMedia(MediaAdapter):
         {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
     )
     has_positions = True
+    # Without the processor's marks transformers gives every position a text position (no M-RoPE).
+    marks_kwarg: str | None = "mm_token_type_ids"
+    marks = ((("image_token_id",), 1), (("video_token_id",), 2))
     #: The kwarg holding each video's seconds per temporal grid step (it spaces the video's positions).
     _SECONDS = "second_per_grid_ts"
     _KINDS = (
@@ -27,31 +30,6 @@ class Qwen2VLMedia(MediaAdapter):
 
     def _merge(self) -> int:
         return int(self.config.vision_config.spatial_merge_size) ** 2
-
-    def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
-        """A prompt with grids needs the processor's `mm_token_type_ids`, marking exactly the placeholders.
-
-        Without it transformers gives every position a text position (no M-RoPE), and with other
-        marks other positions; either way a prompt with the same tokens and media has other
-        states, which the media key cannot tell apart.
-        """
-        if kwargs.get("image_grid_thw") is None and kwargs.get("video_grid_thw") is None:
-            return super().why_cold(tokens, kwargs)
-        marks = kwargs.get("mm_token_type_ids")
-        if marks is None:
-            return "mm_token_type_ids_missing"
-        expected = self._token_types(torch.tensor([list(tokens)], dtype=torch.long))
-        if not isinstance(marks, torch.Tensor) or not torch.equal(marks.detach().cpu().to(expected.dtype), expected):
-            return "mm_token_type_ids"
-        return super().why_cold(tokens, kwargs)
-
-    def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The processor's `mm_token_type_ids` for `input_ids`: 1 on image placeholders, 2 on video ones."""
-        types = torch.zeros_like(input_ids, dtype=torch.int)
-        for kind, id_name, _, _ in self._KINDS:
-            token_id = config_token_id(self.config, id_name)
-            types[input_ids == token_id] = 1 if kind == "image" else 2
-        return types
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         out: list[KindItems] = []
@@ -114,7 +92,7 @@ class Qwen2VLMedia(MediaAdapter):
         else:
             rope, _ = self.model.model.get_rope_index(
                 input_ids,
-                mm_token_type_ids=self._token_types(input_ids),
+                mm_token_type_ids=self.token_marks(input_ids),
                 image_grid_thw=image_grid,
                 video_grid_thw=video_grid,
                 **self._rope_kwargs(kwargs),
