@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
 
 import torch
+from transformers import GenerationConfig
 
 from .cache import WorkingCache
 from .errors import IncompatibleModelError, UnhashableMediaError
@@ -38,6 +39,13 @@ from .store import Plan, PrefixCache
 from .tiers import is_out_of_memory
 
 logger = logging.getLogger("hf_prefix_cache")
+
+# Generation settings (they steer decoding, not the prompt's states).
+_GENERATION_FIELDS = frozenset(GenerationConfig().to_dict())  # type: ignore[no-untyped-call]
+# Other generate kwargs the key covers (ids, an all-ones mask) or that leave states alone.
+_KEYED_OR_HARMLESS = frozenset(
+    {"input_ids", "attention_mask", "logits_to_keep", "tokenizer", "assistant_tokenizer", "use_model_defaults"}
+)
 
 
 class GenerateHook:
@@ -233,6 +241,8 @@ class GenerateHook:
             # Positions and prompt-wide namespaces are computed for one row.
             return "mrope_batch" if media.has_positions else "prefix_lm_batch"
         media_names = [name for name in MEDIA_KWARGS if kwargs.get(name) is not None]
+        if media is None and media_names == ["token_type_ids"]:
+            media_names = []  # a text model's segment ids (GPT-2): a model kwarg like any other, refused below
         if media_names:
             if media is None:
                 return f"media_inputs:{getattr(model.config, 'model_type', None)}"
@@ -245,6 +255,10 @@ class GenerateHook:
                 return "media_recurrent"
         if kwargs.get("position_ids") is not None:
             return "explicit_position_ids"
+        passed = self._model_kwarg(kwargs)
+        if passed is not None:
+            # It reaches the model's forward and may change states the key does not cover (GPT-2's token_type_ids).
+            return f"model_kwarg:{passed}"
         if arguments.get("assistant_model") is not None:
             return "assisted_decoding"
         if arguments.get("custom_generate") is not None:
@@ -274,6 +288,18 @@ class GenerateHook:
                 return "padding"
         elif _infers_padding(input_ids, config):
             return "padding"
+        return None
+
+    def _model_kwarg(self, kwargs: dict[str, Any]) -> str | None:
+        """The first kwarg that `generate` would hand the model and the key does not cover, or None."""
+        media = self._store.profile.media
+        handled = media.handled | set(media.settings) if media is not None else frozenset()
+        for name, value in kwargs.items():
+            if value is None or name in _KEYED_OR_HARMLESS or name in handled or name in _GENERATION_FIELDS:
+                continue
+            if name in self._signature.parameters:
+                continue
+            return name
         return None
 
     # ----------------------------------------------------------- state prefill

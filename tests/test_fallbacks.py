@@ -214,3 +214,24 @@ def test_a_model_default_cache_implementation_does_not_block_reuse() -> None:
     finally:
         model.generation_config.cache_implementation = previous
         store.detach()
+
+
+def test_model_kwargs_the_key_does_not_cover_run_cold() -> None:
+    """GPT-2's `token_type_ids` reach its embeddings: a stored prompt with other (or no) type ids must not be reused."""
+    from conftest import assert_same_as_cold
+
+    model = cached_model("gpt2")
+    store = PrefixCache(model)
+    try:
+        ids = random_prompt(20, seed=3)
+        assert_same_as_cold(model, ids, store)  # stored without type ids
+        before = store.stats().hit_tokens
+        types = torch.ones_like(ids)
+        assert_same_as_cold(model, ids, store, token_type_ids=types)
+        assert store.stats().hit_tokens == before
+        assert store.stats().fallbacks == {"model_kwarg:token_type_ids": 1}
+        # A setting of generate itself is no model kwarg: served.
+        assert_same_as_cold(model, ids, store, repetition_penalty=1.3)
+        assert store.stats().hit_tokens == before + ids.shape[1] - 1
+    finally:
+        store.detach()
