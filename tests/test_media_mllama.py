@@ -22,6 +22,8 @@ import pytest
 import torch
 import transformers
 from conftest import LOGIT_TOL, generate, max_logit_diff
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from tiny_models import _finalize, random_prompt
 from transformers.models.mllama.processing_mllama import (
@@ -349,5 +351,55 @@ def test_image_states_move_through_host_and_disk(tmp_path: Path) -> None:
         runner.check(_turn(first, text(4, 4)), images)
         assert runner.hit() == first.sequences.shape[1] - 1 and runner.encoded == 0
         assert store.stats().reloads >= 1 and not store.stats().fallbacks
+    finally:
+        store.detach()
+
+
+# --------------------------------------------------------------------------- random conversations
+
+_pieces = st.one_of(st.lists(st.integers(4, 7), min_size=1, max_size=4), st.integers(0, 2))
+_requests = st.lists(st.tuples(st.lists(_pieces, min_size=1, max_size=4), st.booleans()), min_size=1, max_size=4)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=_requests)
+def test_random_conversations_reuse_exactly_what_the_rules_allow(conversation: list[Any]) -> None:
+    """Random text-and-image chats equal cold runs, and reuse the longest prefix stored with the same images.
+
+    The reference: a prompt's images (in order) pick its scope; it reuses the longest common
+    prefix (an image token keyed by its picture) with a sequence stored in that scope, at most
+    all but its last token. A prompt adding images to a stored conversation may only count
+    `cross_attention_new_image`.
+    """
+    store = PrefixCache(tiny_mllama())
+    runner = Runner(store)
+    stored: list[tuple[tuple[int, ...], list[Any]]] = []
+    previous: tuple[list[int], list[int], list[Any]] | None = None  # ids, images, symbols
+    try:
+        for new_pieces, continues in conversation:
+            ids, images, symbols = ([], [], []) if not continues or previous is None else previous
+            ids, images, symbols = list(ids), list(images), list(symbols)
+            for piece in new_pieces:
+                if isinstance(piece, int):
+                    ids.append(IMAGE_ID)
+                    images.append(piece)
+                    symbols.append(("image", piece))
+                else:
+                    ids += piece
+                    symbols += piece
+            scope = tuple(images)
+            expected = 0
+            for other_scope, seq in stored:
+                n = 0
+                while other_scope == scope and n < min(len(seq), len(symbols)) and seq[n] == symbols[n]:
+                    n += 1
+                expected = max(expected, n)
+            prompt = torch.tensor([ids])
+            out = runner.check(prompt, [picture(i) for i in images])
+            assert runner.hit() == min(expected, len(ids) - 1)
+            answer = out.sequences[0, len(ids) :].tolist()
+            stored.append((scope, symbols + answer[:-1]))
+            previous = (ids + answer, images, symbols + answer)
+        assert set(store.stats().fallbacks) <= {"cross_attention_new_image"}, store.stats().fallbacks
     finally:
         store.detach()
