@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_same_as_cold, generate, max_logit_diff
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tiny_qwen_media import (
     AUDIO_END_ID,
     AUDIO_ID,
@@ -460,3 +462,78 @@ def test_full_omni_model_is_refused_and_its_thinker_is_served() -> None:
         assert served.hits() == ids.shape[1] - 1
     finally:
         served.store.detach()
+
+
+# --------------------------------------------------------------------------- random conversations
+
+_IMAGE_POOL = [(10, IMAGE), (11, SMALL_IMAGE), (12, IMAGE)]
+_VIDEO_POOL = [(20, VIDEO, 1.0), (21, VIDEO, 0.5), (22, VIDEO, 1.0)]
+_CLIP_POOL = [(30, 40), (31, 30), (32, 44)]
+_omni_pieces = st.one_of(
+    st.lists(st.integers(4, 7), min_size=1, max_size=4),
+    st.tuples(st.sampled_from(["image", "video", "audio"]), st.integers(0, 2)),
+)
+_omni_requests = st.lists(
+    st.tuples(st.lists(_omni_pieces, min_size=1, max_size=4), st.booleans()), min_size=1, max_size=3
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=_omni_requests)
+def test_omni_random_conversations_reuse_exactly_what_the_rules_allow(conversation: list[Any]) -> None:
+    """Random chats of text, images, videos and clips through the Omni thinker equal cold runs and
+    reuse the longest prefix stored with the same media before the cut (never inside a medium)."""
+    store = PrefixCache(cached_omni())
+    stored: list[list[Any]] = []
+    previous: tuple[list[int], Media, list[Any], list[tuple[int, int]]] | None = None
+    try:
+        for new_pieces, continues in conversation:
+            if continues and previous is not None:
+                ids, old, symbols, spans = previous
+                media = Media(images=list(old.images), videos=list(old.videos), clips=list(old.clips))
+                ids, symbols, spans = list(ids), list(symbols), list(spans)
+            else:
+                ids, media, symbols, spans = [], Media(), [], []
+            for piece in new_pieces:
+                if isinstance(piece, list):
+                    ids += piece
+                    symbols += piece
+                    continue
+                kind, index = piece
+                if kind == "image":
+                    tokens = image_tokens(_IMAGE_POOL[index][1])
+                    media.images.append(_IMAGE_POOL[index])
+                elif kind == "video":
+                    tokens = omni_video_tokens(_VIDEO_POOL[index][1])
+                    media.videos.append(_VIDEO_POOL[index])
+                else:
+                    tokens = omni_audio_tokens(_CLIP_POOL[index][1])
+                    media.clips.append(_CLIP_POOL[index])
+                body = tokens[0, 1:-1].tolist()  # the placeholders between the framing ids
+                start = len(ids) + 1
+                spans.append((start, start + len(body)))
+                ids += tokens[0].tolist()
+                symbols += [int(tokens[0, 0]), *[(kind, index, j) for j in range(len(body))], int(tokens[0, -1])]
+            expected = 0
+            for seq in stored:
+                n = 0
+                while n < min(len(seq), len(symbols)) and seq[n] == symbols[n]:
+                    n += 1
+                expected = max(expected, n)
+            cut = min(expected, len(ids) - 1)
+            for a, b in spans:
+                if a < cut < b:
+                    cut = a
+            prompt = torch.tensor([ids])
+            before = store.stats().hit_tokens
+            out = assert_same_as_cold(
+                store.model, prompt, store, new=NEW, suppress_tokens=SUPPRESS, **media.kwargs(prompt)
+            )
+            assert store.stats().hit_tokens - before == cut
+            answer = out.sequences[0, len(ids) :].tolist()
+            stored.append(symbols + answer[:-1])
+            previous = (ids + answer, media, symbols + answer, spans)
+        assert not store.stats().fallbacks, store.stats().fallbacks
+        store.check_integrity()
+    finally:
+        store.detach()
