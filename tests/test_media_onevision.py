@@ -17,6 +17,8 @@ import pytest
 import torch
 import transformers
 from conftest import Hits, assert_same_as_cold, generate
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tiny_vlms import (
     _SIGLIP,
     _TEXT,
@@ -457,5 +459,74 @@ def test_llava_next_flattened_pixel_values() -> None:
         expected = flat["pixel_values"].shape[0] - one["pixel_values"].shape[0]
         assert encoded(model, ids, store, **flat) == expected  # only the second image's patches
         assert not store.stats().fallbacks
+    finally:
+        store.detach()
+
+
+# --------------------------------------------------------------------------- random conversations
+
+_pieces = st.one_of(st.lists(st.integers(4, 7), min_size=1, max_size=4), st.integers(0, 2))
+_requests = st.lists(st.tuples(st.lists(_pieces, min_size=1, max_size=3), st.booleans()), min_size=1, max_size=4)
+
+
+@pytest.mark.parametrize("mode", ["tiled", "single"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=_requests)
+def test_random_conversations_reuse_exactly_what_the_rules_allow(mode: str, conversation: list[Any]) -> None:
+    """Random text-and-image chats equal cold runs and reuse exactly the longest stored prefix.
+
+    The reference keys an image by its picture and its mode: always tiled for a flat image list;
+    for a nested one (what `apply_chat_template` sends) tiled only while it is the prompt's only
+    image. Each prompt is rebuilt from its pieces, since a second image changes the first one's
+    placeholders in the nested form.
+    """
+    fam = OneVision(mode)
+    pool = [fam.image(seed) for seed in range(3)]
+    store = PrefixCache(fam.model)
+    stored: list[list[Any]] = []
+    history: list[tuple[str, Any]] = []
+    try:
+        for new_pieces, continues in conversation:
+            if not continues:
+                history = []
+            history += [("image", p) if isinstance(p, int) else ("text", p) for p in new_pieces]
+            images = [pool[i] for kind, i in history if kind == "image"]
+            tiled = mode == "tiled" or len(images) == 1
+            ids: list[int] = []
+            symbols: list[Any] = []
+            spans: list[tuple[int, int]] = []
+            k = 0
+            for kind, value in history:
+                if kind == "image":
+                    n = fam.placeholders(images, k).shape[1]
+                    spans.append((len(ids), len(ids) + n))
+                    ids += [IMAGE_ID] * n
+                    symbols += [("image", value, tiled, j) for j in range(n)]
+                    k += 1
+                else:
+                    ids += value
+                    symbols += value
+            expected = 0
+            for seq in stored:
+                n = 0
+                while n < min(len(seq), len(symbols)) and seq[n] == symbols[n]:
+                    n += 1
+                expected = max(expected, n)
+            cut = min(expected, len(ids) - 1)
+            for a, b in spans:
+                if a < cut < b:
+                    cut = a
+            prompt = torch.tensor([ids])
+            before = store.stats().hit_tokens
+            if images:
+                out = fam.check(prompt, images, store)
+            else:
+                out = assert_same_as_cold(fam.model, prompt, store, new=NEW, suppress_tokens=SPECIAL_IDS)
+            assert store.stats().hit_tokens - before == cut
+            answer = out.sequences[0, len(ids) :].tolist()
+            stored.append(symbols + answer[:-1])
+            history.append(("text", answer))
+        assert not store.stats().fallbacks, store.stats().fallbacks
+        store.check_integrity()
     finally:
         store.detach()
