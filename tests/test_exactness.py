@@ -21,7 +21,7 @@ from hf_prefix_cache import PrefixCache
 INTERVAL = 16
 ATTENTION = FULL_ATTENTION + SLIDING
 STATEFUL = HYBRID + RECURRENT
-SINGLE_TOKEN_STEPS = ("mamba", "falcon_mamba")
+SINGLE_TOKEN_STEPS = ("mamba", "falcon_mamba", "jamba")
 ALL = ATTENTION + STATEFUL
 
 
