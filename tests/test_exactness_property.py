@@ -94,3 +94,38 @@ def _converse(name: str, conversation: list[Any], pressure: bool) -> None:
     finally:
         store.detach()
         folder.cleanup()
+
+
+_rows = st.integers(4, 20).flatmap(
+    lambda n: st.lists(st.lists(st.integers(4, 6), min_size=n, max_size=n), min_size=2, max_size=3)
+)
+
+
+@pytest.mark.parametrize("name", ATTENTION)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(_rows, min_size=1, max_size=3))
+def test_random_batches_are_exact(name: str, batches: list[list[list[int]]]) -> None:
+    """Batches of equal-length rows (no padding) reuse what all their rows share, exactly."""
+    model = cached_model(name)
+    store = PrefixCache(model)
+    stored: list[list[int]] = []
+    try:
+        for rows in batches:
+            shared = 0
+            while shared < len(rows[0]) and all(row[shared] == rows[0][shared] for row in rows):
+                shared += 1
+            longest = 0
+            for seq in stored:
+                n = 0
+                while n < min(len(seq), shared) and seq[n] == rows[0][n]:
+                    n += 1
+                longest = max(longest, n)
+            before = store.stats().hit_tokens
+            out = assert_same_as_cold(model, torch.tensor(rows), store, new=NEW)
+            # Counted per row: every row reuses the prefix they all share, at most all but the last token.
+            assert store.stats().hit_tokens - before == len(rows) * min(longest, len(rows[0]) - 1)
+            stored += [seq[:-1] for seq in out.sequences.tolist()]
+        assert not store.stats().fallbacks, store.stats().fallbacks
+        store.check_integrity()
+    finally:
+        store.detach()
