@@ -16,6 +16,8 @@ import pytest
 import torch
 import transformers
 from conftest import LOGIT_TOL
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
 
@@ -417,3 +419,42 @@ def test_low_level_api_refuses_seq2seq() -> None:
             store.pin([2, 7, 8])
         with pytest.raises(ValueError, match="encoder-decoder"):
             store.lookup([2, 7, 8])
+
+
+# ------------------------------------------------------------------------------ random conversations
+
+_decoder_requests = st.lists(
+    st.tuples(st.integers(0, 2), st.lists(st.integers(3, 6), max_size=10), st.booleans()), min_size=1, max_size=4
+)
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "florence2"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=_decoder_requests)
+def test_random_requests_reuse_exactly_what_the_rules_allow(name: str, requests: list[Any]) -> None:
+    """Random (encoder input, decoder prompt) requests equal cold runs and reuse exactly the longest
+    decoder prefix stored under the same encoder input; a request may continue the previous answer."""
+    model = tiny(name)
+    start = model.generation_config.decoder_start_token_id
+    stored: list[tuple[int, list[int]]] = []
+    previous: tuple[int, list[int]] | None = None
+    with attached(model) as store:
+        for source, tail, continues in requests:
+            if continues and previous is not None:
+                source, prompt = previous[0], previous[1] + tail
+            else:
+                prompt = [start, *tail]
+            longest = 0
+            for other, seq in stored:
+                n = 0
+                while other == source and n < min(len(seq), len(prompt)) and seq[n] == prompt[n]:
+                    n += 1
+                longest = max(longest, n)
+            before = store.stats().hit_tokens
+            out = same_as_cold(model, store, encoder_input(name, source), decoder_input_ids=torch.tensor([prompt]))
+            assert store.stats().hit_tokens - before == min(longest, len(prompt) - 1)
+            sequence = out.sequences[0].tolist()
+            stored.append((source, sequence[:-1]))
+            previous = (source, sequence)
+        assert not store.stats().fallbacks, store.stats().fallbacks
+        store.check_integrity()
