@@ -229,6 +229,30 @@ def tiny_bamba() -> PreTrainedModel:
     )
 
 
+def tiny_zamba() -> PreTrainedModel:
+    """Zamba, 6 layers: mamba, with a shared attention block on layers 1 and 4 (hybrid layers)."""
+    return _make(
+        transformers.ZambaConfig,
+        "ZambaForCausalLM",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attention_hidden_size=128,
+        attention_head_dim=32,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=8,
+        n_mamba_heads=2,
+        attn_layer_period=3,
+        attn_layer_offset=1,
+        max_position_embeddings=512,
+        use_mamba_kernels=False,
+    )
+
+
 def tiny_qwen3_next() -> PreTrainedModel:
     """Qwen3-Next, 4 layers [gated-delta-net x3, full attn]; sparse MoE with 4 experts (top-2)."""
     return _make(
@@ -355,6 +379,7 @@ TINY_MODELS: dict[str, Callable[[], PreTrainedModel]] = {
     "llama4_text": tiny_llama4_text,
     "jamba": tiny_jamba,
     "bamba": tiny_bamba,
+    "zamba": tiny_zamba,
     "qwen3_next": tiny_qwen3_next,
     "falcon_h1": tiny_falcon_h1,
     "lfm2": tiny_lfm2,
@@ -369,7 +394,7 @@ FULL_ATTENTION = ("llama", "qwen3", "phi3", "gpt2")
 #: Models whose cache has sliding-window or chunked attention layers.
 SLIDING = ("mistral", "gemma2", "gemma3_text", "llama4_text")
 #: Hybrid models: linear/conv/mamba layers plus attention layers, cache under ``past_key_values``.
-HYBRID = ("jamba", "bamba", "qwen3_next", "falcon_h1", "lfm2")
+HYBRID = ("jamba", "bamba", "zamba", "qwen3_next", "falcon_h1", "lfm2")
 #: Pure recurrent models, cache passed/returned as ``cache_params``.
 RECURRENT = ("mamba2", "mamba", "falcon_mamba")
 #: Models keeping recurrent state inside modules (not in the Cache object).
