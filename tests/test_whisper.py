@@ -12,6 +12,8 @@ import pytest
 import torch
 import transformers
 from conftest import LOGIT_TOL
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
 
@@ -395,3 +397,43 @@ def test_two_stores_on_one_model_each_serve_their_own_requests() -> None:
         assert first.stats().hit_tokens == 3 and first.stats().entries == 1
         assert second.stats().hit_tokens == 0 and second.stats().entries == 2
         assert first.stats().encoder_entries == 1 and second.stats().encoder_entries == 0
+
+
+# ------------------------------------------------------------------------------ random requests
+
+_whisper_requests = st.lists(
+    st.tuples(st.integers(0, 2), st.lists(st.integers(10, 13), max_size=6), st.booleans()), min_size=1, max_size=4
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=_whisper_requests)
+def test_random_requests_reuse_exactly_what_the_rules_allow(requests: list[Any]) -> None:
+    """Random (clip, decoder ids) requests, some continuing the previous answer, equal cold runs and
+    reuse exactly the longest decoder prefix stored for the same clip."""
+    model = whisper()
+    stored: list[tuple[int, list[int]]] = []
+    previous: tuple[int, list[int]] | None = None
+    with attached(model) as store:
+        for clip, tail, continues in requests:
+            if continues and previous is not None:
+                clip, prompt = previous[0], previous[1] + tail
+            else:
+                prompt = [SOT, EN, TRANSCRIBE, NO_TIMESTAMPS, *tail]
+            longest = 0
+            for other, seq in stored:
+                n = 0
+                while other == clip and n < min(len(seq), len(prompt)) and seq[n] == prompt[n]:
+                    n += 1
+                longest = max(longest, n)
+            before = store.stats().hit_tokens
+            warm = transcribe(model, audio(100 + clip), decoder_input_ids=torch.tensor([prompt]), past_key_values=store)
+            cold = transcribe(model, audio(100 + clip), decoder_input_ids=torch.tensor([prompt]))
+            assert torch.equal(cold.sequences, warm.sequences)
+            assert max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True)) < LOGIT_TOL
+            assert store.stats().hit_tokens - before == min(longest, len(prompt) - 1)
+            sequence = warm.sequences[0].tolist()
+            stored.append((clip, sequence[:-1]))
+            previous = (clip, sequence)
+        assert not store.stats().fallbacks, store.stats().fallbacks
+        store.check_integrity()
