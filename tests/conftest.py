@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import TINY_MODELS, build, random_prompt  # noqa: E402
 
 LOGIT_TOL = 1e-4
+
+# On CI the property tests draw the same examples every run, so a red run is reproducible and a
+# rare case found locally (random examples, as Hypothesis draws by default) becomes a test.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @functools.cache
