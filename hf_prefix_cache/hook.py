@@ -265,15 +265,10 @@ class GenerateHook:
             return "custom_generate"
         if arguments.get("negative_prompt_ids") is not None:
             return "negative_prompt"
-        config = _GenerationSettings(model, arguments.get("generation_config"), kwargs)
-        if (config.num_beams or 1) > 1:
-            return "beam_search"
-        if (config.num_return_sequences or 1) > 1:
-            return "num_return_sequences"
-        if config.use_cache is False:
-            return "use_cache_false"
-        if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
-            return "assisted_decoding"
+        config = GenerationSettings(model, arguments.get("generation_config"), kwargs)
+        problem = decoding_problem(config)
+        if problem is not None:
+            return problem
         # A model's default (Gemma checkpoints ship "hybrid") yields to a passed cache; an explicit request does not.
         asked = config.explicit("cache_implementation")
         if asked is not None and asked != "dynamic":
@@ -416,7 +411,7 @@ def _common_prefix_len(rows: list[list[int]]) -> int:
     return n
 
 
-class _GenerationSettings:
+class GenerationSettings:
     """Reads a generation setting as `generate` will see it: kwarg, then the passed config, then the model's."""
 
     def __init__(self, model: Any, generation_config: Any, kwargs: dict[str, Any]) -> None:
@@ -438,6 +433,20 @@ class _GenerationSettings:
             if value is not None:
                 return value
         return None
+
+
+def decoding_problem(config: GenerationSettings) -> str | None:
+    """Why these decoding settings cannot run on one restored cache (beams, several sequences,
+    no cache, assisted decoding), or None."""
+    if (config.num_beams or 1) > 1:
+        return "beam_search"
+    if (config.num_return_sequences or 1) > 1:
+        return "num_return_sequences"
+    if config.use_cache is False:
+        return "use_cache_false"
+    if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+        return "assisted_decoding"
+    return None
 
 
 def _infers_padding(input_ids: torch.Tensor, config: Any) -> bool:

@@ -30,7 +30,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .encoder_keyed import DecoderRequest, EncoderKeyedHook, encoder_namespace
 from .errors import UnhashableMediaError
-from .hook import _GenerationSettings, unwrap_session
+from .hook import GenerationSettings, decoding_problem, unwrap_session
 from .media import hash_media
 
 if TYPE_CHECKING:
@@ -177,15 +177,10 @@ class Seq2SeqHook(EncoderKeyedHook):
                 return "attention_mask_shape"
             if not bool((decoder_mask == 1).all()):
                 return "padding"
-        config = _GenerationSettings(self._model, arguments.get("generation_config"), extra)
-        if (config.num_beams or 1) > 1:
-            return "beam_search"
-        if (config.num_return_sequences or 1) > 1:
-            return "num_return_sequences"
-        if config.use_cache is False:
-            return "use_cache_false"
-        if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
-            return "assisted_decoding"
+        config = GenerationSettings(self._model, arguments.get("generation_config"), extra)
+        problem = decoding_problem(config)
+        if problem is not None:
+            return problem
         asked = config.explicit("cache_implementation")
         if asked is not None and asked != "dynamic":
             return f"cache_implementation:{asked}"

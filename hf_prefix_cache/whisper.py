@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput
 
 from .encoder_keyed import DecoderRequest, EncoderKeyedHook, encoder_namespace
-from .hook import unwrap_session
+from .hook import GenerationSettings, decoding_problem, unwrap_session
 from .media import hash_media
 
 if TYPE_CHECKING:
@@ -146,21 +146,20 @@ class WhisperHook(EncoderKeyedHook):
         mask = call.get("attention_mask")
         if mask is not None and not isinstance(mask, torch.Tensor):
             return "unhashable_media"
-        setting = _Settings(self._model, call)
+        # As Whisper reads a setting: an argument given (not None), then the passed config, then the model's.
+        given = {name: value for name, value in call.items() if value is not None}
+        setting = GenerationSettings(self._model, call.get("generation_config"), given)
         for name, reason in _REFUSED_SETTINGS:
-            if setting(name):
+            if getattr(setting, name):
                 return reason
         temperature = call.get("temperature")
         if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
             return "temperature_fallback"  # several generate calls on one request
-        if (setting("num_beams") or 1) > 1:
-            return "beam_search"
-        if (setting("num_return_sequences") or 1) > 1:
-            return "num_return_sequences"
-        if setting("use_cache") is False:
-            return "use_cache_false"
+        problem = decoding_problem(setting)
+        if problem is not None:
+            return problem
         # transformers refuses a passed cache next to any cache_implementation but a default "hybrid", which it unsets.
-        asked = setting("cache_implementation")
+        asked = setting.cache_implementation
         if asked is not None and asked != "hybrid":
             return f"cache_implementation:{asked}"
         ids = call.get("decoder_input_ids")
@@ -207,22 +206,6 @@ class WhisperHook(EncoderKeyedHook):
         else:
             logger.warning("whisper output does not match its cache (%s vs %s); not stored", sequence, kv_len)
         return output
-
-
-class _Settings:
-    """Reads a generation setting as Whisper will see it: the first set of argument, passed config, model config."""
-
-    def __init__(self, model: Any, call: dict[str, Any]) -> None:
-        self._call = call
-        self._configs = [c for c in (call.get("generation_config"), model.generation_config) if c is not None]
-
-    def __call__(self, name: str) -> Any:
-        value = self._call.get(name)
-        for config in self._configs:
-            if value is not None:
-                break
-            value = getattr(config, name, None)
-        return value
 
 
 def _full_sequence(segment_output: Any) -> torch.Tensor | None:
