@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
@@ -69,3 +70,23 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def start_run(threads: int | None) -> float:
+    """Quiet transformers' logging, apply `--threads`, and return the start time."""
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return time.perf_counter()
+
+
+def print_environment(note: str = "") -> None:
+    """Versions and the load average at the start (timings on a busy machine are not comparable)."""
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}{note}")
+    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+
+
+def print_end(started: float, newline: bool = False) -> None:
+    """The load average at the end and the whole run's time."""
+    lead = "\n" if newline else ""
+    print(f"{lead}load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")

@@ -40,12 +40,11 @@ import cProfile
 import io
 import os
 import pstats
-import time
 from typing import Any
 
 import torch
 import transformers
-from _common import Timings, load_average, timed, tiny_llama
+from _common import Timings, load_average, print_end, start_run, timed, tiny_llama
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
@@ -263,10 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    started = start_run(args.threads)
     model = build_model(args)
     store = PrefixCache(model, max_bytes="8GiB")
     prompts = PromptSource(args.vocab, seed=1)
@@ -319,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.profile:
         profile_hits(model, store, prefix, prompts, args)
-    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
+    print_end(started)
 
 
 if __name__ == "__main__":

@@ -26,13 +26,10 @@ Run: ``PYTHONPATH=. python benchmarks/bench_seq2seq.py --threads 1`` (``--quick`
 from __future__ import annotations
 
 import argparse
-import os
-import time
 from typing import Any
 
 import torch
-import transformers
-from _common import Timings, load_average, timed
+from _common import Timings, print_end, print_environment, start_run, timed
 from transformers import BartConfig, BartForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
@@ -123,18 +120,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    started = start_run(args.threads)
     model = build_model(args)
     print(
         f"tiny BART: d_model {args.d_model}, {args.encoder_layers} encoder / {args.decoder_layers} decoder layers, "
         f"{args.heads} heads, {args.input_len} encoder input tokens, vocab {args.vocab}; {model.dtype}, "
         f"attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print_environment()
     for new_tokens in (1, args.gen_tokens):
         timings = run(model, args, new_tokens)
         print(f"\nmax_new_tokens={new_tokens}, greedy, decoder prompt 8 tokens")
@@ -144,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         cold = timings.median("cold")
         print(f"  cold/hit  = {cold / timings.median('hit'):6.2f}x  (exact repeat: encoder output and decoder prefix)")
         print(f"  miss/cold = {timings.median('miss') / cold:6.3f}   (a new input through the store)")
-    print(f"\nload average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
+    print_end(started, newline=True)
 
 
 if __name__ == "__main__":

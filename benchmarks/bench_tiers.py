@@ -61,8 +61,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import transformers
-from _common import Timings, load_average, timed, tiny_llama
+from _common import Timings, print_end, print_environment, start_run, timed, tiny_llama
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
@@ -461,10 +460,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    started = start_run(args.threads)
     model = build_model(args)
     ids = Ids(args.vocab, seed=1)
     print(
@@ -472,15 +468,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.heads} heads, {args.kv_heads} KV heads, vocab {args.vocab}, {model.dtype}, "
         f"attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}; the device is the CPU (host memory)")
-    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print_environment("; the device is the CPU (host memory)")
     with tempfile.TemporaryDirectory(prefix="bench_tiers_") as tmp:
         print(f"disk tier folder: {tmp}")
         print_bandwidth(run_bandwidth(model, args, ids, tmp), args)
         timings, nbytes = run_break_even(model, args, ids, tmp)
         print_break_even(timings, nbytes, args)
         check_exactness(model, args, ids, tmp)
-    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
+    print_end(started)
 
 
 if __name__ == "__main__":

@@ -35,14 +35,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import transformers
-from _common import Timings, load_average, timed
+from _common import Timings, print_end, print_environment, start_run, timed
 from transformers import DynamicCache, LlavaConfig, LlavaForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
@@ -238,10 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    started = start_run(args.threads)
     model = build_model(args)
     print(
         f"tiny LLaVA: CLIP tower {args.vision_layers} layers, hidden {args.vision_hidden}, "
@@ -250,8 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.heads} heads, {args.kv_heads} KV heads, vocab {args.vocab}; {model.dtype}, "
         f"attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print_environment()
 
     timings, tokens, n = run(model, args)
     per_image = image_tokens(args)
@@ -283,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     mismatched = sorted(name for name, token in tokens.items() if token != tokens["cold"])
     print(f"  greedy token: {tokens['cold']} (cold); variants that differ: {mismatched or 'none'}")
     assert not mismatched, f"greedy tokens differ from cold: { {m: tokens[m] for m in mismatched} }"
-    print(f"load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
+    print_end(started)
 
 
 if __name__ == "__main__":

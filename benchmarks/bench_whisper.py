@@ -31,13 +31,10 @@ thread keeps a shared machine's contention from swamping the ratios).
 from __future__ import annotations
 
 import argparse
-import os
-import time
 from typing import Any
 
 import torch
-import transformers
-from _common import Timings, load_average, timed
+from _common import Timings, print_end, print_environment, start_run, timed
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
@@ -156,18 +153,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    started = time.perf_counter()
+    started = start_run(args.threads)
     model = build_model(args)
     print(
         f"tiny Whisper: d_model {args.d_model}, {args.encoder_layers} encoder / {args.decoder_layers} decoder layers, "
         f"{args.heads} heads, {args.frames} mel frames ({args.frames // 2} encoder positions), vocab {args.vocab}; "
         f"{model.dtype}, attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
+    print_environment()
     for new_tokens in (1, args.gen_tokens):
         timings, mismatched = run(model, args, new_tokens)
         print(f"\nmax_new_tokens={new_tokens}, greedy, decoder prompt 4 tokens")
@@ -180,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  miss/cold           = {timings.median('miss') / cold:6.3f}   (a new clip through the store)")
         print(f"  variants whose tokens differ from cold: {mismatched or 'none'}")
         assert not mismatched, f"greedy tokens differ from cold: {mismatched}"
-    print(f"\nload average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
+    print_end(started, newline=True)
 
 
 if __name__ == "__main__":
