@@ -18,9 +18,11 @@ A `DecoderRequest` carries what the outer call knows down to that inner call, th
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -59,6 +61,27 @@ def encoder_namespace(namespace: str, digest: int) -> str:
 
 class EncoderKeyedHook(GenerateHook):
     """A `GenerateHook` for encoder-decoder models: encoder outputs by input hash, decoder prefixes restored."""
+
+    def _wrap_inner(self, name: str, serve: Callable[..., Any]) -> Callable[..., Any]:
+        """Route the model's method `name` (the step where the decoder ids are known) through `serve`.
+
+        Returns the original method; `detach` puts it back.
+        """
+        original: Callable[..., Any] = getattr(self._model, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return serve(*args, **kwargs)
+
+        setattr(self._model, name, wrapper)
+        self._inner = (name, wrapper)
+        return original
+
+    def detach(self) -> None:
+        super().detach()
+        name, wrapper = self._inner
+        if self._model.__dict__.get(name) is wrapper:
+            delattr(self._model, name)
 
     def _keep_encoder_output(self, namespace: str, digest: int, hidden: torch.Tensor) -> None:
         """Store the encoder output of input `digest` (logged, not kept, when it alone exceeds the budget)."""

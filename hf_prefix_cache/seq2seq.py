@@ -20,7 +20,6 @@ The finished decoder sequence is stored after `generate` returns. Knows nothing 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,23 +66,13 @@ class Seq2SeqHook(EncoderKeyedHook):
 
     def __init__(self, store: PrefixCache, model: Any) -> None:
         super().__init__(store, model)
-        self._original_decoder_ids = model._prepare_decoder_input_ids_for_generation
-
-        @functools.wraps(self._original_decoder_ids)
-        def prepare_decoder_ids(*args: Any, **kwargs: Any) -> Any:
-            return self._prepare_decoder(*args, **kwargs)
-
-        model._prepare_decoder_input_ids_for_generation = prepare_decoder_ids
-        self._decoder_ids_wrapper = prepare_decoder_ids
+        self._original_decoder_ids = self._wrap_inner(
+            "_prepare_decoder_input_ids_for_generation", self._prepare_decoder
+        )
         model_type = getattr(model.config, "model_type", None)
         self._encoder_kwargs = tuple(
             name for name in _ENCODER_KWARGS if name != "pixel_values" or model_type in _PIXEL_MODEL_TYPES
         )
-
-    def detach(self) -> None:
-        super().detach()
-        if self._model.__dict__.get("_prepare_decoder_input_ids_for_generation") is self._decoder_ids_wrapper:
-            del self._model._prepare_decoder_input_ids_for_generation
 
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

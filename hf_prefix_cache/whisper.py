@@ -24,7 +24,6 @@ Both patches are instance attributes, removed by `detach`. Knows nothing about t
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
@@ -69,23 +68,11 @@ class WhisperHook(EncoderKeyedHook):
 
     def __init__(self, store: PrefixCache, model: Any) -> None:
         super().__init__(store, model)
-        self._original_segment = model.generate_with_fallback
+        self._original_segment = self._wrap_inner("generate_with_fallback", self._serve_segment)
         self._segment_signature = inspect.signature(self._original_segment)
-
-        @functools.wraps(self._original_segment)
-        def generate_with_fallback(*args: Any, **kwargs: Any) -> Any:
-            return self._serve_segment(*args, **kwargs)
-
-        model.generate_with_fallback = generate_with_fallback
-        self._segment_wrapper = generate_with_fallback
         encoder = model.get_encoder()
         # Whisper pads every clip to this many mel frames; longer input is long-form.
         self._num_frames = int(encoder.conv1.stride[0] * encoder.conv2.stride[0] * model.config.max_source_positions)
-
-    def detach(self) -> None:
-        super().detach()
-        if self._model.__dict__.get("generate_with_fallback") is self._segment_wrapper:
-            del self._model.generate_with_fallback
 
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
