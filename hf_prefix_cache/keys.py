@@ -41,6 +41,21 @@ def fingerprint(obj: Any) -> str:
     return xxhash.xxh3_128_hexdigest(blob)
 
 
+def sample_indices(numel: int, count: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """`count` evenly spaced int64 indices into `numel` elements, first and last included.
+
+    Integer arithmetic throughout: a float32 `linspace` cannot hold every integer past 2**24, so
+    its last index rounded past the end of any parameter over 16.7M elements (a 7B embedding).
+
+    >>> sample_indices(2**24 + 3, 3).tolist()
+    [0, 8388609, 16777218]
+    """
+    if numel <= count:
+        return torch.arange(numel, dtype=torch.int64, device=device)
+    steps = torch.arange(count, dtype=torch.int64, device=device)
+    return steps * (numel - 1) // (count - 1)
+
+
 def weights_fingerprint(model: Any) -> str:
     """128-bit fingerprint of a model's weights: names, dtypes, shapes and a sample of every parameter.
 
@@ -54,8 +69,7 @@ def weights_fingerprint(model: Any) -> str:
             flat = param.detach().reshape(-1)
             h.update(f"{name}:{flat.dtype}:{tuple(param.shape)}".encode())
             if flat.numel() > _SAMPLES_PER_PARAMETER:
-                idx = torch.linspace(0, flat.numel() - 1, _SAMPLES_PER_PARAMETER, device=flat.device).long()
-                flat = flat[idx]
+                flat = flat[sample_indices(flat.numel(), _SAMPLES_PER_PARAMETER, flat.device)]
             if flat.numel() and flat.device.type != "meta":
                 h.update(flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
