@@ -56,6 +56,10 @@ class GenerateHook:
         self._model = model
         self._original = model.generate
         self._signature = inspect.signature(self._original)
+        base = getattr(model, "get_base_model", None)
+        if callable(base) and base() is not model:
+            # A PeftModel's generate takes (*args, **kwargs) and hands them to its base model's.
+            self._signature = inspect.signature(base().generate)
 
         @functools.wraps(self._original)
         def generate(*args: Any, **kwargs: Any) -> Any:
@@ -148,7 +152,7 @@ class GenerateHook:
         exact_repeat = kv_len is not None and kv_len <= plan.matched_len and not store.profile.has_state
         if exact_repeat and not (items or session):
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
-        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items)
+        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items, plan.restore_len)
         return output
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
@@ -346,6 +350,7 @@ class GenerateHook:
         prompt_symbols: Sequence[Hashable] | None,
         session: Session | None = None,
         items: Sequence[Snapshot] = (),
+        computed_from: int = 0,
     ) -> None:
         kv_len = cache.kv_length()
         # The last generated token is never fed back, so the cache covers all but it.
@@ -365,6 +370,7 @@ class GenerateHook:
                 row=row if batched else None,
                 session=None if batched else session,
                 items=() if batched else [s for s in items if s.length <= length],
+                computed_from=computed_from,
             )
 
     # ----------------------------------------------------------- cache_params

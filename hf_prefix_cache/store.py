@@ -27,14 +27,24 @@ from .budgets import DEFAULT_DISK_BYTES, default_host_bytes, default_max_bytes, 
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .encoder_decoder import EncoderOutputs
-from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
+from .keys import WeightsProbe, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
 from .placement import Placement
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
-from .segments import Run, Segment, Snapshot, best_snapshot, item_states, join_kv, kv_pieces
+from .segments import (
+    Run,
+    Segment,
+    Snapshot,
+    all_finite,
+    best_snapshot,
+    item_states,
+    join_kv,
+    kv_pieces,
+    state_tensors,
+)
 from .session import Session
 from .stats import CacheStats
 from .tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover, snapshot_to_host
@@ -226,7 +236,7 @@ class PrefixCache:
         self.min_store_len = min_store_len
         self.max_entries = max_entries
         self._weights_probe = WeightsProbe(model)
-        self._weights = (self._weights_probe.version(), weights_fingerprint(model))
+        self._weights = (self._weights_probe.check(), weights_fingerprint(model))
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = on_cuda(model)
@@ -374,17 +384,45 @@ class PrefixCache:
             self._hook = None
 
     def namespace(self) -> str:
-        """The model's current namespace (recomputed when its dtype, adapters or weights change)."""
+        """The model's current namespace (recomputed when its dtype, adapters or weights change).
+
+        A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
+        `keys.WeightsProbe` for what it notices and `invalidate` for what it cannot.
+        """
         model = self.model
-        version = self._weights_probe.version()
-        if version != self._weights[0]:
-            self._weights = (version, weights_fingerprint(model))
-        probe = (getattr(model, "dtype", None), adapter_state(model), self._weights[1])
-        cached = self._namespace_cache
-        if cached is None or cached[0] != probe:
-            cached = (probe, model_namespace(model, self.salt, self._weights[1]))
-            self._namespace_cache = cached
-        return cached[1]
+        with self._lock:
+            version = self._weights_probe.check()
+            if version != self._weights[0]:
+                self._weights = (version, weights_fingerprint(model))
+            probe = (getattr(model, "dtype", None), self._weights_probe.adapters, self._weights[1])
+            cached = self._namespace_cache
+            if cached is None or cached[0] != probe:
+                namespace = model_namespace(model, self.salt, self._weights[1], self._weights_probe.adapters)
+                if cached is not None and cached[1] != namespace:
+                    logger.info(
+                        "the model's weights, dtype or adapters changed: entries stored before are no longer used"
+                    )
+                cached = (probe, namespace)
+                self._namespace_cache = cached
+            return cached[1]
+
+    def invalidate(self) -> None:
+        """Forget everything stored, after changing the weights in a way the store cannot see.
+
+        The store notices replaced parameters, in-place updates (`load_state_dict`, optimizer
+        steps), switched adapters, and `.data` edits that touch the elements it samples. An
+        in-place `.data` edit of only a few elements (one embedding row) can escape it: call
+        this after one. Reads the weights again and drops every entry on every tier.
+
+        Example:
+            >>> model.model.embed_tokens.weight.data[7] += 1  # doctest: +SKIP
+            >>> store.invalidate()  # doctest: +SKIP
+        """
+        with self._lock:
+            self._weights = (self._weights_probe.check(), weights_fingerprint(self.model))
+            self._namespace_cache = None
+        self.clear()
+        logger.info("invalidated: every stored entry was dropped")
 
     def session(self, name: str) -> Session:
         """The open session called `name` (made on first use): pass it as `past_key_values`.
@@ -574,9 +612,14 @@ class PrefixCache:
             self._counters.prompt_tokens += prompt_len
             self._counters.computed_tokens += prompt_len
             self._counters.fallbacks[reason] += 1
-            first = reason not in self._warned
-            self._warned.add(reason)
-        (logger.warning if first else logger.info)("prefix cache skipped, running cold: %s", reason)
+        self._log_once(reason, "prefix cache skipped, running cold: %s", reason)
+
+    def _log_once(self, kind: str, message: str, *args: Any) -> None:
+        """Log a WARNING the first time `kind` happens in this store, DEBUG after that."""
+        with self._lock:
+            first = kind not in self._warned
+            self._warned.add(kind)
+        logger.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def count_event(self, reason: str) -> None:
         """Count `reason` in `fallbacks` for a request that was served (and stored) but reused less."""
@@ -687,8 +730,14 @@ class PrefixCache:
         row: int | None = None,
         session: Session | None = None,
         items: Sequence[Snapshot] = (),
+        computed_from: int = 0,
     ) -> int:
         """Store the states in `cache` for `tokens` (all of them), plus earlier `snapshots`.
+
+        Positions from `computed_from` on, `snapshots` and `items` were computed by this request:
+        if any of them holds NaN or infinity (a poisoned image, an adapter gone wrong), nothing
+        is stored, since later requests sharing the prefix would inherit it; the skip is counted
+        as `non_finite_states`.
 
         `row` picks one row of a batched cache; its new tokens are then always copied out,
         since the batch's tensors hold every row. `session`, when given, pins the stored entry.
@@ -712,6 +761,16 @@ class PrefixCache:
             self._remember_state_devices(all_snapshots[-1])
         if items:
             self._remember_state_devices(items[0])
+        fresh = run.slice(min(computed_from, length), length) if run is not None else ([], [])
+        if not all_finite([*fresh[0], *fresh[1], *state_tensors(all_snapshots), *state_tensors(items)]):
+            with self._lock:
+                self._counters.fallbacks["non_finite_states"] += 1
+            self._log_once(
+                "non_finite_states",
+                "not storing %d tokens: their states hold NaN or infinity (check the inputs, e.g. pixel values)",
+                length,
+            )
+            return 0
         nbytes_per_token = run.nbytes_per_token if run is not None else 0
         with self._lock:
             self._maintain(namespace)
