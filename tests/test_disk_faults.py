@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 from pathlib import Path
 
-import pytest
-import torch
 from conftest import Hits, assert_same_as_cold, build, distinct_prompt
 
 from hf_prefix_cache import PrefixCache
