@@ -48,6 +48,9 @@ _KEYED_OR_HARMLESS = frozenset(
 )
 
 
+_IMPL = "cache_implementation"
+
+
 class GenerateHook:
     """Installs itself as `model.generate`; `detach` puts the original back."""
 
@@ -102,6 +105,8 @@ class GenerateHook:
             store.count_fallback(reason, prompt_len)
             return self._original(*args, **kwargs)
         assert isinstance(input_ids, torch.Tensor)
+        if GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs).cache_implementation:
+            kwargs[_IMPL] = None  # "dynamic" (or Gemma's default "hybrid"): the working cache is one
         rows = input_ids.tolist()
         layout, reason = self._media_layout(rows, kwargs)
         if reason is not None:
@@ -273,10 +278,12 @@ class GenerateHook:
         problem = decoding_problem(config)
         if problem is not None:
             return problem
-        # A model's default (Gemma checkpoints ship "hybrid") yields to a passed cache; an explicit request does not.
-        asked = config.explicit("cache_implementation")
-        if asked is not None and asked != "dynamic":
-            return f"cache_implementation:{asked}"
+        # transformers refuses a passed cache beside any cache_implementation, the model's default included
+        # (hub configs name one); "dynamic" is what the store serves (the call drops it), Gemma's default
+        # "hybrid" yields to a passed cache, anything else is another cache and runs cold.
+        impl = config.cache_implementation
+        if impl is not None and impl != "dynamic" and not (impl == "hybrid" and config.explicit(_IMPL) is None):
+            return f"cache_implementation:{impl}"
         if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
             return "output_attentions" if config.output_attentions else "output_hidden_states"
         mask = kwargs.get("attention_mask")
