@@ -270,6 +270,33 @@ class DiskTier:
         return DiskEntry(path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes)
 
 
+def usable_folder(disk_dir: str | os.PathLike[str]) -> Path:
+    """`disk_dir` with `~` expanded, created if missing, once it is known to be a writable folder.
+
+    Raises:
+        ValueError: the path is empty, a file, or a folder this process cannot create or write in.
+    """
+    text = os.fspath(disk_dir)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(
+            f"disk_dir {disk_dir!r} is empty: give a folder for the disk tier (e.g. '~/.cache/prefixes'), "
+            "or None for no disk tier"
+        )
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"disk_dir {str(path)!r} is a file, not a folder: give a folder for the disk tier")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"disk_dir {str(path)!r} is not a folder this process can write in ({exc}); give another one"
+        ) from exc
+    return path
+
+
 def _stub(
     path: Path,
     lo: int,

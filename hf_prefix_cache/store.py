@@ -25,7 +25,7 @@ import torch
 from ._compat import check_transformers
 from .budgets import DEFAULT_DISK_BYTES, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
 from .cache import WorkingCache
-from .disk import CorruptFileError, DiskTier, Layout
+from .disk import CorruptFileError, DiskTier, Layout, usable_folder
 from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
@@ -162,7 +162,8 @@ class PrefixCache:
         max_device_bytes: the same as `max_bytes` (give one of them).
         max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of RAM up
             to 16 GiB for a CUDA model; 0 (no host tier) for a CPU model, whose device is the host.
-        disk_dir: folder for the disk tier; entries there survive a restart of the process.
+        disk_dir: folder for the disk tier (``~`` expanded, created if missing, checked writable
+            here); entries there survive a restart of the process.
         max_disk_bytes: disk budget (default 20 GiB when `disk_dir` is given).
         policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
             most prefill work per byte; see `policy.py`).
@@ -222,13 +223,14 @@ class PrefixCache:
             raise ValueError(f"min_store_len is a positive number of tokens, got {min_store_len}")
         if max_disk_bytes is not None and disk_dir is None:
             raise ValueError("max_disk_bytes needs disk_dir: say where the disk tier lives")
+        disk_root = usable_folder(disk_dir) if disk_dir is not None else None
         self.model = model
         self.profile: ModelProfile = profile_model(model)
         device_budget = max_device_bytes if max_device_bytes is not None else max_bytes
         budgets = [
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
             parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
-            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else DEFAULT_DISK_BYTES) if disk_dir else 0,
+            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else DEFAULT_DISK_BYTES) if disk_root else 0,
         ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
@@ -247,7 +249,7 @@ class PrefixCache:
             self._tree,
             budgets,
             Mover(pin=cuda, use_streams=cuda),
-            DiskTier(disk_dir, layout) if disk_dir is not None else None,
+            DiskTier(disk_root, layout) if disk_root is not None else None,
             self._policy,
             self._state_device,
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
+import pytest
 from conftest import Hits, assert_same_as_cold, build, distinct_prompt
 
 from hf_prefix_cache import PrefixCache
@@ -52,3 +54,71 @@ def test_a_file_whose_header_was_altered_is_never_served(tmp_path: Path) -> None
         fresh.check_integrity()
     finally:
         fresh.detach()
+
+
+@pytest.mark.parametrize("kind", ["empty", "file", "under_a_file"])
+def test_an_unusable_disk_dir_is_refused_when_the_store_is_made(tmp_path: Path, kind: str) -> None:
+    """An empty path, a file, or a path below a file raises a ValueError naming it, before anything is stored."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    disk_dir = {"empty": "", "file": str(afile), "under_a_file": str(afile / "cache")}[kind]
+    with pytest.raises(ValueError, match="disk_dir") as err:
+        PrefixCache(build("llama"), disk_dir=disk_dir, attach=False)
+    assert kind == "empty" or str(afile) in str(err.value)
+
+
+def test_disk_dir_expands_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`disk_dir="~/cache"` is the home folder's `cache`, not a literal `./~` folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    model = build("llama")
+    store = PrefixCache(model, disk_dir="~/cache", save_on_exit=False)
+    try:
+        assert_same_as_cold(model, distinct_prompt(1), store)
+        assert store.save() == 1
+    finally:
+        store.detach()
+    assert not (work / "~").exists()
+    assert len(list((tmp_path / "home" / "cache").rglob("*.safetensors"))) == 1
+
+
+def test_a_full_disk_keeps_entries_in_memory_and_logs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ENOSPC at the write: every request is served exactly, entries stay in memory, one warning; writes resume later."""
+    import errno
+
+    from hf_prefix_cache import disk
+
+    real_save = disk.save_file
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk, "save_file", full)
+    model = build("llama")
+    prompts = [distinct_prompt(seed) for seed in range(4)]
+    one_entry = 2 * 2 * 2 * 8 * 4 * (prompts[0].shape[1] + 5)  # layers x (k, v) x kv heads x head dim x fp32
+    store = PrefixCache(model, max_bytes=one_entry, disk_dir=tmp_path, save_on_exit=False)
+    hits = Hits(store)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="hf_prefix_cache"):
+            for ids in prompts:
+                assert_same_as_cold(model, ids, store)
+            assert store.save() == 0
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "disk tier" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert store.stats().entries == len(prompts)
+        assert store.stats().evictions == 0
+        for ids in prompts:
+            assert_same_as_cold(model, ids, store)
+            assert hits.last() == ids.shape[1] - 1
+        monkeypatch.setattr(disk, "save_file", real_save)
+        assert store.save() > 0
+        assert store.stats().disk_nbytes > 0
+        store.check_integrity()
+    finally:
+        store.detach()
+    assert not list(tmp_path.rglob("*.tmp"))
