@@ -64,21 +64,41 @@ class GenerateHook:
             # A PeftModel's generate takes (*args, **kwargs) and hands them to its base model's.
             self._signature = inspect.signature(base().generate)
 
+        # Another store's wrapper, when this model already has one: put back on detach, not deleted.
+        self._outer: Any = model.__dict__.get("generate")
+        self._detached = False
+
         @functools.wraps(self._original)
         def generate(*args: Any, **kwargs: Any) -> Any:
+            if self._detached:  # detached while a later store's wrapper still calls this one
+                return self._original(*args, **kwargs)
             return self(*args, **kwargs)
 
+        generate._prefix_cache_hook = self  # type: ignore[attr-defined]
         model.generate = generate
         self._wrapper = generate
         self._original_prepare: Callable[..., Any] | None = None
+        self._outer_prepare: Any = None
+        self._prepare_wrapper: Any = None
         if store.profile.cache_kwarg == "cache_params":
             self._patch_prepare_inputs()
 
     def detach(self) -> None:
+        self._detached = True
         if self._model.__dict__.get("generate") is self._wrapper:
-            del self._model.generate
+            outer = self._outer
+            while outer is not None and getattr(getattr(outer, "_prefix_cache_hook", None), "_detached", False):
+                outer = outer._prefix_cache_hook._outer  # an earlier store detached meanwhile: skip its wrapper
+            if outer is not None:
+                self._model.generate = outer
+            else:
+                del self._model.generate
         if self._original_prepare is not None:
-            del self._model.prepare_inputs_for_generation
+            if self._model.__dict__.get("prepare_inputs_for_generation") is self._prepare_wrapper:
+                if self._outer_prepare is not None:
+                    self._model.prepare_inputs_for_generation = self._outer_prepare
+                else:
+                    del self._model.prepare_inputs_for_generation
             self._original_prepare = None
 
     # ----------------------------------------------------------------- request
@@ -89,8 +109,9 @@ class GenerateHook:
         if given is not store:
             if isinstance(given, PrefixCache) and given.model is not self._model:
                 raise IncompatibleModelError(
-                    f"this PrefixCache was built for another model ({type(given.model).__name__}); "
-                    f"make one for this model: PrefixCache(model)"
+                    f"this PrefixCache was built for another model object ({_describe(given.model)}; this one is "
+                    f"{_describe(self._model)}): a store serves only the model it was made with, even among models "
+                    "of one class. Make one for this model: PrefixCache(model)"
                 )
             return self._original(*args, **kwargs)
         kwargs.pop("past_key_values", None)
@@ -102,16 +123,14 @@ class GenerateHook:
         reason = self._why_cold(input_ids, bound.arguments, kwargs)
         if reason is not None:
             prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
-            store.count_fallback(reason, prompt_len)
-            return self._original(*args, **kwargs)
+            return self._run_cold(reason, prompt_len, args, kwargs)
         assert isinstance(input_ids, torch.Tensor)
         if GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs).cache_implementation:
             kwargs[_IMPL] = None  # "dynamic" (or Gemma's default "hybrid"): the working cache is one
         rows = input_ids.tolist()
         layout, reason = self._media_layout(rows, kwargs)
         if reason is not None:
-            store.count_fallback(reason, len(rows[0]))
-            return self._original(*args, **kwargs)
+            return self._run_cold(reason, len(rows[0]), args, kwargs)
         # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
         symbols: Sequence[Hashable] = layout.symbols(rows[0]) if layout is not None else rows[0]
         namespace = base_namespace = store.namespace()
@@ -127,8 +146,7 @@ class GenerateHook:
         item_spans = spans if store.profile.item_layers else ()
         restored = self._restore(namespace, rows, symbols, spans, item_spans)
         if restored is None:
-            store.count_fallback("out_of_memory", len(rows[0]))
-            return self._original(*args, **kwargs)
+            return self._run_cold("out_of_memory", len(rows[0]), args, kwargs)
         plan, cache = restored
         num_restored_items = len(plan.items)
         try:
@@ -158,6 +176,13 @@ class GenerateHook:
         if exact_repeat and not (items or session):
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
         self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items, plan.restore_len)
+        return output
+
+    def _run_cold(self, reason: str, prompt_len: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The original `generate`, untouched; `reason` is counted and logged once it ran (a call that
+        transformers rejects, such as one with a misspelt kwarg, raises its own error and counts nothing)."""
+        output = self._original(*args, **kwargs)
+        self._store.count_fallback(reason, prompt_len)
         return output
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
@@ -385,6 +410,7 @@ class GenerateHook:
         """Models that take `cache_params` get full ids unsliced: skip what the working cache holds."""
         original = self._model.prepare_inputs_for_generation
         self._original_prepare = original
+        self._outer_prepare = self._model.__dict__.get("prepare_inputs_for_generation")
 
         @functools.wraps(original)
         def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -398,6 +424,11 @@ class GenerateHook:
             return original(input_ids, *args, **kwargs)
 
         self._model.prepare_inputs_for_generation = prepare_inputs_for_generation
+        self._prepare_wrapper = prepare_inputs_for_generation
+
+
+def _describe(model: Any) -> str:
+    return f"{type(model).__name__} at {id(model):#x}"
 
 
 def unwrap_session(given: Any) -> tuple[Session | None, Any]:

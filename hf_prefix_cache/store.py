@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import atexit
 import logging
+import numbers
 import os
 import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._compat import check_transformers
-from .budgets import DEFAULT_DISK_BYTES, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
+from .budgets import (
+    DEFAULT_DISK_BYTES,
+    default_host_bytes,
+    default_max_bytes,
+    on_cuda,
+    parse_nbytes,
+    parse_seconds,
+)
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout, usable_folder
 from .encoder_decoder import EncoderOutputs
@@ -167,7 +175,7 @@ class PrefixCache:
         max_disk_bytes: disk budget (default 20 GiB when `disk_dir` is given).
         policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
             most prefill work per byte; see `policy.py`).
-        ttl: seconds after which an unused entry is dropped (None: never).
+        ttl: seconds (or a string like ``"30m"``, ``"1h"``) after which an unused entry is dropped (None: never).
         min_store_len: sequences shorter than this many tokens are not stored.
         max_entries: most entries (leaves) kept over all tiers (None: no limit).
         snapshot_interval: for models with recurrent layers, also snapshot the state every
@@ -201,7 +209,7 @@ class PrefixCache:
         disk_dir: str | os.PathLike[str] | None = None,
         max_disk_bytes: int | str | None = None,
         policy: str = "lru",
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         min_store_len: int = 1,
         max_entries: int | None = None,
         snapshot_interval: int | None = 256,
@@ -215,8 +223,7 @@ class PrefixCache:
             raise ValueError(f"snapshot_interval must be a positive number of tokens or None, got {snapshot_interval}")
         if max_bytes is not None and max_device_bytes is not None:
             raise ValueError("give the device budget once: max_bytes or max_device_bytes, not both")
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f"ttl is a positive number of seconds or None, got {ttl}")
+        ttl = parse_seconds(ttl) if ttl is not None else None
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries is a positive count or None, got {max_entries}")
         if min_store_len < 1:
@@ -437,14 +444,22 @@ class PrefixCache:
                 session = self._sessions[name] = Session(self, name)
             return session
 
-    def pin(self, token_ids: torch.Tensor | Sequence[int]) -> int:
+    def pin(self, token_ids: Any) -> int:
         """Keep the prefix `token_ids` (e.g. a system prompt) stored forever, never evicted or moved.
+
+        `token_ids` is a tensor `[L]` or `[1, L]`, a list of ints, or what a tokenizer returns
+        (`apply_chat_template(..., tokenize=True)`: its `input_ids` are used).
 
         Computes and stores it first if needed (one forward through the wrapped `generate`).
         Returns the pinned length. Undo with `unpin`.
 
         Raises:
-            ValueError: when the prefix cannot be stored (model not served, or `attach=False` and not stored).
+            ValueError: when the prefix cannot be stored (model not served, over budget, or `attach=False`
+                and not stored).
+            TypeError: when the ids are not integers.
+
+        Example:
+            >>> store.pin(tok.apply_chat_template(system_turn, tokenize=True))  # doctest: +SKIP
         """
         tokens = _as_token_list(token_ids)
         if not tokens:
@@ -466,9 +481,13 @@ class PrefixCache:
                 ids, attention_mask=torch.ones_like(ids), past_key_values=self, max_new_tokens=1, do_sample=False
             )
         with self._lock:
+            if self._tree.match(namespace, tokens).matched_len < len(tokens):
+                raise ValueError(
+                    f"could not store the {len(tokens)}-token prefix: it does not fit the budgets "
+                    f"{self.budgets} (or ran cold: see stats().fallbacks); nothing pinned. Pin a shorter "
+                    "prefix or raise max_bytes"
+                )
             result = self._tree.insert(namespace, tokens, _never_called)
-            if result.matched_len < len(tokens):
-                raise ValueError(f"could not store the {len(tokens)}-token prefix (over budget?); nothing pinned")
             key = (namespace, tuple(tokens))
             if key not in self._pins:
                 node = result.path[-1]
@@ -516,6 +535,8 @@ class PrefixCache:
         if self.profile.unsupported is not None:
             raise ValueError(f"{type(self.model).__name__} cannot reuse cached prefixes: {self.profile.unsupported}")
         tokens = _as_token_list(input_ids)
+        if not tokens:
+            raise ValueError("lookup() needs at least one token id")
         _check_manual_media(self.profile, tokens)
         plan = self.acquire(self.namespace(), tokens)
         cache = self.new_cache()
@@ -602,8 +623,9 @@ class PrefixCache:
         if name in _CACHE_API:
             raise _NotAWorkingCacheError(
                 f"PrefixCache has no {name!r}: it is a store, not a transformers Cache. Pass it to the generate() "
-                f"of the model it was built for ({type(self.__dict__.get('model')).__name__}), or use "
-                "store.lookup(ids).cache in a custom forward loop."
+                f"of the model object it was built for ({type(self.__dict__.get('model')).__name__} at "
+                f"{id(self.__dict__.get('model')):#x}; another model, even of the same class, needs its own "
+                "PrefixCache(model)), or use store.lookup(ids).cache in a custom forward loop."
             )
         raise AttributeError(name)
 
@@ -981,7 +1003,28 @@ def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
         )
 
 
-def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:
+def _as_token_list(ids: Any) -> list[int]:
+    """Token ids from a tensor `[L]`/`[1, L]`, a list of ints, or a tokenizer's output (`input_ids` inside).
+
+    Raises:
+        TypeError: for float ids or anything else that is not token ids.
+        ValueError: for a batch of several sequences.
+    """
+    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+        # apply_chat_template(tokenize=True, return_dict=True) and tokenizer(...) give a BatchEncoding.
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids.input_ids
+    if isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        raise TypeError(f"token ids must be integers, got a {ids.dtype} tensor; pass input_ids, e.g. ids.long()")
+    if not isinstance(ids, torch.Tensor):
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise TypeError(f"expected token ids (a tensor or a list of ints), got {type(ids).__name__}")
+        if ids and isinstance(ids[0], Sequence) and not isinstance(ids[0], str):
+            if len(ids) != 1:
+                raise ValueError(f"expected one sequence, got a batch of {len(ids)}; use rows one at a time")
+            ids = ids[0]
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral | torch.Tensor)), None)
+        if bad is not None:
+            raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})")
     if isinstance(ids, torch.Tensor):
         if ids.dim() == 2:
             if ids.shape[0] != 1:
