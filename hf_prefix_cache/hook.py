@@ -166,6 +166,13 @@ class GenerateHook:
         finally:
             store.release(plan)
         store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
+        logger.info(
+            "prefix cache: reused %d of %d prompt tokens%s",
+            plan.restore_len,
+            len(rows[0]),
+            f" (x{len(rows)} rows)" if len(rows) > 1 else "",
+        )
+        logger.debug("matched %d tokens, restored %d, namespace %s", plan.matched_len, plan.restore_len, namespace)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         # Media symbols replace a prompt's placeholders; only one-row calls have media items.
         media_symbols = symbols if layout is not None and layout.items else None
@@ -250,7 +257,7 @@ class GenerateHook:
         try:
             layout = media.layout(rows[0], kwargs)
         except UnhashableMediaError as err:
-            logger.info("media not hashable, running cold: %s", err)
+            logger.debug("media not hashable: %s", err)
             return None, "unhashable_media"
         if layout is None:
             return None, "media_placeholders"

@@ -167,6 +167,7 @@ class Placement:
         self.tree.set_value(node, new)
         self.tree.set_tier(node, to)
         self.counters.offloads += 1
+        logger.debug("moved tokens [%d, %d) to the %s tier", node.start, node.end, ("device", "host", "disk")[to])
         return True
 
     # ------------------------------------------------------------ dropping
@@ -180,6 +181,7 @@ class Placement:
             removed = [node]
         self.counters.evictions += len(removed)
         self.counters.evicted_bytes += sum(n.nbytes for n in removed)
+        logger.debug("dropped %d nodes (%d bytes)", len(removed), sum(n.nbytes for n in removed))
         for gone in removed:
             assert gone.value is not None
             self._release(gone, gone.value, above)
@@ -256,6 +258,7 @@ class Placement:
             states = {layer: self.state_device(layer) for snap in held for layer in snap.states}
             device_seg = segment_to_device(host, self.mover, states)
             self.counters.reloads += 1
+            logger.debug("brought tokens [%d, %d) back to the device", node.start, node.end)
             promote = promote and self.make_room(DEVICE, node.nbytes)
             if promote:
                 self._release(node, seg)

@@ -832,6 +832,8 @@ class PrefixCache:
                 self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
             calls = self._pressure_calls()
         self._after_unlock(calls)
+        if length > result.matched_len:
+            logger.info("prefix cache: stored %d new tokens (%d in all)", length - result.matched_len, length)
         return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
