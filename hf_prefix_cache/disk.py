@@ -166,11 +166,15 @@ class DiskTier:
     def scan(self, namespace: str) -> tuple[list[DiskEntry], int]:
         """Every readable segment file of `namespace` by start position, and how many bad files were skipped.
 
-        Each skipped file gets a warning naming it and what is wrong.
+        Each skipped file gets a warning naming it and what is wrong. Temporary files of writes
+        that never finished (a killed process) are deleted.
         """
         folder = self.folder(namespace)
         if not folder.is_dir():
             return [], 0
+        for tmp in folder.glob(".*.tmp"):  # left by a process killed mid-write (one process per folder)
+            logger.debug("removing the unfinished write %s", tmp)
+            tmp.unlink(missing_ok=True)
         entries = []
         skipped = 0
         for path in sorted(folder.glob("*.safetensors")):

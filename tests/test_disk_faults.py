@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from conftest import Hits, assert_same_as_cold, build, distinct_prompt
 
 from hf_prefix_cache import PrefixCache
@@ -122,3 +125,83 @@ def test_a_full_disk_keeps_entries_in_memory_and_logs_once(
     finally:
         store.detach()
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+_KILL_ROUNDS = 20
+_ENTRIES = 30
+_LEN = 12
+
+
+def _entry(round_: int, i: int, store: PrefixCache) -> tuple[list[int], Any, list[torch.Tensor]]:
+    """Entry `i` of round `round_`: distinct ids, a working cache of seeded keys/values, and its keys."""
+    gen = torch.Generator().manual_seed(1000 * round_ + i)
+    ids = [4 + (round_ * _ENTRIES + i) % 96, *torch.randint(4, 100, (_LEN - 1,), generator=gen).tolist()]
+    ids[1] = 4 + round_  # rounds never share a two-token prefix
+    cache = store.new_cache()
+    keys = []
+    for layer in range(2):
+        k = torch.randn(1, 2, _LEN, 16, generator=gen)
+        v = torch.randn(1, 2, _LEN, 16, generator=gen)
+        cache.update(k, v, layer)
+        keys.append(k)
+    return ids, cache, keys
+
+
+def _write_entries(round_: int, disk: Path, report: int) -> None:
+    """In a forked child: store and save entries one by one, reporting each finished write on `report`."""
+    store = PrefixCache(build("llama"), disk_dir=disk, save_on_exit=False, attach=False)
+    for i in range(_ENTRIES):
+        ids, cache, _ = _entry(round_, i, store)
+        store.insert(ids, cache)
+        store.save()
+        os.write(report, f"{i}\n".encode())
+
+
+def test_sigkill_while_writing_the_disk_tier_loses_only_unfinished_writes(tmp_path: Path) -> None:
+    """A process killed at random points while saving: a new store loads nothing half-written and hits every finished entry."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(0)
+    disk = tmp_path / "cache"
+    model = build("llama")
+    # How long the child's writes take here, so the kills land inside them.
+    probe = PrefixCache(model, disk_dir=tmp_path / "timing", save_on_exit=False, attach=False)
+    started = time.perf_counter()
+    for i in range(5):
+        ids, cache, _ = _entry(99, i, probe)
+        probe.insert(ids, cache)
+        probe.save()
+    write_seconds = (time.perf_counter() - started) / 5
+    partial_rounds = 0
+    for round_ in range(_KILL_ROUNDS):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            try:
+                os.close(read)
+                _write_entries(round_, disk, write)
+            finally:
+                os._exit(0)
+        os.close(write)
+        time.sleep(rng.uniform(0.0, write_seconds * _ENTRIES))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as f:
+            finished = {int(line) for line in f.read().split()}
+        partial_rounds += 0 < len(finished) < _ENTRIES
+
+        store = PrefixCache(model, disk_dir=disk, save_on_exit=False, attach=False)
+        for i in range(_ENTRIES):
+            ids, _, keys = _entry(round_, i, store)
+            with store.lookup(ids) as hit:
+                if i in finished:
+                    assert hit.cached_len == _LEN - 1, f"round {round_}: finished entry {i} is not hit"
+                if hit.cached_len:  # a write may finish just before its report: it must then be whole
+                    for layer, k in enumerate(keys):
+                        assert torch.equal(hit.cache.layers[layer].keys, k[:, :, : _LEN - 1])
+        assert store.stats().skipped_files == 0
+        assert not list(disk.rglob("*.tmp")), "an unfinished write was left behind"
+        store.check_integrity()
+    assert partial_rounds >= _KILL_ROUNDS // 4, f"only {partial_rounds} kills landed mid-run"
