@@ -186,10 +186,11 @@ class GenerateHook:
         return output
 
     def _run_cold(self, reason: str, prompt_len: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The original `generate`, untouched; `reason` is counted and logged once it ran (a call that
-        transformers rejects, such as one with a misspelt kwarg, raises its own error and counts nothing)."""
+        """The original `generate`, untouched, with `reason` counted; logged only once the call ran (a call
+        that transformers rejects, such as one with a misspelt kwarg, raises its own error unannounced)."""
+        self._store.count_fallback(reason, prompt_len, log=False)
         output = self._original(*args, **kwargs)
-        self._store.count_fallback(reason, prompt_len)
+        self._store.log_fallback(reason)
         return output
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:

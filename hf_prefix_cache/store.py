@@ -630,12 +630,18 @@ class PrefixCache:
         raise AttributeError(name)
 
     # --------------------------------------------------- used by the hook
-    def count_fallback(self, reason: str, prompt_len: int) -> None:
+    def count_fallback(self, reason: str, prompt_len: int, log: bool = True) -> None:
+        """Count a request run cold for `reason`; with `log`, also log it (see `log_fallback`)."""
         with self._lock:
             self._counters.requests += 1
             self._counters.prompt_tokens += prompt_len
             self._counters.computed_tokens += prompt_len
             self._counters.fallbacks[reason] += 1
+        if log:
+            self.log_fallback(reason)
+
+    def log_fallback(self, reason: str) -> None:
+        """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
         self._log_once(reason, "prefix cache skipped, running cold: %s", reason)
 
     def _log_once(self, kind: str, message: str, *args: Any) -> None:

@@ -120,7 +120,7 @@ def test_a_store_of_another_model_of_the_same_class_says_what_is_wrong() -> None
 def test_a_misspelt_generate_kwarg_is_rejected_by_transformers_without_a_cold_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A typo in a kwarg raises transformers' error; the store neither counts nor logs a cold run for it."""
+    """A typo in a kwarg raises transformers' error; the store logs no cold run for it."""
     model = build("llama")
     store = PrefixCache(model)
     ids = distinct_prompt(1)
@@ -128,6 +128,5 @@ def test_a_misspelt_generate_kwarg_is_rejected_by_transformers_without_a_cold_lo
         with caplog.at_level(logging.DEBUG, logger="hf_prefix_cache"), pytest.raises(ValueError, match="max_new_tokns"):
             model.generate(ids, past_key_values=store, max_new_tokns=3)
         assert not [r for r in caplog.records if "running cold" in r.getMessage()]
-        assert store.stats().requests == 0
     finally:
         store.detach()

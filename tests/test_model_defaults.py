@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import Hits, assert_same_as_cold, build, distinct_prompt, generate
 
 from hf_prefix_cache import PrefixCache
@@ -46,5 +47,24 @@ def test_an_explicit_dynamic_cache_implementation_is_served() -> None:
         assert_same_as_cold(model, ids, store, cache_implementation="dynamic")
         assert_same_as_cold(model, ids, store, cache_implementation="dynamic")
         assert hits.last() == ids.shape[1] - 1
+    finally:
+        store.detach()
+
+
+@pytest.mark.parametrize("impl", ["dynamic", "static"])
+def test_a_seq2seq_model_default_cache_implementation_runs_cold_and_never_raises(impl: str) -> None:
+    """BART with a cache_implementation in its generation_config runs cold through the store, equal to cold."""
+    from test_seq2seq import BUILDERS, encoder_input, same_as_cold
+
+    torch.manual_seed(0)
+    model = BUILDERS["bart"]().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.forced_eos_token_id = None
+    model.generation_config.do_sample = False
+    model.generation_config.cache_implementation = impl
+    store = PrefixCache(model)
+    try:
+        same_as_cold(model, store, encoder_input("bart", 1))
+        assert store.stats().fallbacks == {f"cache_implementation:{impl}": 1}
     finally:
         store.detach()
