@@ -125,8 +125,10 @@ class GenerateHook:
             prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
             return self._run_cold(reason, prompt_len, args, kwargs)
         assert isinstance(input_ids, torch.Tensor)
-        if GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs).cache_implementation:
-            kwargs[_IMPL] = None  # "dynamic" (or Gemma's default "hybrid"): the working cache is one
+        # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
+        drop_impl = bool(
+            GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs).cache_implementation
+        )
         rows = input_ids.tolist()
         layout, reason = self._media_layout(rows, kwargs)
         if reason is not None:
@@ -162,6 +164,8 @@ class GenerateHook:
                 # Only the suffix's media go to generate (plus explicit positions for M-RoPE).
                 kwargs = media.resume_kwargs(input_ids, kwargs, layout, plan.restore_len)
             kwargs[cache_kwarg] = cache
+            if drop_impl:
+                kwargs[_IMPL] = None
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
