@@ -209,15 +209,19 @@ class RemoteTier:
         self.chunk_len = chunk_len
         self.ttl = ttl
         self.max_write_bytes = max_write_bytes
-        # One retry: a pooled connection left over from before a server restart fails once, then reconnects.
+        # One retry on a connection error: a pooled connection left over from before a server
+        # restart fails once, then reconnects. A timeout is not retried: one timeout per call.
         self._client = redis.Redis.from_url(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
             health_check_interval=30,
+            socket_read_size=1 << 20,  # chunk values are megabytes: 32 KiB reads cost a Python call each
         )
-        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        # Any server-side or transport error (down, timeout, AUTH refused, a command refused) disables
+        # the tier for a back-off; none reaches the request.
+        self._errors = (redis.exceptions.RedisError, OSError)
         self._redis_error = redis.exceptions.RedisError
         self.counters = RemoteCounters()
         self._lock = threading.Lock()  # counters, back-off and the write queue; never held over I/O
@@ -469,24 +473,6 @@ class RemoteTier:
             raise BadChunkError(f"snapshots at {sorted(snapshots)}, a chunk carries only the one at {hi}")
         nbytes_per_token = run.nbytes_per_token if run is not None else 0
         return Segment(run, lo, hi, nbytes_per_token, snapshots, items=items)
-
-    # ------------------------------------------------------------ housekeeping
-    def clear(self, namespace: str | None = None) -> int:
-        """Delete this format's chunks (of `namespace`, or of every namespace) from the server; returns how many."""
-        pattern = f"{_KEY_PREFIX}{namespace}:*" if namespace is not None else f"{_KEY_PREFIX}*"
-        count = 0
-        batch: list[Any] = []
-        for key in self._client.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                count += int(self._client.delete(*batch))
-                batch = []
-        if batch:
-            count += int(self._client.delete(*batch))
-        return count
-
-    def close(self) -> None:
-        self._client.close()
 
 
 def _join(chunks: list[Segment]) -> Segment:

@@ -344,6 +344,24 @@ def test_password_url_works_and_is_never_logged(caplog: pytest.LogCaptureFixture
         server.stop()
 
 
+def test_tls_url_shares_entries() -> None:
+    """A `rediss://` URL (TLS, with the server's CA in the URL) writes and reads chunks like a plain one."""
+    server = RedisServer(tls=True)
+    try:
+        model = cached_model("llama")
+        ids = distinct_prompt(11, 40)
+        writer = _store(model, server.url, remote_write="through")
+        generate(model, ids, past_key_values=writer)
+        writer.detach()
+        assert writer.stats().remote_bytes_written > 0 and len(_keys(server)) == 5
+        reader = _fresh(model, server.url)
+        assert_same_as_cold(model, ids, reader)
+        assert reader.stats().remote_hit_tokens == 32
+        reader.detach()
+    finally:
+        server.stop()
+
+
 def test_redact_hides_passwords_only() -> None:
     """Logged URLs keep the host and user but never the password."""
     assert redact("rediss://u:p@h:6380/1") == "rediss://u:***@h:6380/1"
