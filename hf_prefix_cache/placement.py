@@ -112,6 +112,7 @@ class Placement:
                     break
             if node is None:
                 return
+            self.write_remote(node)  # a capacity drop, like a budget one: the entry leaves the last local tier
             self.drop(node)
 
     def _shrink(self, tier: int, target: int) -> None:

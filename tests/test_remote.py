@@ -116,6 +116,21 @@ def test_entry_leaving_the_last_local_tier_is_written_and_found_again(server: Re
     fresh.detach()
 
 
+def test_entry_dropped_by_max_entries_is_written(server: RedisServer) -> None:
+    """An entry dropped to keep `max_entries` also leaves the last local tier, so it is written too."""
+    model = cached_model("llama")
+    store = _store(model, server.url, max_entries=1)
+    a, b = distinct_prompt(1, 40), distinct_prompt(2, 40)
+    generate(model, a, past_key_values=store)
+    generate(model, b, past_key_values=store)
+    assert store.stats().evictions == 1 and len(_keys(server)) == 5
+    store.detach()
+    fresh = _fresh(model, server.url)
+    assert_same_as_cold(model, a, fresh)
+    assert fresh.stats().remote_hit_tokens == 32
+    fresh.detach()
+
+
 def test_entry_leaving_the_disk_tier_is_read_from_its_file_and_written(server: RedisServer, tmp_path: Path) -> None:
     """Below a disk tier, an entry dropped from disk is written from its file, then hits exactly elsewhere."""
     model = cached_model("llama")
