@@ -40,7 +40,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -129,22 +129,13 @@ class ChunkWrite:
 
 @dataclass(slots=True)
 class RemoteHit:
-    """Chunks loaded for positions `[lo, hi)`, joined: a host segment of that range, or nothing.
+    """Chunks loaded for positions `[lo, hi)`, joined into one host segment of that range (None: nothing loaded).
 
     `error` names why the server could not be asked (``"remote_unavailable"``), else None.
     """
 
     segment: Segment | None = None
     error: str | None = None
-    nbytes: int = 0
-
-    @property
-    def hi(self) -> int:
-        return self.segment.end if self.segment is not None else 0
-
-    @property
-    def lo(self) -> int:
-        return self.segment.start if self.segment is not None else 0
 
 
 @dataclass(slots=True)
@@ -155,11 +146,6 @@ class RemoteCounters:
     bytes_written: int = 0
     errors: int = 0
     skipped_writes: int = 0
-
-
-@dataclass(slots=True)
-class _Pending:
-    writes: list[ChunkWrite] = field(default_factory=list)
 
 
 class RemoteTier:
@@ -225,7 +211,7 @@ class RemoteTier:
         self._redis_error = redis.exceptions.RedisError
         self.counters = RemoteCounters()
         self._lock = threading.Lock()  # counters, back-off and the write queue; never held over I/O
-        self._pending = _Pending()
+        self._pending: list[ChunkWrite] = []
         self._down_until = 0.0
         self._backoff = 1.0
         self._down = False
@@ -244,11 +230,13 @@ class RemoteTier:
             self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
             first, self._warned = not self._warned, True
             self._down = True
+            wait = self._down_until - time.monotonic()
         (logger.warning if first else logger.info)(
-            "remote prefix cache %s unreachable (%s: %s); serving from local tiers, retrying in the background",
+            "remote prefix cache %s unreachable (%s: %s); serving from local tiers, asking again in %.0f s",
             self.url,
             type(exc).__name__,
             exc,
+            wait,
         )
 
     def _succeeded(self) -> None:
@@ -323,12 +311,12 @@ class RemoteTier:
                 self.counters.skipped_writes += len(writes)
                 logger.info("not writing %d bytes to the remote tier: over max_remote_bytes", total)
                 return
-            self._pending.writes.extend(writes)
+            self._pending.extend(writes)
 
     def flush(self) -> None:
         """Send the queued chunks in one pipelined round trip; a full server skips (and counts) them."""
         with self._lock:
-            writes, self._pending.writes = self._pending.writes, []
+            writes, self._pending = self._pending, []
         if not writes:
             return
         if not self.available:
@@ -406,7 +394,7 @@ class RemoteTier:
             if chunks:
                 self.counters.hits += 1
                 self.counters.hit_tokens += len(chunks) * self.chunk_len
-        return RemoteHit(_join(chunks) if chunks else None, nbytes=nbytes)
+        return RemoteHit(_join(chunks) if chunks else None)
 
     def _drop_bad(self, key: str, exc: Exception) -> None:
         with self._lock:

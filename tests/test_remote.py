@@ -316,6 +316,19 @@ def test_full_server_skips_and_counts_writes(server: RedisServer) -> None:
     store.detach()
 
 
+def test_remote_ttl_sets_an_expiry_on_every_chunk(server: RedisServer) -> None:
+    """With `remote_ttl` every written chunk expires on the server after that many seconds; without it, never."""
+    model = cached_model("llama")
+    for seed, ttl in ((1, 60.0), (2, None)):
+        store = _store(model, server.url, remote_write="through", remote_ttl=ttl)
+        generate(model, distinct_prompt(seed, 40), past_key_values=store)
+        store.detach()
+    client = server.client()
+    expiries = sorted(client.pttl(key) for key in _keys(server))
+    assert len(expiries) == 10
+    assert expiries[:5] == [-1] * 5 and all(50_000 < ms <= 60_000 for ms in expiries[5:]), expiries
+
+
 def test_max_remote_bytes_skips_larger_entries(server: RedisServer) -> None:
     """An entry whose missing chunks exceed `max_remote_bytes` is not written; smaller ones are."""
     model = cached_model("llama")
