@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, distinct_prompt, generate
+from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, distinct_prompt, generate, max_logit_diff
 from redis_server import RedisServer
 from remote_worker import CHUNK, FAMILIES, NEW, extra, first_prompt, model_of
 from tiny_models import build
@@ -192,6 +193,35 @@ def test_server_lru_eviction_shrinks_hits_and_nothing_is_wrong(server: RedisServ
         hits.append(reader.stats().hit_tokens - before)
         assert hits[-1] % CHUNK == 0 and hits[-1] <= held, (hits[-1], held)
     assert 0 < sum(hits) < 24 * 56, hits  # some chunks served, some evicted
+    reader.check_integrity()
+    reader.detach()
+
+
+def test_threads_load_from_the_server_at_once(server: RedisServer) -> None:
+    """Four threads generating through one store fetch, adopt and write chunks at once; each equals its cold run."""
+    model = cached_model("llama")
+    prompts = [distinct_prompt(seed, 40) for seed in range(8)]
+    writer = _store(model, server.url, remote_write="through")
+    for ids in prompts[:4]:
+        generate(model, ids, past_key_values=writer)
+    writer.detach()
+    colds = [generate(model, ids) for ids in prompts]
+    reader = _fresh(model, server.url, remote_write="through")
+    results: dict[int, Any] = {}
+
+    def work(i: int) -> None:
+        results[i] = generate(model, prompts[i], past_key_values=reader)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, cold in enumerate(colds):
+        assert torch.equal(results[i].sequences, cold.sequences), i
+        assert max_logit_diff(results[i], cold) < LOGIT_TOL, i
+    assert reader.stats().remote_hit_tokens == 4 * 32  # the first four came from the server
+    assert len(_keys(server)) == 8 * 5  # the other four were written through
     reader.check_integrity()
     reader.detach()
 
