@@ -20,6 +20,10 @@ class CacheStats:
     apart from the tree and its tiers: `encoder_entries` of them, `encoder_nbytes` bytes (not
     in `nbytes`) within `max_encoder_bytes`; `encoder_hits` counts requests that skipped the
     encoder.
+
+    `hit_tokens_by_modality` splits `hit_tokens` by what the restored positions held
+    (``"text"``, ``"image"``, ``"video"``, ``"audio"`` placeholders); `saved_prefill_flops` is
+    an estimate of the language model's prefill work those hits spared (see `observe.py`).
     """
 
     requests: int = 0
@@ -48,8 +52,15 @@ class CacheStats:
     encoder_nbytes: int = 0
     max_encoder_bytes: int = 0
     encoder_hits: int = 0
+    hit_tokens_by_modality: dict[str, int] = field(default_factory=dict)
+    saved_prefill_flops: int = 0
 
     @property
     def hit_rate(self) -> float:
         """Share of prompt tokens served from the store."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def _repr_html_(self) -> str:
+        from .display import stats_html
+
+        return stats_html(self)

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from .disk import CorruptFileError, DiskTier, Layout
 from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
+from .observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
 from .placement import Placement
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
@@ -100,6 +101,8 @@ class _Counters:
     computed_tokens: int = 0
     expired: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    hit_by_modality: Counter[str] = field(default_factory=Counter)
+    saved_prefill_flops: int = 0
 
 
 class Lookup:
@@ -243,6 +246,8 @@ class PrefixCache:
         )
         self._lock = threading.RLock()
         self._counters = _Counters()
+        self._prefill_cost = PrefillCost.of(model, len(self.profile.kv_layers))
+        self._request_callbacks: list[RequestCallback] = []
         self._warned: set[str] = set()
         self._namespace_cache: tuple[Any, str] | None = None
         self._state_devices: dict[int, torch.device] = {}
@@ -322,7 +327,14 @@ class PrefixCache:
                 encoder_nbytes=self.encoder_outputs.nbytes,
                 max_encoder_bytes=self.encoder_outputs.max_bytes,
                 encoder_hits=self.encoder_outputs.hits,
+                hit_tokens_by_modality=dict(c.hit_by_modality),
+                saved_prefill_flops=c.saved_prefill_flops,
             )
+
+    def _repr_html_(self) -> str:
+        from .display import store_html
+
+        return store_html(self)
 
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
@@ -459,6 +471,24 @@ class PrefixCache:
         with self._lock:
             self._pressure.add(callback, thresholds)
 
+    def on_request(self, callback: RequestCallback) -> None:
+        """Call `callback(RequestEvent)` after every `generate` request through the store.
+
+        The event says what the request reused (per modality), the prefill it spared and why it
+        ran cold, if it did; the callback runs outside the store's lock, and an exception in it
+        is logged, never raised into `generate`. `hf_prefix_cache.prometheus` builds on the
+        stats instead, for scraping.
+
+        Example:
+            >>> events = []
+            >>> store.on_request(events.append)                          # doctest: +SKIP
+            >>> model.generate(ids, past_key_values=store)               # doctest: +SKIP
+            >>> events[-1].hit_tokens_by_modality                        # doctest: +SKIP
+            {'text': 35}
+        """
+        with self._lock:
+            self._request_callbacks.append(callback)
+
     def lookup(self, input_ids: torch.Tensor | Sequence[int]) -> Lookup:
         """Restore the longest usable stored prefix of `input_ids` into a fresh working cache.
 
@@ -576,7 +606,10 @@ class PrefixCache:
             self._counters.fallbacks[reason] += 1
             first = reason not in self._warned
             self._warned.add(reason)
+            callbacks = list(self._request_callbacks)
         (logger.warning if first else logger.info)("prefix cache skipped, running cold: %s", reason)
+        if callbacks:
+            _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
 
     def count_event(self, reason: str) -> None:
         """Count `reason` in `fallbacks` for a request that was served (and stored) but reused less."""
@@ -588,7 +621,13 @@ class PrefixCache:
         with self._lock:
             return namespace in self._tree.namespaces()
 
-    def count_request(self, prompt_len: int, restore_len: int, num_rows: int = 1) -> None:
+    def count_request(
+        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
+    ) -> None:
+        """Count a served request; `symbols` (the prompt's tree symbols) split its hits by modality."""
+        by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows)
+        # Without the cache, positions [0, restore_len) would have been prefilled too.
+        saved = self._prefill_cost.flops(0, restore_len) * num_rows
         with self._lock:
             c = self._counters
             c.requests += 1
@@ -596,6 +635,11 @@ class PrefixCache:
             c.hit_tokens += restore_len * num_rows
             c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0
+            c.hit_by_modality.update(by_modality)
+            c.saved_prefill_flops += saved
+            callbacks = list(self._request_callbacks)
+        if callbacks:
+            _notify(callbacks, RequestEvent(prompt_len, restore_len, num_rows, by_modality, saved))
 
     def relieve_device(self) -> None:
         """Move every unpinned entry off the device (after an out-of-memory error)."""
@@ -890,6 +934,14 @@ def _fire(calls: Sequence[Any]) -> None:
             callback(event)
         except Exception:  # an app's callback must not break generation
             logger.exception("memory-pressure callback failed")
+
+
+def _notify(callbacks: Sequence[RequestCallback], event: RequestEvent) -> None:
+    for callback in callbacks:
+        try:
+            callback(event)
+        except Exception:  # an exporter must not break generation
+            logger.exception("on_request callback failed")
 
 
 def _save_at_exit(ref: weakref.ref[PrefixCache]) -> None:
