@@ -27,7 +27,7 @@ from .display import format_nbytes
 
 logger = logging.getLogger("hf_prefix_cache")
 
-BENCHMARKS = ("generate", "lookup", "media_hash", "vlm", "tiers", "seq2seq", "whisper")
+BENCHMARKS = ("generate", "lookup", "media_hash", "vlm", "tiers", "seq2seq", "whisper", "chat")
 
 
 def _progress(iterable: Any, **kwargs: Any) -> Any:
