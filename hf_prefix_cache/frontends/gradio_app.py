@@ -121,6 +121,9 @@ def build_app(engine: ChatEngine, note: str = "") -> gr.Blocks:
         text = (message or {}).get("text") or ""
         files = [f if isinstance(f, str) else f.get("path", "") for f in (message or {}).get("files") or []]
         history = list(history or [])
+        if not text and not files:  # an empty submit: nothing to answer
+            yield history, gr.skip(), conversation, gr.skip(), gr.skip()
+            return
         history += [{"role": "user", "content": {"path": f}} for f in files]
         if text:
             history.append({"role": "user", "content": text})
