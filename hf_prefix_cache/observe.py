@@ -85,7 +85,10 @@ class PrefillCost:
                 decoder = found
         skip: set[int] = set()
         for getter in ("get_input_embeddings", "get_output_embeddings"):
-            module = getattr(model, getter, lambda: None)()
+            try:
+                module = getattr(model, getter, lambda: None)()
+            except Exception:  # e.g. NotImplementedError on composite models (Qwen2.5-Omni)
+                module = None
             if module is not None:
                 skip.update(id(p) for p in module.parameters())
         seen: set[int] = set()
