@@ -120,3 +120,38 @@ def test_browser_chat_reports_reuse_and_gradio_client_shares_the_store(
     assert len(engine.store._sessions) == 2  # one store session per conversation
     stats = engine.store.stats()
     assert stats.hit_tokens_by_modality.get("image", 0) >= 16 and not stats.fallbacks
+
+
+def test_gradio_client_uploads_a_wav_and_the_next_turn_reuses_it(tmp_path: Path) -> None:
+    """Through gradio_client, a WAV uploaded to the tiny audio model is reused on the next turn (25 audio tokens)."""
+    import wave
+
+    from gradio_client import Client, handle_file
+
+    clip = tmp_path / "tone.wav"
+    with wave.open(str(clip), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(8000)
+        f.writeframes((np.sin(np.arange(8000) / 5) * 20000).astype(np.int16).tobytes())
+    engine, note = load_engine("tiny-audio", max_new_tokens=4)
+    app = build_app(engine, note)
+    port = _free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        history, _box, panel, _table = client.predict(
+            {"text": "what is this sound?", "files": [handle_file(str(clip))]}, [], True, api_name="/chat"
+        )
+        assert _reused(panel) == 0 and "identical to the cold run" in panel
+        # The client hands files back as local paths; a history sent again must upload them as files.
+        for message in history:
+            for block in message["content"]:
+                if block.get("type") == "file":
+                    block["file"] = handle_file(block["file"])
+        history, _box, panel, _table = client.predict({"text": "again", "files": []}, history, True, api_name="/chat")
+        assert re.search(r"audio 25\b", panel), panel
+        assert "identical to the cold run" in panel
+    finally:
+        app.close()
+        engine.store.detach()

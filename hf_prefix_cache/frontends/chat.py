@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
+import wave
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import TextIteratorStreamer
 
@@ -65,6 +67,28 @@ class Conversation:
     session: str
     messages: list[dict[str, Any]] = field(default_factory=list)
     reports: list[TurnReport] = field(default_factory=list)
+
+
+def read_wav(path: str, rate: int) -> np.ndarray:
+    """A WAV file (8, 16 or 32-bit PCM) as mono float32 in [-1, 1] at `rate` Hz (linear resampling).
+
+    Raises:
+        ValueError: the file is not PCM WAV of a supported sample width.
+    """
+    with wave.open(str(path), "rb") as f:
+        width, channels, source_rate = f.getsampwidth(), f.getnchannels(), f.getframerate()
+        raw = f.readframes(f.getnframes())
+    dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
+    if width not in dtypes:
+        raise ValueError(f"{path}: {8 * width}-bit WAV is not supported; use 8, 16 or 32-bit PCM")
+    samples = np.frombuffer(raw, dtype=dtypes[width]).astype(np.float32)
+    samples = (samples - 128.0) / 128.0 if width == 1 else samples / float(2 ** (8 * width - 1))
+    samples = samples.reshape(-1, channels).mean(axis=1)
+    if source_rate != rate and len(samples) > 1:
+        n = max(1, round(len(samples) * rate / source_rate))
+        samples = np.interp(np.linspace(0, len(samples) - 1, n), np.arange(len(samples)), samples)
+    out: np.ndarray = samples.astype(np.float32)
+    return out
 
 
 class _TimedStreamer(TextIteratorStreamer):
@@ -132,8 +156,11 @@ class ChatEngine:
                 else:
                     notes.append(f"{type(self.model).__name__} takes no images: {path.rsplit('/', 1)[-1]} ignored")
             elif name.endswith(AUDIO_SUFFIXES):
-                if self.takes_audio:
-                    content.append({"type": "audio", "path": str(path)})
+                if self.takes_audio and name.endswith(".wav"):
+                    rate = int(getattr(self.processor.feature_extractor, "sampling_rate", 16000))
+                    content.append({"type": "audio", "audio": read_wav(path, rate)})
+                elif self.takes_audio:
+                    notes.append(f"only WAV audio is decoded here: {path.rsplit('/', 1)[-1]} ignored")
                 else:
                     notes.append(f"{type(self.model).__name__} takes no audio: {path.rsplit('/', 1)[-1]} ignored")
             else:

@@ -6,7 +6,8 @@ shows the tokens reused, time to first token cold and cached, bytes per tier and
 and, with "compare with a cold run" ticked, the cold answer and whether it is identical.
 
 Install: ``pip install 'hf-prefix-cache[gradio]'``. Launch: ``python -m hf_prefix_cache.gradio``
-or ``hf-prefix-cache gradio`` (``--model tiny-vlm`` for images, ``--model <hub id or folder>``).
+or ``hf-prefix-cache gradio`` (``--model tiny-vlm`` for images, ``tiny-audio`` for WAV clips,
+``--model <hub id or folder>``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .chat import ChatEngine, Conversation, TurnReport
 
 DEFAULT_MODEL = "smollm2"
 TINY_VLM = "tiny-vlm"
+TINY_AUDIO = "tiny-audio"
 TABLE_HEADERS = ["turn", "prompt", "reused", "cold TTFT s", "cached TTFT s", "x", "same"]
 
 
@@ -34,7 +36,8 @@ def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[C
 
     Args:
         model: ``"smollm2"`` (the real SmolLM2-135M-Instruct, offline), ``"tiny-vlm"`` (a
-            random-weight LLaVA with a real processor) or a hub id / local folder.
+            random-weight LLaVA with a real processor), ``"tiny-audio"`` (a random-weight
+            Qwen2-Audio with a real processor) or a hub id / local folder.
         max_new_tokens: answer length limit.
     """
     if model == DEFAULT_MODEL:
@@ -51,6 +54,15 @@ def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[C
             "Upload images and watch the cache panel: a stored image is reused, not encoded again."
         )
         return ChatEngine(vlm, processor, max_new_tokens=max_new_tokens), note
+    if model == TINY_AUDIO:
+        from .tiny_vlm import load_tiny_audio_lm
+
+        alm, processor = load_tiny_audio_lm()
+        note = (
+            "A tiny Qwen2-Audio with **random weights** and a real processor: its answers are noise. "
+            "Upload WAV clips (their first second is used) and watch the cache panel: a stored clip is reused."
+        )
+        return ChatEngine(alm, processor, max_new_tokens=max_new_tokens), note
     return _engine_for_path(model, max_new_tokens), f"{model}."
 
 
@@ -182,7 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="hf-prefix-cache gradio", description="A multimodal chat through a PrefixCache."
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="smollm2 (default), tiny-vlm, or a hub id / folder")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="smollm2 (default), tiny-vlm, tiny-audio, or a hub id / folder"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=None)
