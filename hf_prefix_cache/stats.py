@@ -26,6 +26,10 @@ class CacheStats:
     of chunk values moved, `remote_errors` failed calls (server down, timeouts) and chunks
     dropped as corrupt or foreign, `remote_skipped_writes` chunks not written (server full or
     unreachable, or over `max_remote_bytes`).
+
+    `hit_tokens_by_modality` splits `hit_tokens` by what the restored positions held
+    (``"text"``, ``"image"``, ``"video"``, ``"audio"`` placeholders); `saved_prefill_flops` is
+    an estimate of the language model's prefill work those hits spared (see `observe.py`).
     """
 
     requests: int = 0
@@ -60,8 +64,15 @@ class CacheStats:
     remote_bytes_written: int = 0
     remote_errors: int = 0
     remote_skipped_writes: int = 0
+    hit_tokens_by_modality: dict[str, int] = field(default_factory=dict)
+    saved_prefill_flops: int = 0
 
     @property
     def hit_rate(self) -> float:
         """Share of prompt tokens served from the store."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def _repr_html_(self) -> str:
+        from .display import stats_html
+
+        return stats_html(self)

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from .disk import CorruptFileError, DiskTier, Layout, usable_folder
 from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, model_namespace, weights_fingerprint
 from .media import clamp_below_spans
+from .observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
 from .placement import Placement
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
@@ -119,6 +120,8 @@ class _Counters:
     computed_tokens: int = 0
     expired: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    hit_by_modality: Counter[str] = field(default_factory=Counter)
+    saved_prefill_flops: int = 0
 
 
 class Lookup:
@@ -293,6 +296,8 @@ class PrefixCache:
             )
         self._lock = threading.RLock()
         self._counters = _Counters()
+        self._prefill_cost = PrefillCost.of(model, len(self.profile.kv_layers))
+        self._request_callbacks: list[RequestCallback] = []
         self._warned: set[str] = set()
         self._namespace_cache: tuple[Any, str] | None = None
         self._state_devices: dict[int, torch.device] = {}
@@ -372,8 +377,15 @@ class PrefixCache:
                 encoder_nbytes=self.encoder_outputs.nbytes,
                 max_encoder_bytes=self.encoder_outputs.max_bytes,
                 encoder_hits=self.encoder_outputs.hits,
+                hit_tokens_by_modality=dict(c.hit_by_modality),
+                saved_prefill_flops=c.saved_prefill_flops,
                 **self._remote_stats(),
             )
+
+    def _repr_html_(self) -> str:
+        from .display import store_html
+
+        return store_html(self)
 
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
@@ -553,6 +565,24 @@ class PrefixCache:
         with self._lock:
             self._pressure.add(callback, thresholds)
 
+    def on_request(self, callback: RequestCallback) -> None:
+        """Call `callback(RequestEvent)` after every `generate` request through the store.
+
+        The event says what the request reused (per modality), the prefill it spared and why it
+        ran cold, if it did; the callback runs outside the store's lock, and an exception in it
+        is logged, never raised into `generate`. `hf_prefix_cache.prometheus` builds on the
+        stats instead, for scraping.
+
+        Example:
+            >>> events = []
+            >>> store.on_request(events.append)                          # doctest: +SKIP
+            >>> model.generate(ids, past_key_values=store)               # doctest: +SKIP
+            >>> events[-1].hit_tokens_by_modality                        # doctest: +SKIP
+            {'text': 35}
+        """
+        with self._lock:
+            self._request_callbacks.append(callback)
+
     def lookup(self, input_ids: torch.Tensor | Sequence[int]) -> Lookup:
         """Restore the longest usable stored prefix of `input_ids` into a fresh working cache.
 
@@ -672,8 +702,11 @@ class PrefixCache:
             self._counters.prompt_tokens += prompt_len
             self._counters.computed_tokens += prompt_len
             self._counters.fallbacks[reason] += 1
+            callbacks = list(self._request_callbacks)
         if log:
             self.log_fallback(reason)
+        if callbacks:
+            _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
 
     def log_fallback(self, reason: str) -> None:
         """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
@@ -696,7 +729,13 @@ class PrefixCache:
         with self._lock:
             return namespace in self._tree.namespaces()
 
-    def count_request(self, prompt_len: int, restore_len: int, num_rows: int = 1) -> None:
+    def count_request(
+        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
+    ) -> None:
+        """Count a served request; `symbols` (the prompt's tree symbols) split its hits by modality."""
+        by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows)
+        # Without the cache, positions [0, restore_len) would have been prefilled too.
+        saved = self._prefill_cost.flops(0, restore_len) * num_rows
         with self._lock:
             c = self._counters
             c.requests += 1
@@ -704,6 +743,11 @@ class PrefixCache:
             c.hit_tokens += restore_len * num_rows
             c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0
+            c.hit_by_modality.update(by_modality)
+            c.saved_prefill_flops += saved
+            callbacks = list(self._request_callbacks)
+        if callbacks:
+            _notify(callbacks, RequestEvent(prompt_len, restore_len, num_rows, by_modality, saved))
 
     def relieve_device(self) -> None:
         """Move every unpinned entry off the device (after an out-of-memory error)."""
@@ -1062,6 +1106,14 @@ def _fire(calls: Sequence[Any]) -> None:
             callback(event)
         except Exception:  # an app's callback must not break generation
             logger.exception("memory-pressure callback failed")
+
+
+def _notify(callbacks: Sequence[RequestCallback], event: RequestEvent) -> None:
+    for callback in callbacks:
+        try:
+            callback(event)
+        except Exception:  # an exporter must not break generation
+            logger.exception("on_request callback failed")
 
 
 def _save_at_exit(ref: weakref.ref[PrefixCache]) -> None:
