@@ -261,8 +261,6 @@ class DiskTier:
         snapshot_nbytes = {int(n): int(s["nbytes"]) for n, s in meta["snapshots"].items()}
         if any(not lo < n <= hi for n in snapshot_nbytes):
             raise CorruptFileError(f"snapshots at {sorted(snapshot_nbytes)} outside [{lo}, {hi})")
-        if layout.state_layers and hi not in snapshot_nbytes:
-            raise CorruptFileError("a recurrent model's segment without a snapshot at its end")
         item_nbytes = {int(n): int(s["nbytes"]) for n, s in meta.get("items", {}).items()}
         if any(not lo < n <= hi for n in item_nbytes):
             raise CorruptFileError(f"item states at {sorted(item_nbytes)} outside [{lo}, {hi})")

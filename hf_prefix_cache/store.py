@@ -735,8 +735,11 @@ class PrefixCache:
             if run is not None and result.new_node is not None:
                 run.num_refs += 1
                 self._place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
+            on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]] = {}
             for snap in all_snapshots:
-                self._attach_snapshot(result.path, snap)
+                self._attach_snapshot(result.path, snap, on_disk)
+            for node, snaps in on_disk.values():
+                self._placement.add_to_file(node, snaps)
             for state in items:
                 self._attach_item(result.path, state)
             self._tree.touch(result.path)
@@ -820,20 +823,28 @@ class PrefixCache:
         else:
             run.compact(matched_len, length)
 
-    def _attach_snapshot(self, path: Sequence[Node[Segment]], snap: Snapshot) -> None:
+    def _attach_snapshot(
+        self, path: Sequence[Node[Segment]], snap: Snapshot, on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]]
+    ) -> None:
+        """Give `snap` to the node of `path` whose range holds its length; a disk node's go to `on_disk`.
+
+        Budgets are enforced once after all of an insert's snapshots are attached: enforcing after
+        each one sent the entry to disk after its first snapshot and lost the rest.
+        """
         for node in path:
             if node.start < snap.length <= node.end:
                 seg = node.value
                 assert seg is not None
                 if snap.length not in seg.snapshots:
                     if node.tier == DISK:
-                        return  # its file is not rewritten for one snapshot
+                        # Its file is rewritten once with every new snapshot of this insert.
+                        on_disk.setdefault(id(node), (node, []))[1].append(snap)
+                        return
                     seg.snapshots[snap.length] = (
                         snap if node.tier == DEVICE else snapshot_to_host(snap, self._placement.mover)
                     )
                     self._placement.counters.num_snapshots += 1
                     self._tree.refresh_nbytes(node)
-                    self._placement.enforce()
                 return
 
     def _attach_item(self, path: Sequence[Node[Segment]], state: Snapshot) -> None:
