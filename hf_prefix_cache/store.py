@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._compat import check_transformers
-from .budgets import DEFAULT_DISK_BYTES, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
+from .budgets import default_disk_bytes, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .encoder_decoder import EncoderOutputs
@@ -148,12 +148,14 @@ class PrefixCache:
         model: a transformers generative model. Its `generate` is wrapped; calls that do not
             pass this store behave exactly as before.
         max_bytes: device budget for keys, values and snapshots (int or e.g. ``"2GB"``).
-            Default: 30% of free GPU memory on CUDA, else a quarter of RAM up to 8 GiB.
+            Default: 30% of the GPU memory free once the model is loaded (CUDA), else a quarter of the
+            host memory available when the store is made, up to 8 GiB. `stats()` shows the budgets.
         max_device_bytes: the same as `max_bytes` (give one of them).
-        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of RAM up
-            to 16 GiB for a CUDA model; 0 (no host tier) for a CPU model, whose device is the host.
+        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of the host
+            memory available, up to 16 GiB, for a CUDA model; 0 (no host tier) for a CPU model, whose
+            device is the host.
         disk_dir: folder for the disk tier; entries there survive a restart of the process.
-        max_disk_bytes: disk budget (default 20 GiB when `disk_dir` is given).
+        max_disk_bytes: disk budget (default: half the free space of `disk_dir`'s file system, at most 20 GiB).
         policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
             most prefill work per byte; see `policy.py`).
         ttl: seconds after which an unused entry is dropped (None: never).
@@ -218,7 +220,7 @@ class PrefixCache:
         budgets = [
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
             parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
-            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else DEFAULT_DISK_BYTES) if disk_dir else 0,
+            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else default_disk_bytes(disk_dir)) if disk_dir else 0,
         ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
