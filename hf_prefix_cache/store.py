@@ -220,7 +220,9 @@ class PrefixCache:
         budgets = [
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
             parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
-            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else default_disk_bytes(disk_dir)) if disk_dir else 0,
+            0
+            if disk_dir is None
+            else parse_nbytes(default_disk_bytes(disk_dir) if max_disk_bytes is None else max_disk_bytes),
         ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
