@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import LOGIT_TOL, Hits, assert_same_as_cold, cached_model, random_prompt
+from conftest import LOGIT_TOL, Hits, assert_same_as_cold, cached_model, generate, max_logit_diff, random_prompt
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
@@ -177,5 +177,48 @@ def test_a_first_request_takes_interval_snapshots(name: str) -> None:
         assert_same_as_cold(model, torch.cat([system, question], 1), store)
         assert hits.last() == 32
         store.check_integrity()
+    finally:
+        store.detach()
+
+
+def _own_split_floor(model: Any, ids: torch.Tensor, cut: int, one_token_steps: bool) -> float:
+    """How far the model's own split prefill (no store) lands from its cold run: `[0, cut)`, then the rest."""
+    kwarg = "cache_params" if "Mamba" in type(model).__name__ else "past_key_values"
+    with torch.no_grad():
+        cold = model(ids).logits[:, -1]
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :cut], **{kwarg: cache}, use_cache=True)
+        rest = [ids[:, t : t + 1] for t in range(cut, ids.shape[1])] if one_token_steps else [ids[:, cut:]]
+        for chunk in rest:
+            last = model(chunk, **{kwarg: cache}, use_cache=True).logits[:, -1]
+    return float((last - cold).abs().max())
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2"])
+def test_a_hit_is_within_the_models_own_split_floor(name: str) -> None:
+    """A hit's logits lie within the model's own split-prefill difference (measured here), the README's bound."""
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 192, "num_hidden_layers": 6, "vocab_size": 128, "eos_token_id": None}
+    if name == "mamba":
+        model = transformers.MambaForCausalLM(transformers.MambaConfig(state_size=16, **sizes))
+    else:
+        config = transformers.Mamba2Config(num_heads=6, head_dim=64, state_size=64, n_groups=1, chunk_size=32, **sizes)
+        model = transformers.Mamba2ForCausalLM(config)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    stored = random_prompt(100, seed=61)
+    ids = torch.cat([stored, random_prompt(40, seed=62)], 1)
+    store = PrefixCache(model, snapshot_interval=32)
+    try:
+        generate(model, stored, new=1, past_key_values=store)
+        hits = Hits(store)
+        cold = generate(model, ids, new=1)
+        warm = generate(model, ids, new=1, past_key_values=store)
+        assert hits.last() == 100 and torch.equal(cold.sequences, warm.sequences)
+        floor = _own_split_floor(model, ids, 100, one_token_steps=name == "mamba")
+        diff = max_logit_diff(cold, warm)
+        assert diff <= 2 * floor + 1e-6, f"hit {diff:.1e} from cold, the model's own split floor is {floor:.1e}"
     finally:
         store.detach()
