@@ -323,7 +323,7 @@ class GenerateHook:
         if start < plan.matched_len < target:
             bounds.add(plan.matched_len)
         interval = self._store.snapshot_interval
-        if interval is not None:
+        if interval is not None and self._store.profile.has_recurrence:  # a window snapshot is not worth its bytes
             bounds.update(range((start // interval + 1) * interval, target, interval))
         ordered = sorted(bounds)
         if self._one_token_steps and start == 0:

@@ -28,6 +28,7 @@ from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
+from .layers import SLIDING_WINDOW_MODES
 from .media import clamp_below_spans
 from .placement import Placement
 from .policy import make_policy
@@ -169,6 +170,11 @@ class PrefixCache:
         max_encoder_bytes: encoder-decoder models served keyed by their encoder input
             (Whisper, BART, T5, ...): budget for stored encoder outputs, on the model's device and apart from
             `max_bytes` (default: an eighth of the device budget; 0 stores none).
+        sliding_window_mode: how sliding-window layers are stored. ``"every_position"`` (default):
+            like full attention, so any length restores. ``"window"``: one window of keys/values
+            per snapshot point (prompt ends, answer ends, divergences; no interval snapshots), about
+            the model's own cache for long prompts; a prefix then restores only at those points,
+            and such a model runs batches and media prompts cold.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -200,8 +206,13 @@ class PrefixCache:
         save_on_exit: bool = True,
         attach: bool = True,
         max_encoder_bytes: int | str | None = None,
+        sliding_window_mode: str = "every_position",
     ) -> None:
         check_transformers()
+        if sliding_window_mode not in SLIDING_WINDOW_MODES:
+            raise ValueError(
+                f"sliding_window_mode is one of {', '.join(SLIDING_WINDOW_MODES)}, got {sliding_window_mode!r}"
+            )
         if snapshot_interval is not None and snapshot_interval < 1:
             raise ValueError(f"snapshot_interval must be a positive number of tokens or None, got {snapshot_interval}")
         if max_bytes is not None and max_device_bytes is not None:
@@ -215,7 +226,7 @@ class PrefixCache:
         if max_disk_bytes is not None and disk_dir is None:
             raise ValueError("max_disk_bytes needs disk_dir: say where the disk tier lives")
         self.model = model
-        self.profile: ModelProfile = profile_model(model)
+        self.profile: ModelProfile = profile_model(model, sliding_window_mode)
         device_budget = max_device_bytes if max_device_bytes is not None else max_bytes
         budgets = [
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
