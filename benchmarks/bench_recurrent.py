@@ -227,28 +227,53 @@ def disk(name: str, args: argparse.Namespace) -> None:
     )
 
 
+def own_cache_nbytes(model: Any, ids: torch.Tensor) -> int:
+    """Bytes of the cache transformers itself keeps after a forward over `ids` (windows for sliding layers)."""
+    with torch.no_grad():
+        own = DynamicCache(config=model.config)
+        kw = "cache_params" if "Mamba" in type(model).__name__ else "past_key_values"
+        model(ids, **{kw: own}, use_cache=True, logits_to_keep=1)
+    total = 0
+    for layer in own.layers:
+        for attr in ("keys", "values", "conv_states", "recurrent_states"):
+            value = getattr(layer, attr, None)
+            tensors = value.values() if isinstance(value, dict) else [value]
+            total += sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+    return total
+
+
 def nbytes(name: str, args: argparse.Namespace) -> None:
     model = build(name, args.quick)
+    modes = ["every_position", "window"] if name == "gemma3" else ["every_position"]
     for n in args.bytes_lens:
         ids = prompt(n, seed=11)
-        store = PrefixCache(model, snapshot_interval=args.interval, max_bytes="16GB")
-        run(model, ids, store)
-        stored = store.stats().nbytes
-        store.detach()
-        with torch.no_grad():
-            own = DynamicCache(config=model.config)
-            kw = "cache_params" if "Mamba" in type(model).__name__ else "past_key_values"
-            model(ids, **{kw: own}, use_cache=True)
-        own_nbytes = 0
-        for layer in own.layers:
-            for attr in ("keys", "values", "conv_states", "recurrent_states"):
-                value = getattr(layer, attr, None)
-                tensors = value.values() if isinstance(value, dict) else [value]
-                own_nbytes += sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
-        print(
-            f"{name:<8} {n:>6} {stored / 1e6:>10.1f} {own_nbytes / 1e6:>10.1f} {stored / own_nbytes:>7.2f} "
-            f"{stored / n / 1e3:>12.1f}"
-        )
+        own = own_cache_nbytes(model, torch.cat([ids, ids[:, :1]], 1))  # the stored length: prompt + first answer
+        for mode in modes:
+            store = PrefixCache(model, snapshot_interval=args.interval, max_bytes="16GB", sliding_window_mode=mode)
+            run(model, ids, store)
+            stored = store.stats().nbytes
+            store.detach()
+            label = f"{name} ({mode})" if len(modes) > 1 else name
+            print(
+                f"{label:<24} {n:>6} {stored / 1e6:>10.1f} {own / 1e6:>10.1f} {stored / own:>7.2f} {stored / n / 1e3:>10.1f}"
+            )
+    if name == "gemma3":
+        # Longer prompts, computed from the shapes (the formula tests/test_sliding_window.py checks exactly).
+        c = model.config
+        per_position = 2 * c.num_key_value_heads * c.head_dim * 4
+        num_sliding = sum(t == "sliding_attention" for t in c.layer_types)
+        num_full, window = c.num_hidden_layers - num_sliding, c.sliding_window - 1
+        for n in (8192, 32768):
+            stored_len = n  # prompt + first answer token - 1
+            own = (num_full * stored_len + num_sliding * window) * per_position
+            every = c.num_hidden_layers * stored_len * per_position
+            windowed = (num_full * stored_len + 2 * num_sliding * window) * per_position
+            for mode, stored in (("every_position", every), ("window", windowed)):
+                label = f"gemma3 ({mode})"
+                print(
+                    f"{label:<24} {n:>6} {stored / 1e6:>10.1f} {own / 1e6:>10.1f} {stored / own:>7.2f} "
+                    f"{stored / n / 1e3:>10.1f}  (computed)"
+                )
 
 
 def main() -> None:
@@ -282,7 +307,7 @@ def main() -> None:
             disk(name, args)
     if "bytes" in args.parts:
         print(f"\nstored bytes against the model's own cache (snapshot_interval {args.interval})")
-        print(f"{'model':<8} {'tokens':>6} {'stored MB':>10} {'own MB':>10} {'ratio':>7} {'kB / token':>12}")
+        print(f"{'model':<24} {'tokens':>6} {'stored MB':>10} {'own MB':>10} {'ratio':>7} {'kB / tok':>10}")
         for name in args.bytes_models:
             nbytes(name, args)
     print_end(started, newline=True)
