@@ -19,7 +19,8 @@ from .multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23: their
 # full-sequence `mamba_selective_scan` gets no initial state; Jamba was 8.8e-5 off on a tiny
-# model, growing with the state's weight): once a state exists, tokens go one per forward.
+# model, growing with the state's weight). The hook continues their scan itself (`scan.py`);
+# only if that cannot be installed are tokens fed one per forward once a state exists.
 _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
 # Recurrence kept in module attributes rather than in the Cache object.
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
