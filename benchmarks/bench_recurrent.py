@@ -255,7 +255,8 @@ def nbytes(name: str, args: argparse.Namespace) -> None:
             store.detach()
             label = f"{name} ({mode})" if len(modes) > 1 else name
             print(
-                f"{label:<24} {n:>6} {stored / 1e6:>10.1f} {own / 1e6:>10.1f} {stored / own:>7.2f} {stored / n / 1e3:>10.1f}"
+                f"{label:<24} {n:>6} {stored / 1e6:>10.1f} {own / 1e6:>10.1f} {stored / own:>7.2f} "
+                f"{stored / n / 1e3:>10.1f}"
             )
     if name == "gemma3":
         # Longer prompts, computed from the shapes (the formula tests/test_sliding_window.py checks exactly).
