@@ -268,7 +268,8 @@ def nbytes(name: str, args: argparse.Namespace) -> None:
             stored_len = n  # prompt + first answer token - 1
             own = (num_full * stored_len + num_sliding * window) * per_position
             every = c.num_hidden_layers * stored_len * per_position
-            windowed = (num_full * stored_len + 2 * num_sliding * window) * per_position
+            # Windows at n - 1 and n (max_new_tokens=1) touch: one window reaching one position back.
+            windowed = (num_full * stored_len + num_sliding * (window + 1)) * per_position
             for mode, stored in (("every_position", every), ("window", windowed)):
                 label = f"gemma3 ({mode})"
                 print(

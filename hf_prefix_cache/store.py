@@ -725,6 +725,7 @@ class PrefixCache:
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
             self._remember_state_devices(all_snapshots[-1])
+            all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
         if items:
             self._remember_state_devices(items[0])
         nbytes_per_token = run.nbytes_per_token if run is not None else 0

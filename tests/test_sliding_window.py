@@ -66,9 +66,10 @@ def test_a_windowed_entry_costs_about_the_models_own_cache() -> None:
         num_sliding = sum(t == "sliding_attention" for t in c.layer_types)
         num_full = c.num_hidden_layers - num_sliding
         stored_len = 121  # the prompt and the first answer token (the last one is never fed)
-        # Windows at 119 (before the last prompt token) and 121 (the answer's end).
+        # Windows at 119 (before the last prompt token) and 121 (the answer's end) touch: held once,
+        # as one window reaching two positions further back.
         window = stores["window"].stats().nbytes
-        assert window == (num_full * stored_len + 2 * num_sliding * (WINDOW - 1)) * per_position
+        assert window == (num_full * stored_len + num_sliding * (WINDOW - 1 + 2)) * per_position
         assert _own_cache_nbytes(model, ids[:, :1].repeat(1, stored_len)) * 1.2 >= window
         assert stores["every_position"].stats().nbytes == c.num_hidden_layers * stored_len * per_position
     finally:
@@ -89,11 +90,33 @@ def test_windowed_entries_persist_on_disk(tmp_path: Path) -> None:
     fresh = _window_store(model, disk_dir=tmp_path, save_on_exit=False)
     try:
         hits = Hits(fresh)
+        assert_same_as_cold(model, ids, fresh)
+        assert hits.last() == 39  # the answer-end window reaches back to the prompt end
         assert_same_as_cold(model, torch.cat([out.sequences, random_prompt(5, seed=77)], 1), fresh)
         assert hits.last() == out.sequences.shape[1] - 1
         fresh.check_integrity()
     finally:
         fresh.detach()
+
+
+def test_windows_far_apart_are_kept_apart() -> None:
+    """A long answer leaves the prompt-end and answer-end windows apart: two windows, both restorable."""
+    model = cached_model("mistral")
+    store = _window_store(model)
+    try:
+        hits = Hits(store)
+        ids = random_prompt(30, seed=78)
+        out = assert_same_as_cold(model, ids, store, new=WINDOW + 4)
+        assert sorted((s.length, s.reach) for n in store._tree.iter_nodes() for s in n.value.snapshots.values()) == [
+            (29, 0),
+            (30 + WINDOW + 3, 0),
+        ]
+        assert_same_as_cold(model, ids, store)
+        assert hits.last() == 29
+        assert_same_as_cold(model, torch.cat([out.sequences, random_prompt(5, seed=79)], 1), store)
+        assert hits.last() == out.sequences.shape[1] - 1
+    finally:
+        store.detach()
 
 
 def test_an_unknown_sliding_window_mode_is_refused() -> None:

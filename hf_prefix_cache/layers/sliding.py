@@ -66,14 +66,52 @@ class WindowStateAdapter:
         keep = layer.sliding_window - 1
         keys = layer.keys[..., -keep:, :].clone() if layer.is_initialized else None
         values = layer.values[..., -keep:, :].clone() if layer.is_initialized else None
+        length = int(layer.cumulative_length)
         return LayerState(
             tensors={"keys": {0: keys}, "values": {0: values}},
-            flags={"cumulative_length": {0: int(layer.cumulative_length)}},
+            flags={"cumulative_length": {0: length}, "first_position": {0: max(length - keep, 0)}, "window": {0: keep}},
+        )
+
+    @staticmethod
+    def extend(earlier: LayerState, later: LayerState) -> LayerState | None:
+        """One state holding the positions of both windows (`later` continuing `earlier`), or None when
+        they do not touch: it restores at any length from `earlier`'s to `later`'s (`at`)."""
+        first_a, first_b = int(earlier.flags["first_position"][0]), int(later.flags["first_position"][0])
+        end_a = int(earlier.flags["cumulative_length"][0])
+        keys_a, values_a = earlier.tensors["keys"][0], earlier.tensors["values"][0]
+        keys_b, values_b = later.tensors["keys"][0], later.tensors["values"][0]
+        if keys_a is None or values_a is None or keys_b is None or values_b is None or first_b > end_a:
+            return None
+        # [B, H, first_b - first_a, D] from the earlier window, then the later window: positions [first_a, end_b).
+        k = torch.cat([keys_a[..., : first_b - first_a, :], keys_b], dim=-2)
+        v = torch.cat([values_a[..., : first_b - first_a, :], values_b], dim=-2)
+        flags = {name: dict(per) for name, per in later.flags.items()}
+        flags["first_position"] = {0: first_a}
+        return LayerState(tensors={"keys": {0: k}, "values": {0: v}}, flags=flags)
+
+    @staticmethod
+    def at(state: LayerState, length: int) -> LayerState:
+        """The window state after exactly `length` tokens, cut (as views) from an extended one."""
+        first, end = int(state.flags["first_position"][0]), int(state.flags["cumulative_length"][0])
+        keep = int(state.flags["window"][0])
+        lo = max(length - keep, 0)
+        assert first <= lo and length <= end, f"window state of [{first}, {end}) cannot restore {length}"
+        keys, values = state.tensors["keys"][0], state.tensors["values"][0]
+        assert keys is not None and values is not None
+        return LayerState(
+            tensors={
+                "keys": {0: keys[..., lo - first : length - first, :]},
+                "values": {0: values[..., lo - first : length - first, :]},
+            },
+            flags={"cumulative_length": {0: length}, "first_position": {0: lo}, "window": {0: keep}},
         )
 
     def restore_state(self, layer: Any, state: LayerState) -> None:
+        end = int(state.flags["cumulative_length"][0])
+        if int(state.flags["first_position"][0]) < max(end - int(state.flags["window"][0]), 0):
+            state = self.at(state, end)  # an extended window: the layer holds only its own window
         keys, values = state.tensors["keys"][0], state.tensors["values"][0]
-        layer.cumulative_length = int(state.flags["cumulative_length"][0])
+        layer.cumulative_length = end
         if keys is None or values is None:
             return
         # transformers concatenates onto these (new tensors), so the snapshot is never written.
