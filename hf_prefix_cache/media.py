@@ -89,6 +89,7 @@ class MediaItem:
 
     def symbols(self) -> list[int]:
         """The tree symbols of the item's placeholder positions (negative ints, never token ids)."""
+        assert self.end - self.start <= 1 << _INDEX_BITS, f"{self.end - self.start} placeholders do not fit a symbol"
         base = ((self.digest << _INDEX_BITS) << _KIND_BITS) | KIND_CODES[self.kind]
         return [-1 - (base | (i << _KIND_BITS)) for i in range(self.end - self.start)]
 
