@@ -161,18 +161,40 @@ def _dynamic_cache_nbytes(cache: DynamicCache) -> int:
     total = 0
     for layer in cache.layers:
         for name in ("keys", "values", "conv_states", "recurrent_states"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor):
-                total += t.nbytes
+            held = getattr(layer, name, None)
+            # Recurrent layers keep a dict of states (one per sub-state); attention layers one tensor.
+            for t in held.values() if isinstance(held, dict) else [held]:
+                if isinstance(t, torch.Tensor):
+                    total += t.nbytes
     return total
+
+
+def _replay(model: Any, kwarg: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Last logits of feeding `pieces` one forward each on one DynamicCache (Mamba-1: tokens after the first piece one by one)."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        for i, piece in enumerate(pieces):
+            steps = [piece] if i == 0 or kwarg != "cache_params" else list(piece.split(1, dim=1))
+            for step in steps:
+                logits = model(step, **{kwarg: cache}, use_cache=True).logits[:, -1]
+    return logits
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-1.5b", "gemma-3-1b", "mamba-130m"])
 def test_random_weights_at_real_size_restore_and_hit(name: str) -> None:
-    """bfloat16 at full size: a second turn reuses the first, its tokens equal a cold run's, bytes match a DynamicCache."""
+    """bfloat16 at full size: a second turn reuses the first exactly as a DynamicCache replay would, and bytes match one.
+
+    The reference for exactness is a replay of the store's own order of work on a plain
+    `DynamicCache` (turn 1's prefill, its decode steps, turn 2's new tokens): in bfloat16 a cold
+    run, which prefills everything at once, differs from any split of the same work by rounding
+    (printed beside the hit's difference). Attention models must also give the cold run's tokens;
+    Mamba-1 is not held to that in bfloat16: at this size two valid orders of the same cold work
+    (one scan, or a scan then single steps) already differ by several logits.
+    """
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model = build_real(name)
+    kwarg = "cache_params" if name == "mamba-130m" else "past_key_values"
     # Past Gemma 3's 512-token window, so its sliding layers have dropped positions in a DynamicCache.
     n = GEMMA3_WINDOW + 88 if name == "gemma-3-1b" else 96
     gen = torch.Generator().manual_seed(1)
@@ -183,18 +205,27 @@ def test_random_weights_at_real_size_restore_and_hit(name: str) -> None:
     assert hits.last() == 0
     stored = first.sequences[:, :-1]  # what the store keeps: the prompt and the answer but its last token
     turn2 = torch.cat([first.sequences, torch.randint(10, 30000, (1, 16), generator=gen)], dim=1)
-    cold = generate(model, turn2, 4)
-    warm = generate(model, turn2, 4, past_key_values=store)
+    cold = generate(model, turn2, 1)
+    warm = generate(model, turn2, 1, past_key_values=store)
     assert store.stats().fallbacks == {}
-    assert torch.equal(cold.sequences, warm.sequences), f"{name}: tokens differ"
-    diff = max_logit_diff(cold, warm)
-    scale = max(x.abs().max().item() for x in cold.logits)
-    print(f"{name}: bf16 max |logit diff| hit vs cold {diff:.3g} (logits up to {scale:.3g})")
-    assert diff <= 0.05 * scale, f"{name}: logits differ by {diff} (scale {scale})"
+    reused = hits.last()
     if name == "mamba-130m":
-        assert hits.last() > 0
+        assert 0 < reused <= stored.shape[1]
+        pieces = [turn2[:, : n - 1], turn2[:, n - 1 : reused], turn2[:, reused:]]
     else:
-        assert hits.last() == stored.shape[1]
+        assert reused == stored.shape[1]
+        pieces = [turn1, *first.sequences[:, n:-1].split(1, dim=1), turn2[:, reused:]]
+    replay = _replay(model, kwarg, [p for p in pieces if p.shape[1]])
+    scale = cold.logits[0].abs().max().item()
+    to_replay = (warm.logits[0] - replay).abs().max().item()
+    to_cold = (warm.logits[0] - cold.logits[0]).abs().max().item()
+    floor = (replay - cold.logits[0]).abs().max().item()
+    print(
+        f"{name} bf16: hit vs replay {to_replay:.3g}, hit vs cold {to_cold:.3g}, replay vs cold {floor:.3g}, |logits| <= {scale:.3g}"
+    )
+    assert to_replay <= 1e-2 * scale, f"{name}: the hit is {to_replay} from the replay of the same work"
+    if name != "mamba-130m":
+        assert torch.equal(cold.sequences, warm.sequences), f"{name}: tokens differ from the cold run"
     # Bytes: the store against a DynamicCache that ran the stored tokens.
     with torch.no_grad():
         kwarg = store.profile.cache_kwarg
