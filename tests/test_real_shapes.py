@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from accelerate import init_empty_weights
+from accelerate.utils import set_module_tensor_to_device
 from conftest import Hits, generate, max_logit_diff
 from real_configs import GEMMA3_WINDOW, REAL_CONFIGS, build_real
 from tiny_models import build
@@ -127,22 +129,33 @@ def test_70b_runs_of_128k_tokens_are_counted_to_the_byte(meta_models: dict[str, 
     assert small.stats().fallbacks == {"entry_over_budget": 1} and small.stats().nbytes == 0
 
 
-def test_store_made_before_the_weights_are_loaded_fingerprints_them() -> None:
-    """A store built on a meta-device model takes the weights loaded afterwards into its namespace."""
+def _load_into_empty(model: Any, state: dict[str, torch.Tensor], how: str) -> None:
+    if how == "accelerate":  # what load_checkpoint_and_dispatch does, tensor by tensor
+        for name, tensor in state.items():
+            set_module_tensor_to_device(model, name, "cpu", value=tensor)
+    else:
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
+        model.to_empty(device="cpu")  # allocates every tensor afresh, buffers included
+        model.load_state_dict(state)
+        for name, b in buffers.items():  # the rotary buffers are not in the state dict
+            model.get_buffer(name).copy_(b)
+
+
+@pytest.mark.parametrize("how", ["accelerate", "to_empty"])
+def test_store_made_before_the_weights_are_loaded_fingerprints_them(how: str) -> None:
+    """A store built on an empty (meta-device) model takes the weights loaded afterwards into its namespace."""
     real = build("llama")
     ids = torch.arange(4, 40)[None]
     states = {"a": real.state_dict(), "b": {k: v * 1.5 for k, v in real.state_dict().items()}}
     spaces = {}
     for name, state in states.items():
-        with torch.device("meta"):
-            model = LlamaForCausalLM(real.config)
+        with init_empty_weights():  # parameters on the meta device, buffers real
+            model = LlamaForCausalLM(real.config).eval()
         store = PrefixCache(model)
-        model.to_empty(device="cpu")
-        model.load_state_dict(state)
-        model.eval()
+        _load_into_empty(model, state, how)
         spaces[name] = store.namespace()
         if name == "a":
-            # The same namespace as a store on the model built with these weights: entries are shared exactly.
+            # The namespace of a store on the model built with these weights: their entries are shared.
             assert spaces[name] == PrefixCache(real, attach=False).namespace()
             cold = generate(model, ids, 4)
             generate(model, ids, 4, past_key_values=store)
