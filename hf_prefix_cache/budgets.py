@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from decimal import Decimal
 from typing import Any
 
 import torch
@@ -41,7 +42,8 @@ def parse_nbytes(size: int | str) -> int:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
         if m is None or m.group(2).lower() not in _UNITS:
             raise ValueError(f"cannot read {size!r} as a byte size; write e.g. 4096, '512MB' or '4GiB'")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        # Decimal, not float: "9007199254740993" or "0.1kB" must not round (a float holds 53 bits).
+        value = int(Decimal(m.group(1)) * _UNITS[m.group(2).lower()])
     if value < 0:
         raise ValueError(f"a byte size cannot be negative, got {size!r}")
     return value

@@ -138,7 +138,9 @@ class GenerateHook:
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
-        store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
+        # Media symbols split the hit by modality; a prompt without media is all text (no scan).
+        has_media = layout is not None and bool(layout.items)
+        store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows), symbols=symbols if has_media else None)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         # Media symbols replace a prompt's placeholders; only one-row calls have media items.
         media_symbols = symbols if layout is not None and layout.items else None

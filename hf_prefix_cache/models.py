@@ -88,8 +88,11 @@ def smollm2_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logger.info("converting %s to safetensors under %s (once; later loads take seconds)", gguf_file.name, target)
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
+    except OSError as exc:
+        raise ModelUnavailableError(f"cannot write the converted model under {root}: {exc}") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
         model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)

@@ -27,3 +27,32 @@ def test_weights_fingerprint_of_a_parameter_past_2_pow_24() -> None:
         before = weights_fingerprint(module)
         module.weight.data[-1] = 1.0
         assert weights_fingerprint(module) != before
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        ("9007199254740993", 2**53 + 1),
+        ("0.1kB", 100),
+        ("1.1GB", 1_100_000_000),
+        ("70GiB", 70 * 2**30),
+        ("3.3TB", 3_300_000_000_000),
+        ("1.5 GiB", 3 * 2**29),
+    ],
+)
+def test_byte_sizes_parse_exactly_past_float_precision(text: str, nbytes: int) -> None:
+    """Byte sizes written as strings are parsed without float rounding, at any size."""
+    from hf_prefix_cache.budgets import parse_nbytes
+
+    assert parse_nbytes(text) == nbytes
+
+
+def test_media_symbols_stay_distinct_for_long_items_and_128_bit_digests() -> None:
+    """A 100k-placeholder item with the largest digest gives distinct negative symbols that no other item shares."""
+    from hf_prefix_cache.media import MediaItem
+
+    top = MediaItem("video", 2**128 - 1, 0, 100_000).symbols()
+    other = MediaItem("video", 2**128 - 2, 0, 100_000).symbols()
+    assert len(set(top)) == 100_000 and all(s < 0 for s in top)
+    assert not set(top) & set(other)
+    assert not set(top) & set(MediaItem("image", 2**128 - 1, 0, 100_000).symbols())
