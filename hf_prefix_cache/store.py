@@ -263,6 +263,16 @@ class PrefixCache:
         self.max_entries = max_entries
         self._weights_probe = WeightsProbe(model)
         self._weights = (self._weights_probe.version(), weights_fingerprint(model))
+        # Weights on the meta device (a model built empty, loaded later) have no bytes to fingerprint,
+        # and loading them swaps in new parameter objects unseen by the probe: re-check until loaded.
+        self._weights_on_meta = _has_meta_parameters(model)
+        if self._weights_on_meta:
+            logger.warning(
+                "%s has weights on the meta device: the store fingerprints them once they are loaded; "
+                "its default budgets assume a CPU model (give max_bytes / max_host_bytes, or make the "
+                "store after loading the weights)",
+                type(model).__name__,
+            )
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = on_cuda(model)
@@ -438,6 +448,10 @@ class PrefixCache:
     def namespace(self) -> str:
         """The model's current namespace (recomputed when its dtype, adapters or weights change)."""
         model = self.model
+        if self._weights_on_meta and not _has_meta_parameters(model):
+            self._weights_on_meta = False
+            self._weights_probe = WeightsProbe(model)
+            self._weights = (self._weights_probe.version(), weights_fingerprint(model))
         version = self._weights_probe.version()
         if version != self._weights[0]:
             self._weights = (version, weights_fingerprint(model))
@@ -1123,6 +1137,10 @@ def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
             f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "
             "use model.generate(**inputs, past_key_values=store), which keys media by content"
         )
+
+
+def _has_meta_parameters(model: Any) -> bool:
+    return any(p.is_meta for p in model.parameters())
 
 
 def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:
