@@ -29,7 +29,7 @@ import torch
 from .disk import CorruptFileError, DiskTier
 from .policy import CostAwarePolicy, LRUPolicy
 from .radix import Node, RadixTree
-from .segments import Segment, join_kv
+from .segments import Segment, Snapshot, join_kv
 from .tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, segment_to_device, segment_to_host
 
 if TYPE_CHECKING:
@@ -243,6 +243,53 @@ class Placement:
                 self.tree.set_value(walk, new)
                 return
             walk = walk.parent
+
+    def add_to_file(self, node: Node[Segment], snapshots: Sequence[Snapshot]) -> bool:
+        """Add `snapshots` to the file behind disk node `node` by rewriting it; False when that failed.
+
+        The file's every segment (the parts of a split node share it) moves to the new file, so
+        the file stays one unit: a new process rebuilds the same nodes from it. The old file is
+        deleted only after the new one is in place (writes are atomic).
+        """
+        seg = node.value
+        assert self.disk is not None and seg is not None and seg.disk is not None, f"{node} is not on disk"
+        ref = seg.disk
+        chain = _sharers(node)
+        assert len(chain) == ref.num_refs, f"{ref.path} counts {ref.num_refs} refs, {len(chain)} nodes share it"
+        whole = Segment(None, ref.lo, ref.hi, seg.nbytes_per_token, disk=ref)
+        for part in chain:
+            assert part.value is not None
+            whole.snapshots.update(part.value.snapshots)
+            whole.items.update(part.value.items)
+        try:
+            loaded = self.disk.load(whole)
+            loaded.snapshots.update({s.length: s for s in snapshots})
+            written = self.disk.write(str(node.namespace), self.tree.symbols_of(chain[-1]), loaded)
+        except Exception as exc:  # a full or read-only disk: the old file stays, without these snapshots
+            logger.warning("could not add %d snapshots to %s (%s); keeping it as it was", len(snapshots), ref.path, exc)
+            return False
+        new_ref = written.disk
+        assert new_ref is not None
+        new_ref.num_refs = len(chain)
+        for part in chain:
+            assert part.value is not None
+            inside = range(part.start + 1, part.end + 1)
+            self.tree.set_value(
+                part,
+                Segment(
+                    None,
+                    part.start,
+                    part.end,
+                    part.value.nbytes_per_token,
+                    {n: s for n, s in written.snapshots.items() if n in inside},
+                    disk=new_ref,
+                    items={n: s for n, s in written.items.items() if n in inside},
+                ),
+            )
+        self.counters.num_snapshots += len(snapshots)
+        self.counters.disk_writes += 1
+        self.disk.delete(ref.path)
+        return True
 
     # ------------------------------------------------------------ bringing back
     def bring_to_device(self, path: Sequence[Node[Segment]], length: int) -> list[Segment]:
@@ -462,3 +509,18 @@ class Placement:
             for node in kept:
                 self.tree.offer(node)
         return moved
+
+
+def _sharers(node: Node[Segment]) -> list[Node[Segment]]:
+    """The nodes reading `node`'s file, top-down: the parts of one split node, a chain along a path."""
+    assert node.value is not None
+    ref = node.value.disk
+    top = node
+    while top.parent is not None and top.parent.value is not None and top.parent.value.disk is ref:
+        top = top.parent
+    chain = [top]
+    while True:
+        below = next((c for c in chain[-1].children.values() if c.value is not None and c.value.disk is ref), None)
+        if below is None:
+            return chain
+        chain.append(below)

@@ -24,18 +24,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._compat import check_transformers
-from .budgets import (
-    DEFAULT_DISK_BYTES,
-    default_host_bytes,
-    default_max_bytes,
-    on_cuda,
-    parse_nbytes,
-    parse_seconds,
-)
+from .budgets import default_disk_bytes, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes, parse_seconds
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout, usable_folder
 from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, model_namespace, weights_fingerprint
+from .layers import SLIDING_WINDOW_MODES
 from .media import clamp_below_spans
 from .observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
 from .placement import Placement
@@ -170,13 +164,15 @@ class PrefixCache:
         model: a transformers generative model. Its `generate` is wrapped; calls that do not
             pass this store behave exactly as before.
         max_bytes: device budget for keys, values and snapshots (int or e.g. ``"2GB"``).
-            Default: 30% of free GPU memory on CUDA, else a quarter of RAM up to 8 GiB.
+            Default: 30% of the GPU memory free once the model is loaded (CUDA), else a quarter of the
+            host memory available when the store is made, up to 8 GiB. `stats()` shows the budgets.
         max_device_bytes: the same as `max_bytes` (give one of them).
-        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of RAM up
-            to 16 GiB for a CUDA model; 0 (no host tier) for a CPU model, whose device is the host.
+        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of the host
+            memory available, up to 16 GiB, for a CUDA model; 0 (no host tier) for a CPU model, whose
+            device is the host.
         disk_dir: folder for the disk tier (``~`` expanded, created if missing, checked writable
             here); entries there survive a restart of the process.
-        max_disk_bytes: disk budget (default 20 GiB when `disk_dir` is given).
+        max_disk_bytes: disk budget (default: half the free space of `disk_dir`'s file system, at most 20 GiB).
         policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
             most prefill work per byte; see `policy.py`).
         ttl: seconds (or a string like ``"30m"``, ``"1h"``) after which an unused entry is dropped (None: never).
@@ -190,6 +186,11 @@ class PrefixCache:
         max_encoder_bytes: encoder-decoder models served keyed by their encoder input
             (Whisper, BART, T5, ...): budget for stored encoder outputs, on the model's device and apart from
             `max_bytes` (default: an eighth of the device budget; 0 stores none).
+        sliding_window_mode: how sliding-window layers are stored. ``"every_position"`` (default):
+            like full attention, so any length restores. ``"window"``: one window of keys/values
+            per snapshot point (prompt ends, answer ends, divergences; no interval snapshots), about
+            the model's own cache for long prompts; a prefix then restores only at those points,
+            and such a model runs batches and media prompts cold.
         remote: a Redis or Valkey URL (``redis://[user:password@]host:6379/0``, ``rediss://`` for
             TLS) for a tier shared by processes and machines, below the local ones (see `remote.py`).
             The server evicts: run it with `maxmemory` and ``maxmemory-policy allkeys-lru``.
@@ -231,6 +232,7 @@ class PrefixCache:
         save_on_exit: bool = True,
         attach: bool = True,
         max_encoder_bytes: int | str | None = None,
+        sliding_window_mode: str = "every_position",
         remote: str | None = None,
         max_remote_bytes: int | str | None = None,
         remote_write: str = "back",
@@ -239,6 +241,10 @@ class PrefixCache:
         remote_timeout: float = 2.0,
     ) -> None:
         check_transformers()
+        if sliding_window_mode not in SLIDING_WINDOW_MODES:
+            raise ValueError(
+                f"sliding_window_mode is one of {', '.join(SLIDING_WINDOW_MODES)}, got {sliding_window_mode!r}"
+            )
         if snapshot_interval is not None and snapshot_interval < 1:
             raise ValueError(f"snapshot_interval must be a positive number of tokens or None, got {snapshot_interval}")
         if max_bytes is not None and max_device_bytes is not None:
@@ -253,12 +259,14 @@ class PrefixCache:
         _check_remote_args(remote, max_remote_bytes, remote_write, remote_chunk_len, remote_ttl, remote_timeout)
         disk_root = usable_folder(disk_dir) if disk_dir is not None else None
         self.model = model
-        self.profile: ModelProfile = profile_model(model)
+        self.profile: ModelProfile = profile_model(model, sliding_window_mode)
         device_budget = max_device_bytes if max_device_bytes is not None else max_bytes
         budgets = [
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
             parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
-            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else DEFAULT_DISK_BYTES) if disk_root else 0,
+            0
+            if disk_root is None
+            else parse_nbytes(default_disk_bytes(disk_root) if max_disk_bytes is None else max_disk_bytes),
         ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
@@ -267,6 +275,14 @@ class PrefixCache:
         self.max_entries = max_entries
         self._weights_probe = WeightsProbe(model)
         self._weights = (self._weights_probe.check(), weights_fingerprint(model))
+        if _has_meta_parameters(model):
+            # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
+            logger.warning(
+                "%s has weights on the meta device: the store fingerprints them once they are loaded; "
+                "its default budgets assume a CPU model (give max_bytes / max_host_bytes, or make the "
+                "store after loading the weights)",
+                type(model).__name__,
+            )
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = on_cuda(model)
@@ -870,6 +886,7 @@ class PrefixCache:
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
             self._remember_state_devices(all_snapshots[-1])
+            all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
         if items:
             self._remember_state_devices(items[0])
         fresh = run.slice(min(computed_from, length), length) if run is not None else ([], [])
@@ -905,8 +922,11 @@ class PrefixCache:
             if run is not None and result.new_node is not None:
                 run.num_refs += 1
                 self._place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
+            on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]] = {}
             for snap in all_snapshots:
-                self._attach_snapshot(result.path, snap)
+                self._attach_snapshot(result.path, snap, on_disk)
+            for node, snaps in on_disk.values():
+                self._placement.add_to_file(node, snaps)
             for state in items:
                 self._attach_item(result.path, state)
             self._tree.touch(result.path)
@@ -1034,20 +1054,28 @@ class PrefixCache:
         else:
             run.compact(matched_len, length)
 
-    def _attach_snapshot(self, path: Sequence[Node[Segment]], snap: Snapshot) -> None:
+    def _attach_snapshot(
+        self, path: Sequence[Node[Segment]], snap: Snapshot, on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]]
+    ) -> None:
+        """Give `snap` to the node of `path` whose range holds its length; a disk node's go to `on_disk`.
+
+        Budgets are enforced once after all of an insert's snapshots are attached: enforcing after
+        each one sent the entry to disk after its first snapshot and lost the rest.
+        """
         for node in path:
             if node.start < snap.length <= node.end:
                 seg = node.value
                 assert seg is not None
                 if snap.length not in seg.snapshots:
                     if node.tier == DISK:
-                        return  # its file is not rewritten for one snapshot
+                        # Its file is rewritten once with every new snapshot of this insert.
+                        on_disk.setdefault(id(node), (node, []))[1].append(snap)
+                        return
                     seg.snapshots[snap.length] = (
                         snap if node.tier == DEVICE else snapshot_to_host(snap, self._placement.mover)
                     )
                     self._placement.counters.num_snapshots += 1
                     self._tree.refresh_nbytes(node)
-                    self._placement.enforce()
                 return
 
     def _attach_item(self, path: Sequence[Node[Segment]], state: Snapshot) -> None:
@@ -1187,6 +1215,10 @@ def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
             f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "
             "use model.generate(**inputs, past_key_values=store), which keys media by content"
         )
+
+
+def _has_meta_parameters(model: Any) -> bool:
+    return any(p.is_meta for p in model.parameters())
 
 
 def _as_token_list(ids: Any) -> list[int]:
