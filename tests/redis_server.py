@@ -16,7 +16,10 @@ import time
 from typing import Any
 
 import pytest
-import redis
+
+redis = pytest.importorskip(
+    "redis", reason="the remote-tier tests need the redis client: pip install 'hf-prefix-cache[remote]'"
+)
 
 
 def _free_port() -> int:

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_prefix_cache.frontends.gradio_app import build_app, load_engine
+pytest.importorskip("gradio", reason="the Gradio tests need the gradio extra: pip install 'hf-prefix-cache[gradio]'")
+
+from hf_prefix_cache.frontends.gradio_app import build_app, load_engine  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need the jupyter extra")
+NotebookClient = pytest.importorskip("nbclient", reason="the notebook tests need the jupyter extra").NotebookClient
 
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
