@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
     UnsupportedVersionError,
 )
 from .keys import PrefixKey  # noqa: E402
+from .observe import RequestEvent  # noqa: E402
 from .pressure import PressureEvent  # noqa: E402
 from .radix import RadixTree  # noqa: E402
 from .session import Session  # noqa: E402
@@ -35,6 +36,7 @@ __all__ = [
     "PrefixKey",
     "PressureEvent",
     "RadixTree",
+    "RequestEvent",
     "Session",
     "UnhashableMediaError",
     "UnsupportedVersionError",

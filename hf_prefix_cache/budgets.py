@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +58,21 @@ def _ram_bytes() -> int:
         return 16 * _GiB
 
 
+def available_ram_bytes() -> int:
+    """Host memory a new allocation can take now: `MemAvailable` (Linux), else free pages, else all RAM."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return _ram_bytes()
+
+
 def on_cuda(model: Any) -> bool:
     """Whether `model` runs on a CUDA device that is available."""
     device = getattr(model, "device", torch.device("cpu"))
@@ -63,16 +80,30 @@ def on_cuda(model: Any) -> bool:
 
 
 def default_max_bytes(model: Any) -> int:
-    """Device budget: 30% of free GPU memory for a CUDA model; otherwise a quarter of RAM, at most 8 GiB."""
+    """Device budget: 30% of the GPU memory free once the model is loaded (CUDA); else a quarter of
+    the host memory available now, at most 8 GiB."""
     if on_cuda(model):
         free, _ = torch.cuda.mem_get_info(model.device)
         return int(free * 0.3)
-    return min(_ram_bytes() // 4, 8 * _GiB)
+    return min(available_ram_bytes() // 4, 8 * _GiB)
 
 
 def default_host_bytes(model: Any) -> int:
-    """Host budget: a quarter of RAM up to 16 GiB for a CUDA model; 0 for a CPU model (its device is the host)."""
-    return min(_ram_bytes() // 4, 16 * _GiB) if on_cuda(model) else 0
+    """Host budget: a quarter of the host memory available now, up to 16 GiB, for a CUDA model; 0 for a
+    CPU model (its device is the host)."""
+    return min(available_ram_bytes() // 4, 16 * _GiB) if on_cuda(model) else 0
 
 
 DEFAULT_DISK_BYTES = 20 * _GiB
+
+
+def default_disk_bytes(disk_dir: str | os.PathLike[str]) -> int:
+    """Disk budget: half the free space of the file system holding `disk_dir`, at most 20 GiB."""
+    folder = Path(disk_dir).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return DEFAULT_DISK_BYTES
+    return min(free // 2, DEFAULT_DISK_BYTES)

@@ -14,6 +14,7 @@ import torch
 from transformers import Cache, DynamicCache
 
 from .layers import CrossAttentionAdapter, LayerState
+from .layers.sliding import WindowStateAdapter
 from .profile import ModelProfile
 from .segments import Run, Snapshot
 
@@ -60,8 +61,15 @@ class WorkingCache(DynamicCache):
                     k, v = k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)
                 adapter.restore_kv(layer, k, v, length)
             if adapter.has_state:
-                assert snapshot is not None and snapshot.length == length, "state restore needs a snapshot at length"
-                adapter.restore_state(layer, snapshot.states[i])
+                assert snapshot is not None, f"a state restore of {length} tokens without a snapshot"
+                assert snapshot.length - snapshot.reach <= length <= snapshot.length, (
+                    f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
+                )
+                state = snapshot.states[i]
+                if length != snapshot.length:
+                    assert isinstance(adapter, WindowStateAdapter), "only window states restore below their length"
+                    state = adapter.at(state, length)
+                adapter.restore_state(layer, state)
         if items:
             self._restore_items(items)
 
@@ -132,6 +140,33 @@ class WorkingCache(DynamicCache):
                 assert state is not None
                 states[i] = state
         return Snapshot(length, states)
+
+    def merge_windows(self, snapshots: Sequence[Snapshot]) -> list[Snapshot]:
+        """Window-only snapshots whose windows touch become one extended snapshot (fewer bytes than two).
+
+        Only for models whose every state layer is a window (sliding layers in window mode): the
+        merged snapshot sits at the later length and restores any length back to the earlier one.
+        """
+        if self.profile.has_recurrence or not self.profile.has_state:
+            return list(snapshots)
+        out: list[Snapshot] = []
+        for snap in sorted(snapshots, key=lambda s: s.length):
+            if out and snap.length > out[-1].length:
+                merged = self._extend(out[-1], snap)
+                if merged is not None:
+                    out[-1] = merged
+                    continue
+            out.append(snap)
+        return out
+
+    def _extend(self, earlier: Snapshot, later: Snapshot) -> Snapshot | None:
+        states = {}
+        for i, state in later.states.items():
+            extended = WindowStateAdapter.extend(earlier.states[i], state)
+            if extended is None:
+                return None
+            states[i] = extended
+        return Snapshot(later.length, states, reach=later.length - earlier.length + earlier.reach)
 
     def kv_length(self) -> int | None:
         """Positions held by the attention layers, or None when the model has none."""

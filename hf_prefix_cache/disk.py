@@ -65,6 +65,7 @@ class DiskEntry:
     snapshot_nbytes: dict[int, int]
     devices: list[str | None]
     item_nbytes: dict[int, int] = field(default_factory=dict)
+    snapshot_reach: dict[int, int] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -143,6 +144,7 @@ class DiskTier:
             devices,
             {n: s.nbytes for n, s in seg.snapshots.items()},
             {n: s.nbytes for n, s in seg.items.items()},
+            {n: s.reach for n, s in seg.snapshots.items()},
         )
 
     def delete(self, path: Path) -> None:
@@ -192,6 +194,7 @@ class DiskTier:
             entry.devices,
             entry.snapshot_nbytes,
             entry.item_nbytes,
+            entry.snapshot_reach,
         )
 
     def load(self, stub: Segment) -> Segment:
@@ -259,15 +262,16 @@ class DiskTier:
             if name[:2] in ("k.", "v.") and shape[-2] != hi - lo:
                 raise CorruptFileError(f"{name} holds {shape[-2]} positions for a range of {hi - lo}")
         snapshot_nbytes = {int(n): int(s["nbytes"]) for n, s in meta["snapshots"].items()}
+        snapshot_reach = {int(n): int(s.get("reach", 0)) for n, s in meta["snapshots"].items()}
         if any(not lo < n <= hi for n in snapshot_nbytes):
             raise CorruptFileError(f"snapshots at {sorted(snapshot_nbytes)} outside [{lo}, {hi})")
-        if layout.state_layers and hi not in snapshot_nbytes:
-            raise CorruptFileError("a recurrent model's segment without a snapshot at its end")
         item_nbytes = {int(n): int(s["nbytes"]) for n, s in meta.get("items", {}).items()}
         if any(not lo < n <= hi for n in item_nbytes):
             raise CorruptFileError(f"item states at {sorted(item_nbytes)} outside [{lo}, {hi})")
         devices = _devices(meta, layout.num_layers)
-        return DiskEntry(path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes)
+        return DiskEntry(
+            path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes, snapshot_reach
+        )
 
 
 def _stub(
@@ -278,9 +282,11 @@ def _stub(
     devices: list[str | None],
     snapshot_nbytes: dict[int, int],
     item_nbytes: dict[int, int],
+    snapshot_reach: dict[int, int] | None = None,
 ) -> Segment:
     ref = DiskRef(path, lo, hi, [torch.device(d) if d is not None else None for d in devices])
-    snapshots = {n: Snapshot(n, {}, nbytes) for n, nbytes in snapshot_nbytes.items()}
+    reach = snapshot_reach or {}
+    snapshots = {n: Snapshot(n, {}, nbytes, reach.get(n, 0)) for n, nbytes in snapshot_nbytes.items()}
     items = {n: Snapshot(n, {}, nbytes) for n, nbytes in item_nbytes.items()}
     return Segment(None, lo, hi, nbytes_per_token, snapshots, disk=ref, items=items)
 
@@ -299,7 +305,7 @@ def _states_to_file(prefix: str, at: dict[int, Snapshot], tensors: dict[str, tor
                     if t is not None:
                         tensors[f"{prefix}.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
             layers[str(layer)] = {"tensors": present, "flags": _flags_to_json(state.flags)}
-        out[str(length)] = {"nbytes": snap.nbytes, "layers": layers}
+        out[str(length)] = {"nbytes": snap.nbytes, "layers": layers, "reach": snap.reach}
     return out
 
 
@@ -325,7 +331,7 @@ def _states_from_file(
             states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
         if sorted(states) != list(layers):
             raise CorruptFileError(f"{stub.disk.path} has states for other layers than the model's {layers}")
-        out[length] = Snapshot(length, states)
+        out[length] = Snapshot(length, states, reach=int(snap_meta.get("reach", 0)))
     return out
 
 

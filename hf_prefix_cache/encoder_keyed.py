@@ -43,7 +43,8 @@ class DecoderRequest:
     """What an outer `generate` call hands the inner step that sees the decoder ids.
 
     `namespace` is already extended by the encoder-input hash. The inner step sets `served`,
-    and `plan` / `working` when it restored a cache (the outer call releases and stores them).
+    and `plan` / `working` when it restored a cache (the outer call releases and stores them), or
+    `counted` when it served and stored the request itself (the outer call counts it).
     """
 
     store: PrefixCache
@@ -52,6 +53,7 @@ class DecoderRequest:
     served: bool = field(default=False)
     plan: Plan | None = field(default=None)
     working: WorkingCache | None = field(default=None)
+    counted: tuple[int, int] | None = field(default=None)  # (prompt_len, restore_len) to count when the call ends
 
 
 def encoder_namespace(namespace: str, digest: int) -> str:

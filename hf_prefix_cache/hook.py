@@ -14,7 +14,8 @@ vision keys/values of the prefix's images (item states) and store those of new i
 For models with recurrent layers the hook prefills the uncached prompt itself, in chunks that
 end where snapshots are wanted (the divergence from the stored prefix, every
 `snapshot_interval` tokens, the token before the last), and leaves the last token to
-`generate`.
+`generate`. Models whose own multi-token scan ignores a cached state (Mamba, FalconMamba,
+Jamba) continue it through `scan.ScanContinuation`, so their chunks are exact too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .errors import IncompatibleModelError, UnhashableMediaError
 from .keys import fingerprint
 from .media import MediaLayout
 from .multimodal import MEDIA_KWARGS
+from .scan import ScanContinuation
 from .segments import Snapshot
 from .session import Session
 from .store import Plan, PrefixCache
@@ -66,6 +68,17 @@ class GenerateHook:
         self._original_prepare: Callable[..., Any] | None = None
         if store.profile.cache_kwarg == "cache_params":
             self._patch_prepare_inputs()
+        self._scan: ScanContinuation | None = None
+        if store.profile.single_token_steps:
+            self._scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
+            if self._scan is None:
+                logger.warning(
+                    "%s: cannot continue its selective scan over several tokens; resumed prompts are fed "
+                    "one token per forward",
+                    type(model).__name__,
+                )
+        # One forward per token once a state exists (only when the scan cannot be continued exactly).
+        self._one_token_steps = store.profile.single_token_steps and self._scan is None
 
     def detach(self) -> None:
         if self._model.__dict__.get("generate") is self._wrapper:
@@ -73,6 +86,9 @@ class GenerateHook:
         if self._original_prepare is not None:
             del self._model.prepare_inputs_for_generation
             self._original_prepare = None
+        if self._scan is not None:
+            self._scan.remove()
+            self._scan = None
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -138,7 +154,9 @@ class GenerateHook:
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
-        store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows))
+        # Media symbols split the hit by modality; a prompt without media is all text (no scan).
+        has_media = layout is not None and bool(layout.items)
+        store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows), symbols=symbols if has_media else None)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         # Media symbols replace a prompt's placeholders; only one-row calls have media items.
         media_symbols = symbols if layout is not None and layout.items else None
@@ -300,7 +318,6 @@ class GenerateHook:
     # ----------------------------------------------------------- state prefill
     def _prefill_states(self, cache: WorkingCache, input_ids: torch.Tensor, plan: Plan) -> tuple[int, list[Snapshot]]:
         """Feed prompt tokens `[restore_len, n - 1)` in chunks, snapshotting at each chunk's end."""
-        profile = self._store.profile
         start, target = plan.restore_len, input_ids.shape[1] - 1
         if target <= start:
             return start, []
@@ -308,10 +325,10 @@ class GenerateHook:
         if start < plan.matched_len < target:
             bounds.add(plan.matched_len)
         interval = self._store.snapshot_interval
-        if interval is not None:
+        if interval is not None and self._store.profile.has_recurrence:  # a window snapshot is not worth its bytes
             bounds.update(range((start // interval + 1) * interval, target, interval))
         ordered = sorted(bounds)
-        if profile.single_token_steps and start == 0:
+        if self._one_token_steps and start == 0:
             # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
             first = min(b for b in ordered if b == target or b == plan.matched_len)
             ordered = [b for b in ordered if b >= first]
@@ -319,7 +336,7 @@ class GenerateHook:
         pos = start
         with torch.no_grad():
             for bound in ordered:
-                if profile.single_token_steps and pos > 0:
+                if self._one_token_steps and pos > 0:
                     for t in range(pos, bound):
                         self._forward(cache, input_ids, t, t + 1)
                 else:

@@ -31,6 +31,7 @@ from .errors import UnhashableMediaError
 KIND_CODES = {"image": 1, "video": 2, "audio": 3}
 _INDEX_BITS = 32
 _KIND_BITS = 8
+_KIND_NAMES = {code: kind for kind, code in KIND_CODES.items()}
 
 
 def hash_media(*parts: Any) -> int:
@@ -115,6 +116,14 @@ class MediaLayout:
     def num_cached(self, kind: str, cached_len: int) -> int:
         """How many items of `kind` lie wholly inside the first `cached_len` positions."""
         return sum(1 for item in self.items if item.kind == kind and item.end <= cached_len)
+
+
+def symbol_kind(symbol: Hashable) -> str:
+    """``"text"`` for a token id, else the media kind encoded in a placeholder's symbol."""
+    if not isinstance(symbol, int) or symbol >= 0:
+        return "text"
+    code = (-1 - symbol) & ((1 << _KIND_BITS) - 1)
+    return _KIND_NAMES.get(code, "text")
 
 
 def find_runs(tokens: Sequence[int], token_id: int) -> list[tuple[int, int]]:

@@ -10,22 +10,30 @@ A tier whose budget is 0 is skipped; a node that fits no slower tier is dropped 
 subtree (descendants cannot be restored without it). A hit on a node off the device brings it
 back (`bring_to_device`) when room can be made, else serves a temporary copy.
 
+With a remote tier (`remote.py`), a node leaving the last local tier first has the chunks of its
+sequence that the server lacks queued for writing (`write_remote`), and chunks loaded from the
+server join the tree on the device (`adopt`).
+
 Not thread-safe: the store calls it under its lock.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from .disk import DiskTier
+from .disk import CorruptFileError, DiskTier
 from .policy import CostAwarePolicy, LRUPolicy
 from .radix import Node, RadixTree
-from .segments import Segment
+from .segments import Segment, Snapshot, join_kv
 from .tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, is_out_of_memory, segment_to_device, segment_to_host
+
+if TYPE_CHECKING:
+    from .remote import ChunkWrite, RemoteTier
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -51,6 +59,7 @@ class Placement:
         disk: the disk tier, or None.
         policy: decides which node leaves first; told when one does.
         state_device: the device a stateful layer's snapshot goes back to.
+        remote: the shared tier below the local ones, or None.
     """
 
     def __init__(
@@ -61,6 +70,7 @@ class Placement:
         disk: DiskTier | None,
         policy: LRUPolicy | CostAwarePolicy,
         state_device: Callable[[int], torch.device | None],
+        remote: RemoteTier | None = None,
     ) -> None:
         assert len(budgets) == NUM_TIERS, f"budgets for {NUM_TIERS} tiers, got {budgets}"
         self.tree = tree
@@ -69,6 +79,7 @@ class Placement:
         self.disk = disk
         self.policy = policy
         self.state_device = state_device
+        self.remote = remote
         self.counters = PlacementCounters()
         self._indexed: set[str] = set()
 
@@ -101,6 +112,7 @@ class Placement:
                     break
             if node is None:
                 return
+            self.write_remote(node)  # a capacity drop, like a budget one: the entry leaves the last local tier
             self.drop(node)
 
     def _shrink(self, tier: int, target: int) -> None:
@@ -118,6 +130,7 @@ class Placement:
             if fits and self._move(node, slower):
                 self.tree.offer(node)
                 return
+        self.write_remote(node)
         self.drop(node)
 
     def _move(self, node: Node[Segment], to: int) -> bool:
@@ -209,6 +222,53 @@ class Placement:
                 return
             walk = walk.parent
 
+    def add_to_file(self, node: Node[Segment], snapshots: Sequence[Snapshot]) -> bool:
+        """Add `snapshots` to the file behind disk node `node` by rewriting it; False when that failed.
+
+        The file's every segment (the parts of a split node share it) moves to the new file, so
+        the file stays one unit: a new process rebuilds the same nodes from it. The old file is
+        deleted only after the new one is in place (writes are atomic).
+        """
+        seg = node.value
+        assert self.disk is not None and seg is not None and seg.disk is not None, f"{node} is not on disk"
+        ref = seg.disk
+        chain = _sharers(node)
+        assert len(chain) == ref.num_refs, f"{ref.path} counts {ref.num_refs} refs, {len(chain)} nodes share it"
+        whole = Segment(None, ref.lo, ref.hi, seg.nbytes_per_token, disk=ref)
+        for part in chain:
+            assert part.value is not None
+            whole.snapshots.update(part.value.snapshots)
+            whole.items.update(part.value.items)
+        try:
+            loaded = self.disk.load(whole)
+            loaded.snapshots.update({s.length: s for s in snapshots})
+            written = self.disk.write(str(node.namespace), self.tree.symbols_of(chain[-1]), loaded)
+        except Exception as exc:  # a full or read-only disk: the old file stays, without these snapshots
+            logger.warning("could not add %d snapshots to %s (%s); keeping it as it was", len(snapshots), ref.path, exc)
+            return False
+        new_ref = written.disk
+        assert new_ref is not None
+        new_ref.num_refs = len(chain)
+        for part in chain:
+            assert part.value is not None
+            inside = range(part.start + 1, part.end + 1)
+            self.tree.set_value(
+                part,
+                Segment(
+                    None,
+                    part.start,
+                    part.end,
+                    part.value.nbytes_per_token,
+                    {n: s for n, s in written.snapshots.items() if n in inside},
+                    disk=new_ref,
+                    items={n: s for n, s in written.items.items() if n in inside},
+                ),
+            )
+        self.counters.num_snapshots += len(snapshots)
+        self.counters.disk_writes += 1
+        self.disk.delete(ref.path)
+        return True
+
     # ------------------------------------------------------------ bringing back
     def bring_to_device(self, path: Sequence[Node[Segment]], length: int) -> list[Segment]:
         """Segments of `path` covering `[0, length)`, all in device memory, in path order.
@@ -267,6 +327,118 @@ class Placement:
             else:
                 self.tree.offer(leaf)
 
+    # ------------------------------------------------------------ remote tier
+    def write_remote(self, node: Node[Segment]) -> None:
+        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (sent by `RemoteTier.flush`).
+
+        Costs one `EXISTS` round trip; parts of the sequence on disk are read only for missing chunks.
+        """
+        remote = self.remote
+        if remote is None or node.is_root:
+            return
+        symbols = self.tree.symbols_of(node)
+        num_chunks = len(symbols) // remote.chunk_len
+        if num_chunks == 0 or any(type(s) is not int for s in symbols):
+            return
+        namespace = str(node.namespace)
+        missing = remote.missing(namespace, symbols, num_chunks)
+        if not missing:
+            return
+        from .remote import chunk_keys
+
+        chain = chunk_keys(namespace, symbols, remote.chunk_len, num_chunks)
+        path: list[Node[Segment]] = []
+        walk: Node[Segment] | None = node
+        while walk is not None and not walk.is_root:
+            path.append(walk)
+            walk = walk.parent
+        path.reverse()
+        loaded: dict[int, Segment] = {}
+        try:
+            writes = [self._chunk(remote, namespace, symbols, chain, index, path, loaded) for index in missing]
+        except CorruptFileError as exc:
+            logger.warning("not writing a prefix to the remote tier: %s", exc)
+            return
+        remote.queue(writes)
+
+    def _chunk(
+        self,
+        remote: RemoteTier,
+        namespace: str,
+        symbols: Sequence[Hashable],
+        chain: Sequence[str],
+        index: int,
+        path: Sequence[Node[Segment]],
+        loaded: dict[int, Segment],
+    ) -> ChunkWrite:
+        """Chunk `index` of the sequence stored along `path`, gathered from its nodes' segments."""
+        lo, hi = index * remote.chunk_len, (index + 1) * remote.chunk_len
+        pieces = []
+        devices: list[torch.device | None] = [None] * remote.layout.num_layers
+        snapshot = None
+        items = {}
+        for node in path:
+            seg = node.value
+            assert seg is not None
+            if seg.end <= lo or seg.start >= hi:
+                continue
+            if seg.disk is not None:
+                assert self.disk is not None, "a disk segment in a store without a disk tier"
+                if id(node) not in loaded:
+                    loaded[id(node)] = self.disk.load(seg)
+                seg = loaded[id(node)]
+            if seg.run is not None:
+                pieces.append(seg.run.slice(max(lo, seg.start), min(hi, seg.end)))
+                devices = list(seg.run.devices)
+            if seg.start < hi <= seg.end:
+                snapshot = seg.snapshots.get(hi)
+            items.update({n: s for n, s in seg.items.items() if lo < n <= hi})
+        if pieces:
+            keys, values = join_kv(pieces)
+        else:
+            keys = values = [None] * remote.layout.num_layers
+        return remote.encode(namespace, symbols, index, chain, keys, values, devices, snapshot, items)
+
+    def adopt(self, namespace: str, symbols: Sequence[Hashable], hit: Segment) -> bool:
+        """Add chunks loaded from the remote tier (host segment `hit`, positions `[lo, hi)` of `symbols`) to the tree.
+
+        Only the part past the local match is added, as a new leaf on the device (tiers kept
+        monotone by `settle`, budgets by `enforce`). Returns whether anything was added.
+        """
+        have = self.tree.match(namespace, symbols[: hit.end]).matched_len
+        if not hit.start <= have < hit.end:
+            return False  # the local tree grew past it, or lost the prefix it continues meanwhile
+        part = hit
+        if have > hit.start:
+            if hit.run is not None:
+                hit.run.compact(have, hit.end)
+            snapshots = {n: s for n, s in hit.snapshots.items() if n > have}
+            items = {n: s for n, s in hit.items.items() if n > have}
+            part = Segment(hit.run, have, hit.end, hit.nbytes_per_token, snapshots, items=items)
+        if part.nbytes > max(self.budgets):
+            logger.info("not adopting %d remote tokens: larger than every tier's budget", part.end - part.start)
+            return False
+        held = [*part.snapshots.values(), *part.items.values()]
+        states = {layer: self.state_device(layer) for snap in held for layer in snap.states}
+        targets = [*(part.run.devices if part.run is not None else []), *states.values()]
+        if all(d is None or d.type == "cpu" for d in targets):
+            device_seg = part  # a CPU model: the loaded host tensors are already where they are used
+        else:
+            device_seg = segment_to_device(part, self.mover, states)
+        result = self.tree.insert(namespace, symbols[: hit.end], lambda a, b: device_seg, tier=DEVICE)
+        assert result.new_node is not None and result.matched_len == have, (
+            f"adopted at {result.matched_len}, not {have}"
+        )
+        self.counters.num_snapshots += len(device_seg.snapshots)
+        leaf = result.path[-1]
+        self.tree.lock(leaf)  # the request that asked for it restores it next
+        try:
+            self.settle(result.path)
+            self.enforce()
+        finally:
+            self.tree.unlock(leaf)
+        return True
+
     # ------------------------------------------------------------ disk index and save
     def index_disk(self, namespace: str) -> None:
         """Add the disk files of `namespace` to the tree, once per namespace and process."""
@@ -311,3 +483,18 @@ class Placement:
                 moved += 1
                 self._shrink(DISK, self.budgets[DISK])
         return moved
+
+
+def _sharers(node: Node[Segment]) -> list[Node[Segment]]:
+    """The nodes reading `node`'s file, top-down: the parts of one split node, a chain along a path."""
+    assert node.value is not None
+    ref = node.value.disk
+    top = node
+    while top.parent is not None and top.parent.value is not None and top.parent.value.disk is ref:
+        top = top.parent
+    chain = [top]
+    while True:
+        below = next((c for c in chain[-1].children.values() if c.value is not None and c.value.disk is ref), None)
+        if below is None:
+            return chain
+        chain.append(below)

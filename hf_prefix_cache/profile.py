@@ -14,11 +14,13 @@ from typing import Any
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
 from .layers import CrossAttentionAdapter, LayerAdapter, adapter_for
+from .layers.sliding import WindowStateAdapter
 from .multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23: their
 # full-sequence `mamba_selective_scan` gets no initial state; Jamba was 8.8e-5 off on a tiny
-# model, growing with the state's weight): once a state exists, tokens go one per forward.
+# model, growing with the state's weight). The hook continues their scan itself (`scan.py`);
+# only if that cannot be installed are tokens fed one per forward once a state exists.
 _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
 # Recurrence kept in module attributes rather than in the Cache object.
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
@@ -61,6 +63,7 @@ class ModelProfile:
     layer_specs: tuple[tuple[type, dict[str, Any]], ...]
     has_kv: bool
     has_state: bool
+    has_recurrence: bool  # a state summarising every token so far (not only a window): interval snapshots pay
     single_token_steps: bool
     accepts_position_ids: bool
     accepts_logits_to_keep: bool
@@ -78,8 +81,11 @@ class ModelProfile:
         return tuple(i for i, a in enumerate(self.adapters) if a.has_state)
 
 
-def profile_model(model: Any) -> ModelProfile:
-    """Inspect `model` (a transformers generative model) once."""
+def profile_model(model: Any, sliding_window_mode: str = "every_position") -> ModelProfile:
+    """Inspect `model` (a transformers generative model) once.
+
+    `sliding_window_mode` picks how sliding-window layers are stored (see `layers/sliding.py`).
+    """
     cache_kwarg = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
     params = set(inspect.signature(model.forward).parameters)
     config = model.config
@@ -98,7 +104,7 @@ def profile_model(model: Any) -> ModelProfile:
             layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
-            adapter = adapter_for(cls(**kwargs)) if cls is not None else None
+            adapter = adapter_for(cls(**kwargs), sliding_window_mode) if cls is not None else None
             if adapter is None:
                 unsupported = f"unsupported_layer:{cls.__name__ if cls is not None else layer_type}"
                 adapters, specs = [], []
@@ -121,6 +127,7 @@ def profile_model(model: Any) -> ModelProfile:
         layer_specs=tuple(specs),
         has_kv=any(a.has_kv for a in adapters),
         has_state=any(a.has_state for a in adapters),
+        has_recurrence=any(a.has_state and not isinstance(a, WindowStateAdapter) for a in adapters),
         single_token_steps=model_type in _SINGLE_TOKEN_STEP_MODEL_TYPES,
         accepts_position_ids="position_ids" in params,
         accepts_logits_to_keep="logits_to_keep" in params,

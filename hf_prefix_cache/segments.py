@@ -92,12 +92,14 @@ class Snapshot:
     """Recurrent states of every stateful layer after exactly `length` tokens.
 
     A snapshot on disk keeps its length and size but no states (`states` is empty) until its
-    segment is loaded back.
+    segment is loaded back. A snapshot of window states only (sliding layers in window mode) may
+    hold extended windows that also restore any length in `[length - reach, length]`.
     """
 
     length: int
     states: dict[int, LayerState]
     nbytes: int = -1
+    reach: int = 0
 
     def __post_init__(self) -> None:
         if self.nbytes < 0:
@@ -197,15 +199,19 @@ def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Ten
 
 
 def best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapshot | None]:
-    """The longest snapshot at or below `limit` among consecutive `segments` from position 0."""
+    """The longest restorable length at or below `limit` among consecutive `segments` from position 0,
+    and the snapshot that restores it (a snapshot with `reach` restores lengths below its own)."""
     best: Snapshot | None = None
+    best_len = 0
     for seg in segments:
         if seg.start >= limit:
             break
         for length, snap in seg.snapshots.items():
-            if length <= limit and (best is None or length > best.length):
-                best = snap
-    return (best.length, best) if best is not None else (0, None)
+            # Above seg.start, so the segment holding it is brought back with the prefix.
+            usable = min(length, limit)
+            if length - snap.reach <= usable and usable > best_len:
+                best, best_len = snap, usable
+    return best_len, best
 
 
 def item_states(

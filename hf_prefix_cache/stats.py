@@ -20,6 +20,16 @@ class CacheStats:
     apart from the tree and its tiers: `encoder_entries` of them, `encoder_nbytes` bytes (not
     in `nbytes`) within `max_encoder_bytes`; `encoder_hits` counts requests that skipped the
     encoder.
+
+    With a remote tier: `remote_hits` counts lookups that loaded chunks from the server
+    (`remote_hit_tokens` their tokens), `remote_bytes_read` / `remote_bytes_written` the bytes
+    of chunk values moved, `remote_errors` failed calls (server down, timeouts) and chunks
+    dropped as corrupt or foreign, `remote_skipped_writes` chunks not written (server full or
+    unreachable, or over `max_remote_bytes`).
+
+    `hit_tokens_by_modality` splits `hit_tokens` by what the restored positions held
+    (``"text"``, ``"image"``, ``"video"``, ``"audio"`` placeholders); `saved_prefill_flops` is
+    an estimate of the language model's prefill work those hits spared (see `observe.py`).
     """
 
     requests: int = 0
@@ -48,8 +58,21 @@ class CacheStats:
     encoder_nbytes: int = 0
     max_encoder_bytes: int = 0
     encoder_hits: int = 0
+    remote_hits: int = 0
+    remote_hit_tokens: int = 0
+    remote_bytes_read: int = 0
+    remote_bytes_written: int = 0
+    remote_errors: int = 0
+    remote_skipped_writes: int = 0
+    hit_tokens_by_modality: dict[str, int] = field(default_factory=dict)
+    saved_prefill_flops: int = 0
 
     @property
     def hit_rate(self) -> float:
         """Share of prompt tokens served from the store."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def _repr_html_(self) -> str:
+        from .display import stats_html
+
+        return stats_html(self)

@@ -16,24 +16,27 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._compat import check_transformers
-from .budgets import DEFAULT_DISK_BYTES, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
+from .budgets import default_disk_bytes, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
 from .cache import WorkingCache
 from .disk import CorruptFileError, DiskTier, Layout
 from .encoder_decoder import EncoderOutputs
 from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
+from .layers import SLIDING_WINDOW_MODES
 from .media import clamp_below_spans
+from .observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
 from .placement import Placement
 from .policy import make_policy
 from .pressure import PressureCallback, PressureMonitor
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
+from .remote import RemoteCounters, RemoteTier
 from .segments import Run, Segment, Snapshot, best_snapshot, item_states, join_kv, kv_pieces
 from .session import Session
 from .stats import CacheStats
@@ -100,6 +103,8 @@ class _Counters:
     computed_tokens: int = 0
     expired: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    hit_by_modality: Counter[str] = field(default_factory=Counter)
+    saved_prefill_flops: int = 0
 
 
 class Lookup:
@@ -148,12 +153,14 @@ class PrefixCache:
         model: a transformers generative model. Its `generate` is wrapped; calls that do not
             pass this store behave exactly as before.
         max_bytes: device budget for keys, values and snapshots (int or e.g. ``"2GB"``).
-            Default: 30% of free GPU memory on CUDA, else a quarter of RAM up to 8 GiB.
+            Default: 30% of the GPU memory free once the model is loaded (CUDA), else a quarter of the
+            host memory available when the store is made, up to 8 GiB. `stats()` shows the budgets.
         max_device_bytes: the same as `max_bytes` (give one of them).
-        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of RAM up
-            to 16 GiB for a CUDA model; 0 (no host tier) for a CPU model, whose device is the host.
+        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of the host
+            memory available, up to 16 GiB, for a CUDA model; 0 (no host tier) for a CPU model, whose
+            device is the host.
         disk_dir: folder for the disk tier; entries there survive a restart of the process.
-        max_disk_bytes: disk budget (default 20 GiB when `disk_dir` is given).
+        max_disk_bytes: disk budget (default: half the free space of `disk_dir`'s file system, at most 20 GiB).
         policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
             most prefill work per byte; see `policy.py`).
         ttl: seconds after which an unused entry is dropped (None: never).
@@ -167,6 +174,21 @@ class PrefixCache:
         max_encoder_bytes: encoder-decoder models served keyed by their encoder input
             (Whisper, BART, T5, ...): budget for stored encoder outputs, on the model's device and apart from
             `max_bytes` (default: an eighth of the device budget; 0 stores none).
+        sliding_window_mode: how sliding-window layers are stored. ``"every_position"`` (default):
+            like full attention, so any length restores. ``"window"``: one window of keys/values
+            per snapshot point (prompt ends, answer ends, divergences; no interval snapshots), about
+            the model's own cache for long prompts; a prefix then restores only at those points,
+            and such a model runs batches and media prompts cold.
+        remote: a Redis or Valkey URL (``redis://[user:password@]host:6379/0``, ``rediss://`` for
+            TLS) for a tier shared by processes and machines, below the local ones (see `remote.py`).
+            The server evicts: run it with `maxmemory` and ``maxmemory-policy allkeys-lru``.
+        max_remote_bytes: the most bytes one entry may write to the remote tier (None: no limit).
+        remote_write: ``"back"`` (default): entries are written when they leave the last local
+            tier; ``"through"``: every new entry is also written when stored.
+        remote_chunk_len: tokens per remote chunk (only whole chunks are shared). For recurrent
+            models make it a multiple of `snapshot_interval`, so chunk ends carry snapshots.
+        remote_ttl: seconds a written chunk lives on the server (None: until it is evicted).
+        remote_timeout: seconds any one call to the server may wait.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -198,8 +220,19 @@ class PrefixCache:
         save_on_exit: bool = True,
         attach: bool = True,
         max_encoder_bytes: int | str | None = None,
+        sliding_window_mode: str = "every_position",
+        remote: str | None = None,
+        max_remote_bytes: int | str | None = None,
+        remote_write: str = "back",
+        remote_chunk_len: int = 256,
+        remote_ttl: float | None = None,
+        remote_timeout: float = 2.0,
     ) -> None:
         check_transformers()
+        if sliding_window_mode not in SLIDING_WINDOW_MODES:
+            raise ValueError(
+                f"sliding_window_mode is one of {', '.join(SLIDING_WINDOW_MODES)}, got {sliding_window_mode!r}"
+            )
         if snapshot_interval is not None and snapshot_interval < 1:
             raise ValueError(f"snapshot_interval must be a positive number of tokens or None, got {snapshot_interval}")
         if max_bytes is not None and max_device_bytes is not None:
@@ -212,13 +245,16 @@ class PrefixCache:
             raise ValueError(f"min_store_len is a positive number of tokens, got {min_store_len}")
         if max_disk_bytes is not None and disk_dir is None:
             raise ValueError("max_disk_bytes needs disk_dir: say where the disk tier lives")
+        _check_remote_args(remote, max_remote_bytes, remote_write, remote_chunk_len, remote_ttl, remote_timeout)
         self.model = model
-        self.profile: ModelProfile = profile_model(model)
+        self.profile: ModelProfile = profile_model(model, sliding_window_mode)
         device_budget = max_device_bytes if max_device_bytes is not None else max_bytes
         budgets = [
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
             parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
-            (parse_nbytes(max_disk_bytes) if max_disk_bytes is not None else DEFAULT_DISK_BYTES) if disk_dir else 0,
+            0
+            if disk_dir is None
+            else parse_nbytes(default_disk_bytes(disk_dir) if max_disk_bytes is None else max_disk_bytes),
         ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
@@ -227,6 +263,16 @@ class PrefixCache:
         self.max_entries = max_entries
         self._weights_probe = WeightsProbe(model)
         self._weights = (self._weights_probe.version(), weights_fingerprint(model))
+        # Weights on the meta device (a model built empty, loaded later) have no bytes to fingerprint,
+        # and loading them swaps in new parameter objects unseen by the probe: re-check until loaded.
+        self._weights_on_meta = _has_meta_parameters(model)
+        if self._weights_on_meta:
+            logger.warning(
+                "%s has weights on the meta device: the store fingerprints them once they are loaded; "
+                "its default budgets assume a CPU model (give max_bytes / max_host_bytes, or make the "
+                "store after loading the weights)",
+                type(model).__name__,
+            )
         self._policy = make_policy(policy, len(self.profile.adapters))
         self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = on_cuda(model)
@@ -240,9 +286,24 @@ class PrefixCache:
             DiskTier(disk_dir, layout) if disk_dir is not None else None,
             self._policy,
             self._state_device,
+            _make_remote(remote, layout, max_remote_bytes, remote_chunk_len, remote_ttl, remote_timeout),
         )
+        self.remote_write = remote_write
+        if (
+            remote is not None
+            and self.profile.has_state
+            and (snapshot_interval is None or remote_chunk_len % snapshot_interval)
+        ):
+            logger.warning(
+                "remote_chunk_len=%d is not a multiple of snapshot_interval=%s: few remote chunks of this recurrent "
+                "model will end at a snapshot, and only those can be reused",
+                remote_chunk_len,
+                snapshot_interval,
+            )
         self._lock = threading.RLock()
         self._counters = _Counters()
+        self._prefill_cost = PrefillCost.of(model, len(self.profile.kv_layers))
+        self._request_callbacks: list[RequestCallback] = []
         self._warned: set[str] = set()
         self._namespace_cache: tuple[Any, str] | None = None
         self._state_devices: dict[int, torch.device] = {}
@@ -322,7 +383,15 @@ class PrefixCache:
                 encoder_nbytes=self.encoder_outputs.nbytes,
                 max_encoder_bytes=self.encoder_outputs.max_bytes,
                 encoder_hits=self.encoder_outputs.hits,
+                hit_tokens_by_modality=dict(c.hit_by_modality),
+                saved_prefill_flops=c.saved_prefill_flops,
+                **self._remote_stats(),
             )
+
+    def _repr_html_(self) -> str:
+        from .display import store_html
+
+        return store_html(self)
 
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
@@ -331,6 +400,9 @@ class PrefixCache:
             self.encoder_outputs.hits = 0
             p = self._placement.counters
             p.evictions = p.evicted_bytes = p.offloads = p.reloads = p.skipped_files = 0
+            remote = self._placement.remote
+            if remote is not None:
+                remote.counters = RemoteCounters()
 
     def clear(self) -> None:
         """Drop every stored entry, on every tier (disk files included), stored encoder outputs, pins and sessions."""
@@ -376,6 +448,10 @@ class PrefixCache:
     def namespace(self) -> str:
         """The model's current namespace (recomputed when its dtype, adapters or weights change)."""
         model = self.model
+        if self._weights_on_meta and not _has_meta_parameters(model):
+            self._weights_on_meta = False
+            self._weights_probe = WeightsProbe(model)
+            self._weights = (self._weights_probe.version(), weights_fingerprint(model))
         version = self._weights_probe.version()
         if version != self._weights[0]:
             self._weights = (version, weights_fingerprint(model))
@@ -458,6 +534,24 @@ class PrefixCache:
         """
         with self._lock:
             self._pressure.add(callback, thresholds)
+
+    def on_request(self, callback: RequestCallback) -> None:
+        """Call `callback(RequestEvent)` after every `generate` request through the store.
+
+        The event says what the request reused (per modality), the prefill it spared and why it
+        ran cold, if it did; the callback runs outside the store's lock, and an exception in it
+        is logged, never raised into `generate`. `hf_prefix_cache.prometheus` builds on the
+        stats instead, for scraping.
+
+        Example:
+            >>> events = []
+            >>> store.on_request(events.append)                          # doctest: +SKIP
+            >>> model.generate(ids, past_key_values=store)               # doctest: +SKIP
+            >>> events[-1].hit_tokens_by_modality                        # doctest: +SKIP
+            {'text': 35}
+        """
+        with self._lock:
+            self._request_callbacks.append(callback)
 
     def lookup(self, input_ids: torch.Tensor | Sequence[int]) -> Lookup:
         """Restore the longest usable stored prefix of `input_ids` into a fresh working cache.
@@ -576,7 +670,10 @@ class PrefixCache:
             self._counters.fallbacks[reason] += 1
             first = reason not in self._warned
             self._warned.add(reason)
+            callbacks = list(self._request_callbacks)
         (logger.warning if first else logger.info)("prefix cache skipped, running cold: %s", reason)
+        if callbacks:
+            _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
 
     def count_event(self, reason: str) -> None:
         """Count `reason` in `fallbacks` for a request that was served (and stored) but reused less."""
@@ -588,7 +685,13 @@ class PrefixCache:
         with self._lock:
             return namespace in self._tree.namespaces()
 
-    def count_request(self, prompt_len: int, restore_len: int, num_rows: int = 1) -> None:
+    def count_request(
+        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
+    ) -> None:
+        """Count a served request; `symbols` (the prompt's tree symbols) split its hits by modality."""
+        by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows)
+        # Without the cache, positions [0, restore_len) would have been prefilled too.
+        saved = self._prefill_cost.flops(0, restore_len) * num_rows
         with self._lock:
             c = self._counters
             c.requests += 1
@@ -596,6 +699,11 @@ class PrefixCache:
             c.hit_tokens += restore_len * num_rows
             c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0
+            c.hit_by_modality.update(by_modality)
+            c.saved_prefill_flops += saved
+            callbacks = list(self._request_callbacks)
+        if callbacks:
+            _notify(callbacks, RequestEvent(prompt_len, restore_len, num_rows, by_modality, saved))
 
     def relieve_device(self) -> None:
         """Move every unpinned entry off the device (after an out-of-memory error)."""
@@ -627,6 +735,8 @@ class PrefixCache:
         """
         if limit is None:
             limit = len(tokens) - 1
+        if self._placement.remote is not None:
+            self._fetch_remote(namespace, tokens, limit)
         while True:
             with self._lock:
                 self._maintain(namespace)
@@ -710,6 +820,7 @@ class PrefixCache:
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
             self._remember_state_devices(all_snapshots[-1])
+            all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
         if items:
             self._remember_state_devices(items[0])
         nbytes_per_token = run.nbytes_per_token if run is not None else 0
@@ -735,13 +846,18 @@ class PrefixCache:
             if run is not None and result.new_node is not None:
                 run.num_refs += 1
                 self._place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
+            on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]] = {}
             for snap in all_snapshots:
-                self._attach_snapshot(result.path, snap)
+                self._attach_snapshot(result.path, snap, on_disk)
+            for node, snaps in on_disk.values():
+                self._placement.add_to_file(node, snaps)
             for state in items:
                 self._attach_item(result.path, state)
             self._tree.touch(result.path)
             if result.new_node is not None:
                 self._placement.settle(result.path)
+                if self.remote_write == "through":
+                    self._placement.write_remote(result.path[-1])
             if session is not None and result.path:
                 session.hold(result.path[-1])
             self._placement.enforce()
@@ -752,6 +868,46 @@ class PrefixCache:
         return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
+    def _fetch_remote(self, namespace: str, tokens: Sequence[int], limit: int) -> None:
+        """On a local miss of at least one whole chunk, load the chunks the remote tier holds into the tree.
+
+        The server is asked outside the lock; a server that cannot be asked is counted as the
+        `remote_unavailable` event and the request goes on with the local tiers.
+        """
+        remote = self._placement.remote
+        assert remote is not None
+        last = min(limit, len(tokens)) // remote.chunk_len
+        if last == 0:
+            return
+        with self._lock:
+            self._maintain(namespace)
+            have = self._tree.match(namespace, tokens).matched_len
+        if have >= last * remote.chunk_len:
+            return
+        hit = remote.fetch(namespace, tokens, have // remote.chunk_len, last, need_snapshot=self.profile.has_state)
+        if hit.error is not None:
+            self.count_event(hit.error)
+        if hit.segment is None or hit.segment.end <= have:
+            return
+        with self._lock:
+            self._placement.adopt(namespace, tokens, hit.segment)
+            calls = self._pressure_calls()
+        self._after_unlock(calls)
+
+    def _remote_stats(self) -> dict[str, int]:
+        remote = self._placement.remote
+        if remote is None:
+            return {}
+        c = remote.counters
+        return {
+            "remote_hits": c.hits,
+            "remote_hit_tokens": c.hit_tokens,
+            "remote_bytes_read": c.bytes_read,
+            "remote_bytes_written": c.bytes_written,
+            "remote_errors": c.errors,
+            "remote_skipped_writes": c.skipped_writes,
+        }
+
     def _touch_if_stored(self, namespace: str, tokens: Sequence[int], session: Session | None) -> bool:
         """If all of `tokens` is stored already, mark it used (and held by `session`) and say so."""
         with self._lock:
@@ -820,20 +976,28 @@ class PrefixCache:
         else:
             run.compact(matched_len, length)
 
-    def _attach_snapshot(self, path: Sequence[Node[Segment]], snap: Snapshot) -> None:
+    def _attach_snapshot(
+        self, path: Sequence[Node[Segment]], snap: Snapshot, on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]]
+    ) -> None:
+        """Give `snap` to the node of `path` whose range holds its length; a disk node's go to `on_disk`.
+
+        Budgets are enforced once after all of an insert's snapshots are attached: enforcing after
+        each one sent the entry to disk after its first snapshot and lost the rest.
+        """
         for node in path:
             if node.start < snap.length <= node.end:
                 seg = node.value
                 assert seg is not None
                 if snap.length not in seg.snapshots:
                     if node.tier == DISK:
-                        return  # its file is not rewritten for one snapshot
+                        # Its file is rewritten once with every new snapshot of this insert.
+                        on_disk.setdefault(id(node), (node, []))[1].append(snap)
+                        return
                     seg.snapshots[snap.length] = (
                         snap if node.tier == DEVICE else snapshot_to_host(snap, self._placement.mover)
                     )
                     self._placement.counters.num_snapshots += 1
                     self._tree.refresh_nbytes(node)
-                    self._placement.enforce()
                 return
 
     def _attach_item(self, path: Sequence[Node[Segment]], state: Snapshot) -> None:
@@ -860,9 +1024,11 @@ class PrefixCache:
         return self._state_devices.get(layer, getattr(self.model, "device", None))
 
     def _after_unlock(self, calls: Sequence[Any]) -> None:
-        """Work kept out of the lock: file deletions and pressure callbacks."""
+        """Work kept out of the lock: file deletions, remote writes and pressure callbacks."""
         if self._placement.disk is not None:
             self._placement.disk.empty_trash()
+        if self._placement.remote is not None:
+            self._placement.remote.flush()
         _fire(calls)
 
     def _pressure_calls(self) -> list[Any]:
@@ -892,6 +1058,14 @@ def _fire(calls: Sequence[Any]) -> None:
             logger.exception("memory-pressure callback failed")
 
 
+def _notify(callbacks: Sequence[RequestCallback], event: RequestEvent) -> None:
+    for callback in callbacks:
+        try:
+            callback(event)
+        except Exception:  # an exporter must not break generation
+            logger.exception("on_request callback failed")
+
+
 def _save_at_exit(ref: weakref.ref[PrefixCache]) -> None:
     store = ref()
     if store is not None:
@@ -903,6 +1077,51 @@ def _save_at_exit(ref: weakref.ref[PrefixCache]) -> None:
 
 def _never_called(start: int, end: int) -> Segment:
     raise AssertionError("pin() inserts only what is already stored")
+
+
+def _check_remote_args(
+    remote: str | None,
+    max_remote_bytes: int | str | None,
+    remote_write: str,
+    chunk_len: int,
+    ttl: float | None,
+    timeout: float,
+) -> None:
+    if remote is None:
+        given = [name for name, value in (("max_remote_bytes", max_remote_bytes), ("remote_ttl", ttl)) if value]
+        if given or remote_write != "back":
+            raise ValueError(f"{', '.join(given) or 'remote_write'} needs remote: give the server's URL")
+        return
+    if not isinstance(remote, str):
+        raise TypeError(f"remote is a URL string such as 'redis://localhost:6379/0', got {type(remote).__name__}")
+    if remote_write not in ("back", "through"):
+        raise ValueError(f"remote_write is 'back' or 'through', got {remote_write!r}")
+    if chunk_len < 1:
+        raise ValueError(f"remote_chunk_len is a positive number of tokens, got {chunk_len}")
+    if ttl is not None and ttl <= 0:
+        raise ValueError(f"remote_ttl is a positive number of seconds or None, got {ttl}")
+    if timeout <= 0:
+        raise ValueError(f"remote_timeout is a positive number of seconds, got {timeout}")
+
+
+def _make_remote(
+    url: str | None,
+    layout: Layout,
+    max_remote_bytes: int | str | None,
+    chunk_len: int,
+    ttl: float | None,
+    timeout: float,
+) -> RemoteTier | None:
+    if url is None:
+        return None
+    return RemoteTier(
+        url,
+        layout,
+        chunk_len=chunk_len,
+        ttl=ttl,
+        timeout=timeout,
+        max_write_bytes=parse_nbytes(max_remote_bytes) if max_remote_bytes is not None else None,
+    )
 
 
 def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
@@ -918,6 +1137,10 @@ def _check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
             f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "
             "use model.generate(**inputs, past_key_values=store), which keys media by content"
         )
+
+
+def _has_meta_parameters(model: Any) -> bool:
+    return any(p.is_meta for p in model.parameters())
 
 
 def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:

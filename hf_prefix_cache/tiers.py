@@ -163,7 +163,7 @@ def _snapshot_to(snap: Snapshot, mover: Mover, devices: dict[int, torch.device |
         states[layer] = LayerState(tensors=tensors, flags={k: dict(v) for k, v in state.flags.items()})
     for wait in waits:  # snapshots are small; finish their copies now
         wait()
-    return Snapshot(snap.length, states, snap.nbytes)
+    return Snapshot(snap.length, states, snap.nbytes, snap.reach)
 
 
 def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable[[], None] | None:

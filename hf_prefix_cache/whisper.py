@@ -99,8 +99,17 @@ class WhisperHook(EncoderKeyedHook):
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         # The decoder attends to the audio at every position: its states are only shared for the same audio.
-        extra["past_key_values"] = DecoderRequest(store, encoder_namespace(namespace, digest), session)
-        return self._original(*bound.args, **bound.kwargs)
+        request = DecoderRequest(store, encoder_namespace(namespace, digest), session)
+        extra["past_key_values"] = request
+        try:
+            output = self._original(*bound.args, **bound.kwargs)
+        except _AnotherSegment:
+            # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
+            store.count_fallback("whisper_segments", 0)
+            return self._original(*args, **kwargs)
+        if request.counted is not None:
+            store.count_request(*request.counted)
+        return output
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The encoder output `generate` would compute: the clip zero-padded to the window, as Whisper pads it."""
@@ -162,10 +171,13 @@ class WhisperHook(EncoderKeyedHook):
         request = inner.get("past_key_values")
         if not isinstance(request, DecoderRequest) or request.store is not self._store:
             return self._original_segment(*args, **kwargs)  # not ours (another store's hook may sit below)
-        assert not request.served, "one short-form request reaches generate_with_fallback once"
+        store = self._store
+        if request.served:
+            # Whisper loops into another segment when one did not reach the clip's end. That segment's
+            # encoder input is a later window, not the stored encoder output: give up and rerun cold.
+            raise _AnotherSegment
         request.served = True
         bound.arguments["kwargs"] = inner
-        store = self._store
         ids: torch.Tensor = bound.arguments["decoder_input_ids"]
         rows = ids.tolist()
         mask = inner.get("decoder_attention_mask")
@@ -185,7 +197,7 @@ class WhisperHook(EncoderKeyedHook):
             output = self._original_segment(*bound.args, **bound.kwargs)
         finally:
             store.release(plan)
-        store.count_request(len(rows[0]), plan.restore_len)
+        request.counted = (len(rows[0]), plan.restore_len)  # by the outer call, once it knows the request ends here
         sequence = _full_sequence(output[1][0])
         kv_len = working.kv_length()
         if sequence is not None and kv_len is not None and sequence.shape[-1] == kv_len + 1:
@@ -193,6 +205,10 @@ class WhisperHook(EncoderKeyedHook):
         else:
             logger.warning("whisper output does not match its cache (%s vs %s); not stored", sequence, kv_len)
         return output
+
+
+class _AnotherSegment(Exception):
+    """Whisper reached `generate_with_fallback` a second time in one request."""
 
 
 def _full_sequence(segment_output: Any) -> torch.Tensor | None:

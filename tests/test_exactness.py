@@ -3,7 +3,7 @@
 Each scenario runs every request twice, cold and through the store, and compares tokens and
 logits; it also asserts how many prompt tokens came from the store. Models with recurrent
 layers reuse only at snapshots (every `INTERVAL` tokens, prompt ends, answer ends,
-divergences); Mamba-1 and FalconMamba take no interval snapshots in a cold multi-token scan.
+divergences), Mamba-1, FalconMamba and Jamba included (their scan continues a cached state exactly).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from hf_prefix_cache import PrefixCache
 INTERVAL = 16
 ATTENTION = FULL_ATTENTION + SLIDING
 STATEFUL = HYBRID + RECURRENT
-SINGLE_TOKEN_STEPS = ("mamba", "falcon_mamba", "jamba")
 ALL = ATTENTION + STATEFUL
 
 
@@ -93,8 +92,6 @@ def test_shared_system_prompt_with_different_questions(served: tuple[str, Any, P
         seen.append(hits.last())
     if name in ATTENTION:
         assert seen == [0, 30, 30]
-    elif name in SINGLE_TOKEN_STEPS:
-        assert seen == [0, 0, 30]
     else:
         assert seen == [0, INTERVAL, 30]
 
@@ -124,7 +121,7 @@ def test_prompt_diverging_in_the_middle_reuses_up_to_the_divergence(served: tupl
     assert hits.last() == 0
     diverging = torch.cat([cached[:, :25], _distinct_start(cached[:, 25:], 40, 15)], dim=1)
     assert_same_as_cold(model, diverging, store)
-    expected = 25 if name in ATTENTION else (0 if name in SINGLE_TOKEN_STEPS else INTERVAL)
+    expected = 25 if name in ATTENTION else INTERVAL
     assert hits.last() == expected
     assert_same_as_cold(model, diverging, store)
     assert hits.last() == 39

@@ -7,7 +7,8 @@ can be served.
 from __future__ import annotations
 
 import torch
-from conftest import assert_same_as_cold, cached_model, random_prompt
+from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, random_prompt
+from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.layers import adapter_for
@@ -57,22 +58,25 @@ def test_sliding_layers_keep_every_position_in_a_working_cache() -> None:
 
 
 def test_mamba_multi_token_continuation_is_wrong_in_transformers_but_served_exactly() -> None:
-    """Mamba-1 ignores a cached state for several new tokens; the store feeds them one by one and stays exact."""
+    """Mamba-1 ignores a cached state for several new tokens; the store continues its scan and stays exact."""
     model = cached_model("mamba")
     store = PrefixCache(model, snapshot_interval=None)
     try:
         prefix, suffix = random_prompt(30, seed=1), random_prompt(12, seed=2)
         full = torch.cat([prefix, suffix], 1)
         with torch.no_grad():
-            cache = store.new_cache()
-            model(prefix, cache_params=cache, use_cache=True)
-            at_once = model(suffix, cache_params=cache, use_cache=True).logits[:, -1]
+            plain, ours = DynamicCache(config=model.config), store.new_cache()
+            at_once = []
+            for cache in (plain, ours):
+                model(prefix, cache_params=cache, use_cache=True)
+                at_once.append(model(suffix, cache_params=cache, use_cache=True).logits[:, -1])
             reference = model(full).logits[:, -1]
-        assert (at_once - reference).abs().max() > 1e-4  # transformers' own continuation is off
+        assert (at_once[0] - reference).abs().max() > 1e-4  # transformers' own continuation is off
+        assert (at_once[1] - reference).abs().max() < LOGIT_TOL  # a working cache continues the scan
         # A 31-token prompt leaves a snapshot after token 30 (the state the last token is fed on).
         model.generate(torch.cat([prefix, random_prompt(1, seed=3)], 1), past_key_values=store, max_new_tokens=2)
         assert_same_as_cold(model, full, store)
-        assert store.stats().hit_tokens == 30  # restored at 30, then fed the 12-token suffix stepwise
+        assert store.stats().hit_tokens == 30  # restored at 30, then fed the 12-token suffix in one continued scan
     finally:
         store.detach()
 

@@ -157,7 +157,7 @@ def test_entry_larger_than_the_budget_is_not_stored(llama: Any) -> None:
 
 def test_recurrent_snapshots_count_against_the_budget() -> None:
     """Hybrid-model snapshots are bytes like any other: the budget holds and counted bytes are exact."""
-    model = cached_model("bamba")  # keeps interval snapshots in a cold scan (Jamba steps one token at a time)
+    model = cached_model("bamba")  # keeps interval snapshots in a cold scan
     store = PrefixCache(model, snapshot_interval=8)
     try:
         generate(model, random_prompt(40, seed=9), past_key_values=store)

@@ -101,7 +101,7 @@ def test_shared_prefix_stays_on_the_device_while_its_branches_move(llama: Any) -
 
 def test_hybrid_model_snapshots_move_to_host_and_restore_exactly() -> None:
     """Recurrent snapshots travel with their entry to the host tier and restore exactly from there."""
-    model = cached_model("bamba")  # keeps interval snapshots in a cold scan (Jamba steps one token at a time)
+    model = cached_model("bamba")  # keeps interval snapshots in a cold scan
     store = PrefixCache(model, max_device_bytes=1, max_host_bytes="64MB", snapshot_interval=8)
     try:
         ids = random_prompt(40, seed=11)

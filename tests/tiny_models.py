@@ -12,8 +12,9 @@ config, so ``generate(..., max_new_tokens=n)`` always yields exactly ``n`` new t
 Known transformers quirks these models expose (5.x, pure-torch paths):
 
 * ``mamba`` / ``falcon_mamba``: a multi-token forward on top of an existing ``cache_params`` restarts the
-  selective scan from a zero SSM state (only ``seq_len == 1`` steps use the cached state), so a cached
-  prefix must be continued token by token. ``mamba2`` and all hybrids continue correctly.
+  selective scan from a zero SSM state (only ``seq_len == 1`` steps use the cached state); so does
+  ``jamba``'s. The store continues the scan itself on its working caches (``hf_prefix_cache/scan.py``).
+  ``mamba2`` and the other hybrids continue correctly.
 * ``bamba``: the model defaults ``position_ids`` to ``arange(seq_len)`` ignoring the cache; pass explicit
   ``position_ids`` when continuing from a cache outside ``generate``.
 * ``recurrent_gemma``: the RG-LRU/conv state lives in the modules (``_setup_cache``), not in the Cache; the

@@ -22,7 +22,7 @@ from .base import LayerAdapter, LayerState, NoCacheAdapter
 from .cross import CrossAttentionAdapter
 from .full import FullAttentionAdapter
 from .recurrent import HybridAdapter, RecurrentAdapter
-from .sliding import SlidingWindowAdapter
+from .sliding import SlidingWindowAdapter, WindowStateAdapter
 
 ADAPTERS: dict[type, LayerAdapter] = {
     DynamicLayer: FullAttentionAdapter(),
@@ -33,9 +33,17 @@ ADAPTERS: dict[type, LayerAdapter] = {
 }
 
 
-def adapter_for(layer: Any) -> LayerAdapter | None:
-    """The adapter for `layer`'s exact class, or None when the class is not supported."""
+SLIDING_WINDOW_MODES = ("every_position", "window")
+
+
+def adapter_for(layer: Any, sliding_window_mode: str = "every_position") -> LayerAdapter | None:
+    """The adapter for `layer`'s exact class, or None when the class is not supported.
+
+    `sliding_window_mode="window"` keeps sliding layers as window snapshots instead of every position.
+    """
+    if sliding_window_mode == "window" and type(layer) is DynamicSlidingWindowLayer:
+        return WindowStateAdapter()
     return ADAPTERS.get(type(layer))
 
 
-__all__ = ["ADAPTERS", "CrossAttentionAdapter", "LayerAdapter", "LayerState", "adapter_for"]
+__all__ = ["ADAPTERS", "SLIDING_WINDOW_MODES", "CrossAttentionAdapter", "LayerAdapter", "LayerState", "adapter_for"]

@@ -1,0 +1,6 @@
+"""Front ends: the CLI, the Gradio chat and what they share. The package core never imports these.
+
+`chat.py` runs one chat turn through a store and reports what the cache did (no UI library);
+`gradio_app.py` is the Gradio UI over it; `tiny_vlm.py` builds the random-weight VLM with a
+real processor the app offers for images; `cli.py` is the `hf-prefix-cache` command.
+"""
