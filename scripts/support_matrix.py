@@ -524,4 +524,6 @@ def _row_from_line(line: str) -> Row:
 
 
 if __name__ == "__main__":
+    # This checkout's package, not an installed copy (sys.path[0] is scripts/ when run as a script).
+    sys.path.insert(0, str(ROOT))
     sys.exit(main())
