@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -30,16 +31,51 @@ _UNITS = {
 }
 
 
-def parse_nbytes(size: int | str) -> int:
-    """`4096`, `"512MB"`, `"1.5 GiB"` -> bytes.
+_SECONDS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_seconds(duration: float | str) -> float:
+    """`90`, `"90s"`, `"30m"`, `"1.5h"`, `"2d"` -> seconds.
+
+    Raises:
+        ValueError: for a duration that is not positive or has an unknown unit.
+        TypeError: for anything but a number or a string.
+
+    >>> parse_seconds("1h")
+    3600.0
+    """
+    if isinstance(duration, bool) or not isinstance(duration, int | float | str):
+        raise TypeError(f"a duration is seconds or a string like '30m' or '1h', got {type(duration).__name__}")
+    if isinstance(duration, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", duration)
+        if m is None or m.group(2).lower() not in _SECONDS:
+            raise ValueError(f"cannot read {duration!r} as a duration; write e.g. 600, '90s', '30m', '1h' or '2d'")
+        seconds = float(m.group(1)) * _SECONDS[m.group(2).lower()]
+    else:
+        seconds = float(duration)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"a duration must be a positive number of seconds, got {duration!r}")
+    return seconds
+
+
+def parse_nbytes(size: int | float | str) -> int:
+    """`4096`, `2e9`, `"512MB"`, `"1.5 GiB"` -> bytes.
 
     Raises:
         ValueError: for a negative size or an unknown unit.
     """
     if isinstance(size, bool):
         raise TypeError("a byte size must be an int or a string like '4GB', not a bool")
+    if isinstance(size, float):
+        if not (math.isfinite(size) and size.is_integer()):
+            raise ValueError(
+                f"a byte size is a whole number of bytes, got {size!r}; for a fraction of a unit write e.g. '1.5GB'"
+            )
+        size = int(size)  # 2e9 and the like
     if isinstance(size, int):
         value = size
+    elif not isinstance(size, str):
+        raise TypeError(f"a byte size must be an int or a string like '4GB', got {type(size).__name__} {size!r}")
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
         if m is None or m.group(2).lower() not in _UNITS:

@@ -6,7 +6,7 @@ files of its own model. A file holds the keys/values of positions `[lo, hi)` of 
 the snapshots taken inside that range and the item states (Mllama: an image's cross-attention
 keys/values) of media placeholders inside it; its JSON metadata holds the whole symbol sequence
 `[0, hi)` (so a new process can rebuild the tree), the layout of the tensors and a 128-bit
-checksum of their bytes, checked on every load.
+checksum of the rest of the metadata and the tensors' bytes, checked on every load.
 
 Writes are atomic (a temporary file in the same folder, flushed, then renamed). Nothing is
 unpickled: tensors go through safetensors, metadata through JSON. A file that cannot be read,
@@ -35,7 +35,7 @@ from .segments import DiskRef, Run, Segment, Snapshot
 
 logger = logging.getLogger("hf_prefix_cache")
 
-FORMAT = "hf_prefix_cache.segment/2"
+FORMAT = "hf_prefix_cache.segment/3"  # /3: the checksum covers the metadata too
 _META_KEY = "hf_prefix_cache"
 
 
@@ -123,8 +123,8 @@ class DiskTier:
             "devices": devices,
             "snapshots": snapshots,
             "items": items,
-            "checksum": _checksum(tensors),
         }
+        meta["checksum"] = _checksum(tensors, meta)
         folder = self.folder(namespace)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{uuid.uuid4().hex}.safetensors"
@@ -168,11 +168,15 @@ class DiskTier:
     def scan(self, namespace: str) -> tuple[list[DiskEntry], int]:
         """Every readable segment file of `namespace` by start position, and how many bad files were skipped.
 
-        Each skipped file gets a warning naming it and what is wrong.
+        Each skipped file gets a warning naming it and what is wrong. Temporary files of writes
+        that never finished (a killed process) are deleted.
         """
         folder = self.folder(namespace)
         if not folder.is_dir():
             return [], 0
+        for tmp in folder.glob(".*.tmp"):  # left by a process killed mid-write (one process per folder)
+            logger.debug("removing the unfinished write %s", tmp)
+            tmp.unlink(missing_ok=True)
         entries = []
         skipped = 0
         for path in sorted(folder.glob("*.safetensors")):
@@ -211,8 +215,8 @@ class DiskTier:
             tensors = load_file(str(path))
         except Exception as exc:
             raise CorruptFileError(f"cannot read {path}: {exc}") from exc
-        if meta.get("checksum") != _checksum(tensors):
-            raise CorruptFileError(f"{path} fails its checksum: its contents changed after it was written")
+        if meta.get("checksum") != _checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
+            raise CorruptFileError(f"{path} fails its checksum: its contents or header changed after it was written")
         if (meta.get("lo"), meta.get("hi")) != (run_lo, run_hi):
             raise CorruptFileError(f"{path} holds [{meta.get('lo')}, {meta.get('hi')}), expected [{run_lo}, {run_hi})")
         layout = self.layout
@@ -272,6 +276,33 @@ class DiskTier:
         return DiskEntry(
             path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes, snapshot_reach
         )
+
+
+def usable_folder(disk_dir: str | os.PathLike[str]) -> Path:
+    """`disk_dir` with `~` expanded, created if missing, once it is known to be a writable folder.
+
+    Raises:
+        ValueError: the path is empty, a file, or a folder this process cannot create or write in.
+    """
+    text = os.fspath(disk_dir)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(
+            f"disk_dir {disk_dir!r} is empty: give a folder for the disk tier (e.g. '~/.cache/prefixes'), "
+            "or None for no disk tier"
+        )
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"disk_dir {str(path)!r} is a file, not a folder: give a folder for the disk tier")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"disk_dir {str(path)!r} is not a folder this process can write in ({exc}); give another one"
+        ) from exc
+    return path
 
 
 def _stub(
@@ -335,8 +366,10 @@ def _states_from_file(
     return out
 
 
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+def _checksum(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:
+    """xxh3-128 over the metadata (symbols, range, layout) and every tensor's name, dtype, shape and bytes."""
     h = xxhash.xxh3_128()
+    h.update(json.dumps(meta, sort_keys=True).encode())
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         h.update(name.encode())

@@ -88,7 +88,7 @@ class EncoderKeyedHook(GenerateHook):
     def _keep_encoder_output(self, namespace: str, digest: int, hidden: torch.Tensor) -> None:
         """Store the encoder output of input `digest` (logged, not kept, when it alone exceeds the budget)."""
         if not self._store.encoder_outputs.put(namespace, digest, hidden):
-            logger.info("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
+            logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
 
     def _restore_decoder(
         self, namespace: str, decoder_ids: torch.Tensor

@@ -50,6 +50,9 @@ _KEYED_OR_HARMLESS = frozenset(
 )
 
 
+_IMPL = "cache_implementation"
+
+
 class GenerateHook:
     """Installs itself as `model.generate`; `detach` puts the original back."""
 
@@ -58,14 +61,27 @@ class GenerateHook:
         self._model = model
         self._original = model.generate
         self._signature = inspect.signature(self._original)
+        base = getattr(model, "get_base_model", None)
+        if callable(base) and base() is not model:
+            # A PeftModel's generate takes (*args, **kwargs) and hands them to its base model's.
+            self._signature = inspect.signature(base().generate)
+
+        # Another store's wrapper, when this model already has one: put back on detach, not deleted.
+        self._outer: Any = model.__dict__.get("generate")
+        self._detached = False
 
         @functools.wraps(self._original)
         def generate(*args: Any, **kwargs: Any) -> Any:
+            if self._detached:  # detached while a later store's wrapper still calls this one
+                return self._original(*args, **kwargs)
             return self(*args, **kwargs)
 
+        generate._prefix_cache_hook = self  # type: ignore[attr-defined]
         model.generate = generate
         self._wrapper = generate
         self._original_prepare: Callable[..., Any] | None = None
+        self._outer_prepare: Any = None
+        self._prepare_wrapper: Any = None
         if store.profile.cache_kwarg == "cache_params":
             self._patch_prepare_inputs()
         self._scan: ScanContinuation | None = None
@@ -81,10 +97,21 @@ class GenerateHook:
         self._one_token_steps = store.profile.single_token_steps and self._scan is None
 
     def detach(self) -> None:
+        self._detached = True
         if self._model.__dict__.get("generate") is self._wrapper:
-            del self._model.generate
+            outer = self._outer
+            while outer is not None and getattr(getattr(outer, "_prefix_cache_hook", None), "_detached", False):
+                outer = outer._prefix_cache_hook._outer  # an earlier store detached meanwhile: skip its wrapper
+            if outer is not None:
+                self._model.generate = outer
+            else:
+                del self._model.generate
         if self._original_prepare is not None:
-            del self._model.prepare_inputs_for_generation
+            if self._model.__dict__.get("prepare_inputs_for_generation") is self._prepare_wrapper:
+                if self._outer_prepare is not None:
+                    self._model.prepare_inputs_for_generation = self._outer_prepare
+                else:
+                    del self._model.prepare_inputs_for_generation
             self._original_prepare = None
         if self._scan is not None:
             self._scan.remove()
@@ -98,8 +125,9 @@ class GenerateHook:
         if given is not store:
             if isinstance(given, PrefixCache) and given.model is not self._model:
                 raise IncompatibleModelError(
-                    f"this PrefixCache was built for another model ({type(given.model).__name__}); "
-                    f"make one for this model: PrefixCache(model)"
+                    f"this PrefixCache was built for another model object ({_describe(given.model)}; this one is "
+                    f"{_describe(self._model)}): a store serves only the model it was made with, even among models "
+                    "of one class. Make one for this model: PrefixCache(model)"
                 )
             return self._original(*args, **kwargs)
         kwargs.pop("past_key_values", None)
@@ -111,14 +139,16 @@ class GenerateHook:
         reason = self._why_cold(input_ids, bound.arguments, kwargs)
         if reason is not None:
             prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
-            store.count_fallback(reason, prompt_len)
-            return self._original(*args, **kwargs)
+            return self._run_cold(reason, prompt_len, args, kwargs)
         assert isinstance(input_ids, torch.Tensor)
+        # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
+        drop_impl = bool(
+            GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs).cache_implementation
+        )
         rows = input_ids.tolist()
         layout, reason = self._media_layout(rows, kwargs)
         if reason is not None:
-            store.count_fallback(reason, len(rows[0]))
-            return self._original(*args, **kwargs)
+            return self._run_cold(reason, len(rows[0]), args, kwargs)
         # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
         symbols: Sequence[Hashable] = layout.symbols(rows[0]) if layout is not None else rows[0]
         namespace = base_namespace = store.namespace()
@@ -134,8 +164,7 @@ class GenerateHook:
         item_spans = spans if store.profile.item_layers else ()
         restored = self._restore(namespace, rows, symbols, spans, item_spans)
         if restored is None:
-            store.count_fallback("out_of_memory", len(rows[0]))
-            return self._original(*args, **kwargs)
+            return self._run_cold("out_of_memory", len(rows[0]), args, kwargs)
         plan, cache = restored
         num_restored_items = len(plan.items)
         try:
@@ -151,12 +180,21 @@ class GenerateHook:
                 # Only the suffix's media go to generate (plus explicit positions for M-RoPE).
                 kwargs = media.resume_kwargs(input_ids, kwargs, layout, plan.restore_len)
             kwargs[cache_kwarg] = cache
+            if drop_impl:
+                kwargs[_IMPL] = None
             output = self._original(*args, **kwargs)
         finally:
             store.release(plan)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
         has_media = layout is not None and bool(layout.items)
         store.count_request(len(rows[0]), plan.restore_len, num_rows=len(rows), symbols=symbols if has_media else None)
+        logger.info(
+            "prefix cache: reused %d of %d prompt tokens%s",
+            plan.restore_len,
+            len(rows[0]),
+            f" (x{len(rows)} rows)" if len(rows) > 1 else "",
+        )
+        logger.debug("matched %d tokens, restored %d, namespace %s", plan.matched_len, plan.restore_len, namespace)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         # Media symbols replace a prompt's placeholders; only one-row calls have media items.
         media_symbols = symbols if layout is not None and layout.items else None
@@ -166,7 +204,15 @@ class GenerateHook:
         exact_repeat = kv_len is not None and kv_len <= plan.matched_len and not store.profile.has_state
         if exact_repeat and not (items or session):
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
-        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items)
+        self._store_result(namespace, sequences, cache, snapshots, media_symbols, session, items, plan.restore_len)
+        return output
+
+    def _run_cold(self, reason: str, prompt_len: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The original `generate`, untouched, with `reason` counted; logged only once the call ran (a call
+        that transformers rejects, such as one with a misspelt kwarg, raises its own error unannounced)."""
+        self._store.count_fallback(reason, prompt_len, log=False)
+        output = self._original(*args, **kwargs)
+        self._store.log_fallback(reason)
         return output
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
@@ -234,7 +280,7 @@ class GenerateHook:
         try:
             layout = media.layout(rows[0], kwargs)
         except UnhashableMediaError as err:
-            logger.info("media not hashable, running cold: %s", err)
+            logger.debug("media not hashable: %s", err)
             return None, "unhashable_media"
         if layout is None:
             return None, "media_placeholders"
@@ -287,10 +333,12 @@ class GenerateHook:
         problem = decoding_problem(config)
         if problem is not None:
             return problem
-        # A model's default (Gemma checkpoints ship "hybrid") yields to a passed cache; an explicit request does not.
-        asked = config.explicit("cache_implementation")
-        if asked is not None and asked != "dynamic":
-            return f"cache_implementation:{asked}"
+        # transformers refuses a passed cache beside any cache_implementation, the model's default included
+        # (hub configs name one); "dynamic" is what the store serves (the call drops it), Gemma's default
+        # "hybrid" yields to a passed cache, anything else is another cache and runs cold.
+        impl = config.cache_implementation
+        if impl is not None and impl != "dynamic" and not (impl == "hybrid" and config.explicit(_IMPL) is None):
+            return f"cache_implementation:{impl}"
         if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
             return "output_attentions" if config.output_attentions else "output_hidden_states"
         mask = kwargs.get("attention_mask")
@@ -363,6 +411,7 @@ class GenerateHook:
         prompt_symbols: Sequence[Hashable] | None,
         session: Session | None = None,
         items: Sequence[Snapshot] = (),
+        computed_from: int = 0,
     ) -> None:
         kv_len = cache.kv_length()
         # The last generated token is never fed back, so the cache covers all but it.
@@ -382,6 +431,7 @@ class GenerateHook:
                 row=row if batched else None,
                 session=None if batched else session,
                 items=() if batched else [s for s in items if s.length <= length],
+                computed_from=computed_from,
             )
 
     # ----------------------------------------------------------- cache_params
@@ -389,6 +439,7 @@ class GenerateHook:
         """Models that take `cache_params` get full ids unsliced: skip what the working cache holds."""
         original = self._model.prepare_inputs_for_generation
         self._original_prepare = original
+        self._outer_prepare = self._model.__dict__.get("prepare_inputs_for_generation")
 
         @functools.wraps(original)
         def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -402,6 +453,11 @@ class GenerateHook:
             return original(input_ids, *args, **kwargs)
 
         self._model.prepare_inputs_for_generation = prepare_inputs_for_generation
+        self._prepare_wrapper = prepare_inputs_for_generation
+
+
+def _describe(model: Any) -> str:
+    return f"{type(model).__name__} at {id(model):#x}"
 
 
 def unwrap_session(given: Any) -> tuple[Session | None, Any]:

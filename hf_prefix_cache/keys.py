@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +91,14 @@ def _parameter_registered(*args: Any) -> None:
 
 def _module_registered(parent: Any, name: str, module: Any) -> None:
     # Models slice their layer lists on every forward (`layers[:n]` registers the same layers in a
-    # new ModuleList); only a module never registered before can bring new parameters.
+    # new ModuleList); only a module never registered before, or one replacing another (PEFT's
+    # `unload` puts the base layer back in place of its LoRA wrapper), changes the structure.
     global _structure_epoch
+    replaced = getattr(parent, "_modules", {}).get(name)
     if module is not None and module not in _seen_modules:
         _seen_modules.add(module)
+        _structure_epoch += 1
+    elif replaced is not None and replaced is not module:
         _structure_epoch += 1
 
 
@@ -101,52 +106,129 @@ torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_r
 torch.nn.modules.module.register_module_module_registration_hook(_module_registered)
 
 
-class WeightsProbe:
-    """A cheap token that changes whenever a model's parameters are replaced, added or modified in place.
+# Elements the per-request probe reads from each parameter: enough that an edit of a whole
+# tensor (`p.data.add_(1)`, `p.data.mul_(1.5)`) shows, few enough to cost microseconds.
+_PROBE_SAMPLES = 8
 
-    Every in-place write to a tensor (an optimizer step, `load_state_dict`, merging an adapter)
-    bumps its `_version`; registering a parameter or a module (replacing a weight, adding an
-    adapter) bumps a process-wide epoch, after which the parameter list is read again. A check
-    costs a few microseconds, so the store runs it on every request and recomputes the weights
-    fingerprint only when it changed. Not seen: `param.data = other` (no version bump); call
-    `store.clear()` after swapping weights that way.
+
+class WeightsProbe:
+    """A cheap per-request check that a model's weights and adapters are still those it saw last.
+
+    Each `check` notices, and counts as a change:
+
+    * parameters added, removed or replaced, including by a direct `module._parameters[name] = p`
+      (accelerate's `load_checkpoint_and_dispatch` after `init_empty_weights`);
+    * a parameter's storage replaced (`p.data = other`, `model.to_empty()`, a dtype or device move);
+    * in-place writes that bump a parameter's `_version` (optimizer steps, `load_state_dict`);
+    * in-place writes that bypass it (`p.data.add_(1)`, PEFT's `merge_adapter`): a sample of
+      `_PROBE_SAMPLES` elements of every parameter, gathered and compared bitwise on its own
+      device, one comparison (and synchronisation) per device and dtype;
+    * PEFT tuner layers switching their active, merged or disabled adapters.
+
+    Not seen: an in-place write through `.data` that leaves every sampled element as it was
+    (one row of an embedding, say). Call `PrefixCache.invalidate()` after such an edit.
+
+    Example:
+        >>> probe = WeightsProbe(model)  # doctest: +SKIP
+        >>> before = probe.check()  # doctest: +SKIP
+        >>> model.lm_head.weight.data.add_(1)  # doctest: +SKIP
+        >>> probe.check() > before  # doctest: +SKIP
+        True
     """
 
     def __init__(self, model: Any) -> None:
         self._model = model
         self._epoch = -1
-        self._params: list[Any] = []
-        self._ids = 0
+        self._modules: list[torch.nn.Module] = []
+        self._tuners: list[Any] = []
+        self._token: tuple[Any, ...] | None = None
+        self._indices: list[torch.Tensor | None] = []
+        self._reference: list[tuple[list[int], torch.Tensor]] = []
+        self.changes = 0
+        self.adapters: tuple[Any, ...] | None = None  # `adapter_state` as of the last check
 
-    def version(self) -> int:
+    def check(self) -> int:
+        """The number of changes seen so far (it grows by one whenever this check finds one)."""
         if self._epoch != _structure_epoch:
             self._epoch = _structure_epoch
-            self._params = list(self._model.parameters())
-            self._ids = hash(tuple(id(p) for p in self._params))
-        # Versions only grow, so over one parameter list their sum changes whenever one of them does.
-        return hash((self._ids, sum(p._version for p in self._params)))
+            self._modules = list(self._model.modules())
+            self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
+        params = [p for m in self._modules for p in m._parameters.values() if p is not None]
+        token = (
+            tuple(map(id, params)),
+            tuple(p.data_ptr() for p in params),
+            sum(p._version for p in params),
+            adapter_state(self._model, self._tuners),
+        )
+        self.adapters = token[3]
+        if token != self._token:
+            self._token = token
+            self._indices = [
+                None if p.device.type == "meta" else sample_indices(p.numel(), _PROBE_SAMPLES, p.device) for p in params
+            ]
+            self._reference = self._sample(params)
+            self.changes += 1
+            return self.changes
+        current = self._sample(params)
+        if any(not torch.equal(a, b) for (_, a), (_, b) in zip(current, self._reference, strict=True)):
+            self._reference = current
+            self.changes += 1
+        return self.changes
+
+    def _sample(self, params: Sequence[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+        """Sampled elements per (device, dtype) group, as raw bytes so NaN and -0.0 compare bitwise."""
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, (p, idx) in enumerate(zip(params, self._indices, strict=True)):
+            if idx is not None and p.numel():
+                groups.setdefault((p.device, p.dtype), []).append(i)
+        out = []
+        with torch.no_grad():
+            for members in groups.values():
+                picked = [torch.take(params[i].detach(), self._indices[i]) for i in members]  # type: ignore[arg-type]
+                out.append((members, torch.cat(picked).view(torch.uint8)))
+        return out
 
 
-def adapter_state(model: Any) -> tuple[tuple[str, ...], bool] | None:
-    """Active adapter names and whether adapters are switched off (`disable_adapters`), or None."""
-    if not getattr(model, "peft_config", None):
+def _is_tuner_layer(module: Any) -> bool:
+    """A PEFT tuner layer (LoRA, IA3, ...), recognised without importing peft."""
+    return (
+        hasattr(module, "merged_adapters")
+        and hasattr(module, "_active_adapter")
+        and hasattr(module, "_disable_adapters")
+    )
+
+
+def adapter_state(model: Any, tuners: list[Any] | None = None) -> tuple[Any, ...] | None:
+    """What the PEFT adapters of `model` do now, or None without any.
+
+    Read from the tuner layers themselves (active, merged and disabled adapters), so it is the
+    same whether the store wraps the `PeftModel` or the model inside it, and whether adapters
+    came from `get_peft_model` or transformers' `add_adapter`.
+    """
+    if tuners is None:
+        tuners = [m for m in model.modules() if _is_tuner_layer(m)]
+    if not tuners:
         return None
-    try:
-        active = tuple(model.active_adapters())
-    except (AttributeError, ValueError):
-        active = tuple(sorted(model.peft_config))
-    disabled = False
-    for module in model.modules():
-        if hasattr(module, "_disable_adapters"):
-            disabled = bool(module._disable_adapters)
-            break
-    return active, disabled
+    states = set()
+    for layer in tuners:
+        active = layer.active_adapters
+        states.add(
+            (
+                tuple(sorted(active)) if isinstance(active, list | tuple) else (str(active),),
+                tuple(sorted(layer.merged_adapters)),
+                bool(layer._disable_adapters),
+            )
+        )
+    return tuple(sorted(states))
 
 
-def model_namespace(model: Any, salt: str | None = None, weights: str | None = None) -> str:
+def model_namespace(
+    model: Any, salt: str | None = None, weights: str | None = None, adapters: tuple[Any, ...] | None = None
+) -> str:
     """The namespace of `model` as it is now (dtype and adapters can change between calls).
 
-    `weights` is the model's `weights_fingerprint`, computed by the store when it changes.
+    `weights` is the model's `weights_fingerprint` and `adapters` its `adapter_state`, both
+    computed by the store when its `WeightsProbe` sees a change.
     """
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else {}
     parts = {
@@ -154,7 +236,7 @@ def model_namespace(model: Any, salt: str | None = None, weights: str | None = N
         "config": fingerprint(config),
         "weights": weights,
         "dtype": str(getattr(model, "dtype", None)),
-        "adapters": adapter_state(model),
+        "adapters": adapters,
         "salt": salt,
     }
     return fingerprint(parts)

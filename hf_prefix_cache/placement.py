@@ -30,7 +30,7 @@ from .disk import CorruptFileError, DiskTier
 from .policy import CostAwarePolicy, LRUPolicy
 from .radix import Node, RadixTree
 from .segments import Segment, Snapshot, join_kv
-from .tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, is_out_of_memory, segment_to_device, segment_to_host
+from .tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, segment_to_device, segment_to_host
 
 if TYPE_CHECKING:
     from .remote import ChunkWrite, RemoteTier
@@ -47,6 +47,7 @@ class PlacementCounters:
     disk_writes: int = 0
     skipped_files: int = 0
     num_snapshots: int = 0
+    failed_moves: int = 0
 
 
 class Placement:
@@ -82,6 +83,7 @@ class Placement:
         self.remote = remote
         self.counters = PlacementCounters()
         self._indexed: set[str] = set()
+        self._failures: set[tuple[object, ...]] = set()  # kinds of failed moves already logged as warnings
 
     # ------------------------------------------------------------ budgets
     def enforce(self) -> None:
@@ -116,22 +118,37 @@ class Placement:
             self.drop(node)
 
     def _shrink(self, tier: int, target: int) -> None:
+        stuck: list[Node[Segment]] = []
         while self.tree.tier_nbytes[tier] > target:
             node = self.tree.pop_victim(tier)
             if node is None:
-                return  # everything left is locked
+                break  # everything left is locked (or could not move)
             self.policy.left(node)
-            self._move_down(node, tier)
+            if not self._move_down(node, tier):
+                stuck.append(node)
+        for node in stuck:
+            self.tree.offer(node)  # tried again at the next enforce
 
-    def _move_down(self, node: Node[Segment], tier: int) -> None:
-        """Move `node` to the next tier that can hold it, or drop it with its subtree."""
+    def _move_down(self, node: Node[Segment], tier: int) -> bool:
+        """Move `node` to the next tier that can hold it, or drop it with its subtree when none can.
+
+        Returns False when a slower tier could hold it but every write failed (a full or
+        read-only disk, host memory exhausted): the node then stays where it is, over budget,
+        rather than being lost because a lower tier failed.
+        """
+        failed = False
         for slower in range(tier + 1, NUM_TIERS):
             fits = 0 < node.nbytes <= self.budgets[slower] or (node.nbytes == 0 and self.budgets[slower] > 0)
-            if fits and self._move(node, slower):
-                self.tree.offer(node)
-                return
+            if fits:
+                if self._move(node, slower):
+                    self.tree.offer(node)
+                    return True
+                failed = True
+        if failed:
+            return False
         self.write_remote(node)
         self.drop(node)
+        return True
 
     def _move(self, node: Node[Segment], to: int) -> bool:
         seg = node.value
@@ -146,10 +163,13 @@ class Placement:
                 new = self.disk.write(str(node.namespace), self.tree.symbols_of(node), source)
                 self.counters.disk_writes += 1
         except Exception as exc:  # out of host memory, a full or read-only disk, symbols that cannot persist
-            level = logging.INFO if is_out_of_memory(exc) or isinstance(exc, TypeError) else logging.WARNING
+            kind = (to, type(exc).__name__, getattr(exc, "errno", None))
+            first = kind not in self._failures
+            self._failures.add(kind)
+            self.counters.failed_moves += 1
             logger.log(
-                level,
-                "could not move %d tokens to the %s tier (%s); dropping them",
+                logging.WARNING if first else logging.DEBUG,
+                "could not move %d tokens to the %s tier (%s); they stay where they are",
                 node.end - node.start,
                 ("device", "host", "disk")[to],
                 exc,
@@ -160,6 +180,7 @@ class Placement:
         self.tree.set_value(node, new)
         self.tree.set_tier(node, to)
         self.counters.offloads += 1
+        logger.debug("moved tokens [%d, %d) to the %s tier", node.start, node.end, ("device", "host", "disk")[to])
         return True
 
     # ------------------------------------------------------------ dropping
@@ -173,6 +194,7 @@ class Placement:
             removed = [node]
         self.counters.evictions += len(removed)
         self.counters.evicted_bytes += sum(n.nbytes for n in removed)
+        logger.debug("dropped %d nodes (%d bytes)", len(removed), sum(n.nbytes for n in removed))
         for gone in removed:
             assert gone.value is not None
             self._release(gone, gone.value, above)
@@ -296,6 +318,7 @@ class Placement:
             states = {layer: self.state_device(layer) for snap in held for layer in snap.states}
             device_seg = segment_to_device(host, self.mover, states)
             self.counters.reloads += 1
+            logger.debug("brought tokens [%d, %d) back to the device", node.start, node.end)
             promote = promote and self.make_room(DEVICE, node.nbytes)
             if promote:
                 self._release(node, seg)
@@ -473,15 +496,18 @@ class Placement:
             return 0
         moved = 0
         for tier in (DEVICE, HOST):
+            kept: list[Node[Segment]] = []
             while True:
                 node = self.tree.pop_victim(tier)
                 if node is None:
                     break
                 if node.nbytes > self.budgets[DISK] or not self._move(node, DISK):
-                    self.drop(node)
+                    kept.append(node)  # stays in memory: a failed or too small disk must not lose it
                     continue
                 moved += 1
                 self._shrink(DISK, self.budgets[DISK])
+            for node in kept:
+                self.tree.offer(node)
         return moved
 
 

@@ -299,8 +299,8 @@ class RemoteTier:
             "devices": [str(d) if d is not None else None for d in devices],
             "snapshots": snapshots,
             "items": item_meta,
-            "checksum": _checksum(tensors),
         }
+        meta["checksum"] = _checksum(tensors, meta)  # covers the metadata too, as on disk
         return ChunkWrite(chain[index], tensors, meta)
 
     def queue(self, writes: Sequence[ChunkWrite]) -> None:
@@ -420,7 +420,7 @@ class RemoteTier:
             raise BadChunkError(f"unreadable value ({type(exc).__name__}: {exc})") from exc
         if meta.get("format") != FORMAT:
             raise BadChunkError(f"unknown format {meta.get('format')!r}")
-        if meta.get("checksum") != _checksum(tensors):
+        if meta.get("checksum") != _checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
             raise BadChunkError("fails its checksum")
         expected_prev = _chain_of(chain[index - 1]) if index else _seed(namespace, self.chunk_len)
         same = (

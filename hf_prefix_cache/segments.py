@@ -21,7 +21,7 @@ Knows nothing about the tree or about models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -231,3 +231,27 @@ def item_states(
             return start, found
         found.append(state)
     return limit, found
+
+
+def state_tensors(snapshots: Iterable[Snapshot]) -> Iterator[torch.Tensor]:
+    """Every tensor held by `snapshots` (recurrent snapshots or item states)."""
+    for snap in snapshots:
+        for state in snap.states.values():
+            for per_idx in state.tensors.values():
+                yield from (t for t in per_idx.values() if t is not None)
+
+
+def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """Whether every floating-point tensor of `tensors` holds only finite values (meta tensors hold none).
+
+    The checks run on each tensor's own device and are reduced there, so a device costs one
+    synchronisation however many tensors it holds.
+
+    >>> all_finite([torch.ones(2), torch.tensor([0.0, float("nan")])])
+    False
+    """
+    per_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t is not None and t.numel() and (t.is_floating_point() or t.is_complex()) and not t.is_meta:
+            per_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(flags).all()) for flags in per_device.values())

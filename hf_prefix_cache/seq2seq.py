@@ -170,9 +170,11 @@ class Seq2SeqHook(EncoderKeyedHook):
         problem = decoding_problem(config)
         if problem is not None:
             return problem
-        asked = config.explicit("cache_implementation")
-        if asked is not None and asked != "dynamic":
-            return f"cache_implementation:{asked}"
+        # transformers refuses a passed cache beside any cache_implementation, the model's default included;
+        # Gemma-style default "hybrid" yields to it.
+        impl = config.cache_implementation
+        if impl is not None and not (impl == "hybrid" and config.explicit("cache_implementation") is None):
+            return f"cache_implementation:{impl}"
         # A hit skips the encoder, so its attentions and hidden states would be missing.
         if config.output_attentions or config.output_hidden_states:
             return "output_attentions" if config.output_attentions else "output_hidden_states"

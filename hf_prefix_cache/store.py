@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import atexit
 import logging
+import numbers
 import os
 import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._compat import check_transformers
-from .budgets import default_disk_bytes, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes
+from .budgets import default_disk_bytes, default_host_bytes, default_max_bytes, on_cuda, parse_nbytes, parse_seconds
 from .cache import WorkingCache
-from .disk import CorruptFileError, DiskTier, Layout
+from .disk import CorruptFileError, DiskTier, Layout, usable_folder
 from .encoder_decoder import EncoderOutputs
-from .keys import WeightsProbe, adapter_state, model_namespace, weights_fingerprint
+from .keys import WeightsProbe, model_namespace, weights_fingerprint
 from .layers import SLIDING_WINDOW_MODES
 from .media import clamp_below_spans
 from .observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
@@ -37,7 +38,17 @@ from .pressure import PressureCallback, PressureMonitor
 from .profile import ModelProfile, profile_model
 from .radix import Node, RadixTree
 from .remote import RemoteCounters, RemoteTier
-from .segments import Run, Segment, Snapshot, best_snapshot, item_states, join_kv, kv_pieces
+from .segments import (
+    Run,
+    Segment,
+    Snapshot,
+    all_finite,
+    best_snapshot,
+    item_states,
+    join_kv,
+    kv_pieces,
+    state_tensors,
+)
 from .session import Session
 from .stats import CacheStats
 from .tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover, snapshot_to_host
@@ -159,11 +170,12 @@ class PrefixCache:
         max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of the host
             memory available, up to 16 GiB, for a CUDA model; 0 (no host tier) for a CPU model, whose
             device is the host.
-        disk_dir: folder for the disk tier; entries there survive a restart of the process.
+        disk_dir: folder for the disk tier (``~`` expanded, created if missing, checked writable
+            here); entries there survive a restart of the process.
         max_disk_bytes: disk budget (default: half the free space of `disk_dir`'s file system, at most 20 GiB).
         policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
             most prefill work per byte; see `policy.py`).
-        ttl: seconds after which an unused entry is dropped (None: never).
+        ttl: seconds (or a string like ``"30m"``, ``"1h"``) after which an unused entry is dropped (None: never).
         min_store_len: sequences shorter than this many tokens are not stored.
         max_entries: most entries (leaves) kept over all tiers (None: no limit).
         snapshot_interval: for models with recurrent layers, also snapshot the state every
@@ -212,7 +224,7 @@ class PrefixCache:
         disk_dir: str | os.PathLike[str] | None = None,
         max_disk_bytes: int | str | None = None,
         policy: str = "lru",
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         min_store_len: int = 1,
         max_entries: int | None = None,
         snapshot_interval: int | None = 256,
@@ -237,8 +249,7 @@ class PrefixCache:
             raise ValueError(f"snapshot_interval must be a positive number of tokens or None, got {snapshot_interval}")
         if max_bytes is not None and max_device_bytes is not None:
             raise ValueError("give the device budget once: max_bytes or max_device_bytes, not both")
-        if ttl is not None and ttl <= 0:
-            raise ValueError(f"ttl is a positive number of seconds or None, got {ttl}")
+        ttl = parse_seconds(ttl) if ttl is not None else None
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries is a positive count or None, got {max_entries}")
         if min_store_len < 1:
@@ -246,6 +257,7 @@ class PrefixCache:
         if max_disk_bytes is not None and disk_dir is None:
             raise ValueError("max_disk_bytes needs disk_dir: say where the disk tier lives")
         _check_remote_args(remote, max_remote_bytes, remote_write, remote_chunk_len, remote_ttl, remote_timeout)
+        disk_root = usable_folder(disk_dir) if disk_dir is not None else None
         self.model = model
         self.profile: ModelProfile = profile_model(model, sliding_window_mode)
         device_budget = max_device_bytes if max_device_bytes is not None else max_bytes
@@ -253,8 +265,8 @@ class PrefixCache:
             parse_nbytes(device_budget) if device_budget is not None else default_max_bytes(model),
             parse_nbytes(max_host_bytes) if max_host_bytes is not None else default_host_bytes(model),
             0
-            if disk_dir is None
-            else parse_nbytes(default_disk_bytes(disk_dir) if max_disk_bytes is None else max_disk_bytes),
+            if disk_root is None
+            else parse_nbytes(default_disk_bytes(disk_root) if max_disk_bytes is None else max_disk_bytes),
         ]
         self.snapshot_interval = snapshot_interval
         self.salt = salt
@@ -262,11 +274,9 @@ class PrefixCache:
         self.min_store_len = min_store_len
         self.max_entries = max_entries
         self._weights_probe = WeightsProbe(model)
-        self._weights = (self._weights_probe.version(), weights_fingerprint(model))
-        # Weights on the meta device (a model built empty, loaded later) have no bytes to fingerprint,
-        # and loading them swaps in new parameter objects unseen by the probe: re-check until loaded.
-        self._weights_on_meta = _has_meta_parameters(model)
-        if self._weights_on_meta:
+        self._weights = (self._weights_probe.check(), weights_fingerprint(model))
+        if _has_meta_parameters(model):
+            # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
             logger.warning(
                 "%s has weights on the meta device: the store fingerprints them once they are loaded; "
                 "its default budgets assume a CPU model (give max_bytes / max_host_bytes, or make the "
@@ -283,7 +293,7 @@ class PrefixCache:
             self._tree,
             budgets,
             Mover(pin=cuda, use_streams=cuda),
-            DiskTier(disk_dir, layout) if disk_dir is not None else None,
+            DiskTier(disk_root, layout) if disk_root is not None else None,
             self._policy,
             self._state_device,
             _make_remote(remote, layout, max_remote_bytes, remote_chunk_len, remote_ttl, remote_timeout),
@@ -446,21 +456,45 @@ class PrefixCache:
             self._hook = None
 
     def namespace(self) -> str:
-        """The model's current namespace (recomputed when its dtype, adapters or weights change)."""
+        """The model's current namespace (recomputed when its dtype, adapters or weights change).
+
+        A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
+        `keys.WeightsProbe` for what it notices and `invalidate` for what it cannot.
+        """
         model = self.model
-        if self._weights_on_meta and not _has_meta_parameters(model):
-            self._weights_on_meta = False
-            self._weights_probe = WeightsProbe(model)
-            self._weights = (self._weights_probe.version(), weights_fingerprint(model))
-        version = self._weights_probe.version()
-        if version != self._weights[0]:
-            self._weights = (version, weights_fingerprint(model))
-        probe = (getattr(model, "dtype", None), adapter_state(model), self._weights[1])
-        cached = self._namespace_cache
-        if cached is None or cached[0] != probe:
-            cached = (probe, model_namespace(model, self.salt, self._weights[1]))
-            self._namespace_cache = cached
-        return cached[1]
+        with self._lock:
+            version = self._weights_probe.check()
+            if version != self._weights[0]:
+                self._weights = (version, weights_fingerprint(model))
+            probe = (getattr(model, "dtype", None), self._weights_probe.adapters, self._weights[1])
+            cached = self._namespace_cache
+            if cached is None or cached[0] != probe:
+                namespace = model_namespace(model, self.salt, self._weights[1], self._weights_probe.adapters)
+                if cached is not None and cached[1] != namespace:
+                    logger.info(
+                        "the model's weights, dtype or adapters changed: entries stored before are no longer used"
+                    )
+                cached = (probe, namespace)
+                self._namespace_cache = cached
+            return cached[1]
+
+    def invalidate(self) -> None:
+        """Forget everything stored, after changing the weights in a way the store cannot see.
+
+        The store notices replaced parameters, in-place updates (`load_state_dict`, optimizer
+        steps), switched adapters, and `.data` edits that touch the elements it samples. An
+        in-place `.data` edit of only a few elements (one embedding row) can escape it: call
+        this after one. Reads the weights again and drops every entry on every tier.
+
+        Example:
+            >>> model.model.embed_tokens.weight.data[7] += 1  # doctest: +SKIP
+            >>> store.invalidate()  # doctest: +SKIP
+        """
+        with self._lock:
+            self._weights = (self._weights_probe.check(), weights_fingerprint(self.model))
+            self._namespace_cache = None
+        self.clear()
+        logger.info("invalidated: every stored entry was dropped")
 
     def session(self, name: str) -> Session:
         """The open session called `name` (made on first use): pass it as `past_key_values`.
@@ -473,14 +507,22 @@ class PrefixCache:
                 session = self._sessions[name] = Session(self, name)
             return session
 
-    def pin(self, token_ids: torch.Tensor | Sequence[int]) -> int:
+    def pin(self, token_ids: Any) -> int:
         """Keep the prefix `token_ids` (e.g. a system prompt) stored forever, never evicted or moved.
+
+        `token_ids` is a tensor `[L]` or `[1, L]`, a list of ints, or what a tokenizer returns
+        (`apply_chat_template(..., tokenize=True)`: its `input_ids` are used).
 
         Computes and stores it first if needed (one forward through the wrapped `generate`).
         Returns the pinned length. Undo with `unpin`.
 
         Raises:
-            ValueError: when the prefix cannot be stored (model not served, or `attach=False` and not stored).
+            ValueError: when the prefix cannot be stored (model not served, over budget, or `attach=False`
+                and not stored).
+            TypeError: when the ids are not integers.
+
+        Example:
+            >>> store.pin(tok.apply_chat_template(system_turn, tokenize=True))  # doctest: +SKIP
         """
         tokens = _as_token_list(token_ids)
         if not tokens:
@@ -502,9 +544,13 @@ class PrefixCache:
                 ids, attention_mask=torch.ones_like(ids), past_key_values=self, max_new_tokens=1, do_sample=False
             )
         with self._lock:
+            if self._tree.match(namespace, tokens).matched_len < len(tokens):
+                raise ValueError(
+                    f"could not store the {len(tokens)}-token prefix: it does not fit the budgets "
+                    f"{self.budgets} (or ran cold: see stats().fallbacks); nothing pinned. Pin a shorter "
+                    "prefix or raise max_bytes"
+                )
             result = self._tree.insert(namespace, tokens, _never_called)
-            if result.matched_len < len(tokens):
-                raise ValueError(f"could not store the {len(tokens)}-token prefix (over budget?); nothing pinned")
             key = (namespace, tuple(tokens))
             if key not in self._pins:
                 node = result.path[-1]
@@ -570,6 +616,8 @@ class PrefixCache:
         if self.profile.unsupported is not None:
             raise ValueError(f"{type(self.model).__name__} cannot reuse cached prefixes: {self.profile.unsupported}")
         tokens = _as_token_list(input_ids)
+        if not tokens:
+            raise ValueError("lookup() needs at least one token id")
         _check_manual_media(self.profile, tokens)
         plan = self.acquire(self.namespace(), tokens)
         cache = self.new_cache()
@@ -656,24 +704,36 @@ class PrefixCache:
         if name in _CACHE_API:
             raise _NotAWorkingCacheError(
                 f"PrefixCache has no {name!r}: it is a store, not a transformers Cache. Pass it to the generate() "
-                f"of the model it was built for ({type(self.__dict__.get('model')).__name__}), or use "
-                "store.lookup(ids).cache in a custom forward loop."
+                f"of the model object it was built for ({type(self.__dict__.get('model')).__name__} at "
+                f"{id(self.__dict__.get('model')):#x}; another model, even of the same class, needs its own "
+                "PrefixCache(model)), or use store.lookup(ids).cache in a custom forward loop."
             )
         raise AttributeError(name)
 
     # --------------------------------------------------- used by the hook
-    def count_fallback(self, reason: str, prompt_len: int) -> None:
+    def count_fallback(self, reason: str, prompt_len: int, log: bool = True) -> None:
+        """Count a request run cold for `reason`; with `log`, also log it (see `log_fallback`)."""
         with self._lock:
             self._counters.requests += 1
             self._counters.prompt_tokens += prompt_len
             self._counters.computed_tokens += prompt_len
             self._counters.fallbacks[reason] += 1
-            first = reason not in self._warned
-            self._warned.add(reason)
             callbacks = list(self._request_callbacks)
-        (logger.warning if first else logger.info)("prefix cache skipped, running cold: %s", reason)
+        if log:
+            self.log_fallback(reason)
         if callbacks:
             _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
+
+    def log_fallback(self, reason: str) -> None:
+        """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
+        self._log_once(reason, "prefix cache skipped, running cold: %s", reason)
+
+    def _log_once(self, kind: str, message: str, *args: Any) -> None:
+        """Log a WARNING the first time `kind` happens in this store, DEBUG after that."""
+        with self._lock:
+            first = kind not in self._warned
+            self._warned.add(kind)
+        logger.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     def count_event(self, reason: str) -> None:
         """Count `reason` in `fallbacks` for a request that was served (and stored) but reused less."""
@@ -797,8 +857,14 @@ class PrefixCache:
         row: int | None = None,
         session: Session | None = None,
         items: Sequence[Snapshot] = (),
+        computed_from: int = 0,
     ) -> int:
         """Store the states in `cache` for `tokens` (all of them), plus earlier `snapshots`.
+
+        Positions from `computed_from` on, `snapshots` and `items` were computed by this request:
+        if any of them holds NaN or infinity (a poisoned image, an adapter gone wrong), nothing
+        is stored, since later requests sharing the prefix would inherit it; the skip is counted
+        as `non_finite_states`.
 
         `row` picks one row of a batched cache; its new tokens are then always copied out,
         since the batch's tensors hold every row. `session`, when given, pins the stored entry.
@@ -823,6 +889,16 @@ class PrefixCache:
             all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
         if items:
             self._remember_state_devices(items[0])
+        fresh = run.slice(min(computed_from, length), length) if run is not None else ([], [])
+        if not all_finite([*fresh[0], *fresh[1], *state_tensors(all_snapshots), *state_tensors(items)]):
+            with self._lock:
+                self._counters.fallbacks["non_finite_states"] += 1
+            self._log_once(
+                "non_finite_states",
+                "not storing %d tokens: their states hold NaN or infinity (check the inputs, e.g. pixel values)",
+                length,
+            )
+            return 0
         nbytes_per_token = run.nbytes_per_token if run is not None else 0
         with self._lock:
             self._maintain(namespace)
@@ -865,6 +941,8 @@ class PrefixCache:
                 self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
             calls = self._pressure_calls()
         self._after_unlock(calls)
+        if length > result.matched_len:
+            logger.info("prefix cache: stored %d new tokens (%d in all)", length - result.matched_len, length)
         return length - result.matched_len
 
     # ----------------------------------------------------------------- helpers
@@ -1143,7 +1221,28 @@ def _has_meta_parameters(model: Any) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def _as_token_list(ids: torch.Tensor | Sequence[int]) -> list[int]:
+def _as_token_list(ids: Any) -> list[int]:
+    """Token ids from a tensor `[L]`/`[1, L]`, a list of ints, or a tokenizer's output (`input_ids` inside).
+
+    Raises:
+        TypeError: for float ids or anything else that is not token ids.
+        ValueError: for a batch of several sequences.
+    """
+    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+        # apply_chat_template(tokenize=True, return_dict=True) and tokenizer(...) give a BatchEncoding.
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids.input_ids
+    if isinstance(ids, torch.Tensor) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        raise TypeError(f"token ids must be integers, got a {ids.dtype} tensor; pass input_ids, e.g. ids.long()")
+    if not isinstance(ids, torch.Tensor):
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise TypeError(f"expected token ids (a tensor or a list of ints), got {type(ids).__name__}")
+        if ids and isinstance(ids[0], Sequence) and not isinstance(ids[0], str):
+            if len(ids) != 1:
+                raise ValueError(f"expected one sequence, got a batch of {len(ids)}; use rows one at a time")
+            ids = ids[0]
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral | torch.Tensor)), None)
+        if bad is not None:
+            raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})")
     if isinstance(ids, torch.Tensor):
         if ids.dim() == 2:
             if ids.shape[0] != 1:
