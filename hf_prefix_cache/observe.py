@@ -99,8 +99,8 @@ class PrefillCost:
                 num_params += p.numel()
         config = model.config
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        heads = getattr(text, "num_attention_heads", None) or 0
-        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
+        heads = _global_attr(text, "num_attention_heads") or 0
+        head_dim = _global_attr(text, "head_dim") or (text.hidden_size // heads if heads else 0)
         return cls(num_params, num_attention_layers * heads * head_dim)
 
     def flops(self, start: int, end: int) -> int:
@@ -111,3 +111,12 @@ class PrefillCost:
         # Position t attends to t + 1 keys: sum over [start, end) of (t + 1).
         pairs = (end * (end + 1) - start * (start + 1)) // 2
         return 2 * self.num_params * n + 4 * self.attention_width * pairs
+
+
+def _global_attr(config: Any, name: str) -> int | None:
+    """`config.name`, or None where it is missing or per-layer (Gemma 4 raises on the global read)."""
+    try:
+        value = getattr(config, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return None
+    return value if isinstance(value, int) else None

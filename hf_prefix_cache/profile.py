@@ -24,6 +24,16 @@ from .multimodal import MediaAdapter, media_adapter_for
 _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
 # Recurrence kept in module attributes rather than in the Cache object.
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+# Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
+_COLD_MODEL_TYPES = {
+    "moshi": "window_mask_mismatch",  # full-causal masks over sliding-window cache layers: chunking changes output
+    "cpmant": "cache_longer_than_prompt",  # the cache holds its own prompt positions before the tokens
+    "prophetnet": "ngram_cache_layout",  # some layers hold no positions
+    # Tokens or logits (1.2e-4 to 1.3e-2) differ from cold runs on tiny models; cause not yet found.
+    "megatron-bert": "not_exact",
+    "xlm-roberta-xl": "not_exact",
+    "rembert": "not_exact",
+}
 # Encoder-decoder classes served keyed by their encoder input, by model_type: the family's hook module.
 _ENCODER_FAMILIES = {
     "whisper": ("whisper", "WhisperForConditionalGeneration"),  # whisper.py
@@ -83,6 +93,8 @@ def profile_model(model: Any, sliding_window_mode: str = "every_position") -> Mo
     media = media_adapter_for(model)
     encoder_family = _encoder_family(model, config)
     unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
+    if unsupported is None and cache_kwarg not in params:
+        unsupported = "no_cache_argument"  # the model keeps no cache (generate rejects one)
     adapters: list[LayerAdapter] = []
     specs: list[tuple[type, dict[str, Any]]] = []
     if unsupported is None:
@@ -159,6 +171,8 @@ def _unsupported_reason(
         return "thinker_talker"
     if model_type in _MODULE_STATE_MODEL_TYPES:
         return "module_state"
+    if model_type in _COLD_MODEL_TYPES:
+        return _COLD_MODEL_TYPES[model_type]
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
     if supports_dynamic is not None and not supports_dynamic():
         return "own_cache_class"

@@ -1,0 +1,529 @@
+"""Generate docs/support.md: which transformers model types the store serves exactly.
+
+Every model type of four transformers auto mappings (causal LM, image-text-to-text,
+multimodal LM, speech seq2seq) is built as a tiny random-weight model from its config class,
+shrunk generically (layers, hidden sizes, heads, vocabulary, experts, in every sub-config),
+and put through a fixed scenario, each step compared with a cold run (tokens identical,
+logits within 1e-4 in float32):
+
+1. cold: the first prompt through an empty store;
+2. hit: a second turn (prompt + answer + new tokens), which should reuse the first;
+3. repeat: the second turn again, exactly.
+
+A row says ``served`` (with the hit tokens of steps 2 and 3), ``cold`` with the reasons the
+store counted in ``stats().fallbacks``, ``WRONG`` (cached differs from cold: a bug),
+``not buildable`` (why) or ``timeout``. Each model type runs in a worker process with a
+time limit, so one hanging family does not stop the sweep.
+
+The scenario is text-only for every mapping: media families are checked on text prompts
+through the multimodal model class (the changed-medium step is not run by this version);
+speech seq2seq types need audio input and are recorded from the store's profile only.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python scripts/support_matrix.py            # full sweep, writes docs/support.md
+    python scripts/support_matrix.py --only llama,mistral --check # compare those rows with docs/support.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "support.md"
+MARK = "@@ROW "
+LOGIT_TOL = 1e-4
+#: Rows one worker runs before it exits and a fresh one starts.
+ROWS_PER_WORKER = 10
+#: Address-space limit of a worker process, bytes.
+MEMORY_LIMIT = 4 * 2**30
+
+#: The auto mappings swept, in the order a type's row picks its model class.
+MAPPINGS = (
+    ("causal LM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    ("image-text-to-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),
+    ("multimodal LM", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", "AutoModelForMultimodalLM"),
+    ("speech seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
+)
+
+VOCAB = 128
+
+# Integer config attributes set wherever a config (or sub-config) has them.
+_SIZES: dict[str, int] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "d_model": 64,
+    "n_embd": 64,
+    "dim": 64,
+    "embed_dim": 64,
+    "intermediate_size": 128,
+    "ffn_dim": 128,
+    "n_inner": 128,
+    "d_ff": 128,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "n_heads": 4,
+    "num_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "n_kv_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "n_layers": 2,
+    "num_layers": 2,
+    "decoder_layers": 2,
+    "encoder_layers": 2,
+    "num_decoder_layers": 2,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_expand": 2,
+    "state_size": 16,
+    "ssm_state_size": 16,
+    "time_step_rank": 8,
+    "mamba_chunk_size": 16,
+    "chunk_size": 16,
+    "num_mel_bins": 16,
+    "image_size": 32,
+    "patch_size": 8,
+    "projection_dim": 64,
+    "vision_output_dim": 64,
+    "lru_width": 64,
+}
+# Token ids moved inside the tiny vocabulary (ids 0-3 are never in the scenario's prompts).
+_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None, "decoder_start_token_id": 1}
+# Per-family overrides, only where the generic shrink fails.
+_OVERRIDES: dict[str, dict[str, Any]] = {
+    # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
+    "bamba": {"attn_layer_indices": [1]},
+    "recurrent_gemma": {"num_hidden_layers": 3, "block_types": ["recurrent", "recurrent", "attention"]},
+}
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config")
+
+
+@dataclass
+class Row:
+    """One model type's result."""
+
+    model_type: str
+    mappings: list[str]
+    status: str  # served, cold, WRONG, not buildable, timeout, not run
+    detail: str = ""
+    hit_tokens: str = ""
+    model_class: str = ""
+
+    def line(self) -> str:
+        cells = (f"`{self.model_type}`", ", ".join(self.mappings), self.model_class, self.status)
+        return "| " + " | ".join((*cells, self.hit_tokens, self.detail)) + " |"
+
+
+def model_types() -> dict[str, list[str]]:
+    """Every model type of the swept mappings, with the mappings it is in (in `MAPPINGS` order)."""
+    from transformers.models.auto import modeling_auto
+
+    types: dict[str, list[str]] = {}
+    for label, names, _ in MAPPINGS:
+        for model_type in getattr(modeling_auto, names):
+            types.setdefault(model_type, []).append(label)
+    return dict(sorted(types.items()))
+
+
+def _shrunk_kwargs(config: Any, depth: int = 0) -> dict[str, Any]:
+    """Constructor kwargs of `config`'s class giving a tiny model: sizes, ids and sub-configs."""
+    present = config.to_dict()
+    kwargs: dict[str, Any] = {k: v for k, v in _SIZES.items() if isinstance(present.get(k), int)}
+    kwargs.update({k: v for k, v in _IDS.items() if k in present})
+    layers = kwargs.get("num_hidden_layers")
+    layer_types = present.get("layer_types")
+    if layers is not None and isinstance(layer_types, list) and len(layer_types) > layers:
+        # Keep one layer of each kind, first occurrences first, so the tiny model has every kind.
+        kinds = list(dict.fromkeys(layer_types))
+        kwargs["num_hidden_layers"] = max(layers, len(kinds))
+        kwargs["layer_types"] = (kinds + layer_types)[: kwargs["num_hidden_layers"]]
+    if isinstance(present.get("qk_rope_head_dim"), int) and "head_dim" in kwargs:
+        kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary part of each head
+        if "num_key_value_heads" in kwargs:
+            kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA has no grouped heads
+    old_layers = present.get("num_hidden_layers")
+    new_layers = kwargs.get("num_hidden_layers")
+    if isinstance(old_layers, int) and isinstance(new_layers, int) and old_layers > new_layers:
+        # Per-layer lists (sizes, block kinds) follow the new layer count.
+        for name, value in present.items():
+            if isinstance(value, list) and len(value) == old_layers and name != "layer_types":
+                kwargs[name] = value[:new_layers]
+    if isinstance(present.get("sliding_window"), int):
+        kwargs["sliding_window"] = 8
+    if isinstance(present.get("attention_chunk_size"), int):
+        kwargs["attention_chunk_size"] = 8
+    if depth < 2:
+        for name in _SUB_CONFIGS:
+            sub = getattr(config, name, None)
+            if sub is not None and hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
+                kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1)}
+    return kwargs
+
+
+def build(model_type: str, auto_class: str) -> Any:
+    """A tiny random-weight float32 eval model of `model_type` through `auto_class`."""
+    import torch
+    import transformers
+
+    config_cls = transformers.CONFIG_MAPPING[model_type]
+    kwargs = {**_shrunk_kwargs(config_cls()), **_OVERRIDES.get(model_type, {})}
+    config = config_cls(**kwargs)
+    torch.manual_seed(0)
+    auto = getattr(transformers, auto_class)
+    try:
+        model = auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    except (ValueError, ImportError):
+        model = auto.from_config(config, dtype=torch.float32)
+    model = model.float().eval()
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, 1
+    gen.do_sample, gen.max_length, gen.min_new_tokens = False, None, None
+    gen.temperature = gen.top_p = gen.top_k = None
+    return model
+
+
+def _generate(model: Any, ids: Any, store: Any = None) -> Any:
+    import torch
+
+    kwargs: dict[str, Any] = {} if store is None else {"past_key_values": store}
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=4,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+
+
+def scenario(model: Any) -> tuple[str, str, str]:
+    """(status, detail, hit tokens) of cold / hit / repeat through a store, each against a cold run."""
+    import torch
+
+    from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.profile import profile_model
+
+    profile = profile_model(model)
+    if profile.encoder_family is not None:
+        return "not run", f"encoder-decoder ({profile.encoder_family}): needs the encoder-input scenario", ""
+    store = PrefixCache(model)
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randint(4, 100, (1, 24), generator=gen)
+    hits: list[int] = []
+    worst = 0.0
+    prompts = [first]
+    for step in range(3):
+        ids = prompts[-1]
+        before = store.stats().hit_tokens
+        try:
+            cold = _generate(model, ids)
+        except Exception as exc:  # noqa: BLE001 - the family cannot generate here at all
+            return "error", _short(f"cold generate: {type(exc).__name__}: {exc}"), ""
+        try:
+            warm = _generate(model, ids, store)
+        except Exception as exc:  # noqa: BLE001 - cold works, the store's run does not: a bug
+            return "WRONG", _short(f"cached generate raised at step {step}: {type(exc).__name__}: {exc}"), ""
+        hits.append(store.stats().hit_tokens - before)
+        if not torch.equal(cold.sequences, warm.sequences):
+            return "WRONG", f"tokens differ at step {step}", ""
+        diff = max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True))
+        worst = max(worst, diff)
+        if diff >= LOGIT_TOL:
+            return "WRONG", f"logits differ by {diff:.2e} at step {step}", ""
+        if step == 0:
+            more = torch.randint(4, 100, (1, 8), generator=gen)
+            prompts.append(torch.cat([warm.sequences, more], dim=1))
+        else:
+            prompts.append(ids)
+    fallbacks = store.stats().fallbacks
+    store.detach()
+    if fallbacks:
+        return "cold", ", ".join(f"`{k}`" for k in sorted(fallbacks)), ""
+    hit_text = f"{hits[1]} / {hits[2]}"
+    if hits[2] == 0:
+        return "WRONG", f"no reuse and no fallback reason (hits {hit_text})", hit_text
+    return "served", "", hit_text
+
+
+def run_row(model_type: str, mappings: list[str]) -> Row:
+    """Build and check one model type (in this process)."""
+    auto_class = next(a for label, _, a in MAPPINGS if label == mappings[0])
+    row = Row(model_type, mappings, "not buildable")
+    try:
+        model = build(model_type, auto_class)
+    except Exception as exc:  # noqa: BLE001 - any build failure is the row's result
+        row.detail = _short(f"{type(exc).__name__}: {exc}")
+        return row
+    row.model_class = type(model).__name__
+    try:
+        row.status, row.detail, row.hit_tokens = scenario(model)
+    except Exception as exc:  # noqa: BLE001 - a crash in generate is recorded, cold or cached alike
+        row.status, row.detail = "error", _short(f"{type(exc).__name__}: {exc}")
+    return row
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+# --------------------------------------------------------------------------- worker pool
+
+
+def _worker() -> None:
+    """Read `model_type<TAB>mappings` lines on stdin; print each result as a marked JSON line."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # A config the shrink misses can ask for gigabytes: fail that row (MemoryError), not the machine.
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    for line in sys.stdin:
+        model_type, mappings = line.rstrip("\n").split("\t")
+        row = run_row(model_type, mappings.split(","))
+        sys.stdout.write(MARK + json.dumps(asdict(row)) + "\n")
+        sys.stdout.flush()
+        if _out_of_memory(row):
+            return  # the parent starts a fresh worker
+
+
+class _Slot:
+    """One worker process; restarted after a timeout or a crash."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.num_rows = 0
+
+    def _start(self) -> subprocess.Popen[str]:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        return subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+
+    def run(self, model_type: str, mappings: list[str], timeout: float) -> Row:
+        row = self._run(model_type, mappings, timeout)
+        if _out_of_memory(row):
+            row = self._run(model_type, mappings, timeout)  # once more in a fresh worker
+        self.num_rows += 1
+        if self.num_rows % ROWS_PER_WORKER == 0:
+            self.close()  # memory grows with every family's modules: start afresh
+        return row
+
+    def _run(self, model_type: str, mappings: list[str], timeout: float) -> Row:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        stdout = self.proc.stdout
+        assert self.proc.stdin is not None and stdout is not None
+        self.proc.stdin.write(f"{model_type}\t{','.join(mappings)}\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([stdout], [], [], max(left, 0))
+            if not ready:
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+                return Row(model_type, mappings, "timeout", f"no result in {timeout:.0f} s")
+            line = stdout.readline()
+            if not line:
+                code = self.proc.wait()
+                self.proc = None
+                return Row(model_type, mappings, "error", f"worker exited with code {code}")
+            if line.startswith(MARK):
+                row = Row(**json.loads(line[len(MARK) :]))
+                if _out_of_memory(row):
+                    self.proc.wait()  # the worker exits after this row
+                    self.proc = None
+                return row
+
+    def close(self) -> None:
+        if self.proc is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait()
+            self.proc = None
+
+
+def _out_of_memory(row: Row) -> bool:
+    return "allocate" in row.detail or "MemoryError" in row.detail
+
+
+def sweep(types: dict[str, list[str]], workers: int, timeout: float) -> list[Row]:
+    """Rows of every type in `types`, `workers` processes at a time."""
+    todo = list(types.items())
+    rows: list[Row] = []
+    lock = threading.Lock()
+
+    def drain() -> None:
+        slot = _Slot()
+        while True:
+            with lock:
+                if not todo:
+                    break
+                model_type, mappings = todo.pop(0)
+            row = slot.run(model_type, mappings, timeout)
+            with lock:
+                rows.append(row)
+                print(f"{len(rows)}/{len(types)} {row.model_type}: {row.status} {row.detail}", file=sys.stderr)
+        slot.close()
+
+    threads = [threading.Thread(target=drain) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(rows, key=lambda r: r.model_type)
+
+
+# --------------------------------------------------------------------------- the document
+
+_HEADER = "| model type | mappings | class built | status | hit tokens (hit / repeat) | reason |"
+_BUCKETS = ("served", "cold", "not buildable", "other")
+
+
+def _bucket(status: str) -> str:
+    return status if status in _BUCKETS else "other"
+
+
+def render(rows: Iterable[Row]) -> str:
+    """The whole docs/support.md text for `rows`."""
+    import transformers
+
+    rows = list(rows)
+    lines = [
+        "# Support matrix",
+        "",
+        f"Generated by `scripts/support_matrix.py` against transformers {transformers.__version__};",
+        "do not edit by hand.",
+        "",
+        "Each model type is built as a tiny random-weight float32 model from its config class and run",
+        "through a store: a cold first prompt, a second turn that should reuse it (hit), and an exact",
+        "repeat, each compared with a cold run (tokens identical, logits within 1e-4). Prompts are",
+        "text only, for every mapping (media families' changed-medium step is covered by the tests in",
+        "`tests/test_media_*.py`, not yet by this sweep). `served`: exact with the hit tokens shown;",
+        "`cold`: the store ran cold and counted these reasons in `stats().fallbacks`; `not buildable`:",
+        "the tiny config or model could not be made; `error`: generate itself failed (cold as well);",
+        "`not run`: the scenario does not apply (encoder-decoder models served keyed by their encoder",
+        "input, covered by their own tests); `WRONG` would mean cached output differs from cold.",
+        "",
+        "| mapping | types | " + " | ".join(_BUCKETS) + " |",
+        "|---|---|" + "---|" * len(_BUCKETS),
+    ]
+    for label, _, _ in MAPPINGS:
+        mine = [r for r in rows if label in r.mappings]
+        counts = {b: sum(_bucket(r.status) == b for r in mine) for b in _BUCKETS}
+        lines.append(f"| {label} | {len(mine)} | " + " | ".join(str(counts[b]) for b in _BUCKETS) + " |")
+    lines += ["", _HEADER, "|---|---|---|---|---|---|"]
+    lines += [r.line() for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def parse(text: str) -> dict[str, str]:
+    """Row lines of a rendered document by model type."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            out[line.split("`")[1]] = line
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="comma-separated model types (default: all)")
+    parser.add_argument("--check", action="store_true", help="compare the rows with docs/support.md, write nothing")
+    parser.add_argument("--in-process", action="store_true", help="run rows here, without workers or timeouts")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
+    parser.add_argument("--out", type=Path, default=DOC)
+    args = parser.parse_args(argv)
+    if args.worker:
+        _worker()
+        return 0
+    types = model_types()
+    if args.only:
+        wanted = args.only.split(",")
+        missing = [t for t in wanted if t not in types]
+        if missing:
+            parser.error(f"not in the swept mappings: {', '.join(missing)}")
+        types = {t: types[t] for t in wanted}
+    in_process = [run_row(t, m) for t, m in types.items()] if args.in_process else None
+    rows = in_process if in_process is not None else sweep(types, args.workers, args.timeout)
+    if args.check:
+        stored = parse(args.out.read_text())
+        stale = [r.model_type for r in rows if stored.get(r.model_type) != r.line()]
+        for t in stale:
+            print(f"stale: {t}\n  doc: {stored.get(t)}\n  now: {next(r.line() for r in rows if r.model_type == t)}")
+        return 1 if stale else 0
+    if args.only and args.out.exists():
+        # Replace only these rows; the rest stays as last generated.
+        old = parse(args.out.read_text())
+        merged = {**{t: _row_from_line(line) for t, line in old.items()}, **{r.model_type: r for r in rows}}
+        rows = sorted(merged.values(), key=lambda r: r.model_type)
+    args.out.write_text(render(rows))
+    return 0
+
+
+def _row_from_line(line: str) -> Row:
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    return Row(
+        model_type=cells[0].strip("`"),
+        mappings=[m.strip() for m in cells[1].split(",")],
+        model_class=cells[2],
+        status=cells[3],
+        hit_tokens=cells[4],
+        detail=cells[5],
+    )
+
+
+if __name__ == "__main__":
+    # This checkout's package, not an installed copy (sys.path[0] is scripts/ when run as a script).
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
