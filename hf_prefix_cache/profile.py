@@ -87,7 +87,9 @@ def profile_model(model: Any, sliding_window_mode: str = "every_position") -> Mo
     `sliding_window_mode` picks how sliding-window layers are stored (see `layers/sliding.py`).
     """
     cache_kwarg = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
-    params = set(inspect.signature(model.forward).parameters)
+    # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    params = set(inspect.signature(inner.forward).parameters)
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
     media = media_adapter_for(model)

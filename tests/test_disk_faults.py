@@ -160,6 +160,7 @@ def _write_entries(round_: int, disk: Path, report: int) -> None:
 def test_sigkill_while_writing_the_disk_tier_loses_only_unfinished_writes(tmp_path: Path) -> None:
     """A process killed at random points while saving: a new store loads nothing half-written and hits every finished entry."""
     import random
+    import select
     import signal
     import time
 
@@ -181,15 +182,23 @@ def test_sigkill_while_writing_the_disk_tier_loses_only_unfinished_writes(tmp_pa
         if pid == 0:  # the child: never returns into pytest
             try:
                 os.close(read)
+                # The parent's OpenMP thread pool does not survive a fork; a child that used it hung
+                # (CI, where OMP_NUM_THREADS is unset), so the child runs its ops on one thread.
+                torch.set_num_threads(1)
                 _write_entries(round_, disk, write)
             finally:
                 os._exit(0)
         os.close(write)
-        time.sleep(rng.uniform(0.0, write_seconds * _ENTRIES))
+        # Time the kill from the child's first finished write, not from the fork: the child's start
+        # (building its model) takes longer than all its writes on an idle machine.
+        ready, _, _ = select.select([read], [], [], 120)
+        assert ready, f"round {round_}: the child wrote nothing in 120 s"
+        first = os.read(read, 64)
+        time.sleep(rng.uniform(0.0, write_seconds * (_ENTRIES - 2)))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        with os.fdopen(read) as f:
-            finished = {int(line) for line in f.read().split()}
+        with os.fdopen(read, "rb") as f:
+            finished = {int(line) for line in (first + f.read()).split()}
         partial_rounds += 0 < len(finished) < _ENTRIES
 
         store = PrefixCache(model, disk_dir=disk, save_on_exit=False, attach=False)
