@@ -249,6 +249,8 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
 
     >>> all_finite([torch.ones(2), torch.tensor([0.0, float("nan")])])
     False
+    >>> all_finite([torch.ones(2, dtype=torch.float64), torch.ones(3, dtype=torch.bfloat16)])
+    True
     """
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
@@ -256,9 +258,10 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
             t = torch.view_as_real(t) if t.is_complex() else t
             groups.setdefault((t.device, t.dtype), []).append(t)
     per_device: dict[torch.device, list[torch.Tensor]] = {}
-    for (device, _), members in groups.items():
+    for (device, dtype), members in groups.items():
         # One multi-tensor reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or
         # inf. Summed in float32, so half-precision states cannot overflow it; only magnitudes near
         # 1e19 could, and those are not stored either.
-        per_device.setdefault(device, []).extend(torch._foreach_norm(members, 2, dtype=torch.float32))
+        wide = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed
+        per_device.setdefault(device, []).extend(torch._foreach_norm(members, 2, dtype=wide))
     return all(bool(torch.stack(norms).isfinite().all()) for norms in per_device.values())
