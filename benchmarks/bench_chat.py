@@ -27,8 +27,8 @@ from pathlib import Path
 
 from _common import print_end, print_environment, start_run
 
+from hf_prefix_cache.api.models import load_smollm2
 from hf_prefix_cache.frontends.chat import ChatEngine
-from hf_prefix_cache.models import load_smollm2
 
 SYSTEM = (
     "The Sunny Corner bakery sells bread, croissants, cakes and coffee. It opens at 7 and closes at 19, "

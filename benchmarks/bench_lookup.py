@@ -46,7 +46,8 @@ import transformers
 from _common import load_average
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_prefix_cache import PrefixCache, RadixTree
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.tree.radix import RadixTree
 
 _NAMESPACE = "bench"
 _FIRST_ID = 4

@@ -24,7 +24,7 @@ import torch
 import xxhash
 from PIL import Image
 
-from hf_prefix_cache.media import hash_media
+from hf_prefix_cache.multimodal.media import hash_media
 
 
 def _raw_bytes(item: Any) -> Any:

@@ -2,7 +2,7 @@
 transformers' continuous batching with prefix block sharing, at 512 to 8k prompt tokens.
 
 Model: SmolLM2-135M-Instruct (Llama architecture, 30 layers, 3 KV heads of 64, float32, sdpa,
-CPU), loaded offline by `hf_prefix_cache.models.load_smollm2`. Its context is 8,192 positions,
+CPU), loaded offline by `hf_prefix_cache.load_smollm2`. Its context is 8,192 positions,
 so the largest prompt is 8,000 tokens.
 
 Prompts are a real second chat turn with the model's own chat template: a system message holding
@@ -51,7 +51,7 @@ import transformers
 from _common import Timings, load_average, print_end, print_environment, start_run, timed
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.models import load_smollm2
+from hf_prefix_cache.api.models import load_smollm2
 
 VARIANTS = ("cold", "hit", "ideal", "deepcopy", "cb cold", "cb warm")
 SYSTEM = "You answer questions about the Python language, using only the reference text below.\n\n"

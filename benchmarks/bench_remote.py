@@ -1,6 +1,6 @@
 """The remote (Redis) tier against the local disk tier and a cold prefill, on the real SmolLM2-135M.
 
-Model: SmolLM2-135M-Instruct (``hf_prefix_cache.models.load_smollm2()``, Llama architecture, 30
+Model: SmolLM2-135M-Instruct (``hf_prefix_cache.load_smollm2()``, Llama architecture, 30
 layers, 3 KV heads of 64, float32, CPU): 46,080 bytes of keys/values per token.
 
 Server: a ``redis-server`` started by this script on a free loopback port with ``--save ''
@@ -52,7 +52,7 @@ from _common import Timings, print_end, print_environment, start_run, timed
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.models import load_smollm2
+from hf_prefix_cache.api.models import load_smollm2
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:

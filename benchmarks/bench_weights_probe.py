@@ -9,7 +9,7 @@ elements per parameter) once.
 Models (random weights, bfloat16 unless `--dtype`), built on the meta device then allocated
 for real with `to_empty` and filled with `normal_`:
 
-* ``smollm2``: the real SmolLM2-135M-Instruct (`hf_prefix_cache.models.load_smollm2`), float32.
+* ``smollm2``: the real SmolLM2-135M-Instruct (`hf_prefix_cache.load_smollm2`), float32.
 * ``1b``: Llama-3.2-1B shape (16 layers, hidden 2048, vocab 128,256, tied embeddings).
 * ``7b``: Llama-2-7B shape (32 layers, hidden 4096, vocab 32,000): needs ~13.5 GB.
 
@@ -33,7 +33,7 @@ import torch
 from _common import print_end, print_environment, start_run
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_prefix_cache.keys import WeightsProbe, weights_fingerprint
+from hf_prefix_cache.keys.weights import WeightsProbe, weights_fingerprint
 
 SHAPES: dict[str, dict[str, Any]] = {
     "1b": {
@@ -59,7 +59,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 def build(name: str, device: str, dtype: torch.dtype) -> Any:
     if name == "smollm2":
-        from hf_prefix_cache.models import load_smollm2
+        from hf_prefix_cache.api.models import load_smollm2
 
         model, _ = load_smollm2()
         return model.to(device).eval()

@@ -3,44 +3,43 @@
 >>> store = PrefixCache(model)                                   # doctest: +SKIP
 >>> model.generate(**inputs, past_key_values=store)              # doctest: +SKIP
 >>> store.stats().hit_tokens                                     # doctest: +SKIP
+
+Everything a user needs is exported here. Internals (`RadixTree`, `WorkingCache`, the tiers)
+stay importable from their modules for tests and tools, with no promise of stability.
 """
 
 from __future__ import annotations
 
-from ._compat import check_transformers
+from hf_prefix_cache._compat import check_transformers
 
 check_transformers()
 
-from .budgets import parse_nbytes  # noqa: E402
-from .cache import WorkingCache  # noqa: E402
-from .errors import (  # noqa: E402
+from hf_prefix_cache.api.models import ModelUnavailableError, load_model, load_smollm2  # noqa: E402
+from hf_prefix_cache.errors import (  # noqa: E402
     IncompatibleModelError,
     PrefixCacheError,
     UnhashableMediaError,
     UnsupportedVersionError,
 )
-from .keys import PrefixKey  # noqa: E402
-from .observe import RequestEvent  # noqa: E402
-from .pressure import PressureEvent  # noqa: E402
-from .radix import RadixTree  # noqa: E402
-from .session import Session  # noqa: E402
-from .stats import CacheStats  # noqa: E402
-from .store import Lookup, PrefixCache  # noqa: E402
+from hf_prefix_cache.store.observe import RequestEvent  # noqa: E402
+from hf_prefix_cache.store.pressure import PressureEvent  # noqa: E402
+from hf_prefix_cache.store.sessions import Session  # noqa: E402
+from hf_prefix_cache.store.stats import CacheStats  # noqa: E402
+from hf_prefix_cache.store.tree_store import Lookup, PrefixCache  # noqa: E402
 
 __all__ = [
     "CacheStats",
     "IncompatibleModelError",
     "Lookup",
+    "ModelUnavailableError",
     "PrefixCache",
     "PrefixCacheError",
-    "PrefixKey",
     "PressureEvent",
-    "RadixTree",
     "RequestEvent",
     "Session",
     "UnhashableMediaError",
     "UnsupportedVersionError",
-    "WorkingCache",
-    "parse_nbytes",
+    "load_model",
+    "load_smollm2",
 ]
 __version__ = "0.1.0"

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from hf_prefix_cache.frontends.cli import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import transformers
 from packaging.version import Version
 
-from .errors import UnsupportedVersionError
+from hf_prefix_cache.errors import UnsupportedVersionError
 
 SUPPORTED = ">=5.23,<6"
 _REQUIRED_NAMES = (

@@ -241,7 +241,7 @@ def scenario(model: Any) -> tuple[str, str, str]:
     import torch
 
     from hf_prefix_cache import PrefixCache
-    from hf_prefix_cache.profile import profile_model
+    from hf_prefix_cache.model.profile import profile_model
 
     profile = profile_model(model)
     if profile.encoder_family is not None:

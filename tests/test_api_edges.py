@@ -14,7 +14,7 @@ from hf_prefix_cache import IncompatibleModelError, PrefixCache
 
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[Any, Any]:
-    from hf_prefix_cache.models import load_smollm2
+    from hf_prefix_cache.api.models import load_smollm2
 
     return load_smollm2()
 

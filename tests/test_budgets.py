@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import cached_model
 
-from hf_prefix_cache import PrefixCache, budgets
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.storage import budgets
 
 _GiB = 1 << 30
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.cli import main, parse_ratios
-from hf_prefix_cache.models import load_smollm2
+from hf_prefix_cache.api.models import load_smollm2
+from hf_prefix_cache.frontends.cli import main, parse_ratios
 
 ROOT = Path(__file__).parent.parent
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
@@ -119,10 +119,10 @@ def test_parse_ratios_reads_ratio_columns_only() -> None:
 
 
 def test_demo_dispatches_to_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    """`demo --help` reaches hf_prefix_cache.demo's own argument parser."""
+    """`demo --help` reaches hf_prefix_cache.frontends.demo's own argument parser."""
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--help"])
     assert exit_info.value.code == 0
-    from hf_prefix_cache import demo
+    from hf_prefix_cache.frontends import demo
 
     assert (demo.__doc__ or "").splitlines()[0] in capsys.readouterr().out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_prefix_cache import demo
+from hf_prefix_cache.frontends import demo
 
 
 def test_demo_on_the_real_model_prints_answers_and_first_token_times(capsys: pytest.CaptureFixture[str]) -> None:

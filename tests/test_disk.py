@@ -17,7 +17,7 @@ from conftest import assert_same_as_cold, cached_model, generate, kv_bytes_per_t
 from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.tiers import DISK
+from hf_prefix_cache.storage.tiers import DISK
 
 TESTS = Path(__file__).parent
 

@@ -93,7 +93,7 @@ def test_a_full_disk_keeps_entries_in_memory_and_logs_once(
     """ENOSPC at the write: every request is served exactly, entries stay in memory, one warning; writes resume later."""
     import errno
 
-    from hf_prefix_cache import disk
+    from hf_prefix_cache.storage import disk
 
     real_save = disk.save_file
 

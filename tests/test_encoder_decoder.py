@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_prefix_cache.encoder_decoder import EncoderOutputs
+from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
 
 
 def output(n: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from conftest import assert_same_as_cold, generate, random_prompt
 from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.keys import weights_fingerprint
+from hf_prefix_cache.keys.weights import weights_fingerprint
 
 
 def test_weights_fingerprint_tells_models_apart() -> None:

@@ -11,7 +11,7 @@ from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, random_prompt
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.layers import adapter_for
+from hf_prefix_cache.model.layers import adapter_for
 
 
 def test_dynamic_layer_tensors_are_never_written_in_place() -> None:

@@ -8,8 +8,15 @@ import torch
 from PIL import Image
 
 from hf_prefix_cache import UnhashableMediaError
-from hf_prefix_cache.media import MediaItem, MediaLayout, assign_spans, clamp_below_spans, find_runs, hash_media
-from hf_prefix_cache.radix import RadixTree
+from hf_prefix_cache.multimodal.media import (
+    MediaItem,
+    MediaLayout,
+    assign_spans,
+    clamp_below_spans,
+    find_runs,
+    hash_media,
+)
+from hf_prefix_cache.tree.radix import RadixTree
 
 
 def _pixels(seed: int = 0) -> torch.Tensor:

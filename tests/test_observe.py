@@ -12,7 +12,7 @@ from media_families import Family
 from tiny_vlms import text
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.observe import RequestEvent
+from hf_prefix_cache.store.observe import RequestEvent
 
 
 def _hand_flops(model: Any, r: int) -> int:
@@ -90,7 +90,7 @@ def test_fallbacks_reach_callbacks_with_their_reason_and_a_failing_callback_is_o
 def test_prometheus_metrics_report_the_stats() -> None:
     """The collector exposes hits per modality, fallbacks and bytes per tier as the stats say."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from hf_prefix_cache.prometheus import register_metrics
+    from hf_prefix_cache.frontends.prometheus import register_metrics
 
     model = cached_model("llama")
     store = PrefixCache(model)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from hf_prefix_cache.radix import Node, RadixTree
+from hf_prefix_cache.tree.radix import Node, RadixTree
 
 BYTES_PER_SYMBOL = 4
 

@@ -17,8 +17,8 @@ from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from transformers import TextIteratorStreamer, pipeline
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.models import ModelUnavailableError, load_smollm2
-from hf_prefix_cache.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
+from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 
 NEW_TOKENS = 12
 

@@ -21,10 +21,10 @@ from tiny_models import build
 from transformers import DynamicCache, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.budgets import DEFAULT_DISK_BYTES
-from hf_prefix_cache.layers.full import FullAttentionAdapter
-from hf_prefix_cache.layers.recurrent import RecurrentAdapter
-from hf_prefix_cache.layers.sliding import SlidingWindowAdapter
+from hf_prefix_cache.model.layers.full import FullAttentionAdapter
+from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter
+from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter
+from hf_prefix_cache.storage.budgets import DEFAULT_DISK_BYTES
 
 _GiB = 1 << 30
 

@@ -15,7 +15,7 @@ from conftest import LOGIT_TOL, Hits, assert_same_as_cold, cached_model, generat
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.tiers import DISK
+from hf_prefix_cache.storage.tiers import DISK
 
 TESTS = Path(__file__).parent
 INTERVAL = 16

@@ -26,7 +26,7 @@ from remote_worker import CHUNK, FAMILIES, NEW, extra, first_prompt, model_of
 from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.remote import chunk_keys, redact
+from hf_prefix_cache.storage.remote import chunk_keys, redact
 
 pytest.importorskip("redis")
 

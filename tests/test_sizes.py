@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_prefix_cache.keys import sample_indices, weights_fingerprint
+from hf_prefix_cache.keys.weights import sample_indices, weights_fingerprint
 
 
 @pytest.mark.parametrize(
@@ -42,14 +42,14 @@ def test_weights_fingerprint_of_a_parameter_past_2_pow_24() -> None:
 )
 def test_byte_sizes_parse_exactly_past_float_precision(text: str, nbytes: int) -> None:
     """Byte sizes written as strings are parsed without float rounding, at any size."""
-    from hf_prefix_cache.budgets import parse_nbytes
+    from hf_prefix_cache.storage.budgets import parse_nbytes
 
     assert parse_nbytes(text) == nbytes
 
 
 def test_media_symbols_stay_distinct_for_long_items_and_128_bit_digests() -> None:
     """A 100k-placeholder item with the largest digest gives distinct negative symbols that no other item shares."""
-    from hf_prefix_cache.media import MediaItem
+    from hf_prefix_cache.multimodal.media import MediaItem
 
     top = MediaItem("video", 2**128 - 1, 0, 100_000).symbols()
     other = MediaItem("video", 2**128 - 2, 0, 100_000).symbols()

@@ -11,8 +11,9 @@ import torch
 from conftest import assert_same_as_cold, cached_model, generate, kv_bytes_per_token, random_prompt
 
 import hf_prefix_cache
-from hf_prefix_cache import PrefixCache, parse_nbytes
-from hf_prefix_cache.segments import Run
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.storage.budgets import parse_nbytes
 
 
 def _runs(store: PrefixCache) -> list[Run]:

@@ -19,8 +19,8 @@ from PIL import Image
 from transformers import AutoModelForCausalLM, TextIteratorStreamer, TextStreamer, pipeline
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.api.models import load_smollm2
 from hf_prefix_cache.frontends.tiny_vlm import load_tiny_vlm
-from hf_prefix_cache.models import load_smollm2
 
 CHAT = [
     {"role": "system", "content": "You are a terse assistant."},

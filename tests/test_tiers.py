@@ -10,7 +10,7 @@ import torch
 from conftest import assert_same_as_cold, cached_model, distinct_prompt, generate, kv_bytes_per_token, random_prompt
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.tiers import DEVICE, HOST
+from hf_prefix_cache.storage.tiers import DEVICE, HOST
 
 
 def _tier_held_bytes(store: PrefixCache, tier: int) -> int:

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from transformers import TextIteratorStreamer
 
-from .. import PrefixCache
-from ..observe import RequestEvent
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.store.observe import RequestEvent
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".m4a")

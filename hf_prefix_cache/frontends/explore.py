@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..display import format_nbytes
-from ..media import symbol_kind
-from ..tiers import TIER_NAMES
+from hf_prefix_cache.multimodal.media import symbol_kind
+from hf_prefix_cache.storage.tiers import TIER_NAMES
+from hf_prefix_cache.store.display import format_nbytes
 
 if TYPE_CHECKING:
-    from ..store import PrefixCache
-    from .chat import TurnReport
+    from hf_prefix_cache.frontends.chat import TurnReport
+    from hf_prefix_cache.store.tree_store import PrefixCache
 
 TIER_COLOURS = {"device": "#4c9f70", "host": "#e0a458", "disk": "#6c8ebf"}
 

@@ -22,8 +22,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("the Gradio app needs gradio: pip install 'hf-prefix-cache[gradio]'") from exc
 
-from ..display import format_nbytes
-from .chat import ChatEngine, Conversation, TurnReport
+from hf_prefix_cache.frontends.chat import ChatEngine, Conversation, TurnReport
+from hf_prefix_cache.store.display import format_nbytes
 
 DEFAULT_MODEL = "smollm2"
 TINY_VLM = "tiny-vlm"
@@ -41,12 +41,12 @@ def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[C
         max_new_tokens: answer length limit.
     """
     if model == DEFAULT_MODEL:
-        from ..models import load_smollm2
+        from hf_prefix_cache.api.models import load_smollm2
 
         lm, tokenizer = load_smollm2()
         return ChatEngine(lm, tokenizer, max_new_tokens=max_new_tokens), "SmolLM2-135M-Instruct (text only)."
     if model == TINY_VLM:
-        from .tiny_vlm import load_tiny_vlm
+        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_vlm
 
         vlm, processor = load_tiny_vlm()
         note = (
@@ -55,7 +55,7 @@ def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[C
         )
         return ChatEngine(vlm, processor, max_new_tokens=max_new_tokens), note
     if model == TINY_AUDIO:
-        from .tiny_vlm import load_tiny_audio_lm
+        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_audio_lm
 
         alm, processor = load_tiny_audio_lm()
         note = (
@@ -69,7 +69,7 @@ def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[C
 def _engine_for_path(name: str, max_new_tokens: int) -> ChatEngine:
     from transformers import AutoProcessor
 
-    from ..models import load_model
+    from hf_prefix_cache.api.models import load_model
 
     processor = None
     try:

@@ -1,7 +1,7 @@
 """Tiny random-weight media models with real processors, built offline, for trying media in the front ends.
 
 `load_tiny_vlm`: transformers' `LlavaProcessor` with its PIL image processor (images resized
-and cropped to 32x32) and SmolLM2's tokenizer (from `hf_prefix_cache.models`) plus an
+and cropped to 32x32) and SmolLM2's tokenizer (from `hf_prefix_cache.api.models`) plus an
 ``<image>`` token; a 2-layer Llama text model with a 2-layer CLIP vision tower.
 `load_tiny_audio_lm`: `Qwen2AudioProcessor` with a `WhisperFeatureExtractor` (16 mel bins,
 1-second windows) and the same tokenizer plus audio tokens; a 2-layer Qwen2 text model with a
@@ -30,7 +30,7 @@ def chat_template(media_type: str, placeholder: str) -> str:
 def _tokenizer(special: list[str]) -> Any:
     from transformers import AutoTokenizer
 
-    from ..models import smollm2_folder
+    from hf_prefix_cache.api.models import smollm2_folder
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
     tokenizer.add_special_tokens({"additional_special_tokens": special})
@@ -68,7 +68,7 @@ def load_tiny_vlm(seed: int = 0) -> tuple[Any, Any]:
         `(model, processor)`; every 32x32 image becomes 16 ``<image>`` placeholders.
 
     Raises:
-        ModelUnavailableError: SmolLM2's tokenizer cannot be loaded (see `hf_prefix_cache.models`).
+        ModelUnavailableError: SmolLM2's tokenizer cannot be loaded (see `hf_prefix_cache.api.models`).
 
     >>> model, processor = load_tiny_vlm()                                  # doctest: +SKIP
     """
@@ -113,7 +113,7 @@ def load_tiny_audio_lm(seed: int = 0) -> tuple[Any, Any]:
     100 mel frames, which become 25 ``<|AUDIO|>`` placeholders.
 
     Raises:
-        ModelUnavailableError: SmolLM2's tokenizer cannot be loaded (see `hf_prefix_cache.models`).
+        ModelUnavailableError: SmolLM2's tokenizer cannot be loaded (see `hf_prefix_cache.api.models`).
 
     >>> model, processor = load_tiny_audio_lm()                             # doctest: +SKIP
     """

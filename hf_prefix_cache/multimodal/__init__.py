@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import MEDIA_KWARGS, MediaAdapter
-from .idefics import Idefics3Media
-from .llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
-from .llava_next import LlavaNextMedia, LlavaNextVideoMedia
-from .llava_onevision import LlavaOnevisionMedia
-from .mllama import MllamaMedia
-from .qwen_audio import Qwen2AudioMedia
-from .qwen_omni import Qwen2_5OmniThinkerMedia
-from .qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
+from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
+from hf_prefix_cache.multimodal.idefics import Idefics3Media
+from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
+from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
+from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
+from hf_prefix_cache.multimodal.mllama import MllamaMedia
+from hf_prefix_cache.multimodal.qwen_audio import Qwen2AudioMedia
+from hf_prefix_cache.multimodal.qwen_omni import Qwen2_5OmniThinkerMedia
+from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
 
 __all__ = ["MEDIA_KWARGS", "MediaAdapter", "media_adapter_for"]
 

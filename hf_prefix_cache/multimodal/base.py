@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
 
 #: Every kwarg that carries media or media bookkeeping for some model in transformers 5.23.
 MEDIA_KWARGS = (

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .base import config_token_id
-from .llava_next import LlavaNextVideoMedia, equal_split
+from hf_prefix_cache.multimodal.base import config_token_id
+from hf_prefix_cache.multimodal.llava_next import LlavaNextVideoMedia, equal_split
 
 
 class LlavaOnevisionMedia(LlavaNextVideoMedia):

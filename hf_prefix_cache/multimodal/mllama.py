@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..media import MediaItem, MediaLayout
-from .base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout
 
 _PER_IMAGE = ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask")
 

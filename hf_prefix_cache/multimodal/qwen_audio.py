@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ..media import MediaLayout
-from .base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.media import MediaLayout
 
 
 class Qwen2AudioMedia(MediaAdapter):

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..media import MediaItem, MediaLayout, hash_media
-from .base import KindItems, config_token_id, merge_items, set_or_drop
-from .qwen_vl import Qwen2_5VLMedia
+from hf_prefix_cache.multimodal.base import KindItems, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
+from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia
 
 
 class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from ..media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
-from .base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
 
 
 class Qwen2VLMedia(MediaAdapter):

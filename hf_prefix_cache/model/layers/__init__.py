@@ -1,0 +1,49 @@
+"""Registry from transformers cache layer class to its adapter.
+
+Lookup is by exact class: a subclass may add state an adapter does not know (an indexer,
+a quantized copy), so an unregistered class is refused with its name rather than guessed.
+Cross-attention layers share their class with full attention; the profile picks
+`CrossAttentionAdapter` for them by index, from the media adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+)
+
+from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState, NoCacheAdapter
+from hf_prefix_cache.model.layers.cross import CrossAttentionAdapter
+from hf_prefix_cache.model.layers.full import FullAttentionAdapter
+from hf_prefix_cache.model.layers.recurrent import HybridAdapter, RecurrentAdapter
+from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter, WindowStateAdapter
+
+ADAPTERS: dict[type, LayerAdapter] = {
+    DynamicLayer: FullAttentionAdapter(),
+    DynamicSlidingWindowLayer: SlidingWindowAdapter(),
+    LinearAttentionLayer: RecurrentAdapter(),
+    LinearAttentionAndFullAttentionLayer: HybridAdapter(),
+    DummyLayer: NoCacheAdapter(),
+}
+
+
+SLIDING_WINDOW_MODES = ("every_position", "window")
+
+
+def adapter_for(layer: Any, sliding_window_mode: str = "every_position") -> LayerAdapter | None:
+    """The adapter for `layer`'s exact class, or None when the class is not supported.
+
+    `sliding_window_mode="window"` keeps sliding layers as window snapshots instead of every position.
+    """
+    if sliding_window_mode == "window" and type(layer) is DynamicSlidingWindowLayer:
+        return WindowStateAdapter()
+    return ADAPTERS.get(type(layer))
+
+
+__all__ = ["ADAPTERS", "SLIDING_WINDOW_MODES", "CrossAttentionAdapter", "LayerAdapter", "LayerState", "adapter_for"]

@@ -1,0 +1,39 @@
+"""Full attention (`DynamicLayer`): keys and values are shared, never copied.
+
+transformers grows a `DynamicLayer` with `torch.cat`, which makes new tensors, so a stored
+tensor is never written again and a prefix restores as a view `keys[..., :n, :]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hf_prefix_cache.model.layers.base import LayerState
+
+
+class FullAttentionAdapter:
+    has_kv = True
+    has_state = False
+
+    def prepare(self, layer: Any) -> None:
+        pass
+
+    def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+            return None
+        return layer.keys, layer.values
+
+    def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        # keys: [B, H, length, D], a view into the store
+        assert keys.shape[-2] == length, f"restore of {length} tokens from keys of {keys.shape[-2]}"
+        layer.dtype, layer.device = keys.dtype, keys.device
+        layer.keys, layer.values = keys, values
+        layer.is_initialized = True
+
+    def snapshot_state(self, layer: Any) -> LayerState | None:
+        return None
+
+    def restore_state(self, layer: Any, state: LayerState) -> None:
+        raise AssertionError("full attention layers have no recurrent state")

@@ -1,0 +1,69 @@
+"""Linear attention, SSM and short-conv layers (`LinearAttentionLayer` and its hybrids).
+
+Their conv and recurrent states are updated in place (`copy_`) and summarise every token
+seen so far, so they cannot be trimmed: the store keeps cloned snapshots taken at chosen
+positions, and a restore loads a fresh clone so the snapshot stays untouched.
+Hybrid layers (`LinearAttentionAndFullAttentionLayer`) carry keys too: those are handled
+as full attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hf_prefix_cache.model.layers.base import LayerState
+from hf_prefix_cache.model.layers.full import FullAttentionAdapter
+
+_STATE_TENSORS = ("conv_states", "recurrent_states")
+_STATE_FLAGS = (
+    "is_conv_states_initialized",
+    "is_recurrent_states_initialized",
+    "has_previous_state",
+    "conv_kernel_size",
+)
+
+
+class RecurrentAdapter:
+    has_kv = False
+    has_state = True
+
+    def prepare(self, layer: Any) -> None:
+        pass
+
+    def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+    def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        raise AssertionError("recurrent layers have no keys")
+
+    def snapshot_state(self, layer: Any) -> LayerState | None:
+        tensors = {
+            name: {i: (t.detach().clone() if t is not None else None) for i, t in getattr(layer, name).items()}
+            for name in _STATE_TENSORS
+        }
+        flags = {name: dict(getattr(layer, name)) for name in _STATE_FLAGS}
+        return LayerState(tensors=tensors, flags=flags)
+
+    def restore_state(self, layer: Any, state: LayerState) -> None:
+        for name, per_idx in state.tensors.items():
+            setattr(layer, name, {i: (t.clone() if t is not None else None) for i, t in per_idx.items()})
+        for name, per_idx in state.flags.items():
+            setattr(layer, name, dict(per_idx))
+        first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
+        if first is not None:
+            layer.dtype, layer.device = first.dtype, first.device
+
+
+class HybridAdapter(RecurrentAdapter):
+    """`LinearAttentionAndFullAttentionLayer`: a recurrent state plus full-attention keys."""
+
+    has_kv = True
+    _kv = FullAttentionAdapter()
+
+    def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self._kv.capture_kv(layer)
+
+    def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        self._kv.restore_kv(layer, keys, values, length)

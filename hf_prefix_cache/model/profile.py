@@ -1,0 +1,186 @@
+"""ModelProfile: what a model's cache looks like and how its prompt may be fed.
+
+Read once when a store is attached. Decides whether the model can be served at all (and if
+not, names the reason every request will fall back with) and which adapter handles each
+cache layer. Knows nothing about the store.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
+
+from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
+from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
+
+# Models whose scan ignores a cached state when fed several tokens (transformers 5.23: their
+# full-sequence `mamba_selective_scan` gets no initial state; Jamba was 8.8e-5 off on a tiny
+# model, growing with the state's weight). The hook continues their scan itself (`scan.py`);
+# only if that cannot be installed are tokens fed one per forward once a state exists.
+_SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
+# Recurrence kept in module attributes rather than in the Cache object.
+_MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+# Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
+_COLD_MODEL_TYPES = {
+    "moshi": "window_mask_mismatch",  # full-causal masks over sliding-window cache layers: chunking changes output
+    "cpmant": "cache_longer_than_prompt",  # the cache holds its own prompt positions before the tokens
+    "prophetnet": "ngram_cache_layout",  # some layers hold no positions
+    # Tokens or logits (1.2e-4 to 1.3e-2) differ from cold runs on tiny models; cause not yet found.
+    "megatron-bert": "not_exact",
+    "xlm-roberta-xl": "not_exact",
+    "rembert": "not_exact",
+}
+# Encoder-decoder classes served keyed by their encoder input, by model_type: the family's hook module.
+_ENCODER_FAMILIES = {
+    "whisper": ("whisper", "WhisperForConditionalGeneration"),  # whisper.py
+    # seq2seq.py: `GenerationMixin.generate` as it is; each type tested against cold runs.
+    "bart": ("seq2seq", "BartForConditionalGeneration"),
+    "t5": ("seq2seq", "T5ForConditionalGeneration"),
+    "mt5": ("seq2seq", "MT5ForConditionalGeneration"),
+    "marian": ("seq2seq", "MarianMTModel"),
+    "pegasus": ("seq2seq", "PegasusForConditionalGeneration"),
+    "florence2": ("seq2seq", "Florence2ForConditionalGeneration"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """How one model is served; `unsupported` names why it never reuses, or is None.
+
+    `item_layers` are the cross-attention layers (Mllama), which hold keys/values of media
+    items rather than of tokens; the store keeps them per item (see `segments.Segment.items`).
+    `encoder_family` names an encoder-decoder family served keyed by its encoder input
+    (``"whisper"``, ``"seq2seq"``); None for decoder-only models. Its `adapters` are the
+    decoder's self-attention layers.
+    """
+
+    cache_kwarg: str
+    adapters: tuple[LayerAdapter, ...]
+    layer_specs: tuple[tuple[type, dict[str, Any]], ...]
+    has_kv: bool
+    has_state: bool
+    has_recurrence: bool  # a state summarising every token so far (not only a window): interval snapshots pay
+    single_token_steps: bool
+    accepts_position_ids: bool
+    accepts_logits_to_keep: bool
+    unsupported: str | None
+    media: MediaAdapter | None = None
+    item_layers: tuple[int, ...] = ()
+    encoder_family: str | None = None
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.adapters) if a.has_kv)
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.adapters) if a.has_state)
+
+
+def profile_model(model: Any, sliding_window_mode: str = "every_position") -> ModelProfile:
+    """Inspect `model` (a transformers generative model) once.
+
+    `sliding_window_mode` picks how sliding-window layers are stored (see `layers/sliding.py`).
+    """
+    cache_kwarg = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
+    # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    params = set(inspect.signature(inner.forward).parameters)
+    config = model.config
+    model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
+    media = media_adapter_for(model)
+    encoder_family = _encoder_family(model, config)
+    unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
+    if unsupported is None and cache_kwarg not in params:
+        unsupported = "no_cache_argument"  # the model keeps no cache (generate rejects one)
+    adapters: list[LayerAdapter] = []
+    specs: list[tuple[type, dict[str, Any]]] = []
+    if unsupported is None:
+        # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
+        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        if encoder_family is not None:
+            layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
+        for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
+            cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
+            adapter = adapter_for(cls(**kwargs), sliding_window_mode) if cls is not None else None
+            if adapter is None:
+                unsupported = f"unsupported_layer:{cls.__name__ if cls is not None else layer_type}"
+                adapters, specs = [], []
+                break
+            assert cls is not None
+            adapters.append(adapter)
+            specs.append((cls, dict(kwargs)))
+        if unsupported is None and not adapters:
+            unsupported = "no_cache_layers"
+    item_layers = media.item_layers() if media is not None and unsupported is None else ()
+    for i in item_layers:
+        # Cross-attention layers are plain DynamicLayers holding vision tokens, never sliced by text length.
+        if specs[i][0] is not DynamicLayer:
+            unsupported, adapters, specs, item_layers = f"cross_attention_layer:{specs[i][0].__name__}", [], [], ()
+            break
+        adapters[i] = CrossAttentionAdapter()
+    return ModelProfile(
+        cache_kwarg=cache_kwarg,
+        adapters=tuple(adapters),
+        layer_specs=tuple(specs),
+        has_kv=any(a.has_kv for a in adapters),
+        has_state=any(a.has_state for a in adapters),
+        has_recurrence=any(a.has_state and not isinstance(a, WindowStateAdapter) for a in adapters),
+        single_token_steps=model_type in _SINGLE_TOKEN_STEP_MODEL_TYPES,
+        accepts_position_ids="position_ids" in params,
+        accepts_logits_to_keep="logits_to_keep" in params,
+        unsupported=unsupported,
+        media=media,
+        item_layers=item_layers,
+        encoder_family=encoder_family,
+    )
+
+
+def _encoder_family(model: Any, config: Any) -> str | None:
+    served = _ENCODER_FAMILIES.get(getattr(config, "model_type", None) or "")
+    if not getattr(config, "is_encoder_decoder", False) or served is None:
+        return None
+    family, class_name = served
+    return family if type(model).__name__ == class_name else None
+
+
+def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[dict[str, Any]]) -> Any:
+    """The decoder's layer types: T5 and Florence-2's text config count the encoder's layers as `num_hidden_layers`."""
+    # The model's own config (Florence-2: its text config), not get_text_config's renamed copy of it.
+    text = getattr(config, "text_config", None) or config
+    num_layers = next(
+        (n for n in (getattr(text, a, None) for a in ("num_decoder_layers", "decoder_layers")) if isinstance(n, int)),
+        len(layer_types),
+    )
+    if num_layers == len(layer_types):
+        return layer_types, per_layer_kwargs
+    # These decoders have one kind of layer throughout; repeat it.
+    assert len(set(layer_types)) == 1, f"mixed layer types {set(layer_types)} with {num_layers} decoder layers"
+    return [layer_types[0]] * num_layers, [dict(per_layer_kwargs[0]) for _ in range(num_layers)]
+
+
+def _unsupported_reason(
+    model: Any, config: Any, model_type: str | None, media: MediaAdapter | None, encoder_family: str | None
+) -> str | None:
+    if getattr(config, "is_encoder_decoder", False) and encoder_family is None:
+        return "encoder_decoder"
+    if getattr(model, "thinker", None) is not None:
+        # Thinker + talker (Qwen2.5-Omni): the wrapper's generate drives the thinker in its own way.
+        return "thinker_talker"
+    if model_type in _MODULE_STATE_MODEL_TYPES:
+        return "module_state"
+    if model_type in _COLD_MODEL_TYPES:
+        return _COLD_MODEL_TYPES[model_type]
+    supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if supports_dynamic is not None and not supports_dynamic():
+        return "own_cache_class"
+    # M-RoPE models keep rope_deltas on the instance; reuse needs explicit positions, which only some adapters give.
+    inner = getattr(model, "model", None)
+    has_rope_index = hasattr(model, "get_rope_index") or (inner is not None and hasattr(inner, "get_rope_index"))
+    if has_rope_index and (media is None or not media.has_positions):
+        return "mrope_positions"
+    return None

@@ -1,0 +1,128 @@
+"""What a working cache's states become when stored: key/value runs, state snapshots and media item states.
+
+A `Run` owns the key/value tensors of consecutive positions `[lo, hi)` of one sequence, for
+every layer that has keys; a `Snapshot` holds the states of every stateful layer after exactly
+`length` tokens; an `ItemState` holds what one media item alone computed (Mllama: an image's
+cross-attention keys/values). The working cache makes them, the storage layer keeps them.
+
+Knows nothing about the tree or the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from hf_prefix_cache.model.layers import LayerState
+
+
+class Run:
+    """Keys/values `[B, H, hi - lo, D]` per attention layer (None for layers without keys).
+
+    `devices` remembers where each layer's tensors belong, so a run brought back from host
+    memory or disk goes to the device of its own layer (models split over several devices).
+    `wait`, when set, blocks until an asynchronous copy into these tensors has finished.
+    """
+
+    __slots__ = ("devices", "hi", "keys", "lo", "nbytes_per_token", "num_refs", "values", "wait")
+
+    def __init__(
+        self,
+        keys: list[torch.Tensor | None],
+        values: list[torch.Tensor | None],
+        lo: int,
+        hi: int,
+        devices: list[torch.device | None] | None = None,
+        nbytes_per_token: int | None = None,
+    ) -> None:
+        self.keys = keys
+        self.values = values
+        self.lo = lo
+        self.hi = hi
+        self.num_refs = 0
+        self.wait: Callable[[], None] | None = None
+        self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
+        for k in keys:
+            assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+        if nbytes_per_token is None:
+            total = sum(t.nbytes for t in keys if t is not None) + sum(t.nbytes for t in values if t is not None)
+            nbytes_per_token = total // max(hi - lo, 1)
+        self.nbytes_per_token = nbytes_per_token
+
+    @property
+    def nbytes(self) -> int:
+        return self.nbytes_per_token * (self.hi - self.lo)
+
+    def slice(self, start: int, end: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Views of positions `[start, end)`."""
+        assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
+        if self.wait is not None:
+            self.wait()
+            self.wait = None
+        a, b = start - self.lo, end - self.lo
+        return (
+            [k[..., a:b, :] if k is not None else None for k in self.keys],
+            [v[..., a:b, :] if v is not None else None for v in self.values],
+        )
+
+    def compact(self, lo: int, hi: int) -> None:
+        """Keep only `[lo, hi)`, copied into tensors of their own so the rest is freed."""
+        keys, values = self.slice(lo, hi)
+        self.keys = [k.clone() if k is not None else None for k in keys]
+        self.values = [v.clone() if v is not None else None for v in values]
+        self.lo, self.hi = lo, hi
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Recurrent states of every stateful layer after exactly `length` tokens.
+
+    A snapshot on disk keeps its length and size but no states (`states` is empty) until its
+    segment is loaded back. A snapshot of window states only (sliding layers in window mode) may
+    hold extended windows that also restore any length in `[length - reach, length]`.
+    """
+
+    length: int
+    states: dict[int, LayerState]
+    nbytes: int = -1
+    reach: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = sum(s.nbytes for s in self.states.values())
+
+
+def state_tensors(snapshots: Iterable[Snapshot]) -> Iterator[torch.Tensor]:
+    """Every tensor held by `snapshots` (recurrent snapshots or item states)."""
+    for snap in snapshots:
+        for state in snap.states.values():
+            for per_idx in state.tensors.values():
+                yield from (t for t in per_idx.values() if t is not None)
+
+
+def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """Whether every floating-point tensor of `tensors` holds only finite values (meta tensors hold none).
+
+    The checks run on each tensor's own device and are reduced there, so a device costs one
+    synchronisation however many tensors it holds.
+
+    >>> all_finite([torch.ones(2), torch.tensor([0.0, float("nan")])])
+    False
+    >>> all_finite([torch.ones(2, dtype=torch.float64), torch.ones(3, dtype=torch.bfloat16)])
+    True
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        if t is not None and t.numel() and (t.is_floating_point() or t.is_complex()) and not t.is_meta:
+            t = torch.view_as_real(t) if t.is_complex() else t
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    per_device: dict[torch.device, list[torch.Tensor]] = {}
+    for (device, dtype), members in groups.items():
+        # One multi-tensor reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or
+        # inf. Summed in float32, so half-precision states cannot overflow it; only magnitudes near
+        # 1e19 could, and those are not stored either.
+        wide = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed
+        per_device.setdefault(device, []).extend(torch._foreach_norm(members, 2, dtype=wide))
+    return all(bool(torch.stack(norms).isfinite().all()) for norms in per_device.values())

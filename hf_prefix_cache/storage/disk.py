@@ -1,0 +1,405 @@
+"""The disk tier: one safetensors file per stored segment, with its metadata as JSON in the header.
+
+Layout: `<disk_dir>/<namespace>/<id>.safetensors`. The namespace (model class, config,
+weights fingerprint, dtype, adapters, salt) names the folder, so a store only ever scans the
+files of its own model. A file holds the keys/values of positions `[lo, hi)` of one sequence
+the snapshots taken inside that range and the item states (Mllama: an image's cross-attention
+keys/values) of media placeholders inside it; its JSON metadata holds the whole symbol sequence
+`[0, hi)` (so a new process can rebuild the tree), the layout of the tensors and a 128-bit
+checksum of the rest of the metadata and the tensors' bytes, checked on every load.
+
+Writes are atomic (a temporary file in the same folder, flushed, then renamed). Nothing is
+unpickled: tensors go through safetensors, metadata through JSON. A file that cannot be read,
+is truncated, fails its checksum or belongs to another model is skipped with a warning.
+
+Knows segments and files; nothing about the tree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from hf_prefix_cache.model.layers import LayerState
+from hf_prefix_cache.model.states import Run, Snapshot
+from hf_prefix_cache.storage.segments import DiskRef, Segment
+
+logger = logging.getLogger("hf_prefix_cache")
+
+FORMAT = "hf_prefix_cache.segment/3"  # /3: the checksum covers the metadata too
+_META_KEY = "hf_prefix_cache"
+
+
+class CorruptFileError(Exception):
+    """A segment file is unreadable, truncated, fails its checksum or does not fit the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a file must look like to fit the model: layer count and which layers have keys, states or item states."""
+
+    num_layers: int
+    kv_layers: tuple[int, ...]
+    state_layers: tuple[int, ...]
+    item_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DiskEntry:
+    """A segment file found by `DiskTier.scan`, read from its header only."""
+
+    path: Path
+    symbols: tuple[int, ...]
+    lo: int
+    hi: int
+    nbytes_per_token: int
+    snapshot_nbytes: dict[int, int]
+    devices: list[str | None]
+    item_nbytes: dict[int, int] = field(default_factory=dict)
+    snapshot_reach: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        states = sum(self.snapshot_nbytes.values()) + sum(self.item_nbytes.values())
+        return (self.hi - self.lo) * self.nbytes_per_token + states
+
+
+class DiskTier:
+    """Reads and writes segment files under `root`.
+
+    Example:
+        >>> tier = DiskTier("/tmp/prefix-cache", layout)        # doctest: +SKIP
+        >>> stub = tier.write(namespace, symbols, host_segment)  # doctest: +SKIP
+        >>> tier.load(stub.run.file, layout)                     # doctest: +SKIP
+    """
+
+    def __init__(self, root: str | os.PathLike[str], layout: Layout) -> None:
+        self.root = Path(root)
+        self.layout = layout
+        self._trash: list[Path] = []
+
+    def folder(self, namespace: str) -> Path:
+        return self.root / namespace
+
+    # -------------------------------------------------------------- writing
+    def write(self, namespace: str, symbols: tuple[Any, ...], seg: Segment) -> Segment:
+        """Write in-memory segment `seg` (positions `[seg.start, seg.end)` of `symbols`); returns its disk stub.
+
+        Raises:
+            TypeError: when a symbol is not an int (only token ids and integer media symbols persist).
+        """
+        if any(type(s) is not int for s in symbols):
+            raise TypeError("only integer symbols can be written to disk")
+        assert len(symbols) == seg.end, f"{len(symbols)} symbols for a segment ending at {seg.end}"
+        tensors: dict[str, torch.Tensor] = {}
+        devices: list[str | None]
+        if seg.run is not None:
+            keys, values = seg.run.slice(seg.start, seg.end)
+            for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+                if k is not None and v is not None:
+                    tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
+                    tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
+            devices = [str(d) if d is not None else None for d in seg.run.devices]
+        else:
+            devices = [None] * self.layout.num_layers
+        snapshots = _states_to_file("s", seg.snapshots, tensors)
+        items = _states_to_file("i", seg.items, tensors)
+        meta = {
+            "format": FORMAT,
+            "namespace": namespace,
+            "symbols": list(symbols),
+            "lo": seg.start,
+            "hi": seg.end,
+            "nbytes_per_token": seg.nbytes_per_token,
+            "devices": devices,
+            "snapshots": snapshots,
+            "items": items,
+        }
+        meta["checksum"] = _checksum(tensors, meta)
+        folder = self.folder(namespace)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{uuid.uuid4().hex}.safetensors"
+        tmp = folder / f".{path.stem}.tmp"
+        try:
+            save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(meta)})
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return _stub(
+            path,
+            seg.start,
+            seg.end,
+            seg.nbytes_per_token,
+            devices,
+            {n: s.nbytes for n, s in seg.snapshots.items()},
+            {n: s.nbytes for n, s in seg.items.items()},
+            {n: s.reach for n, s in seg.snapshots.items()},
+        )
+
+    def delete(self, path: Path) -> None:
+        """Schedule `path` for deletion by the next `empty_trash` (the store calls it outside its lock).
+
+        Unlinking a file whose pages were just read costs milliseconds (the kernel frees its
+        page cache), which would otherwise stall every thread waiting on the store.
+        """
+        self._trash.append(path)
+
+    def empty_trash(self) -> None:
+        """Delete the files scheduled by `delete`."""
+        while self._trash:
+            path = self._trash.pop()
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a read-only or vanished folder must not break generation
+                logger.warning("could not delete %s: %s", path, exc)
+
+    # -------------------------------------------------------------- reading
+    def scan(self, namespace: str) -> tuple[list[DiskEntry], int]:
+        """Every readable segment file of `namespace` by start position, and how many bad files were skipped.
+
+        Each skipped file gets a warning naming it and what is wrong. Temporary files of writes
+        that never finished (a killed process) are deleted.
+        """
+        folder = self.folder(namespace)
+        if not folder.is_dir():
+            return [], 0
+        for tmp in folder.glob(".*.tmp"):  # left by a process killed mid-write (one process per folder)
+            logger.debug("removing the unfinished write %s", tmp)
+            tmp.unlink(missing_ok=True)
+        entries = []
+        skipped = 0
+        for path in sorted(folder.glob("*.safetensors")):
+            try:
+                entries.append(self._read_header(path, namespace))
+            except Exception as exc:  # any unreadable file is skipped, never fatal
+                skipped += 1
+                logger.warning("skipping prefix-cache file %s: %s", path, exc)
+        entries.sort(key=lambda e: (e.lo, e.hi))
+        return entries, skipped
+
+    def stub_for(self, entry: DiskEntry) -> Segment:
+        """The disk stub segment for a scanned entry."""
+        return _stub(
+            entry.path,
+            entry.lo,
+            entry.hi,
+            entry.nbytes_per_token,
+            entry.devices,
+            entry.snapshot_nbytes,
+            entry.item_nbytes,
+            entry.snapshot_reach,
+        )
+
+    def load(self, stub: Segment) -> Segment:
+        """Read disk stub `stub` into a host-memory segment, checking the file's checksum.
+
+        Raises:
+            CorruptFileError: the file is missing, unreadable, altered or does not fit the model.
+        """
+        assert stub.disk is not None, "load takes a disk stub"
+        path, run_lo, run_hi = stub.disk.path, stub.disk.lo, stub.disk.hi
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {})[_META_KEY])
+            tensors = load_file(str(path))
+        except Exception as exc:
+            raise CorruptFileError(f"cannot read {path}: {exc}") from exc
+        if meta.get("checksum") != _checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
+            raise CorruptFileError(f"{path} fails its checksum: its contents or header changed after it was written")
+        if (meta.get("lo"), meta.get("hi")) != (run_lo, run_hi):
+            raise CorruptFileError(f"{path} holds [{meta.get('lo')}, {meta.get('hi')}), expected [{run_lo}, {run_hi})")
+        layout = self.layout
+        keys: list[torch.Tensor | None] = [tensors.get(f"k.{i}") for i in range(layout.num_layers)]
+        values: list[torch.Tensor | None] = [tensors.get(f"v.{i}") for i in range(layout.num_layers)]
+        if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
+            raise CorruptFileError(f"{path} has keys for other layers than the model's {layout.kv_layers}")
+        run = None
+        if layout.kv_layers:
+            run = Run(keys, values, run_lo, run_hi, devices=list(stub.disk.devices))
+            run.num_refs = 1
+            if run.nbytes_per_token != stub.nbytes_per_token:
+                raise CorruptFileError(
+                    f"{path} holds {run.nbytes_per_token} bytes per token, expected {stub.nbytes_per_token}"
+                )
+        snapshots = _states_from_file("s", meta["snapshots"], tensors, stub, layout.state_layers)
+        if sorted(snapshots) != sorted(stub.snapshots):
+            raise CorruptFileError(f"{path} holds snapshots at {sorted(snapshots)}, expected {sorted(stub.snapshots)}")
+        items = _states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers)
+        if sorted(items) != sorted(stub.items):
+            raise CorruptFileError(f"{path} holds item states at {sorted(items)}, expected {sorted(stub.items)}")
+        if run is not None and (stub.start, stub.end) != (run_lo, run_hi):
+            # A split segment: keep only its own range, in tensors of its own.
+            run.compact(stub.start, stub.end)
+        return Segment(run, stub.start, stub.end, stub.nbytes_per_token, snapshots, items=items)
+
+    def _read_header(self, path: Path, namespace: str) -> DiskEntry:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})[_META_KEY])
+            shapes = {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}  # noqa: SIM118
+        expected_size = _data_end(path)
+        if path.stat().st_size < expected_size:
+            raise CorruptFileError(f"truncated: {path.stat().st_size} bytes, header needs {expected_size}")
+        if meta.get("format") != FORMAT:
+            raise CorruptFileError(f"unknown format {meta.get('format')!r}")
+        if meta.get("namespace") != namespace:
+            raise CorruptFileError("written for another model (namespace differs)")
+        lo, hi = int(meta["lo"]), int(meta["hi"])
+        symbols = tuple(int(s) for s in meta["symbols"])
+        if not 0 <= lo < hi == len(symbols):
+            raise CorruptFileError(f"range [{lo}, {hi}) does not fit {len(symbols)} symbols")
+        layout = self.layout
+        kv = sorted(int(name[2:]) for name in shapes if name.startswith("k."))
+        if kv != list(layout.kv_layers):
+            raise CorruptFileError(f"keys for layers {kv}, the model has them at {list(layout.kv_layers)}")
+        for name, (shape, _) in shapes.items():
+            if name[:2] in ("k.", "v.") and shape[-2] != hi - lo:
+                raise CorruptFileError(f"{name} holds {shape[-2]} positions for a range of {hi - lo}")
+        snapshot_nbytes = {int(n): int(s["nbytes"]) for n, s in meta["snapshots"].items()}
+        snapshot_reach = {int(n): int(s.get("reach", 0)) for n, s in meta["snapshots"].items()}
+        if any(not lo < n <= hi for n in snapshot_nbytes):
+            raise CorruptFileError(f"snapshots at {sorted(snapshot_nbytes)} outside [{lo}, {hi})")
+        item_nbytes = {int(n): int(s["nbytes"]) for n, s in meta.get("items", {}).items()}
+        if any(not lo < n <= hi for n in item_nbytes):
+            raise CorruptFileError(f"item states at {sorted(item_nbytes)} outside [{lo}, {hi})")
+        devices = _devices(meta, layout.num_layers)
+        return DiskEntry(
+            path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes, snapshot_reach
+        )
+
+
+def usable_folder(disk_dir: str | os.PathLike[str]) -> Path:
+    """`disk_dir` with `~` expanded, created if missing, once it is known to be a writable folder.
+
+    Raises:
+        ValueError: the path is empty, a file, or a folder this process cannot create or write in.
+    """
+    text = os.fspath(disk_dir)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(
+            f"disk_dir {disk_dir!r} is empty: give a folder for the disk tier (e.g. '~/.cache/prefixes'), "
+            "or None for no disk tier"
+        )
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"disk_dir {str(path)!r} is a file, not a folder: give a folder for the disk tier")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"disk_dir {str(path)!r} is not a folder this process can write in ({exc}); give another one"
+        ) from exc
+    return path
+
+
+def _stub(
+    path: Path,
+    lo: int,
+    hi: int,
+    nbytes_per_token: int,
+    devices: list[str | None],
+    snapshot_nbytes: dict[int, int],
+    item_nbytes: dict[int, int],
+    snapshot_reach: dict[int, int] | None = None,
+) -> Segment:
+    ref = DiskRef(path, lo, hi, [torch.device(d) if d is not None else None for d in devices])
+    reach = snapshot_reach or {}
+    snapshots = {n: Snapshot(n, {}, nbytes, reach.get(n, 0)) for n, nbytes in snapshot_nbytes.items()}
+    items = {n: Snapshot(n, {}, nbytes) for n, nbytes in item_nbytes.items()}
+    return Segment(None, lo, hi, nbytes_per_token, snapshots, disk=ref, items=items)
+
+
+def _states_to_file(prefix: str, at: dict[int, Snapshot], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """JSON metadata for snapshots (or item states) `at`; their tensors go into `tensors` as `<prefix>.<n>.…`."""
+    out: dict[str, Any] = {}
+    for length, snap in at.items():
+        layers: dict[str, Any] = {}
+        for layer, state in snap.states.items():
+            # attribute -> {index: whether a tensor is stored for it} (a layer may hold None at an index)
+            present: dict[str, dict[str, bool]] = {}
+            for attr, per_idx in state.tensors.items():
+                present[attr] = {str(idx): t is not None for idx, t in per_idx.items()}
+                for idx, t in per_idx.items():
+                    if t is not None:
+                        tensors[f"{prefix}.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
+            layers[str(layer)] = {"tensors": present, "flags": _flags_to_json(state.flags)}
+        out[str(length)] = {"nbytes": snap.nbytes, "layers": layers, "reach": snap.reach}
+    return out
+
+
+def _states_from_file(
+    prefix: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor], stub: Segment, layers: tuple[int, ...]
+) -> dict[int, Snapshot]:
+    """The snapshots (or item states) of `meta` that fall in `stub`'s range, checked to cover exactly `layers`."""
+    assert stub.disk is not None
+    out: dict[int, Snapshot] = {}
+    for length_text, snap_meta in meta.items():
+        length = int(length_text)
+        if not stub.start < length <= stub.end:
+            continue  # belongs to the other part of a split segment
+        states = {}
+        for layer_text, layer_meta in snap_meta["layers"].items():
+            layer = int(layer_text)
+            per_attr: dict[str, dict[int, torch.Tensor | None]] = {}
+            for attr, present in layer_meta["tensors"].items():
+                per_attr[attr] = {
+                    int(i): (tensors[f"{prefix}.{length}.{layer}.{attr}.{i}"] if stored else None)
+                    for i, stored in present.items()
+                }
+            states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
+        if sorted(states) != list(layers):
+            raise CorruptFileError(f"{stub.disk.path} has states for other layers than the model's {layers}")
+        out[length] = Snapshot(length, states, reach=int(snap_meta.get("reach", 0)))
+    return out
+
+
+def _checksum(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:
+    """xxh3-128 over the metadata (symbols, range, layout) and every tensor's name, dtype, shape and bytes."""
+    h = xxhash.xxh3_128()
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _data_end(path: Path) -> int:
+    """Bytes a safetensors file must have, from its header's last data offset."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    return 8 + header_len + max(ends, default=0)
+
+
+def _devices(meta: dict[str, Any], num_layers: int) -> list[str | None]:
+    devices = list(meta.get("devices") or [])
+    if len(devices) != num_layers:
+        return [None] * num_layers
+    available = {"cpu"} | {f"cuda:{i}" for i in range(torch.cuda.device_count())}
+    return [d if d in available else None for d in devices]
+
+
+def _flags_to_json(flags: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: {str(i): value for i, value in per_idx.items()} for name, per_idx in flags.items()}
+
+
+def _flags_from_json(flags: dict[str, dict[str, Any]]) -> dict[str, dict[int, Any]]:
+    return {name: {int(i): value for i, value in per_idx.items()} for name, per_idx in flags.items()}

@@ -1,0 +1,157 @@
+"""What a tree node holds: a range of keys/values in a shared run, plus state snapshots.
+
+A `Run` owns the key/value tensors of consecutive positions `[lo, hi)` of one sequence, for
+every layer that has keys. Nodes refer to sub-ranges of a run by absolute position, so a
+prefix that lies in one run restores as a view with no copy, and a node split is free.
+
+Invariant (checked by `PrefixCache.check_integrity`): the segments that refer to a run cover
+`[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
+drops a segment calls `Run.release`, which compacts the run when its referenced range shrinks.
+
+A segment may also hold *item states*: tensors computed from one media item alone (Mllama:
+an image's cross-attention keys/values), kept under the position after the item's
+placeholder, so a prefix that contains the placeholder restores them with it.
+
+A run lives on the model's devices (each layer's tensors on that layer's device) or in host
+memory; a segment on disk has no run but a `DiskRef` to the file holding its range. Runs off
+the device back exactly one tree node each until that node is split; `tiers.py` moves them.
+
+Knows nothing about the tree or about models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hf_prefix_cache.model.states import Run, Snapshot
+
+
+@dataclass(slots=True)
+class DiskRef:
+    """A segment file holding positions `[lo, hi)`; `num_refs` segments read it (more than one after a split)."""
+
+    path: Path
+    lo: int
+    hi: int
+    devices: list[torch.device | None]
+    num_refs: int = 1
+
+
+@dataclass(slots=True)
+class Segment:
+    """The value of one tree node covering positions `[start, end)`.
+
+    `snapshots` maps a length in `(start, end]` to the states after that many tokens.
+    `items` maps the end of a media item's placeholder span in `(start, end]` to the states
+    computed from that item alone (a `Snapshot` whose `length` is that end; its layers are the
+    cross-attention layers). A segment on disk has `disk` set, no run, and snapshots and item
+    states without tensors.
+    """
+
+    run: Run | None
+    start: int
+    end: int
+    nbytes_per_token: int
+    snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    disk: DiskRef | None = None
+    items: dict[int, Snapshot] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        states = sum(s.nbytes for s in self.snapshots.values()) + sum(s.nbytes for s in self.items.values())
+        return (self.end - self.start) * self.nbytes_per_token + states
+
+    def split(self, offset: int) -> tuple[Segment, Segment]:
+        at = self.start + offset
+        head = Segment(
+            self.run, self.start, at, self.nbytes_per_token, {n: s for n, s in self.snapshots.items() if n <= at}
+        )
+        tail = Segment(
+            self.run, at, self.end, self.nbytes_per_token, {n: s for n, s in self.snapshots.items() if n > at}
+        )
+        head.disk = tail.disk = self.disk
+        head.items = {n: s for n, s in self.items.items() if n <= at}
+        tail.items = {n: s for n, s in self.items.items() if n > at}
+        if self.run is not None:
+            self.run.num_refs += 1  # one segment became two
+        if self.disk is not None:
+            self.disk.num_refs += 1
+        return head, tail
+
+
+KVPieces = list[tuple[list[torch.Tensor | None], list[torch.Tensor | None]]]
+
+
+def kv_pieces(segments: Sequence[Segment], length: int) -> KVPieces:
+    """Views of positions `[0, length)` from consecutive segments starting at 0, one per run.
+
+    Segments that continue each other in one run merge into one view, so a prefix that lies in
+    one run (the usual case) is a single piece. Empty for `length == 0` or segments without keys.
+    """
+    spans: list[tuple[Run, int, int]] = []
+    for seg in segments:
+        if seg.start >= length or seg.run is None:
+            break
+        end = min(seg.end, length)
+        if spans and spans[-1][0] is seg.run and spans[-1][2] == seg.start:
+            spans[-1] = (seg.run, spans[-1][1], end)
+        else:
+            spans.append((seg.run, seg.start, end))
+    if not spans:
+        return []
+    assert spans[0][1] == 0 and spans[-1][2] == length, f"segments do not cover [0, {length})"
+    return [run.slice(a, b) for run, a, b in spans]
+
+
+def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """One key and one value tensor per layer: the piece itself, or a concatenation of several."""
+    assert pieces, "nothing to join"
+    if len(pieces) == 1:
+        return pieces[0]
+    keys: list[torch.Tensor | None] = []
+    values: list[torch.Tensor | None] = []
+    for i in range(len(pieces[0][0])):
+        ks = [p[0][i] for p in pieces]
+        vs = [p[1][i] for p in pieces]
+        keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
+        values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
+    return keys, values
+
+
+def best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapshot | None]:
+    """The longest restorable length at or below `limit` among consecutive `segments` from position 0,
+    and the snapshot that restores it (a snapshot with `reach` restores lengths below its own)."""
+    best: Snapshot | None = None
+    best_len = 0
+    for seg in segments:
+        if seg.start >= limit:
+            break
+        for length, snap in seg.snapshots.items():
+            # Above seg.start, so the segment holding it is brought back with the prefix.
+            usable = min(length, limit)
+            if length - snap.reach <= usable and usable > best_len:
+                best, best_len = snap, usable
+    return best_len, best
+
+
+def item_states(
+    segments: Sequence[Segment], spans: Sequence[tuple[int, int]], limit: int
+) -> tuple[int, list[Snapshot]]:
+    """The stored states of the items whose spans end at or below `limit`, in order.
+
+    Returns the limit lowered to the start of the first such item without a stored state, and
+    the states before it.
+    """
+    found: list[Snapshot] = []
+    for start, end in spans:
+        if end > limit:
+            break
+        state = next((seg.items[end] for seg in segments if seg.start < end <= seg.end and end in seg.items), None)
+        if state is None:
+            return start, found
+        found.append(state)
+    return limit, found
