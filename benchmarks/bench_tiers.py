@@ -29,7 +29,7 @@ Table 1, one ``--prefix-len`` (2,000) token entry with keys/values from a real p
   lazy and reads nothing, so also ``load_file`` + ``clone()`` of each tensor, which brings the
   bytes into memory as the store must, and ``load_file(backend="pread")``); a plain
   ``readinto`` of that file into a preallocated buffer; and the xxh3-128 checksum the disk tier computes on every
-  load (``hf_prefix_cache.storage.disk._checksum``), shown as a part of the disk restore.
+  load (``hf_prefix_cache.storage.codec.checksum``), shown as a part of the disk restore.
 * ``device tier``: ``lookup`` of the entry while it is on the device (views, no copy).
 
 Table 2, break-even: for each ``--lengths`` L, an entry of L tokens (its own random ids) in a
@@ -66,7 +66,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.storage.disk import _checksum
+from hf_prefix_cache.storage.codec import checksum as _checksum
 
 # Token ids below this are left to special tokens; prompts never use them.
 _FIRST_ID = 4

@@ -241,11 +241,11 @@ def scenario(model: Any) -> tuple[str, str, str]:
     import torch
 
     from hf_prefix_cache import PrefixCache
-    from hf_prefix_cache.model.profile import profile_model
+    from hf_prefix_cache.integration import family_of
 
-    profile = profile_model(model)
-    if profile.encoder_family is not None:
-        return "not run", f"encoder-decoder ({profile.encoder_family}): needs the encoder-input scenario", ""
+    family = family_of(model)
+    if family.encoder_keyed:
+        return "not run", f"encoder-decoder ({family.name}): needs the encoder-input scenario", ""
     store = PrefixCache(model)
     gen = torch.Generator().manual_seed(0)
     first = torch.randint(4, 100, (1, 24), generator=gen)

@@ -1,0 +1,1 @@
+"""What users import: `PrefixCache`, and the loader of the real test model (`models.py`)."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from transformers import TextIteratorStreamer
 
-from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.api.prefix_cache import PrefixCache
 from hf_prefix_cache.store.observe import RequestEvent
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")

@@ -229,7 +229,7 @@ def _load(model: str) -> tuple[Any, Any]:
 def _warm(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.api.prefix_cache import PrefixCache
 
     requests = read_requests(Path(args.file))
     model, tokenizer = _load(args.model)

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
+from hf_prefix_cache.api.prefix_cache import PrefixCache
 from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 
 

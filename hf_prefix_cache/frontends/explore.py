@@ -15,8 +15,8 @@ from hf_prefix_cache.storage.tiers import TIER_NAMES
 from hf_prefix_cache.store.display import format_nbytes
 
 if TYPE_CHECKING:
+    from hf_prefix_cache.api.prefix_cache import PrefixCache
     from hf_prefix_cache.frontends.chat import TurnReport
-    from hf_prefix_cache.store.tree_store import PrefixCache
 
 TIER_COLOURS = {"device": "#4c9f70", "host": "#e0a458", "disk": "#6c8ebf"}
 

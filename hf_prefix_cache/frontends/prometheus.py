@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the pack
     ) from exc
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.store.tree_store import PrefixCache
+    from hf_prefix_cache.api.prefix_cache import PrefixCache
 
 
 class StoreCollector:

@@ -26,76 +26,80 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_prefix_cache.integration.encoder_keyed import DecoderRequest, EncoderKeyedHook, encoder_namespace
-from hf_prefix_cache.integration.generate_hook import GenerationSettings, decoding_problem, unwrap_session
+from hf_prefix_cache import reasons
+from hf_prefix_cache.integration import pipeline, refusals
+from hf_prefix_cache.integration.encoder_keyed import (
+    DecoderRequest,
+    encoder_namespace,
+    keep_encoder_output,
+    restore_decoder,
+)
+from hf_prefix_cache.integration.patching import InstancePatch
+from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.multimodal.media import hash_media
-
-if TYPE_CHECKING:
-    from hf_prefix_cache.store.tree_store import PrefixCache
+from hf_prefix_cache.store.contract import Store
 
 logger = logging.getLogger("hf_prefix_cache")
 
-# Generate arguments the hook does not serve, each with the fallback reason it counts.
-_REFUSED_ARGUMENTS = (
-    ("encoder_outputs", "encoder_outputs"),
-    ("inputs_embeds", "inputs_embeds"),
-    ("decoder_inputs_embeds", "inputs_embeds"),
-    ("decoder_position_ids", "explicit_position_ids"),
-    ("position_ids", "explicit_position_ids"),
-    ("assistant_model", "assisted_decoding"),
-    ("custom_generate", "custom_generate"),
-)
 # Settings (argument, passed config or model config) that make reuse inexact, each with its reason.
-_REFUSED_SETTINGS = (
-    ("return_timestamps", "return_timestamps"),  # may loop over several windows of one clip
-    ("return_token_timestamps", "return_token_timestamps"),
-    ("output_attentions", "output_attentions"),  # would include the encoder's, which a hit skips
-    ("output_hidden_states", "output_hidden_states"),
-    ("no_speech_threshold", "no_speech_threshold"),  # its detector reruns the model on input_features
-    ("prompt_lookup_num_tokens", "assisted_decoding"),
-    ("assistant_early_exit", "assisted_decoding"),
-)
+_REFUSED_SETTINGS: Mapping[str, str] = {
+    "return_timestamps": reasons.RETURN_TIMESTAMPS,  # may loop over several windows of one clip
+    "return_token_timestamps": reasons.RETURN_TOKEN_TIMESTAMPS,
+    "output_attentions": reasons.OUTPUT_ATTENTIONS,  # would include the encoder's, which a hit skips
+    "output_hidden_states": reasons.OUTPUT_HIDDEN_STATES,
+    "no_speech_threshold": reasons.NO_SPEECH_THRESHOLD,  # its detector reruns the model on input_features
+}
+# Whisper's decoding settings: a model-default or explicit "hybrid" is unset by Whisper itself.
+_SERVED_IMPLEMENTATIONS = frozenset({"hybrid"})
 
 
-class WhisperHook(EncoderKeyedHook):
+class WhisperHook:
     """Serves `WhisperForConditionalGeneration.generate(input_features, past_key_values=store)`."""
 
-    def __init__(self, store: PrefixCache, model: Any) -> None:
-        super().__init__(store, model)
-        self._original_segment = self._wrap_inner("generate_with_fallback", self._serve_segment)
-        self._segment_signature = inspect.signature(self._original_segment)
+    def __init__(self, store: Store, model: Any) -> None:
+        self._store = store
+        self._model = model
+        self._generate = InstancePatch(model, "generate", self)
+        self._original = self._generate.original
+        self._signature = pipeline.generate_signature(model, self._original)
+        self._segment = InstancePatch(model, "generate_with_fallback", self._serve_segment)
+        self._segment_signature = inspect.signature(self._segment.original)
         encoder = model.get_encoder()
         # Whisper pads every clip to this many mel frames; longer input is long-form.
         self._num_frames = int(encoder.conv1.stride[0] * encoder.conv2.stride[0] * model.config.max_source_positions)
 
+    def detach(self) -> None:
+        self._generate.remove()
+        self._segment.remove()
+
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = self._store
-        session, given = unwrap_session(kwargs.get("past_key_values"))
-        if given is not store:
-            return super().__call__(*args, **kwargs)  # not ours: passes through, or raises for another store
+        ours, session = pipeline.whose_call(store, self._model, kwargs.get("past_key_values"))
+        if not ours:
+            return self._original(*args, **kwargs)
         kwargs.pop("past_key_values")
         bound = self._signature.bind_partial(*args, **kwargs)
         extra = bound.arguments.setdefault("kwargs", {})
         call = {**extra, **{k: v for k, v in bound.arguments.items() if k != "kwargs"}}
         features, mask = call.get("input_features"), call.get("attention_mask")
-        reason = self._why_cold_whisper(features, call)
+        reason = self._check(features, call)
         if reason is not None:
-            store.count_fallback(reason, 0)
-            return self._original(*args, **kwargs)
+            return pipeline.run_cold(store, self._original, reason, 0, args, kwargs)
         assert isinstance(features, torch.Tensor)
         digest = hash_media(features) if mask is None else hash_media(features, mask)
         namespace = store.namespace()
         hidden = store.encoder_outputs.get(namespace, digest)
         if hidden is None:
             hidden = self._encode(features, mask)
-            self._keep_encoder_output(namespace, digest, hidden)
+            keep_encoder_output(store, namespace, digest, hidden)
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         # The decoder attends to the audio at every position: its states are only shared for the same audio.
@@ -105,7 +109,7 @@ class WhisperHook(EncoderKeyedHook):
             output = self._original(*bound.args, **bound.kwargs)
         except _AnotherSegment:
             # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
-            store.count_fallback("whisper_segments", 0)
+            store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
             return self._original(*args, **kwargs)
         if request.counted is not None:
             store.count_request(*request.counted)
@@ -120,48 +124,47 @@ class WhisperHook(EncoderKeyedHook):
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
 
-    def _why_cold_whisper(self, features: Any, call: dict[str, Any]) -> str | None:
+    def _check(self, features: Any, call: dict[str, Any]) -> str | None:
         """Name the reason this call cannot reuse safely, or None."""
-        store = self._store
-        if store.profile.unsupported is not None:
-            return store.profile.unsupported
-        for name, reason in _REFUSED_ARGUMENTS:
-            if call.get(name) is not None:
-                return reason
+        profile = self._store.profile
+        if profile.unsupported is not None:
+            return profile.unsupported
+        refused = refusals.refused_argument(call, encoder_keyed=True)
+        if refused is not None:
+            return refused
         if not isinstance(features, torch.Tensor) or features.dim() != 3 or not features.is_floating_point():
-            return "no_input_features"
+            return reasons.NO_INPUT_FEATURES
         if features.shape[0] != 1:
-            return "batch_size"
+            return reasons.BATCH_SIZE
         if features.shape[-1] > self._num_frames:
-            return "long_form"
+            return reasons.LONG_FORM
         if features.shape[-1] < self._num_frames:
             # Whisper reports segment times and progress from the unpadded frame count, a hit's encoder output has none.
-            for name in ("return_segments", "monitor_progress"):
+            for name, reason in (
+                ("return_segments", reasons.RETURN_SEGMENTS),
+                ("monitor_progress", reasons.MONITOR_PROGRESS),
+            ):
                 if call.get(name):
-                    return name
+                    return reason
         mask = call.get("attention_mask")
         if mask is not None and not isinstance(mask, torch.Tensor):
-            return "unhashable_media"
+            return reasons.UNHASHABLE_MEDIA
         # As Whisper reads a setting: an argument given (not None), then the passed config, then the model's.
         given = {name: value for name, value in call.items() if value is not None}
-        setting = GenerationSettings(self._model, call.get("generation_config"), given)
-        for name, reason in _REFUSED_SETTINGS:
+        setting = refusals.GenerationSettings(self._model, call.get("generation_config"), given)
+        for name, reason in _REFUSED_SETTINGS.items():
             if getattr(setting, name):
                 return reason
         temperature = call.get("temperature")
         if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
-            return "temperature_fallback"  # several generate calls on one request
-        problem = decoding_problem(setting)
+            return reasons.TEMPERATURE_FALLBACK  # several generate calls on one request
+        problem = refusals.decoding_problem(setting) or refusals.cache_implementation_problem(
+            setting, _SERVED_IMPLEMENTATIONS
+        )
         if problem is not None:
             return problem
-        # transformers refuses a passed cache next to any cache_implementation but a default "hybrid", which it unsets.
-        asked = setting.cache_implementation
-        if asked is not None and asked != "hybrid":
-            return f"cache_implementation:{asked}"
         ids = call.get("decoder_input_ids")
-        if ids is not None and (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1):
-            return "batch_size" if isinstance(ids, torch.Tensor) and ids.dim() == 2 else "no_input_ids"
-        return None
+        return refusals.ids_problem(ids) if ids is not None else None
 
     # ----------------------------------------------------------------- inner call
     def _serve_segment(self, *args: Any, **kwargs: Any) -> Any:
@@ -170,7 +173,7 @@ class WhisperHook(EncoderKeyedHook):
         inner = dict(bound.arguments["kwargs"])
         request = inner.get("past_key_values")
         if not isinstance(request, DecoderRequest) or request.store is not self._store:
-            return self._original_segment(*args, **kwargs)  # not ours (another store's hook may sit below)
+            return self._segment.original(*args, **kwargs)  # not ours (another store's hook may sit below)
         store = self._store
         if request.served:
             # Whisper loops into another segment when one did not reach the clip's end. That segment's
@@ -183,25 +186,27 @@ class WhisperHook(EncoderKeyedHook):
         mask = inner.get("decoder_attention_mask")
         if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
             inner.pop("past_key_values")
-            store.count_fallback("padding", len(rows[0]))
-            return self._original_segment(*bound.args, **bound.kwargs)
-        restored = self._restore_decoder(request.namespace, ids)
+            store.count_fallback(reasons.PADDING, len(rows[0]))
+            return self._segment.original(*bound.args, **bound.kwargs)
+        restored = restore_decoder(store, request.namespace, ids)
         if restored is None:
             inner.pop("past_key_values")
-            store.count_fallback("out_of_memory", len(rows[0]))
-            return self._original_segment(*bound.args, **bound.kwargs)
-        plan, working, inner["past_key_values"] = restored
+            pipeline.count_out_of_memory(store, len(rows[0]))
+            return self._segment.original(*bound.args, **bound.kwargs)
+        lease, working, inner["past_key_values"] = restored
         # Whisper sets this itself only without an attention_mask; it makes generate feed just the uncached ids.
         bound.arguments["generation_config"]._mask_length = ids.shape[-1]
         try:
-            output = self._original_segment(*bound.args, **bound.kwargs)
+            output = self._segment.original(*bound.args, **bound.kwargs)
         finally:
-            store.release(plan)
-        request.counted = (len(rows[0]), plan.restore_len)  # by the outer call, once it knows the request ends here
+            store.release(lease)
+        request.counted = (len(rows[0]), lease.cached_len)  # by the outer call, once it knows the request ends here
         sequence = _full_sequence(output[1][0])
         kv_len = working.kv_length()
         if sequence is not None and kv_len is not None and sequence.shape[-1] == kv_len + 1:
-            self._store_result(request.namespace, sequence.reshape(1, -1), working, [], None, request.session)
+            pipeline.store_sequences(
+                store, request.namespace, sequence.reshape(1, -1), working, session=request.session
+            )
         else:
             logger.warning("whisper output does not match its cache (%s vs %s); not stored", sequence, kv_len)
         return output
@@ -217,3 +222,6 @@ def _full_sequence(segment_output: Any) -> torch.Tensor | None:
         return segment_output
     sequences = segment_output.get("sequences") if isinstance(segment_output, dict) else None
     return sequences if isinstance(sequences, torch.Tensor) else None
+
+
+register(Family("whisper", WhisperHook, {"whisper": "WhisperForConditionalGeneration"}))

@@ -34,17 +34,6 @@ _COLD_MODEL_TYPES = {
     "xlm-roberta-xl": "not_exact",
     "rembert": "not_exact",
 }
-# Encoder-decoder classes served keyed by their encoder input, by model_type: the family's hook module.
-_ENCODER_FAMILIES = {
-    "whisper": ("whisper", "WhisperForConditionalGeneration"),  # whisper.py
-    # seq2seq.py: `GenerationMixin.generate` as it is; each type tested against cold runs.
-    "bart": ("seq2seq", "BartForConditionalGeneration"),
-    "t5": ("seq2seq", "T5ForConditionalGeneration"),
-    "mt5": ("seq2seq", "MT5ForConditionalGeneration"),
-    "marian": ("seq2seq", "MarianMTModel"),
-    "pegasus": ("seq2seq", "PegasusForConditionalGeneration"),
-    "florence2": ("seq2seq", "Florence2ForConditionalGeneration"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +70,15 @@ class ModelProfile:
         return tuple(i for i, a in enumerate(self.adapters) if a.has_state)
 
 
-def profile_model(model: Any, sliding_window_mode: str = "every_position") -> ModelProfile:
+def profile_model(
+    model: Any, sliding_window_mode: str = "every_position", encoder_family: str | None = None
+) -> ModelProfile:
     """Inspect `model` (a transformers generative model) once.
 
     `sliding_window_mode` picks how sliding-window layers are stored (see `layers/sliding.py`).
+    `encoder_family` names the encoder-decoder family whose hook serves `model` (the
+    integration's registry, `integration.registry.family_of`, knows it); any other
+    encoder-decoder model is not served.
     """
     cache_kwarg = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
     # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.
@@ -93,7 +87,6 @@ def profile_model(model: Any, sliding_window_mode: str = "every_position") -> Mo
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
     media = media_adapter_for(model)
-    encoder_family = _encoder_family(model, config)
     unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
     if unsupported is None and cache_kwarg not in params:
         unsupported = "no_cache_argument"  # the model keeps no cache (generate rejects one)
@@ -138,14 +131,6 @@ def profile_model(model: Any, sliding_window_mode: str = "every_position") -> Mo
         item_layers=item_layers,
         encoder_family=encoder_family,
     )
-
-
-def _encoder_family(model: Any, config: Any) -> str | None:
-    served = _ENCODER_FAMILIES.get(getattr(config, "model_type", None) or "")
-    if not getattr(config, "is_encoder_decoder", False) or served is None:
-        return None
-    family, class_name = served
-    return family if type(model).__name__ == class_name else None
 
 
 def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[dict[str, Any]]) -> Any:

@@ -94,6 +94,16 @@ class Snapshot:
             self.nbytes = sum(s.nbytes for s in self.states.values())
 
 
+@dataclass(slots=True)
+class ItemState(Snapshot):
+    """The states one media item computed alone (Mllama: an image's cross-attention keys/values).
+
+    `length` is the end of the item's placeholder span: a restored prefix that holds the span
+    restores the state with it. Stored, moved and written like a snapshot, but it never
+    restores a prefix by itself.
+    """
+
+
 def state_tensors(snapshots: Iterable[Snapshot]) -> Iterator[torch.Tensor]:
     """Every tensor held by `snapshots` (recurrent snapshots or item states)."""
     for snap in snapshots:

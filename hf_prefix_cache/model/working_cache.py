@@ -16,7 +16,7 @@ from transformers import Cache, DynamicCache
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerState
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import Run, Snapshot
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 
 
 class WorkingCache(DynamicCache):
@@ -43,7 +43,7 @@ class WorkingCache(DynamicCache):
         values: list[torch.Tensor | None] | None,
         snapshot: Snapshot | None,
         batch_size: int = 1,
-        items: Sequence[Snapshot] = (),
+        items: Sequence[ItemState] = (),
     ) -> None:
         """Load a prefix of `length` tokens: key views for attention layers, state clones for the rest.
 
@@ -73,7 +73,7 @@ class WorkingCache(DynamicCache):
         if items:
             self._restore_items(items)
 
-    def _restore_items(self, items: Sequence[Snapshot]) -> None:
+    def _restore_items(self, items: Sequence[ItemState]) -> None:
         for i in self.profile.item_layers:
             adapter = self.profile.adapters[i]
             assert isinstance(adapter, CrossAttentionAdapter)
@@ -84,7 +84,7 @@ class WorkingCache(DynamicCache):
             v = values[0] if len(values) == 1 else torch.cat(values, dim=-2)
             adapter.restore_media(self.layers[i], k, v)
 
-    def item_states(self, ends: Sequence[int], skip: int) -> list[Snapshot]:
+    def capture_items(self, ends: Sequence[int], skip: int) -> list[ItemState]:
         """States of the media items whose placeholders end at `ends` (prompt order), but the first `skip`.
 
         The cross-attention layers hold one equal block of vision tokens per item, in item order
@@ -112,7 +112,7 @@ class WorkingCache(DynamicCache):
                 if len(ends) > 1:
                     kj, vj = kj.clone(), vj.clone()
                 states[i] = LayerState(tensors={"keys": {0: kj}, "values": {0: vj}}, flags={})
-            out.append(Snapshot(ends[j], states))
+            out.append(ItemState(ends[j], states))
         return out
 
     def capture_run(self, length: int, row: int | None = None) -> Run:

@@ -26,32 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from hf_prefix_cache.model.layers import LayerState
-from hf_prefix_cache.model.states import Run, Snapshot
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.storage.codec import (
+    CorruptFileError,
+    Layout,
+    checksum,
+    states_from_file,
+    states_to_file,
+    stored_devices,
+)
 from hf_prefix_cache.storage.segments import DiskRef, Segment
 
 logger = logging.getLogger("hf_prefix_cache")
 
 FORMAT = "hf_prefix_cache.segment/3"  # /3: the checksum covers the metadata too
 _META_KEY = "hf_prefix_cache"
-
-
-class CorruptFileError(Exception):
-    """A segment file is unreadable, truncated, fails its checksum or does not fit the model."""
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """What a file must look like to fit the model: layer count and which layers have keys, states or item states."""
-
-    num_layers: int
-    kv_layers: tuple[int, ...]
-    state_layers: tuple[int, ...]
-    item_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +70,16 @@ class DiskTier:
     """Reads and writes segment files under `root`.
 
     Example:
-        >>> tier = DiskTier("/tmp/prefix-cache", layout)        # doctest: +SKIP
-        >>> stub = tier.write(namespace, symbols, host_segment)  # doctest: +SKIP
-        >>> tier.load(stub.run.file, layout)                     # doctest: +SKIP
+        >>> import tempfile
+        >>> from hf_prefix_cache.model.states import Run
+        >>> from hf_prefix_cache.storage.segments import Segment
+        >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
+        >>> tier = DiskTier(tempfile.mkdtemp(), Layout(num_layers=1, kv_layers=(0,), state_layers=()))
+        >>> stub = tier.write("ns", (5, 6, 7, 8), Segment(run, 0, 4, run.nbytes_per_token))
+        >>> stub.run is None, stub.disk.hi
+        (True, 4)
+        >>> tier.load(stub).run.keys[0].sum().item()
+        8.0
     """
 
     def __init__(self, root: str | os.PathLike[str], layout: Layout) -> None:
@@ -112,8 +111,8 @@ class DiskTier:
             devices = [str(d) if d is not None else None for d in seg.run.devices]
         else:
             devices = [None] * self.layout.num_layers
-        snapshots = _states_to_file("s", seg.snapshots, tensors)
-        items = _states_to_file("i", seg.items, tensors)
+        snapshots = states_to_file("s", seg.snapshots, tensors)
+        items = states_to_file("i", seg.items, tensors)
         meta = {
             "format": FORMAT,
             "namespace": namespace,
@@ -125,7 +124,7 @@ class DiskTier:
             "snapshots": snapshots,
             "items": items,
         }
-        meta["checksum"] = _checksum(tensors, meta)
+        meta["checksum"] = checksum(tensors, meta)
         folder = self.folder(namespace)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{uuid.uuid4().hex}.safetensors"
@@ -216,7 +215,7 @@ class DiskTier:
             tensors = load_file(str(path))
         except Exception as exc:
             raise CorruptFileError(f"cannot read {path}: {exc}") from exc
-        if meta.get("checksum") != _checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
+        if meta.get("checksum") != checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
             raise CorruptFileError(f"{path} fails its checksum: its contents or header changed after it was written")
         if (meta.get("lo"), meta.get("hi")) != (run_lo, run_hi):
             raise CorruptFileError(f"{path} holds [{meta.get('lo')}, {meta.get('hi')}), expected [{run_lo}, {run_hi})")
@@ -233,10 +232,10 @@ class DiskTier:
                 raise CorruptFileError(
                     f"{path} holds {run.nbytes_per_token} bytes per token, expected {stub.nbytes_per_token}"
                 )
-        snapshots = _states_from_file("s", meta["snapshots"], tensors, stub, layout.state_layers)
+        snapshots = states_from_file("s", meta["snapshots"], tensors, stub, layout.state_layers, Snapshot)
         if sorted(snapshots) != sorted(stub.snapshots):
             raise CorruptFileError(f"{path} holds snapshots at {sorted(snapshots)}, expected {sorted(stub.snapshots)}")
-        items = _states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers)
+        items = states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers, ItemState)
         if sorted(items) != sorted(stub.items):
             raise CorruptFileError(f"{path} holds item states at {sorted(items)}, expected {sorted(stub.items)}")
         if run is not None and (stub.start, stub.end) != (run_lo, run_hi):
@@ -273,7 +272,7 @@ class DiskTier:
         item_nbytes = {int(n): int(s["nbytes"]) for n, s in meta.get("items", {}).items()}
         if any(not lo < n <= hi for n in item_nbytes):
             raise CorruptFileError(f"item states at {sorted(item_nbytes)} outside [{lo}, {hi})")
-        devices = _devices(meta, layout.num_layers)
+        devices = stored_devices(meta, layout.num_layers)
         return DiskEntry(
             path, symbols, lo, hi, int(meta["nbytes_per_token"]), snapshot_nbytes, devices, item_nbytes, snapshot_reach
         )
@@ -319,65 +318,8 @@ def _stub(
     ref = DiskRef(path, lo, hi, [torch.device(d) if d is not None else None for d in devices])
     reach = snapshot_reach or {}
     snapshots = {n: Snapshot(n, {}, nbytes, reach.get(n, 0)) for n, nbytes in snapshot_nbytes.items()}
-    items = {n: Snapshot(n, {}, nbytes) for n, nbytes in item_nbytes.items()}
+    items = {n: ItemState(n, {}, nbytes) for n, nbytes in item_nbytes.items()}
     return Segment(None, lo, hi, nbytes_per_token, snapshots, disk=ref, items=items)
-
-
-def _states_to_file(prefix: str, at: dict[int, Snapshot], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """JSON metadata for snapshots (or item states) `at`; their tensors go into `tensors` as `<prefix>.<n>.…`."""
-    out: dict[str, Any] = {}
-    for length, snap in at.items():
-        layers: dict[str, Any] = {}
-        for layer, state in snap.states.items():
-            # attribute -> {index: whether a tensor is stored for it} (a layer may hold None at an index)
-            present: dict[str, dict[str, bool]] = {}
-            for attr, per_idx in state.tensors.items():
-                present[attr] = {str(idx): t is not None for idx, t in per_idx.items()}
-                for idx, t in per_idx.items():
-                    if t is not None:
-                        tensors[f"{prefix}.{length}.{layer}.{attr}.{idx}"] = t.detach().to("cpu").contiguous()
-            layers[str(layer)] = {"tensors": present, "flags": _flags_to_json(state.flags)}
-        out[str(length)] = {"nbytes": snap.nbytes, "layers": layers, "reach": snap.reach}
-    return out
-
-
-def _states_from_file(
-    prefix: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor], stub: Segment, layers: tuple[int, ...]
-) -> dict[int, Snapshot]:
-    """The snapshots (or item states) of `meta` that fall in `stub`'s range, checked to cover exactly `layers`."""
-    assert stub.disk is not None
-    out: dict[int, Snapshot] = {}
-    for length_text, snap_meta in meta.items():
-        length = int(length_text)
-        if not stub.start < length <= stub.end:
-            continue  # belongs to the other part of a split segment
-        states = {}
-        for layer_text, layer_meta in snap_meta["layers"].items():
-            layer = int(layer_text)
-            per_attr: dict[str, dict[int, torch.Tensor | None]] = {}
-            for attr, present in layer_meta["tensors"].items():
-                per_attr[attr] = {
-                    int(i): (tensors[f"{prefix}.{length}.{layer}.{attr}.{i}"] if stored else None)
-                    for i, stored in present.items()
-                }
-            states[layer] = LayerState(tensors=per_attr, flags=_flags_from_json(layer_meta["flags"]))
-        if sorted(states) != list(layers):
-            raise CorruptFileError(f"{stub.disk.path} has states for other layers than the model's {layers}")
-        out[length] = Snapshot(length, states, reach=int(snap_meta.get("reach", 0)))
-    return out
-
-
-def _checksum(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:
-    """xxh3-128 over the metadata (symbols, range, layout) and every tensor's name, dtype, shape and bytes."""
-    h = xxhash.xxh3_128()
-    h.update(json.dumps(meta, sort_keys=True).encode())
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(repr(tuple(t.shape)).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def _data_end(path: Path) -> int:
@@ -387,19 +329,3 @@ def _data_end(path: Path) -> int:
         header = json.loads(f.read(header_len))
     ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
     return 8 + header_len + max(ends, default=0)
-
-
-def _devices(meta: dict[str, Any], num_layers: int) -> list[str | None]:
-    devices = list(meta.get("devices") or [])
-    if len(devices) != num_layers:
-        return [None] * num_layers
-    available = {"cpu"} | {f"cuda:{i}" for i in range(torch.cuda.device_count())}
-    return [d if d in available else None for d in devices]
-
-
-def _flags_to_json(flags: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: {str(i): value for i, value in per_idx.items()} for name, per_idx in flags.items()}
-
-
-def _flags_from_json(flags: dict[str, dict[str, Any]]) -> dict[str, dict[int, Any]]:
-    return {name: {int(i): value for i, value in per_idx.items()} for name, per_idx in flags.items()}

@@ -20,16 +20,27 @@ Not thread-safe: the store calls it under its lock.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from hf_prefix_cache.model.states import Snapshot
-from hf_prefix_cache.storage.disk import CorruptFileError, DiskTier
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.storage.codec import CorruptFileError
+from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.segments import Segment, join_kv
-from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST, NUM_TIERS, Mover, segment_to_device, segment_to_host
+from hf_prefix_cache.storage.tiers import (
+    DEVICE,
+    DISK,
+    HOST,
+    NUM_TIERS,
+    Mover,
+    segment_to_device,
+    segment_to_host,
+    snapshot_to_host,
+)
 from hf_prefix_cache.tree.policy import CostAwarePolicy, LRUPolicy
 from hf_prefix_cache.tree.radix import Node, RadixTree
 
@@ -85,6 +96,98 @@ class Placement:
         self.counters = PlacementCounters()
         self._indexed: set[str] = set()
         self._failures: set[tuple[object, ...]] = set()  # kinds of failed moves already logged as warnings
+
+    # ------------------------------------------------------------ new entries
+    def place_run(
+        self, run: Run, matched: Sequence[Node[Segment]], matched_len: int, length: int, may_move: bool
+    ) -> None:
+        """Make `run` (positions `[0, length)`) back the new leaf without holding a second copy of the prefix.
+
+        When the matched nodes are on the device and their runs back nothing else, they move
+        onto `run` and their old tensors are freed: restores along this path stay one view.
+        Otherwise only the new tail `[matched_len, length)` is kept, copied out so the prefix
+        copy can be freed.
+        """
+        counts: Counter[int] = Counter()
+        old_runs: dict[int, Run] = {}
+        movable = may_move
+        for node in matched:
+            seg = node.value
+            assert seg is not None
+            if node.tier != DEVICE or seg.run is None:
+                movable = False
+                break
+            counts[id(seg.run)] += 1
+            old_runs[id(seg.run)] = seg.run
+        if movable and all(old_runs[key].num_refs == count for key, count in counts.items()):
+            for node in matched:
+                assert node.value is not None
+                node.value.run = run
+                run.num_refs += 1
+        else:
+            run.compact(matched_len, length)
+
+    def attach_states(
+        self, path: Sequence[Node[Segment]], snapshots: Sequence[Snapshot], items: Sequence[ItemState]
+    ) -> None:
+        """Give each snapshot and media item state to the node of `path` whose range holds its length.
+
+        A node that holds one at that length keeps its own. A node on disk has its file rewritten
+        once with all of its new snapshots (an item state alone does not rewrite a file). Budgets
+        are enforced by the caller after all are attached: enforcing after each one sent the
+        entry to disk after its first snapshot and lost the rest.
+        """
+        on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]] = {}
+        for snap in snapshots:
+            node = _holder(path, snap.length)
+            if node is None:
+                continue
+            seg = node.value
+            assert seg is not None
+            if snap.length in seg.snapshots:
+                continue
+            if node.tier == DISK:
+                on_disk.setdefault(id(node), (node, []))[1].append(snap)
+                continue
+            seg.snapshots[snap.length] = snap if node.tier == DEVICE else snapshot_to_host(snap, self.mover)
+            self.counters.num_snapshots += 1
+            self.tree.refresh_nbytes(node)
+        for node, snaps in on_disk.values():
+            self.add_to_file(node, snaps)
+        for state in items:
+            node = _holder(path, state.length)
+            if node is None:
+                continue
+            seg = node.value
+            assert seg is not None
+            if state.length not in seg.items and node.tier != DISK:
+                seg.items[state.length] = state if node.tier == DEVICE else snapshot_to_host(state, self.mover)
+                self.tree.refresh_nbytes(node)
+
+    def drop_corrupt(self, path: Sequence[Node[Segment]], exc: Exception) -> None:
+        """Drop the node of `path` whose file `exc` names (it failed its checks on loading)."""
+        bad = next(
+            n for n in path if n.value is not None and n.value.disk is not None and str(n.value.disk.path) in str(exc)
+        )
+        logger.warning("dropping a stored prefix whose file is unusable: %s", exc)
+        self.counters.skipped_files += 1
+        self.drop(bad)
+
+    def clear(self) -> None:
+        """Forget every node (the caller clears the tree): delete their files, zero the snapshot count."""
+        removed = self.tree.clear()
+        refs = {id(n.value.disk): n.value.disk for n in removed if n.value is not None and n.value.disk}
+        for ref in refs.values():
+            if self.disk is not None and ref is not None:
+                self.disk.delete(ref.path)
+        self.counters.num_snapshots = 0
+
+    def reset_counters(self) -> None:
+        """Zero the counters `CacheStats` reports as events (`num_snapshots` counts what is held, so it stays)."""
+        c = self.counters
+        c.evictions = c.evicted_bytes = c.offloads = c.reloads = c.skipped_files = 0
+        if self.remote is not None:
+            self.remote.reset_counters()
 
     # ------------------------------------------------------------ budgets
     def enforce(self) -> None:
@@ -510,6 +613,11 @@ class Placement:
             for node in kept:
                 self.tree.offer(node)
         return moved
+
+
+def _holder(path: Sequence[Node[Segment]], length: int) -> Node[Segment] | None:
+    """The node of `path` whose range `(start, end]` holds `length`."""
+    return next((node for node in path if node.start < length <= node.end), None)
 
 
 def _sharers(node: Node[Segment]) -> list[Node[Segment]]:

@@ -50,14 +50,14 @@ import xxhash
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from hf_prefix_cache.model.states import Run, Snapshot
-from hf_prefix_cache.storage.disk import (
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.storage.codec import (
     CorruptFileError,
     Layout,
-    _checksum,
-    _devices,
-    _states_from_file,
-    _states_to_file,
+    checksum,
+    states_from_file,
+    states_to_file,
+    stored_devices,
 )
 from hf_prefix_cache.storage.segments import DiskRef, Segment
 
@@ -226,6 +226,11 @@ class RemoteTier:
         self._warned = False
 
     # ------------------------------------------------------------ health
+    def reset_counters(self) -> None:
+        """Zero every counter."""
+        with self._lock:
+            self.counters = RemoteCounters()
+
     @property
     def available(self) -> bool:
         """False while backing off after a connection error."""
@@ -280,7 +285,7 @@ class RemoteTier:
         values: list[torch.Tensor | None],
         devices: list[torch.device | None],
         snapshot: Snapshot | None,
-        items: dict[int, Snapshot],
+        items: dict[int, ItemState],
     ) -> ChunkWrite:
         """Chunk `index` of `symbols`: keys/values `[B, H, chunk_len, D]` per layer, its end snapshot, item states.
 
@@ -294,8 +299,8 @@ class RemoteTier:
             if k is not None and v is not None:
                 tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
                 tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
-        snapshots = _states_to_file("s", {hi: snapshot} if snapshot is not None else {}, tensors)
-        item_meta = _states_to_file("i", items, tensors)
+        snapshots = states_to_file("s", {hi: snapshot} if snapshot is not None else {}, tensors)
+        item_meta = states_to_file("i", items, tensors)
         meta = {
             "format": FORMAT,
             "namespace": namespace,
@@ -308,7 +313,7 @@ class RemoteTier:
             "snapshots": snapshots,
             "items": item_meta,
         }
-        meta["checksum"] = _checksum(tensors, meta)  # covers the metadata too, as on disk
+        meta["checksum"] = checksum(tensors, meta)  # covers the metadata too, as on disk
         return ChunkWrite(chain[index], tensors, meta)
 
     def queue(self, writes: Sequence[ChunkWrite]) -> None:
@@ -428,7 +433,7 @@ class RemoteTier:
             raise BadChunkError(f"unreadable value ({type(exc).__name__}: {exc})") from exc
         if meta.get("format") != FORMAT:
             raise BadChunkError(f"unknown format {meta.get('format')!r}")
-        if meta.get("checksum") != _checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
+        if meta.get("checksum") != checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
             raise BadChunkError("fails its checksum")
         expected_prev = _chain_of(chain[index - 1]) if index else _seed(namespace, self.chunk_len)
         same = (
@@ -454,15 +459,15 @@ class RemoteTier:
                 raise BadChunkError(f"keys/values do not cover {hi - lo} positions")
         if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
             raise BadChunkError(f"keys for other layers than the model's {layout.kv_layers}")
-        devices = [torch.device(d) if d is not None else None for d in _devices(meta, layout.num_layers)]
+        devices = [torch.device(d) if d is not None else None for d in stored_devices(meta, layout.num_layers)]
         run = None
         if layout.kv_layers:
             run = Run(keys, values, lo, hi, devices=devices)
             run.num_refs = 1
         stub = Segment(None, lo, hi, 0, disk=DiskRef(Path(key), lo, hi, devices))
         try:
-            snapshots = _states_from_file("s", meta.get("snapshots", {}), tensors, stub, layout.state_layers)
-            items = _states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers)
+            snapshots = states_from_file("s", meta.get("snapshots", {}), tensors, stub, layout.state_layers, Snapshot)
+            items = states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers, ItemState)
         except (CorruptFileError, KeyError, ValueError, TypeError) as exc:
             raise BadChunkError(f"bad states: {exc}") from exc
         if any(n != hi for n in snapshots):

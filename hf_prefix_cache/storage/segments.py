@@ -4,9 +4,9 @@ A `Run` owns the key/value tensors of consecutive positions `[lo, hi)` of one se
 every layer that has keys. Nodes refer to sub-ranges of a run by absolute position, so a
 prefix that lies in one run restores as a view with no copy, and a node split is free.
 
-Invariant (checked by `PrefixCache.check_integrity`): the segments that refer to a run cover
+Invariant (checked by `store/integrity.py`): the segments that refer to a run cover
 `[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
-drops a segment calls `Run.release`, which compacts the run when its referenced range shrinks.
+drops a segment compacts its run (`Run.compact`) when the referenced range shrinks.
 
 A segment may also hold *item states*: tensors computed from one media item alone (Mllama:
 an image's cross-attention keys/values), kept under the position after the item's
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from hf_prefix_cache.model.states import Run, Snapshot
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 
 
 @dataclass(slots=True)
@@ -58,7 +58,7 @@ class Segment:
     nbytes_per_token: int
     snapshots: dict[int, Snapshot] = field(default_factory=dict)
     disk: DiskRef | None = None
-    items: dict[int, Snapshot] = field(default_factory=dict)
+    items: dict[int, ItemState] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -138,15 +138,15 @@ def best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapsho
     return best_len, best
 
 
-def item_states(
+def stored_item_states(
     segments: Sequence[Segment], spans: Sequence[tuple[int, int]], limit: int
-) -> tuple[int, list[Snapshot]]:
+) -> tuple[int, list[ItemState]]:
     """The stored states of the items whose spans end at or below `limit`, in order.
 
     Returns the limit lowered to the start of the first such item without a stored state, and
     the states before it.
     """
-    found: list[Snapshot] = []
+    found: list[ItemState] = []
     for start, end in spans:
         if end > limit:
             break

@@ -16,12 +16,15 @@ Knows tensors and devices; nothing about trees or models.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
 from hf_prefix_cache.model.layers import LayerState
 from hf_prefix_cache.model.states import Run, Snapshot
 from hf_prefix_cache.storage.segments import Segment
+
+S = TypeVar("S", bound=Snapshot)
 
 DEVICE, HOST, DISK = 0, 1, 2
 TIER_NAMES = ("device", "host", "disk")
@@ -142,12 +145,12 @@ def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch
     return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots, items=items)
 
 
-def snapshot_to_host(snap: Snapshot, mover: Mover) -> Snapshot:
+def snapshot_to_host(snap: S, mover: Mover) -> S:
     """A copy of `snap` in host memory (finished: snapshots are small)."""
     return _snapshot_to(snap, mover, None)
 
 
-def _snapshot_to(snap: Snapshot, mover: Mover, devices: dict[int, torch.device | None] | None) -> Snapshot:
+def _snapshot_to(snap: S, mover: Mover, devices: dict[int, torch.device | None] | None) -> S:
     states: dict[int, LayerState] = {}
     waits: list[Callable[[], None]] = []
     for layer, state in snap.states.items():
@@ -164,7 +167,7 @@ def _snapshot_to(snap: Snapshot, mover: Mover, devices: dict[int, torch.device |
         states[layer] = LayerState(tensors=tensors, flags={k: dict(v) for k, v in state.flags.items()})
     for wait in waits:  # snapshots are small; finish their copies now
         wait()
-    return Snapshot(snap.length, states, snap.nbytes, snap.reach)
+    return type(snap)(snap.length, states, snap.nbytes, snap.reach)
 
 
 def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable[[], None] | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hf_prefix_cache.store.stats import CacheStats
-    from hf_prefix_cache.store.tree_store import PrefixCache
+    from hf_prefix_cache.store.tree_store import TreeStore
 
 _TABLE = '<table style="border-collapse:collapse;font-size:0.9em">'
 _CELL = 'style="padding:2px 8px;text-align:{align};border-bottom:1px solid #ddd"'
@@ -79,7 +79,7 @@ def stats_html(stats: CacheStats) -> str:
     return "\n".join(parts)
 
 
-def store_html(store: PrefixCache) -> str:
+def store_html(store: TreeStore) -> str:
     """The store as HTML: its model and namespace, then its stats."""
     title = f"PrefixCache for {type(store.model).__name__}, namespace {store.namespace()[:12]}"
     return f"<div><b>{html.escape(title)}</b>{stats_html(store.stats())}</div>"

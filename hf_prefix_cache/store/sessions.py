@@ -5,57 +5,51 @@ session pins the entry just stored (prompt and answer) and unpins the previous o
 next turn always finds its whole history on the device, whatever else the store evicts.
 `close` (or leaving the `with` block) unpins it.
 
-Knows the store's public lock/unlock calls; nothing about tensors.
+A session is plain state; the pinning is done by the store's `Pins` (`pins.py`), which sets
+`held`. Knows nothing about tensors or the tree.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from hf_prefix_cache.store.tree_store import PrefixCache
+
+class SessionHost(Protocol):
+    """What a session needs of its store: to end it (unpin its entry)."""
+
+    def end_session(self, session: Session) -> None: ...
 
 
 class Session:
     """A named conversation on a store; see the module docstring.
 
     Example:
-        >>> with store.session("alice") as chat:                         # doctest: +SKIP
-        ...     out = model.generate(**turn1, past_key_values=chat)
-        ...     out = model.generate(**turn2, past_key_values=chat)   # turn 1 is never evicted meanwhile
+        >>> with store.session("alice") as chat:
+        ...     out = model.generate(ids, past_key_values=chat, max_new_tokens=2)
+        ...     turn2 = torch.cat([out, ids[:, :3]], dim=1)
+        ...     out = model.generate(turn2, past_key_values=chat, max_new_tokens=2)  # turn 1 stays pinned meanwhile
+        ...     held = chat.held_len
+        >>> held, chat.closed  # the whole conversation but its last token, never fed
+        (42, True)
     """
 
-    def __init__(self, store: PrefixCache, name: str) -> None:
+    def __init__(self, store: SessionHost, name: str) -> None:
         self.store = store
         self.name = name
-        self._held: Any = None  # the tree node pinned for this session
+        self.held: Any = None  # the tree node pinned for this session (set by the store's `Pins`)
         self.closed = False
 
     @property
     def held_len(self) -> int:
         """Length of the pinned entry (0 when none)."""
-        return int(self._held.end) if self._held is not None else 0
-
-    def hold(self, node: Any) -> None:
-        """Pin `node` instead of the entry held so far. Called by the store under its lock."""
-        if self.closed or node is self._held:
-            return
-        self.store._lock_node(node)
-        if self._held is not None:
-            self.store._unlock_node(self._held)
-        self._held = node
+        return int(self.held.end) if self.held is not None else 0
 
     def close(self) -> None:
         """Unpin the held entry; the session is unusable afterwards."""
-        self.store._end_session(self)
-
-    def _release(self) -> None:
-        if self._held is not None:
-            self.store._unlock_node(self._held)
-            self._held = None
-        self.closed = True
+        self.store.end_session(self)
 
     def __enter__(self) -> Session:
         return self

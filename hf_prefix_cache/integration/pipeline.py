@@ -1,0 +1,190 @@
+"""The request pipeline every family shares: check, key, restore, generate, store.
+
+A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespace and tree
+symbols); the functions here do the rest with the store's contract (`store/contract.py`):
+
+- `whose_call`: whether a call is for this hook's store (a `Session` counts as its store);
+- `run_cold`: the original `generate`, untouched, with the reason counted;
+- `restore`: a lease on the longest usable stored prefix, restored into a fresh working cache,
+  retried once after moving entries off the device when memory runs out;
+- `store_sequences`: the finished rows back into the store, prompt placeholders as media symbols.
+
+The lease is released by the hook in one `finally` around `generate`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import IncompatibleModelError
+from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.storage.tiers import is_out_of_memory
+from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.sessions import Session
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | None]:
+    """Whether the cache a call passed is this store (directly or as one of its sessions), and the session.
+
+    Raises:
+        ValueError: a closed session was passed.
+        IncompatibleModelError: a store made for another model object was passed.
+    """
+    session: Session | None = None
+    if isinstance(given, Session):
+        if given.closed:
+            raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
+        session, given = given, given.store
+    if given is store:
+        return True, session
+    if isinstance(given, Store) and given.model is not model:
+        raise IncompatibleModelError(
+            f"this PrefixCache was built for another model object ({_describe(given.model)}; this one is "
+            f"{_describe(model)}): a store serves only the model it was made with, even among models "
+            "of one class. Make one for this model: PrefixCache(model)"
+        )
+    return False, None
+
+
+def generate_signature(model: Any, original: Callable[..., Any]) -> inspect.Signature:
+    """The signature `generate` binds a call with (a PeftModel's: its base model's, which it hands calls to)."""
+    base = getattr(model, "get_base_model", None)
+    if callable(base) and base() is not model:
+        return inspect.signature(base().generate)
+    return inspect.signature(original)
+
+
+def run_cold(
+    store: Store,
+    original: Callable[..., Any],
+    reason: str,
+    prompt_len: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """The original `generate`, untouched, with `reason` counted; logged only once the call ran (a call
+    that transformers rejects, such as one with a misspelt kwarg, raises its own error unannounced)."""
+    store.count_fallback(reason, prompt_len, log=False)
+    output = original(*args, **kwargs)
+    store.log_fallback(reason)
+    return output
+
+
+def restore(
+    store: Store,
+    namespace: str,
+    symbols: Sequence[Hashable],
+    limit: int,
+    spans: Sequence[tuple[int, int]] = (),
+    item_spans: Sequence[tuple[int, int]] = (),
+    batch_size: int = 1,
+) -> tuple[Lease, WorkingCache] | None:
+    """A lease on the stored prefix of `symbols` (at most `limit`), restored; None when out of memory twice.
+
+    After a first out-of-memory error the store moves its unpinned entries off the device and
+    it is tried once more. A failed attempt leaves nothing pinned and no half-restored cache.
+    """
+    for attempt in range(2):
+        try:
+            cache = store.new_cache()
+            lease = store.acquire(
+                namespace, symbols, cache, limit=limit, spans=spans, item_spans=item_spans, batch_size=batch_size
+            )
+            return lease, cache
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            logger.warning("out of memory restoring a cached prefix (attempt %d): %s", attempt + 1, exc)
+            if attempt == 0:
+                store.relieve_device()
+    return None
+
+
+def restore_rows(
+    store: Store,
+    namespace: str,
+    rows: list[list[int]],
+    symbols: Sequence[Hashable],
+    spans: Sequence[tuple[int, int]] = (),
+    item_spans: Sequence[tuple[int, int]] = (),
+) -> tuple[Lease, WorkingCache] | None:
+    """`restore` for the rows of a batch: only what all of them share, never their last token (fed for its logits)."""
+    shared = common_prefix_len(rows)
+    return restore(
+        store, namespace, symbols[:shared], min(shared, len(rows[0]) - 1), spans, item_spans, batch_size=len(rows)
+    )
+
+
+def store_sequences(
+    store: Store,
+    namespace: str,
+    sequences: torch.Tensor,
+    cache: WorkingCache,
+    snapshots: Sequence[Snapshot] = (),
+    prompt_symbols: Sequence[Hashable] | None = None,
+    session: Session | None = None,
+    items: Sequence[ItemState] = (),
+    computed_from: int = 0,
+) -> None:
+    """Store each row of `sequences` with the states `cache` holds for it.
+
+    The last generated token is never fed back, so the cache covers all but it. A one-row
+    call's prompt placeholders are replaced by `prompt_symbols` (media symbols); `items` are
+    its media item states and `session` pins its entry.
+    """
+    kv_len = cache.kv_length()
+    length = kv_len if kv_len is not None else sequences.shape[1] - 1
+    if length <= 0:
+        return
+    batched = sequences.shape[0] > 1
+    assert prompt_symbols is None or not batched, "media symbols are for one-row calls"
+    for row, ids in enumerate(sequences[:, :length].tolist()):
+        symbols: list[Hashable] = ids
+        if prompt_symbols is not None:
+            symbols[: len(prompt_symbols)] = prompt_symbols[:length]
+        store.insert_sequence(
+            namespace,
+            symbols,
+            cache,
+            snapshots,
+            row=row if batched else None,
+            session=None if batched else session,
+            items=() if batched else [s for s in items if s.length <= length],
+            computed_from=computed_from,
+        )
+
+
+def is_exact_repeat(store: Store, cache: WorkingCache, lease: Lease) -> bool:
+    """Whether the request added nothing to what it matched (all of it was marked used when acquired)."""
+    kv_len = cache.kv_length()
+    return kv_len is not None and kv_len <= lease.matched_len and not store.profile.has_state
+
+
+def common_prefix_len(rows: list[list[int]]) -> int:
+    """How many leading ids every row shares."""
+    first = rows[0]
+    n = len(first)
+    for row in rows[1:]:
+        i = 0
+        while i < n and row[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+def count_out_of_memory(store: Store, prompt_len: int) -> None:
+    """Count a request that ran cold because restoring its prefix ran out of memory twice."""
+    store.count_fallback(reasons.OUT_OF_MEMORY, prompt_len)
+
+
+def _describe(model: Any) -> str:
+    return f"{type(model).__name__} at {id(model):#x}"

@@ -1,0 +1,68 @@
+"""Prefill of recurrent models: the uncached prompt fed in chunks that end where snapshots are wanted.
+
+A recurrent state restores only at lengths where one was snapshotted, so the hook feeds
+`[cached_len, n - 1)` itself, in chunks that end at the divergence from the stored prefix, at
+every `snapshot_interval` tokens and at `n - 1`, snapshotting at each end; `generate` then
+feeds the last token. Models whose own multi-token scan ignores a cached state continue it
+through `scan.ScanContinuation`; only when that cannot be installed are tokens fed one per
+forward once a state exists (`one_token_steps`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hf_prefix_cache.model.profile import ModelProfile
+from hf_prefix_cache.model.states import Snapshot
+from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.store.contract import Lease
+
+
+def prefill_states(
+    model: Any,
+    profile: ModelProfile,
+    cache: WorkingCache,
+    input_ids: torch.Tensor,
+    lease: Lease,
+    snapshot_interval: int | None,
+    one_token_steps: bool,
+) -> tuple[int, list[Snapshot]]:
+    """Feed prompt tokens `[lease.cached_len, n - 1)` in chunks; return how far it fed and the snapshots taken."""
+    start, target = lease.cached_len, input_ids.shape[1] - 1
+    if target <= start:
+        return start, []
+    bounds = {target}
+    if start < lease.matched_len < target:
+        bounds.add(lease.matched_len)
+    if snapshot_interval is not None and profile.has_recurrence:  # a window snapshot is not worth its bytes
+        bounds.update(range((start // snapshot_interval + 1) * snapshot_interval, target, snapshot_interval))
+    ordered = sorted(bounds)
+    if one_token_steps and start == 0:
+        # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
+        first = min(b for b in ordered if b == target or b == lease.matched_len)
+        ordered = [b for b in ordered if b >= first]
+    snapshots = []
+    pos = start
+    with torch.no_grad():
+        for bound in ordered:
+            if one_token_steps and pos > 0:
+                for t in range(pos, bound):
+                    _forward(model, profile, cache, input_ids, t, t + 1)
+            else:
+                _forward(model, profile, cache, input_ids, pos, bound)
+            snapshots.append(cache.snapshot(bound))
+            pos = bound
+    return pos, snapshots
+
+
+def _forward(
+    model: Any, profile: ModelProfile, cache: WorkingCache, input_ids: torch.Tensor, start: int, end: int
+) -> None:
+    kwargs: dict[str, Any] = {profile.cache_kwarg: cache, "use_cache": True}
+    if profile.accepts_position_ids:
+        kwargs["position_ids"] = torch.arange(start, end, device=input_ids.device)[None]
+    if profile.accepts_logits_to_keep:
+        kwargs["logits_to_keep"] = 1
+    model(input_ids=input_ids[:, start:end], **kwargs)

@@ -1,0 +1,132 @@
+"""The one table of call checks every family shares: which `generate` calls can reuse safely, and why not.
+
+Each family's hook checks its own inputs (token ids, audio features, encoder kwargs), then the
+rules here: the refused arguments, the decoding settings, the cache implementation and the
+outputs a hit could not reproduce. Each rule returns a reason from `reasons.py` or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hf_prefix_cache import reasons
+
+#: Arguments no family serves, with the reason counted. `encoder_outputs` is refused by the
+#: encoder-keyed families only: for decoder-only models it is a media or model kwarg like others.
+REFUSED_ARGUMENTS: Mapping[str, str] = {
+    "inputs_embeds": reasons.INPUTS_EMBEDS,
+    "decoder_inputs_embeds": reasons.INPUTS_EMBEDS,
+    "position_ids": reasons.EXPLICIT_POSITION_IDS,
+    "decoder_position_ids": reasons.EXPLICIT_POSITION_IDS,
+    "assistant_model": reasons.ASSISTED_DECODING,
+    "custom_generate": reasons.CUSTOM_GENERATE,
+    "negative_prompt_ids": reasons.NEGATIVE_PROMPT,
+}
+ENCODER_ARGUMENTS: Mapping[str, str] = {"encoder_outputs": reasons.ENCODER_OUTPUTS}
+
+CACHE_IMPLEMENTATION = "cache_implementation"
+
+
+class GenerationSettings:
+    """Reads a generation setting as `generate` will see it: kwarg, then the passed config, then the model's."""
+
+    def __init__(self, model: Any, generation_config: Any, kwargs: Mapping[str, Any]) -> None:
+        self._configs = [c for c in (generation_config, model.generation_config) if c is not None]
+        self._passed = generation_config
+        self._kwargs = kwargs
+
+    def explicit(self, name: str) -> Any:
+        """The setting if this call asked for it (kwarg or passed config), ignoring the model's defaults."""
+        if name in self._kwargs:
+            return self._kwargs[name]
+        return getattr(self._passed, name, None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._kwargs:
+            return self._kwargs[name]
+        for config in self._configs:
+            value = getattr(config, name, None)
+            if value is not None:
+                return value
+        return None
+
+
+def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False) -> str | None:
+    """The reason for the first refused argument given (not None) in `given`, or None."""
+    for name, reason in REFUSED_ARGUMENTS.items():
+        if given.get(name) is not None:
+            return reason
+    if encoder_keyed:
+        for name, reason in ENCODER_ARGUMENTS.items():
+            if given.get(name) is not None:
+                return reason
+    return None
+
+
+def decoding_problem(config: GenerationSettings) -> str | None:
+    """Why these decoding settings cannot run on one restored cache (beams, several sequences,
+    no cache, assisted decoding), or None."""
+    if (config.num_beams or 1) > 1:
+        return reasons.BEAM_SEARCH
+    if (config.num_return_sequences or 1) > 1:
+        return reasons.NUM_RETURN_SEQUENCES
+    if config.use_cache is False:
+        return reasons.USE_CACHE_FALSE
+    if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+        return reasons.ASSISTED_DECODING
+    return None
+
+
+def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
+    """Why the call's cache implementation rules the store out, or None.
+
+    transformers refuses a passed cache beside any `cache_implementation`, the model's default
+    included (hub configs name one). Those in `served` the hook drops from the call (the working
+    cache is one); a model-default ``"hybrid"`` (Gemma) yields to a passed cache; anything else is
+    another cache and runs cold.
+    """
+    impl = config.cache_implementation
+    if impl is None or impl in served or (impl == "hybrid" and config.explicit(CACHE_IMPLEMENTATION) is None):
+        return None
+    return reasons.with_detail(reasons.CACHE_IMPLEMENTATION, impl)
+
+
+def output_problem(config: GenerationSettings) -> str | None:
+    """Attentions or hidden states asked for: a hit skips the positions (or the encoder) they would cover."""
+    if config.output_attentions:
+        return reasons.OUTPUT_ATTENTIONS
+    if config.output_hidden_states:
+        return reasons.OUTPUT_HIDDEN_STATES
+    return None
+
+
+def ids_problem(ids: Any) -> str | None:
+    """Why `ids` are not one row of integer token ids, or None."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return reasons.NO_INPUT_IDS
+    if ids.shape[0] != 1:
+        return reasons.BATCH_SIZE
+    return None
+
+
+def mask_problem(mask: Any, ids: torch.Tensor) -> str | None:
+    """Why an attention mask for `ids` would change what the key covers (a shape mismatch, padding), or None."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+        return reasons.ATTENTION_MASK_SHAPE
+    if not bool((mask == 1).all()):
+        return reasons.PADDING
+    return None
+
+
+def infers_padding(input_ids: torch.Tensor, config: Any) -> bool:
+    """Whether transformers would infer an attention mask with zeros from pad tokens in the prompt."""
+    pad, eos = config.pad_token_id, config.eos_token_id
+    if pad is None:
+        return False
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    return pad not in eos_ids and bool((input_ids == pad).any())

@@ -1,0 +1,76 @@
+"""Every reason the store gives, in `stats().fallbacks` and logs, for running cold or reusing less.
+
+The strings are what users see and count on; code names them by these constants only. A
+reason with a detail reads ``reason:detail`` (`with_detail`), as in ``model_kwarg:token_type_ids``.
+
+>>> with_detail(MODEL_KWARG, "token_type_ids")
+'model_kwarg:token_type_ids'
+"""
+
+from __future__ import annotations
+
+
+def with_detail(reason: str, detail: object) -> str:
+    """``reason:detail``: a reason naming what caused it (an argument, a class, a model type)."""
+    return f"{reason}:{detail}"
+
+
+# --- the model cannot be served at all (model/profile.py)
+ENCODER_DECODER = "encoder_decoder"  # an encoder-decoder class no family serves
+THINKER_TALKER = "thinker_talker"
+MODULE_STATE = "module_state"  # recurrence kept in module attributes (RecurrentGemma)
+OWN_CACHE_CLASS = "own_cache_class"
+MROPE_POSITIONS = "mrope_positions"  # M-RoPE without an adapter that computes positions
+NO_CACHE_ARGUMENT = "no_cache_argument"
+NO_CACHE_LAYERS = "no_cache_layers"
+UNSUPPORTED_LAYER = "unsupported_layer"  # + ":" + the cache layer class
+CROSS_ATTENTION_LAYER = "cross_attention_layer"  # + ":" + the cache layer class
+# types the support matrix found failing or inexact (model/profile.py names them per type)
+WINDOW_MASK_MISMATCH = "window_mask_mismatch"
+CACHE_LONGER_THAN_PROMPT = "cache_longer_than_prompt"
+NGRAM_CACHE_LAYOUT = "ngram_cache_layout"
+NOT_EXACT = "not_exact"
+
+# --- the call's arguments (integration/refusals.py)
+INPUTS_EMBEDS = "inputs_embeds"
+NO_INPUT_IDS = "no_input_ids"
+NO_INPUT_FEATURES = "no_input_features"
+EMPTY_PROMPT = "empty_prompt"
+BATCH_SIZE = "batch_size"
+PADDING = "padding"
+ATTENTION_MASK_SHAPE = "attention_mask_shape"
+EXPLICIT_POSITION_IDS = "explicit_position_ids"
+ENCODER_OUTPUTS = "encoder_outputs"
+MODEL_KWARG = "model_kwarg"  # + ":" + the kwarg
+ENCODER_KWARG = "encoder_kwarg"  # + ":" + the kwarg
+DECODER_KWARG = "decoder_kwarg"  # + ":" + the kwarg
+ASSISTED_DECODING = "assisted_decoding"
+CUSTOM_GENERATE = "custom_generate"
+NEGATIVE_PROMPT = "negative_prompt"
+BEAM_SEARCH = "beam_search"
+NUM_RETURN_SEQUENCES = "num_return_sequences"
+USE_CACHE_FALSE = "use_cache_false"
+CACHE_IMPLEMENTATION = "cache_implementation"  # + ":" + the implementation
+OUTPUT_ATTENTIONS = "output_attentions"
+OUTPUT_HIDDEN_STATES = "output_hidden_states"
+# Whisper's own settings
+RETURN_TIMESTAMPS = "return_timestamps"
+RETURN_TOKEN_TIMESTAMPS = "return_token_timestamps"
+NO_SPEECH_THRESHOLD = "no_speech_threshold"
+TEMPERATURE_FALLBACK = "temperature_fallback"
+LONG_FORM = "long_form"
+RETURN_SEGMENTS = "return_segments"
+MONITOR_PROGRESS = "monitor_progress"
+WHISPER_SEGMENTS = "whisper_segments"  # the request looped into a second segment: rerun cold
+
+# --- media (multimodal/ and the decoder-only hook)
+MEDIA_INPUTS = "media_inputs"  # + ":" + the model type without an adapter, or the kwarg it does not handle
+MEDIA_BATCH = "media_batch"
+MEDIA_RECURRENT = "media_recurrent"
+MEDIA_PLACEHOLDERS = "media_placeholders"
+UNHASHABLE_MEDIA = "unhashable_media"
+MROPE_BATCH = "mrope_batch"
+PREFIX_LM_BATCH = "prefix_lm_batch"
+
+# --- the request ran, but cold or with less reuse
+OUT_OF_MEMORY = "out_of_memory"

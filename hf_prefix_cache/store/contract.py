@@ -1,0 +1,134 @@
+"""The store's contract with the code that runs the model: the verbs a generation hook uses and what they return.
+
+A hook (`integration/`) sees a store only through `Store`. Per request it asks for the
+current `namespace`, takes a `Lease` on the longest usable stored prefix (restored into a
+fresh working cache), runs the model, gives the lease back with `release`, stores the
+finished sequence with `insert_sequence`, and counts what happened. Every verb is safe to
+call from several threads at once; the store serialises what mutates it.
+
+Modelled on mini-sglang's documented `BasePrefixCache`: match (and pin), insert, release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.model.profile import ModelProfile
+    from hf_prefix_cache.model.states import ItemState, Snapshot
+    from hf_prefix_cache.model.working_cache import WorkingCache
+    from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
+    from hf_prefix_cache.store.sessions import Session
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A stored prefix pinned for one request: its first `cached_len` symbols are in the caller's cache.
+
+    `matched_len` (>= `cached_len`) symbols matched stored ones; `num_items` media item states
+    were restored with the prefix. The pinned entry cannot be evicted or moved until the lease
+    is given back, exactly once, with `Store.release`. `pin` is the store's handle; callers
+    never read it.
+    """
+
+    namespace: str
+    cached_len: int
+    matched_len: int
+    num_items: int
+    pin: Any
+
+
+@dataclass(frozen=True, slots=True)
+class InsertOutcome:
+    """What `Store.insert_sequence` did: `new_tokens` stored, or why nothing was (`skipped`, a reason)."""
+
+    new_tokens: int
+    skipped: str | None = None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a generation hook may ask of a store (implemented by `tree_store.TreeStore`)."""
+
+    model: Any
+    profile: ModelProfile
+    snapshot_interval: int | None
+    encoder_outputs: EncoderOutputs
+
+    def namespace(self) -> str:
+        """The model's current namespace; re-reads the weights probe (mutates only the cached namespace)."""
+        ...
+
+    def has_entries(self, namespace: str) -> bool:
+        """Whether anything is stored under `namespace` (reads only)."""
+        ...
+
+    def new_cache(self) -> WorkingCache:
+        """An empty working cache for this model (mutates nothing)."""
+        ...
+
+    def acquire(
+        self,
+        namespace: str,
+        symbols: Sequence[Hashable],
+        into: WorkingCache,
+        *,
+        limit: int | None = None,
+        spans: Sequence[tuple[int, int]] = (),
+        item_spans: Sequence[tuple[int, int]] = (),
+        batch_size: int = 1,
+    ) -> Lease:
+        """Match `symbols`, pin the matched entry, restore the usable prefix into `into`, return the lease.
+
+        Restores at most `limit` symbols (default: all but the last), never inside one of the
+        media `spans`. Mutates the tree's pins and use clocks, and may move entries between
+        tiers to bring the prefix to the device. On any error nothing stays pinned.
+        """
+        ...
+
+    def release(self, lease: Lease) -> None:
+        """Unpin the lease's entry; a second call does nothing (mutates only the pin count)."""
+        ...
+
+    def insert_sequence(
+        self,
+        namespace: str,
+        symbols: Sequence[Hashable],
+        cache: WorkingCache,
+        snapshots: Sequence[Snapshot] = (),
+        *,
+        row: int | None = None,
+        session: Session | None = None,
+        items: Sequence[ItemState] = (),
+        computed_from: int = 0,
+    ) -> InsertOutcome:
+        """Store `cache`'s states of all of `symbols` (plus earlier `snapshots` and media `items`).
+
+        The cache must hold exactly `len(symbols)` positions. Mutates the tree and may evict or
+        move other entries to stay within the budgets; `session`, when given, pins the new entry.
+        """
+        ...
+
+    def relieve_device(self) -> None:
+        """Move every unpinned entry off the device (after an out-of-memory error)."""
+        ...
+
+    def count_request(
+        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
+    ) -> None:
+        """Count a served request (mutates only counters)."""
+        ...
+
+    def count_fallback(self, reason: str, prompt_len: int, log: bool = True) -> None:
+        """Count a request run cold for `reason` (mutates only counters)."""
+        ...
+
+    def log_fallback(self, reason: str) -> None:
+        """Log a cold run once per reason at WARNING, then at DEBUG."""
+        ...
+
+    def count_reduced_reuse(self, reason: str) -> None:
+        """Count, under `reason`, a served request that reused less than it could have (mutates only counters)."""
+        ...

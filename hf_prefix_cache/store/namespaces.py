@@ -1,0 +1,55 @@
+"""Namespaces: the store's view of which model state its entries belong to.
+
+Entries are stored under a namespace (`keys.namespace.model_namespace`): the model class and
+config, a fingerprint of its weights, its dtype, active adapters and the user's salt. The
+weights probe (`keys.weights.WeightsProbe`) runs on every request and, when it sees the weights
+change, the fingerprint is computed again, so entries of the old weights are never reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from hf_prefix_cache.keys.namespace import model_namespace
+from hf_prefix_cache.keys.weights import WeightsProbe, weights_fingerprint
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+class Namespaces:
+    """The current namespace of one model, recomputed when its dtype, adapters or weights change."""
+
+    def __init__(self, model: Any, salt: str | None) -> None:
+        self._model = model
+        self._salt = salt
+        self._lock = threading.Lock()
+        self._probe = WeightsProbe(model)
+        self._weights = (self._probe.check(), weights_fingerprint(model))
+        self._cached: tuple[Any, str] | None = None
+
+    def current(self) -> str:
+        """The model's namespace now; runs the weights probe (a few microseconds per parameter)."""
+        model = self._model
+        with self._lock:
+            version = self._probe.check()
+            if version != self._weights[0]:
+                self._weights = (version, weights_fingerprint(model))
+            probe = (getattr(model, "dtype", None), self._probe.adapters, self._weights[1])
+            cached = self._cached
+            if cached is None or cached[0] != probe:
+                namespace = model_namespace(model, self._salt, self._weights[1], self._probe.adapters)
+                if cached is not None and cached[1] != namespace:
+                    logger.info(
+                        "the model's weights, dtype or adapters changed: entries stored before are no longer used"
+                    )
+                cached = (probe, namespace)
+                self._cached = cached
+            return cached[1]
+
+    def refingerprint(self) -> None:
+        """Read the weights again now (after an edit the probe cannot see)."""
+        with self._lock:
+            self._weights = (self._probe.check(), weights_fingerprint(self._model))
+            self._cached = None
