@@ -71,6 +71,17 @@ MEDIA_PLACEHOLDERS = "media_placeholders"
 UNHASHABLE_MEDIA = "unhashable_media"
 MROPE_BATCH = "mrope_batch"
 PREFIX_LM_BATCH = "prefix_lm_batch"
+PREFIX_LM = "prefix_lm"  # a prefix-LM prompt the adapter cannot key (no token type marks)
+MEDIA_MIXED_PATCHING = "media_mixed_patching"
+CROSS_ATTENTION_MASK = "cross_attention_mask"  # not the processor's mask (Mllama)
+VISION_SETTINGS = "vision_settings"  # + ":" + the per-call setting that changes how media encode
 
 # --- the request ran, but cold or with less reuse
 OUT_OF_MEMORY = "out_of_memory"
+CROSS_ATTENTION_NEW_IMAGE = "cross_attention_new_image"  # new images end the sharing of a conversation (Mllama)
+REMOTE_UNAVAILABLE = "remote_unavailable"  # the shared tier could not be asked; local tiers served
+
+# --- an insert stored nothing (counted under fallbacks too)
+ENTRY_BELOW_MIN_STORE_LEN = "entry_below_min_store_len"
+NON_FINITE_STATES = "non_finite_states"
+ENTRY_OVER_BUDGET = "entry_over_budget"

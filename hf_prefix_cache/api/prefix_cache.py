@@ -92,7 +92,7 @@ class PrefixCache(TreeStore):
             the model's own cache for long prompts; a prefix then restores only at those points,
             and such a model runs batches and media prompts cold.
         remote: a Redis or Valkey URL (``redis://[user:password@]host:6379/0``, ``rediss://`` for
-            TLS) for a tier shared by processes and machines, below the local ones (see `remote.py`).
+            TLS) for a tier shared by processes and machines, below the local ones (see `storage/remote.py`).
             The server evicts: run it with `maxmemory` and ``maxmemory-policy allkeys-lru``.
         max_remote_bytes: the most bytes one entry may write to the remote tier (None: no limit).
         remote_write: ``"back"`` (default): entries are written when they leave the last local

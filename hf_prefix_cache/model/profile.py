@@ -13,6 +13,7 @@ from typing import Any
 
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
@@ -26,13 +27,14 @@ _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
 # Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
 _COLD_MODEL_TYPES = {
-    "moshi": "window_mask_mismatch",  # full-causal masks over sliding-window cache layers: chunking changes output
-    "cpmant": "cache_longer_than_prompt",  # the cache holds its own prompt positions before the tokens
-    "prophetnet": "ngram_cache_layout",  # some layers hold no positions
+    # full-causal masks over sliding-window cache layers: chunking changes output
+    "moshi": reasons.WINDOW_MASK_MISMATCH,
+    "cpmant": reasons.CACHE_LONGER_THAN_PROMPT,  # the cache holds its own prompt positions before the tokens
+    "prophetnet": reasons.NGRAM_CACHE_LAYOUT,  # some layers hold no positions
     # Tokens or logits (1.2e-4 to 1.3e-2) differ from cold runs on tiny models; cause not yet found.
-    "megatron-bert": "not_exact",
-    "xlm-roberta-xl": "not_exact",
-    "rembert": "not_exact",
+    "megatron-bert": reasons.NOT_EXACT,
+    "xlm-roberta-xl": reasons.NOT_EXACT,
+    "rembert": reasons.NOT_EXACT,
 }
 
 
@@ -89,7 +91,7 @@ def profile_model(
     media = media_adapter_for(model)
     unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
     if unsupported is None and cache_kwarg not in params:
-        unsupported = "no_cache_argument"  # the model keeps no cache (generate rejects one)
+        unsupported = reasons.NO_CACHE_ARGUMENT  # the model keeps no cache (generate rejects one)
     adapters: list[LayerAdapter] = []
     specs: list[tuple[type, dict[str, Any]]] = []
     if unsupported is None:
@@ -101,19 +103,26 @@ def profile_model(
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
             adapter = adapter_for(cls(**kwargs), sliding_window_mode) if cls is not None else None
             if adapter is None:
-                unsupported = f"unsupported_layer:{cls.__name__ if cls is not None else layer_type}"
+                unsupported = reasons.with_detail(
+                    reasons.UNSUPPORTED_LAYER, cls.__name__ if cls is not None else layer_type
+                )
                 adapters, specs = [], []
                 break
             assert cls is not None
             adapters.append(adapter)
             specs.append((cls, dict(kwargs)))
         if unsupported is None and not adapters:
-            unsupported = "no_cache_layers"
+            unsupported = reasons.NO_CACHE_LAYERS
     item_layers = media.item_layers() if media is not None and unsupported is None else ()
     for i in item_layers:
         # Cross-attention layers are plain DynamicLayers holding vision tokens, never sliced by text length.
         if specs[i][0] is not DynamicLayer:
-            unsupported, adapters, specs, item_layers = f"cross_attention_layer:{specs[i][0].__name__}", [], [], ()
+            unsupported, adapters, specs, item_layers = (
+                reasons.with_detail(reasons.CROSS_ATTENTION_LAYER, specs[i][0].__name__),
+                [],
+                [],
+                (),
+            )
             break
         adapters[i] = CrossAttentionAdapter()
     return ModelProfile(
@@ -152,20 +161,20 @@ def _unsupported_reason(
     model: Any, config: Any, model_type: str | None, media: MediaAdapter | None, encoder_family: str | None
 ) -> str | None:
     if getattr(config, "is_encoder_decoder", False) and encoder_family is None:
-        return "encoder_decoder"
+        return reasons.ENCODER_DECODER
     if getattr(model, "thinker", None) is not None:
         # Thinker + talker (Qwen2.5-Omni): the wrapper's generate drives the thinker in its own way.
-        return "thinker_talker"
+        return reasons.THINKER_TALKER
     if model_type in _MODULE_STATE_MODEL_TYPES:
-        return "module_state"
+        return reasons.MODULE_STATE
     if model_type in _COLD_MODEL_TYPES:
         return _COLD_MODEL_TYPES[model_type]
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
     if supports_dynamic is not None and not supports_dynamic():
-        return "own_cache_class"
+        return reasons.OWN_CACHE_CLASS
     # M-RoPE models keep rope_deltas on the instance; reuse needs explicit positions, which only some adapters give.
     inner = getattr(model, "model", None)
     has_rope_index = hasattr(model, "get_rope_index") or (inner is not None and hasattr(inner, "get_rope_index"))
     if has_rope_index and (media is None or not media.has_positions):
-        return "mrope_positions"
+        return reasons.MROPE_POSITIONS
     return None

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
 
 #: Every kwarg that carries media or media bookkeeping for some model in transformers 5.23.
@@ -114,7 +115,7 @@ class MediaAdapter:
             value = kwargs.get(name)
             if value is not None and value != getattr(self.config, name, None):
                 # Items are keyed by content only, so states encoded under other settings must not be reused.
-                return f"vision_settings:{name}"
+                return reasons.with_detail(reasons.VISION_SETTINGS, name)
         if self.marks_kwarg is not None and self._has_media(kwargs):
             # The marks decide positions or attention; the key assumes the processor's, so require them.
             marks = kwargs.get(self.marks_kwarg)
@@ -155,12 +156,12 @@ class MediaAdapter:
     def manual_problem(self, tokens: Sequence[int]) -> str | None:
         """Why `lookup`/`insert` (which key token ids only) cannot serve `tokens` exactly, or None."""
         if self.has_positions:
-            return "mrope_positions"
+            return reasons.MROPE_POSITIONS
         if self.whole_prompt_only:
-            return "prefix_lm"
+            return reasons.PREFIX_LM
         ids = {t for t in self.placeholder_ids() if t is not None}
         if any(t in ids for t in tokens):
-            return "media_placeholders"
+            return reasons.MEDIA_PLACEHOLDERS
         return None
 
     def placeholder_ids(self) -> tuple[int | None, ...]:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import config_token_id
 from hf_prefix_cache.multimodal.llava_next import LlavaNextVideoMedia, equal_split
 
@@ -52,7 +53,7 @@ class LlavaOnevisionMedia(LlavaNextVideoMedia):
 
     def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
         if len(set(self._tiled(kwargs, None))) > 1:
-            return "media_mixed_patching"
+            return reasons.MEDIA_MIXED_PATCHING
         return super().why_cold(tokens, kwargs)
 
     def _tiled(self, kwargs: dict[str, Any], num_images: int | None) -> list[bool]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout
 
@@ -40,7 +41,7 @@ class MllamaMedia(MediaAdapter):
     """Mllama: `pixel_values` `[1, num_images, max_num_tiles, C, H, W]`, one `<|image|>` token per image."""
 
     handled = frozenset({*_PER_IMAGE, "cross_attention_mask"})
-    new_item_reason = "cross_attention_new_image"
+    new_item_reason = reasons.CROSS_ATTENTION_NEW_IMAGE
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         token_id = config_token_id(self.config, "image_token_id", "image_token_index")
@@ -80,8 +81,8 @@ class MllamaMedia(MediaAdapter):
         mask = kwargs.get("cross_attention_mask")
         expected = self.processor_mask(tokens, [int(n) for n in ratio_mask[0].sum(-1).tolist()], ratio_mask.shape[-1])
         if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(expected.shape):
-            return "cross_attention_mask"
-        return None if torch.equal(mask.detach().cpu() != 0, expected) else "cross_attention_mask"
+            return reasons.CROSS_ATTENTION_MASK
+        return None if torch.equal(mask.detach().cpu() != 0, expected) else reasons.CROSS_ATTENTION_MASK
 
     def processor_mask(self, tokens: Sequence[int], num_tiles: list[int], max_num_tiles: int) -> torch.Tensor:
         """The processor's cross-attention mask `[1, L, num_images, max_num_tiles]` (bool) for `tokens`."""

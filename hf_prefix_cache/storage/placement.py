@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
-from hf_prefix_cache.storage.codec import CorruptFileError
 from hf_prefix_cache.storage.disk import DiskTier
-from hf_prefix_cache.storage.segments import Segment, join_kv
+from hf_prefix_cache.storage.remote_chunks import queue_missing_chunks
+from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import (
     DEVICE,
     DISK,
@@ -45,7 +45,7 @@ from hf_prefix_cache.tree.policy import CostAwarePolicy, LRUPolicy
 from hf_prefix_cache.tree.radix import Node, RadixTree
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.storage.remote import ChunkWrite, RemoteTier
+    from hf_prefix_cache.storage.remote import RemoteTier
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -456,75 +456,9 @@ class Placement:
 
     # ------------------------------------------------------------ remote tier
     def write_remote(self, node: Node[Segment]) -> None:
-        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (sent by `RemoteTier.flush`).
-
-        Costs one `EXISTS` round trip; parts of the sequence on disk are read only for missing chunks.
-        """
-        remote = self.remote
-        if remote is None or node.is_root:
-            return
-        symbols = self.tree.symbols_of(node)
-        num_chunks = len(symbols) // remote.chunk_len
-        if num_chunks == 0 or any(type(s) is not int for s in symbols):
-            return
-        namespace = str(node.namespace)
-        missing = remote.missing(namespace, symbols, num_chunks)
-        if not missing:
-            return
-        from hf_prefix_cache.storage.remote import chunk_keys
-
-        chain = chunk_keys(namespace, symbols, remote.chunk_len, num_chunks)
-        path: list[Node[Segment]] = []
-        walk: Node[Segment] | None = node
-        while walk is not None and not walk.is_root:
-            path.append(walk)
-            walk = walk.parent
-        path.reverse()
-        loaded: dict[int, Segment] = {}
-        try:
-            writes = [self._chunk(remote, namespace, symbols, chain, index, path, loaded) for index in missing]
-        except CorruptFileError as exc:
-            logger.warning("not writing a prefix to the remote tier: %s", exc)
-            return
-        remote.queue(writes)
-
-    def _chunk(
-        self,
-        remote: RemoteTier,
-        namespace: str,
-        symbols: Sequence[Hashable],
-        chain: Sequence[str],
-        index: int,
-        path: Sequence[Node[Segment]],
-        loaded: dict[int, Segment],
-    ) -> ChunkWrite:
-        """Chunk `index` of the sequence stored along `path`, gathered from its nodes' segments."""
-        lo, hi = index * remote.chunk_len, (index + 1) * remote.chunk_len
-        pieces = []
-        devices: list[torch.device | None] = [None] * remote.layout.num_layers
-        snapshot = None
-        items = {}
-        for node in path:
-            seg = node.value
-            assert seg is not None
-            if seg.end <= lo or seg.start >= hi:
-                continue
-            if seg.disk is not None:
-                assert self.disk is not None, "a disk segment in a store without a disk tier"
-                if id(node) not in loaded:
-                    loaded[id(node)] = self.disk.load(seg)
-                seg = loaded[id(node)]
-            if seg.run is not None:
-                pieces.append(seg.run.slice(max(lo, seg.start), min(hi, seg.end)))
-                devices = list(seg.run.devices)
-            if seg.start < hi <= seg.end:
-                snapshot = seg.snapshots.get(hi)
-            items.update({n: s for n, s in seg.items.items() if lo < n <= hi})
-        if pieces:
-            keys, values = join_kv(pieces)
-        else:
-            keys = values = [None] * remote.layout.num_layers
-        return remote.encode(namespace, symbols, index, chain, keys, values, devices, snapshot, items)
+        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (sent by `RemoteTier.flush`)."""
+        if self.remote is not None:
+            queue_missing_chunks(self.tree, self.remote, self.disk, node)
 
     def adopt(self, namespace: str, symbols: Sequence[Hashable], hit: Segment) -> bool:
         """Add chunks loaded from the remote tier (host segment `hit`, positions `[lo, hi)` of `symbols`) to the tree.

@@ -50,6 +50,7 @@ import xxhash
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 from hf_prefix_cache.storage.codec import (
     CorruptFileError,
@@ -371,7 +372,7 @@ class RemoteTier:
         if last <= first:
             return RemoteHit()
         if not self.available:
-            return RemoteHit(error="remote_unavailable")
+            return RemoteHit(error=reasons.REMOTE_UNAVAILABLE)
         keys = chunk_keys(namespace, symbols, self.chunk_len, last)
         try:
             pipe = self._client.pipeline(transaction=False)
@@ -382,7 +383,7 @@ class RemoteTier:
             blobs = list(self._client.mget(keys[first : first + stored])) if stored else []
         except self._errors as exc:
             self._failed(exc)
-            return RemoteHit(error="remote_unavailable")
+            return RemoteHit(error=reasons.REMOTE_UNAVAILABLE)
         self._succeeded()
         chunks: list[Segment] = []
         nbytes = 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -23,16 +22,15 @@ import torch
 
 from hf_prefix_cache._compat import check_transformers
 from hf_prefix_cache.model.profile import ModelProfile, profile_model
-from hf_prefix_cache.model.states import ItemState, Snapshot, all_finite, state_tensors
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.multimodal.media import clamp_below_spans
 from hf_prefix_cache.storage.budgets import on_cuda, parse_nbytes
-from hf_prefix_cache.storage.codec import CorruptFileError, Layout
+from hf_prefix_cache.storage.codec import Layout
 from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
 from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.remote import RemoteTier
-from hf_prefix_cache.storage.segments import Segment, best_snapshot, join_kv, kv_pieces, stored_item_states
+from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover
 from hf_prefix_cache.store.contract import InsertOutcome, Lease
 from hf_prefix_cache.store.counters import RequestCounters
@@ -42,28 +40,14 @@ from hf_prefix_cache.store.namespaces import Namespaces
 from hf_prefix_cache.store.observe import PrefillCost, RequestCallback
 from hf_prefix_cache.store.options import RemoteOptions, StoreOptions
 from hf_prefix_cache.store.pins import Pins
+from hf_prefix_cache.store.prefixes import Prefixes, StateDevices
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.stats import CacheStats
 from hf_prefix_cache.tree.policy import make_policy
-from hf_prefix_cache.tree.radix import Node, RadixTree
+from hf_prefix_cache.tree.radix import RadixTree
 
 logger = logging.getLogger("hf_prefix_cache")
-
-# Reasons an insert stores nothing, counted under `fallbacks`.
-ENTRY_BELOW_MIN_STORE_LEN = "entry_below_min_store_len"
-NON_FINITE_STATES = "non_finite_states"
-ENTRY_OVER_BUDGET = "entry_over_budget"
-
-
-class _Pin:
-    """A lease's hold on the deepest node of its matched path (None: nothing matched)."""
-
-    __slots__ = ("node", "released")
-
-    def __init__(self, node: Node[Segment] | None) -> None:
-        self.node = node
-        self.released = False
 
 
 class TreeStore:
@@ -75,10 +59,6 @@ class TreeStore:
         self.profile: ModelProfile = profile_model(model, options.sliding_window_mode, encoder_family)
         self.snapshot_interval = options.snapshot_interval
         self.salt = options.salt
-        self.ttl = options.ttl
-        self.min_store_len = options.min_store_len
-        self.max_entries = options.max_entries
-        self.remote_write = options.remote.write if options.remote is not None else "back"
         self._namespaces = Namespaces(model, options.salt)
         if any(p.is_meta for p in model.parameters()):
             # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
@@ -94,14 +74,14 @@ class TreeStore:
         layout = Layout(
             len(self.profile.adapters), self.profile.kv_layers, self.profile.state_layers, self.profile.item_layers
         )
-        self._state_devices: dict[int, torch.device] = {}
+        devices = StateDevices(getattr(model, "device", None))
         self._placement = Placement(
             self._tree,
             list(options.budgets),
             Mover(pin=cuda, use_streams=cuda),
             DiskTier(options.disk_root, layout) if options.disk_root is not None else None,
             self._policy,
-            self._state_device,
+            devices.get,
             _make_remote(options.remote, layout),
         )
         if options.remote is not None and self.profile.has_state:
@@ -118,7 +98,20 @@ class TreeStore:
         self._pins = Pins(self._tree)
         self._sessions = self._pins.sessions
         self._pressure = PressureMonitor()
-        self._next_expiry = 0.0
+        self._prefixes = Prefixes(
+            self.profile,
+            self._tree,
+            self._placement,
+            devices,
+            self._lock,
+            self._pins,
+            self._requests,
+            self._pressure,
+            ttl=options.ttl,
+            min_store_len=options.min_store_len,
+            max_entries=options.max_entries,
+            remote_write=options.remote.write if options.remote is not None else "back",
+        )
         encoder_budget = self.max_bytes // 8 if self.profile.encoder_family is not None else 0
         self.encoder_outputs = EncoderOutputs(
             options.max_encoder_bytes if options.max_encoder_bytes is not None else encoder_budget
@@ -143,7 +136,27 @@ class TreeStore:
         with self._lock:
             self._placement.budgets[DEVICE] = parse_nbytes(value)
             self._placement.enforce()
-        self._after_unlock(())
+        self._prefixes.after_unlock(())
+
+    @property
+    def ttl(self) -> float | None:
+        """Seconds after which an unused entry is dropped (None: never)."""
+        return self._prefixes.ttl
+
+    @property
+    def min_store_len(self) -> int:
+        """Sequences shorter than this many tokens are not stored."""
+        return self._prefixes.min_store_len
+
+    @property
+    def max_entries(self) -> int | None:
+        """Most entries kept over all tiers (None: no limit)."""
+        return self._prefixes.max_entries
+
+    @property
+    def remote_write(self) -> str:
+        """When entries are written to the remote tier: ``"back"`` or ``"through"``."""
+        return self._prefixes.remote_write
 
     @property
     def budgets(self) -> dict[str, int]:
@@ -188,6 +201,20 @@ class TreeStore:
                 **self._remote_stats(),
             )
 
+    def _remote_stats(self) -> dict[str, int]:
+        remote = self._placement.remote
+        if remote is None:
+            return {}
+        c = remote.counters
+        return {
+            "remote_hits": c.hits,
+            "remote_hit_tokens": c.hit_tokens,
+            "remote_bytes_read": c.bytes_read,
+            "remote_bytes_written": c.bytes_written,
+            "remote_errors": c.errors,
+            "remote_skipped_writes": c.skipped_writes,
+        }
+
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
         with self._lock:
@@ -207,7 +234,7 @@ class TreeStore:
         with self._lock:
             self._pins.clear()
             self._placement.clear()
-        self._after_unlock(())
+        self._prefixes.after_unlock(())
 
     def save(self) -> int:
         """Move every unpinned entry in memory to the disk tier now; returns how many nodes moved.
@@ -223,7 +250,7 @@ class TreeStore:
         with self._lock:
             self._placement.index_disk(self.namespace())
             moved = self._placement.save()
-        self._after_unlock(())
+        self._prefixes.after_unlock(())
         return moved
 
     def namespace(self) -> str:
@@ -253,17 +280,6 @@ class TreeStore:
         self.clear()
         logger.info("invalidated: every stored entry was dropped")
 
-    def has_entries(self, namespace: str) -> bool:
-        """Whether the tree holds anything under `namespace` (disk files are not indexed for this)."""
-        with self._lock:
-            return namespace in self._tree.namespaces()
-
-    def stored_len(self, namespace: str, tokens: Sequence[int]) -> int:
-        """How many leading `tokens` are stored under `namespace` (indexing its disk files first)."""
-        with self._lock:
-            self._placement.index_disk(namespace)
-            return self._tree.match(namespace, tokens).matched_len
-
     # ------------------------------------------------------------------ sessions and pins
     def session(self, name: str) -> Session:
         """The open session called `name` (made on first use): pass it as `past_key_values`.
@@ -278,18 +294,11 @@ class TreeStore:
         with self._lock:
             self._pins.end(session)
             self._placement.enforce()
-        self._after_unlock(())
+        self._prefixes.after_unlock(())
 
     def pin_stored(self, namespace: str, tokens: Sequence[int]) -> bool:
         """Pin the stored prefix `tokens` on the device; False when not all of it is stored."""
-        with self._lock:
-            if self._tree.match(namespace, tokens).matched_len < len(tokens):
-                return False
-            path = self._tree.insert(namespace, tokens, _never_called).path
-            if self._pins.add(namespace, tokens, path[-1]):
-                # A pinned prefix lives on the device; bring back any part that was offloaded.
-                self._placement.bring_to_device(path, len(tokens))
-            return True
+        return self._prefixes.pin_stored(namespace, tokens)
 
     def unpin(self, token_ids: torch.Tensor | Sequence[int]) -> bool:
         """Undo `pin`; returns whether that prefix was pinned."""
@@ -298,7 +307,7 @@ class TreeStore:
             if not self._pins.remove(namespace, tokens):
                 return False
             self._placement.enforce()
-        self._after_unlock(())
+        self._prefixes.after_unlock(())
         return True
 
     # ------------------------------------------------------------------ callbacks
@@ -386,69 +395,14 @@ class TreeStore:
         item_spans: Sequence[tuple[int, int]] = (),
         batch_size: int = 1,
     ) -> Lease:
-        """Match `symbols`, pin the matched path, restore the usable prefix into `into`; see `contract.Store`.
-
-        Restores at most `limit` symbols (default: all but the last, which is fed for its logits),
-        never cutting inside one of the media `spans` (`[start, end)` positions). Media items
-        whose spans are in `item_spans` (prompt order) restore with their stored item states; a
-        prefix is cut before the first such item it holds without one. Entries off the device
-        are brought back first; a disk file found corrupt is dropped and the match retried.
-
-        Raises:
-            torch.OutOfMemoryError: bringing the entry back or restoring it did not fit (nothing stays pinned).
-        """
-        tokens: Sequence[Any] = symbols  # the tree compares any hashable symbols
-        if limit is None:
-            limit = len(tokens) - 1
-        if self._placement.remote is not None:
-            self._fetch_remote(namespace, tokens, limit)
-        pin = _Pin(None)
-        try:
-            while True:
-                with self._lock:
-                    self._maintain(namespace)
-                    match = self._tree.match(namespace, tokens)
-                    restore_len = clamp_below_spans(min(match.matched_len, limit), spans)
-                    if self.profile.has_state:
-                        restore_len, _ = best_snapshot(
-                            [n.value for n in match.path if n.value is not None], restore_len
-                        )
-                    pin = _Pin(match.path[-1] if match.path else None)
-                    if pin.node is not None:
-                        self._tree.lock(pin.node)
-                    try:
-                        segments = self._placement.bring_to_device(match.path, restore_len)
-                    except CorruptFileError as exc:
-                        self._unpin(pin)
-                        self._placement.drop_corrupt(match.path, exc)
-                        continue
-                    snapshot = None
-                    if self.profile.has_state:
-                        found, snapshot = best_snapshot(segments, restore_len)
-                        assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
-                    items: list[ItemState] = []
-                    if item_spans:
-                        assert not self.profile.has_state, "item states are for attention-only models"
-                        restore_len, items = stored_item_states(segments, item_spans, restore_len)
-                    pieces = kv_pieces(segments, restore_len)
-                    calls = self._pressure_calls()
-                break
-            self._after_unlock(calls)
-            # Joining pieces may copy; outside the lock. The views stay valid: a compaction swaps a
-            # run's tensors for new ones and never writes into the old ones.
-            if restore_len:
-                keys, values = join_kv(pieces) if self.profile.has_kv else (None, None)
-                into.restore(restore_len, keys, values, snapshot, batch_size=batch_size, items=items)
-        except BaseException:
-            with self._lock:
-                self._unpin(pin)
-            raise
-        return Lease(namespace, restore_len, match.matched_len, len(items), pin)
+        """Match `symbols`, pin the entry, restore the usable prefix into `into` (see `contract.Store.acquire`)."""
+        return self._prefixes.acquire(
+            namespace, symbols, into, limit=limit, spans=spans, item_spans=item_spans, batch_size=batch_size
+        )
 
     def release(self, lease: Lease) -> None:
         """Unpin the lease's entry; a second call does nothing."""
-        with self._lock:
-            self._unpin(lease.pin)
+        self._prefixes.release(lease)
 
     def insert_sequence(
         self,
@@ -462,89 +416,22 @@ class TreeStore:
         items: Sequence[ItemState] = (),
         computed_from: int = 0,
     ) -> InsertOutcome:
-        """Store the states in `cache` for `symbols` (all of them), plus earlier `snapshots`.
-
-        Positions from `computed_from` on, `snapshots` and `items` were computed by this request:
-        if any of them holds NaN or infinity (a poisoned image, an adapter gone wrong), nothing
-        is stored, since later requests sharing the prefix would inherit it; the skip is counted
-        as `non_finite_states`.
-
-        `row` picks one row of a batched cache; its new tokens are then always copied out,
-        since the batch's tensors hold every row. `session`, when given, pins the stored entry.
-        `items` are media item states, each kept by the node holding its placeholder's end
-        (nodes that already hold one keep theirs).
-        """
-        tokens: Sequence[Any] = symbols
-        length = len(tokens)
-        if length == 0:
-            return InsertOutcome(0)
-        if length < self.min_store_len:
-            return self._skip(ENTRY_BELOW_MIN_STORE_LEN)
-        assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
-        if not self.profile.has_state and not items and self._touch_if_stored(namespace, tokens, session):
-            return InsertOutcome(0)  # an exact repeat: nothing new to capture
-        run = cache.capture_run(length, row) if self.profile.has_kv else None
-        all_snapshots = list(snapshots)
-        if self.profile.has_state:
-            all_snapshots.append(cache.snapshot(length))
-            self._remember_state_devices(all_snapshots[-1])
-            all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
-        if items:
-            self._remember_state_devices(items[0])
-        fresh = run.slice(min(computed_from, length), length) if run is not None else ([], [])
-        if not all_finite([*fresh[0], *fresh[1], *state_tensors(all_snapshots), *state_tensors(items)]):
-            self._requests.log_once(
-                NON_FINITE_STATES,
-                "not storing %d tokens: their states hold NaN or infinity (check the inputs, e.g. pixel values)",
-                length,
-            )
-            return self._skip(NON_FINITE_STATES)
-        nbytes_per_token = run.nbytes_per_token if run is not None else 0
-        with self._lock:
-            self._maintain(namespace)
-            matched_len = self._tree.match(namespace, tokens).matched_len
-            new_nbytes = (
-                (length - matched_len) * nbytes_per_token
-                + sum(s.nbytes for s in all_snapshots)
-                + sum(s.nbytes for s in items if s.length > matched_len)
-            )
-            largest = max(self._placement.budgets)  # it lands on the device, then moves to a tier that holds it
-            if new_nbytes > largest:
-                logger.info(
-                    "not storing %d new tokens (%d bytes): larger than every tier's budget (at most %d)",
-                    length - matched_len,
-                    new_nbytes,
-                    largest,
-                )
-                return self._skip(ENTRY_OVER_BUDGET)
-            result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, nbytes_per_token))
-            if run is not None and result.new_node is not None:
-                run.num_refs += 1
-                self._placement.place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
-            self._placement.attach_states(result.path, all_snapshots, items)
-            self._tree.touch(result.path)
-            if result.new_node is not None:
-                self._placement.settle(result.path)
-                if self.remote_write == "through":
-                    self._placement.write_remote(result.path[-1])
-            if session is not None and result.path:
-                self._pins.hold(session, result.path[-1])
-            self._placement.enforce()
-            if self.max_entries is not None and self._tree.num_leaves > self.max_entries:
-                self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
-            calls = self._pressure_calls()
-        self._after_unlock(calls)
-        if length > result.matched_len:
-            logger.info("prefix cache: stored %d new tokens (%d in all)", length - result.matched_len, length)
-        return InsertOutcome(length - result.matched_len)
+        """Store `cache`'s states of all of `symbols` (see `contract.Store.insert_sequence` and `Prefixes.insert`)."""
+        return self._prefixes.insert(
+            namespace, symbols, cache, snapshots, row=row, session=session, items=items, computed_from=computed_from
+        )
 
     def relieve_device(self) -> None:
         """Move every unpinned entry off the device (after an out-of-memory error)."""
-        with self._lock:
-            self._placement.free_device()
-        self._after_unlock(())
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self._prefixes.relieve_device()
+
+    def has_entries(self, namespace: str) -> bool:
+        """Whether the tree holds anything under `namespace` (disk files are not indexed for this)."""
+        return self._prefixes.has_entries(namespace)
+
+    def stored_len(self, namespace: str, tokens: Sequence[int]) -> int:
+        """How many leading `tokens` are stored under `namespace` (indexing its disk files first)."""
+        return self._prefixes.stored_len(namespace, tokens)
 
     def count_request(
         self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
@@ -567,112 +454,6 @@ class TreeStore:
         self._requests.event(reason)
 
     # ------------------------------------------------------------------ helpers
-    def _unpin(self, pin: _Pin) -> None:
-        """The one place a lease's pin is let go (under the lock)."""
-        if not pin.released:
-            pin.released = True
-            if pin.node is not None:
-                self._tree.unlock(pin.node)
-
-    def _skip(self, reason: str) -> InsertOutcome:
-        self._requests.event(reason)
-        return InsertOutcome(0, skipped=reason)
-
-    def _fetch_remote(self, namespace: str, tokens: Sequence[Any], limit: int) -> None:
-        """On a local miss of at least one whole chunk, load the chunks the remote tier holds into the tree.
-
-        The server is asked outside the lock; a server that cannot be asked is counted as the
-        `remote_unavailable` event and the request goes on with the local tiers.
-        """
-        remote = self._placement.remote
-        assert remote is not None
-        last = min(limit, len(tokens)) // remote.chunk_len
-        if last == 0:
-            return
-        with self._lock:
-            self._maintain(namespace)
-            have = self._tree.match(namespace, tokens).matched_len
-        if have >= last * remote.chunk_len:
-            return
-        hit = remote.fetch(namespace, tokens, have // remote.chunk_len, last, need_snapshot=self.profile.has_state)
-        if hit.error is not None:
-            self.count_reduced_reuse(hit.error)
-        if hit.segment is None or hit.segment.end <= have:
-            return
-        with self._lock:
-            self._placement.adopt(namespace, tokens, hit.segment)
-            calls = self._pressure_calls()
-        self._after_unlock(calls)
-
-    def _remote_stats(self) -> dict[str, int]:
-        remote = self._placement.remote
-        if remote is None:
-            return {}
-        c = remote.counters
-        return {
-            "remote_hits": c.hits,
-            "remote_hit_tokens": c.hit_tokens,
-            "remote_bytes_read": c.bytes_read,
-            "remote_bytes_written": c.bytes_written,
-            "remote_errors": c.errors,
-            "remote_skipped_writes": c.skipped_writes,
-        }
-
-    def _touch_if_stored(self, namespace: str, tokens: Sequence[Any], session: Session | None) -> bool:
-        """If all of `tokens` is stored already, mark it used (and held by `session`) and say so."""
-        with self._lock:
-            self._maintain(namespace)
-            match = self._tree.match(namespace, tokens)
-            if match.matched_len != len(tokens) or not match.path or match.path[-1].end != len(tokens):
-                return False
-            self._tree.touch(match.path)
-            if session is not None:
-                self._pins.hold(session, match.path[-1])
-            return True
-
-    def _maintain(self, namespace: str) -> None:
-        """Index the namespace's disk files on first use; drop expired entries (at most every ttl/8 s)."""
-        self._placement.index_disk(namespace)
-        if self.ttl is None:
-            return
-        now = time.monotonic()
-        if now < self._next_expiry:
-            return
-        self._next_expiry = now + min(self.ttl / 8, 1.0)
-        deadline = now - self.ttl
-        while True:
-            stale = [n for n in self._tree.iter_nodes() if not n.children and n.lock_ref == 0 and n.used_at < deadline]
-            if not stale:
-                return
-            for node in stale:
-                self._placement.drop(node)
-            self._requests.expired(len(stale))
-
-    def _remember_state_devices(self, snap: Snapshot) -> None:
-        if len(self._state_devices) == len(snap.states):
-            return
-        for layer, state in snap.states.items():
-            first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
-            if first is not None:
-                self._state_devices[layer] = first.device
-
-    def _state_device(self, layer: int) -> torch.device | None:
-        return self._state_devices.get(layer, getattr(self.model, "device", None))
-
-    def _after_unlock(self, calls: Sequence[Any]) -> None:
-        """Work kept out of the lock: file deletions, remote writes and pressure callbacks."""
-        if self._placement.disk is not None:
-            self._placement.disk.empty_trash()
-        if self._placement.remote is not None:
-            self._placement.remote.flush()
-        for callback, event in calls:
-            try:
-                callback(event)
-            except Exception:  # an app's callback must not break generation
-                logger.exception("memory-pressure callback failed")
-
-    def _pressure_calls(self) -> list[Any]:
-        return self._pressure.check(TIER_NAMES, self._tree.tier_nbytes, self._placement.budgets)
 
 
 def _save_at_exit(ref: weakref.ref[TreeStore]) -> None:
@@ -682,10 +463,6 @@ def _save_at_exit(ref: weakref.ref[TreeStore]) -> None:
             store.save()
         except Exception:  # at exit, a failed save only loses what was in memory anyway
             logger.exception("could not save the prefix cache to disk at exit")
-
-
-def _never_called(start: int, end: int) -> Segment:
-    raise AssertionError("pin_stored() inserts only what is already stored")
 
 
 def _make_remote(options: RemoteOptions | None, layout: Layout) -> RemoteTier | None:
