@@ -15,6 +15,16 @@ def with_detail(reason: str, detail: object) -> str:
     return f"{reason}:{detail}"
 
 
+def marks_missing(kwarg: str) -> str:
+    """``<kwarg>_missing``: media passed without the processor's token marks (`token_type_ids`, `mm_token_type_ids`)."""
+    return f"{kwarg}_missing"
+
+
+def marks_differ(kwarg: str) -> str:
+    """``<kwarg>``: the token marks passed are not exactly the placeholders the processor marks."""
+    return kwarg
+
+
 # --- the model cannot be served at all (model/profile.py)
 ENCODER_DECODER = "encoder_decoder"  # an encoder-decoder class no family serves
 THINKER_TALKER = "thinker_talker"
@@ -29,7 +39,7 @@ CROSS_ATTENTION_LAYER = "cross_attention_layer"  # + ":" + the cache layer class
 WINDOW_MASK_MISMATCH = "window_mask_mismatch"
 CACHE_LONGER_THAN_PROMPT = "cache_longer_than_prompt"
 NGRAM_CACHE_LAYOUT = "ngram_cache_layout"
-NOT_EXACT = "not_exact"
+BIDIRECTIONAL_ATTENTION = "bidirectional_attention"  # a BERT-style causal LM without config.is_decoder=True
 
 # --- the call's arguments (integration/refusals.py)
 INPUTS_EMBEDS = "inputs_embeds"

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -129,11 +129,31 @@ _SIZES: dict[str, int] = {
 # Token ids moved inside the tiny vocabulary (ids 0-3 are never in the scenario's prompts).
 _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None, "decoder_start_token_id": 1}
 # Per-family overrides, only where the generic shrink fails.
+# Dict values merge into the shrunk sub-config instead of replacing it.
+_MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
 _OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
     "recurrent_gemma": {"num_hidden_layers": 3, "block_types": ["recurrent", "recurrent", "attention"]},
+    # Hybrids whose first layers are all recurrent: one recurrent layer, then one with attention.
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "mamba_headdim": 16},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
+    # M-RoPE sections must add up to half the rotary dimension of the tiny heads (16, or 8 at a 0.5 factor).
+    "qwen2_vl": {"text_config": _MROPE},
+    "qwen2_5_vl": {"text_config": _MROPE},
+    "glm4v": {"text_config": _MROPE},
+    "glm4v_moe": {
+        "text_config": {
+            "rope_parameters": {**_MROPE["rope_parameters"], "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}
+        }
+    },  # fmt: skip
+    "reformer": {"axial_pos_shape": [8, 8], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"]},
 }
+# Calls a model needs before it can generate at all.
+_PREPARE: dict[str, Callable[[Any], None]] = {"xmod": lambda model: model.set_default_language("en_XX")}
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config")
 
 
@@ -204,8 +224,12 @@ def build(model_type: str, auto_class: str) -> Any:
     import torch
     import transformers
 
+    from hf_prefix_cache.model.profile import BIDIRECTIONAL_UNLESS_DECODER
+
     config_cls = transformers.CONFIG_MAPPING[model_type]
-    kwargs = {**_shrunk_kwargs(config_cls()), **_OVERRIDES.get(model_type, {})}
+    kwargs = _merged(_shrunk_kwargs(config_cls()), _OVERRIDES.get(model_type, {}))
+    if model_type in BIDIRECTIONAL_UNLESS_DECODER and auto_class == "AutoModelForCausalLM":
+        kwargs["is_decoder"] = True  # as transformers asks for a standalone causal LM of a BERT-style family
     config = config_cls(**kwargs)
     torch.manual_seed(0)
     auto = getattr(transformers, auto_class)
@@ -214,11 +238,21 @@ def build(model_type: str, auto_class: str) -> Any:
     except (ValueError, ImportError):
         model = auto.from_config(config, dtype=torch.float32)
     model = model.float().eval()
+    if model_type in _PREPARE:
+        _PREPARE[model_type](model)
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, 1
     gen.do_sample, gen.max_length, gen.min_new_tokens = False, None, None
     gen.temperature = gen.top_p = gen.top_k = None
     return model
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` updated by `extra`, dicts merged key by key (a sub-config keeps its shrunk sizes)."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _generate(model: Any, ids: Any, store: Any = None) -> Any:

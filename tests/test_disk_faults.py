@@ -189,16 +189,25 @@ def test_sigkill_while_writing_the_disk_tier_loses_only_unfinished_writes(tmp_pa
             finally:
                 os._exit(0)
         os.close(write)
-        # Time the kill from the child's first finished write, not from the fork: the child's start
-        # (building its model) takes longer than all its writes on an idle machine.
-        ready, _, _ = select.select([read], [], [], 120)
-        assert ready, f"round {round_}: the child wrote nothing in 120 s"
-        first = os.read(read, 64)
-        time.sleep(rng.uniform(0.0, write_seconds * (_ENTRIES - 2)))
+        # Time the kill by the child's own pace, read from its reports: after a random number of
+        # finished writes, a random point inside the next one. (A pace measured in the parent, or
+        # timed from the fork, missed the writes whenever the machine's load changed.)
+        reports = b""
+        stamps: list[float] = []
+        kill_after = rng.randint(1, _ENTRIES - 2)
+        while len(reports.split()) < kill_after:
+            ready, _, _ = select.select([read], [], [], 120)
+            assert ready, f"round {round_}: the child wrote nothing in 120 s"
+            chunk = os.read(read, 64)
+            assert chunk, f"round {round_}: the child exited early"
+            reports += chunk
+            stamps.append(time.perf_counter())
+        per_write = (stamps[-1] - stamps[0]) / max(len(reports.split()) - 1, 1) if len(stamps) > 1 else write_seconds
+        time.sleep(rng.uniform(0.0, min(per_write, write_seconds)))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         with os.fdopen(read, "rb") as f:
-            finished = {int(line) for line in (first + f.read()).split()}
+            finished = {int(line) for line in (reports + f.read()).split()}
         partial_rounds += 0 < len(finished) < _ENTRIES
 
         store = PrefixCache(model, disk_dir=disk, save_on_exit=False, attach=False)

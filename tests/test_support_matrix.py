@@ -57,9 +57,15 @@ def test_row_is_up_to_date(model_type: str) -> None:
         # The cache holds the model's own prompt positions before the tokens: the store raised on insert.
         ("cpmant", "cache_longer_than_prompt"),
         ("xlm", "no_cache_argument"),
-        ("xlm-roberta-xl", "not_exact"),
     ],
 )
 def test_found_by_the_sweep_runs_cold_with_its_reason(model_type: str, reason: str) -> None:
     row = support_matrix.run_row(model_type, SWEPT[model_type])
     assert (row.status, row.detail) == ("cold", f"`{reason}`")
+
+
+@pytest.mark.parametrize("model_type", ["megatron-bert", "xlm-roberta-xl", "rembert"])
+def test_bert_style_types_once_not_exact_are_served_as_decoders(model_type: str) -> None:
+    """They were inexact only because the sweep built them bidirectional (no `is_decoder`); as decoders they are exact."""
+    row = support_matrix.run_row(model_type, SWEPT[model_type])
+    assert row.status == "served", row.line()

@@ -25,16 +25,23 @@ from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 _SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
 # Recurrence kept in module attributes rather than in the Cache object.
 _MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+# Causal-LM classes of BERT-style families whose attention is bidirectional unless `config.is_decoder`
+# is True (transformers 5.23: their __init__ warns about it, or sets it on a copied config).
+# Without it a later token changes every earlier position's states, so no prefix is reusable.
+BIDIRECTIONAL_UNLESS_DECODER = frozenset(
+    {
+        "bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blenderbot", "blenderbot-small",
+        "camembert", "data2vec-text", "electra", "ernie", "marian", "mbart", "megatron-bert", "mvp", "pegasus",
+        "plbart", "prophetnet", "reformer", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer",
+        "trocr", "xlm-roberta", "xlm-roberta-xl", "xmod",
+    }
+)  # fmt: skip
 # Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
 _COLD_MODEL_TYPES = {
     # full-causal masks over sliding-window cache layers: chunking changes output
     "moshi": reasons.WINDOW_MASK_MISMATCH,
     "cpmant": reasons.CACHE_LONGER_THAN_PROMPT,  # the cache holds its own prompt positions before the tokens
     "prophetnet": reasons.NGRAM_CACHE_LAYOUT,  # some layers hold no positions
-    # Tokens or logits (1.2e-4 to 1.3e-2) differ from cold runs on tiny models; cause not yet found.
-    "megatron-bert": reasons.NOT_EXACT,
-    "xlm-roberta-xl": reasons.NOT_EXACT,
-    "rembert": reasons.NOT_EXACT,
 }
 
 
@@ -165,6 +172,9 @@ def _unsupported_reason(
     if getattr(model, "thinker", None) is not None:
         # Thinker + talker (Qwen2.5-Omni): the wrapper's generate drives the thinker in its own way.
         return reasons.THINKER_TALKER
+    decoder_only = not getattr(config, "is_encoder_decoder", False)
+    if decoder_only and model_type in BIDIRECTIONAL_UNLESS_DECODER and not getattr(config, "is_decoder", False):
+        return reasons.BIDIRECTIONAL_ATTENTION
     if model_type in _MODULE_STATE_MODEL_TYPES:
         return reasons.MODULE_STATE
     if model_type in _COLD_MODEL_TYPES:

@@ -120,10 +120,10 @@ class MediaAdapter:
             # The marks decide positions or attention; the key assumes the processor's, so require them.
             marks = kwargs.get(self.marks_kwarg)
             if marks is None:
-                return f"{self.marks_kwarg}_missing"
+                return reasons.marks_missing(self.marks_kwarg)
             expected = self.token_marks(torch.tensor([list(tokens)], dtype=torch.long))
             if not isinstance(marks, torch.Tensor) or not torch.equal(marks.detach().cpu().to(torch.int), expected):
-                return self.marks_kwarg
+                return reasons.marks_differ(self.marks_kwarg)
         return None
 
     def token_marks(self, input_ids: torch.Tensor) -> torch.Tensor:
