@@ -151,6 +151,26 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
         }
     },  # fmt: skip
     "reformer": {"axial_pos_shape": [8, 8], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"]},
+    # Sizes the config leaves unset (None) or derives from others.
+    "nemotron": {"num_key_value_heads": 2},
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "gptj": {"rotary_dim": 8},
+    "codegen": {"rotary_dim": 8},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # KV sharing: the last layer of each kind reuses an earlier one's cache.
+    "gemma3n_text": {
+        "num_hidden_layers": 4,
+        "num_kv_shared_layers": 2,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "activation_sparsity_pattern": [0.0, 0.0, 0.0, 0.0],
+        "intermediate_size": 128,
+    },
+    "ministral": {"head_dim": 16},
+    "zaya": {"num_experts_per_tok": 1},
+    "hunyuan_v1_dense": {"head_dim": 16},
+    "hunyuan_v1_moe": {"head_dim": 16},
 }
 # Calls a model needs before it can generate at all.
 _PREPARE: dict[str, Callable[[Any], None]] = {"xmod": lambda model: model.set_default_language("en_XX")}
@@ -207,6 +227,10 @@ def _shrunk_kwargs(config: Any, depth: int = 0) -> dict[str, Any]:
         for name, value in present.items():
             if isinstance(value, list) and len(value) == old_layers and name != "layer_types":
                 kwargs[name] = value[:new_layers]
+    per_layer = present.get("per_layer_config")
+    if isinstance(per_layer, dict) and isinstance(new_layers, int):
+        # Per-layer settings keyed by layer index: keep those of the layers that remain.
+        kwargs["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < new_layers}
     if isinstance(present.get("sliding_window"), int):
         kwargs["sliding_window"] = 8
     if isinstance(present.get("attention_chunk_size"), int):
