@@ -115,6 +115,7 @@ def test_a_full_disk_keeps_entries_in_memory_and_logs_once(
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
         assert store.stats().entries == len(prompts)
         assert store.stats().evictions == 0
+        assert store.stats().failed_moves >= 1  # counted, not only logged
         for ids in prompts:
             assert_same_as_cold(model, ids, store)
             assert hits.last() == ids.shape[1] - 1

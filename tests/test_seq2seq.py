@@ -458,3 +458,23 @@ def test_random_requests_reuse_exactly_what_the_rules_allow(name: str, requests:
             previous = (source, sequence)
         assert not store.stats().fallbacks, store.stats().fallbacks
         store.check_integrity()
+
+
+@pytest.mark.parametrize("where", ["argument", "model_default"])
+def test_a_dynamic_cache_implementation_is_served(where: str) -> None:
+    """`cache_implementation="dynamic"` (asked for, or the model's default) is what the store runs on: served exactly."""
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=31)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    kwargs = {"cache_implementation": "dynamic"} if where == "argument" else {}
+    saved = model.generation_config.cache_implementation
+    if where == "model_default":
+        model.generation_config.cache_implementation = "dynamic"
+    try:
+        with attached(model) as store:
+            for _ in range(2):
+                same_as_cold(model, store, inputs, decoder_input_ids=prompt, **kwargs)
+            assert store.stats().fallbacks == {}
+            assert store.stats().hit_tokens == prompt.shape[1] - 1
+    finally:
+        model.generation_config.cache_implementation = saved

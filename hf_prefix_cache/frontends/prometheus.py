@@ -13,7 +13,7 @@ Metric names (the prefix defaults to ``hf_prefix_cache``):
 | `<prefix>_hit_tokens_total` | counter | `modality` (text, image, video, audio) |
 | `<prefix>_saved_prefill_flops_total` | counter | (an estimate, see `observe.py`) |
 | `<prefix>_fallbacks_total` | counter | `reason` |
-| `<prefix>_evictions_total`, `_offloads_total`, `_reloads_total` | counter | |
+| `<prefix>_evictions_total`, `_offloads_total`, `_reloads_total`, `_failed_moves_total` | counter | |
 | `<prefix>_bytes` | gauge | `tier` (device, host, disk) |
 | `<prefix>_max_bytes` | gauge | `tier` (0: the tier is off) |
 | `<prefix>_entries` | gauge | |
@@ -67,6 +67,7 @@ class StoreCollector:
         yield counter("evictions", "nodes dropped from the store", s.evictions)
         yield counter("offloads", "nodes moved to a slower tier", s.offloads)
         yield counter("reloads", "nodes brought back to the device for a hit", s.reloads)
+        yield counter("failed_moves", "moves to a slower tier that failed (the entry stayed)", s.failed_moves)
         used = GaugeMetricFamily(f"{p}_bytes", "bytes stored per tier", labels=["tier"])
         budget = GaugeMetricFamily(f"{p}_max_bytes", "byte budget per tier (0: off)", labels=["tier"])
         for tier, n, b in (

@@ -44,6 +44,8 @@ from hf_prefix_cache.store.contract import Store
 # What feeds the encoder, in hashing order; pixel_values only where the model type merges images.
 _ENCODER_KWARGS = ("input_ids", "attention_mask", "pixel_values")
 _PIXEL_MODEL_TYPES = frozenset({"florence2"})
+# Cache implementations served on the working cache (dropped from the call).
+_SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
 # Decoder-side model kwargs the hook handles itself.
 _DECODER_KWARGS = frozenset({"decoder_input_ids", "decoder_attention_mask", "use_cache"})
 
@@ -108,6 +110,10 @@ class Seq2SeqHook:
             extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
             extra.pop("pixel_values", None)  # merged into the stored output already
         extra["past_key_values"] = request
+        settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
+        if settings.cache_implementation:
+            # "dynamic" (or Gemma's default "hybrid"): our EncoderDecoderCache is one; transformers refuses both.
+            extra[refusals.CACHE_IMPLEMENTATION] = None
         try:
             output = self._original(*bound.args, **bound.kwargs)
         finally:
@@ -170,7 +176,7 @@ class Seq2SeqHook:
         # A hit skips the encoder, so its attentions and hidden states would be missing.
         return (
             refusals.decoding_problem(config)
-            or refusals.cache_implementation_problem(config, frozenset())
+            or refusals.cache_implementation_problem(config, _SERVED_IMPLEMENTATIONS)
             or refusals.output_problem(config)
         )
 

@@ -185,7 +185,7 @@ class Placement:
     def reset_counters(self) -> None:
         """Zero the counters `CacheStats` reports as events (`num_snapshots` counts what is held, so it stays)."""
         c = self.counters
-        c.evictions = c.evicted_bytes = c.offloads = c.reloads = c.skipped_files = 0
+        c.evictions = c.evicted_bytes = c.offloads = c.reloads = c.skipped_files = c.failed_moves = 0
         if self.remote is not None:
             self.remote.reset_counters()
 

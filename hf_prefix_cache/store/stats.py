@@ -14,7 +14,8 @@ class CacheStats:
     the total over all tiers; `device_nbytes`, `host_nbytes` and `disk_nbytes` split it.
     `evictions` counts nodes dropped from the store, `offloads` moves to a slower tier,
     `reloads` entries brought back to the device for a hit, `expired` entries dropped by the
-    ttl, `skipped_files` disk files found unusable.
+    ttl, `skipped_files` disk files found unusable, `failed_moves` moves to a slower tier that
+    failed (a full or read-only disk, no host memory), whose entries stayed where they were.
 
     Encoder-decoder models keyed by their encoder input (Whisper) also keep encoder outputs,
     apart from the tree and its tiers: `encoder_entries` of them, `encoder_nbytes` bytes (not
@@ -53,6 +54,7 @@ class CacheStats:
     reloads: int = 0
     expired: int = 0
     skipped_files: int = 0
+    failed_moves: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     encoder_entries: int = 0
     encoder_nbytes: int = 0

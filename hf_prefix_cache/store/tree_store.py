@@ -191,6 +191,7 @@ class TreeStore:
                 reloads=p.reloads,
                 expired=c.expired,
                 skipped_files=p.skipped_files,
+                failed_moves=p.failed_moves,
                 fallbacks=dict(c.fallbacks),
                 encoder_entries=self.encoder_outputs.num_entries,
                 encoder_nbytes=self.encoder_outputs.nbytes,
