@@ -169,6 +169,8 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "ministral": {"head_dim": 16},
     "zaya": {"num_experts_per_tok": 1},
+    # Its own cache sizes the state as if keys and values had one head size (transformers 5.23).
+    "xlstm": {"embedding_dim": 64, "num_blocks": 2, "qk_dim_factor": 1.0},
     "hunyuan_v1_dense": {"head_dim": 16},
     "hunyuan_v1_moe": {"head_dim": 16},
 }
