@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
+    from hf_prefix_cache.storage.placement import Placement
+    from hf_prefix_cache.storage.segments import Segment
+    from hf_prefix_cache.store.counters import Counts
+    from hf_prefix_cache.tree.radix import RadixTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +88,59 @@ class CacheStats:
         from hf_prefix_cache.store.display import stats_html
 
         return stats_html(self)
+
+
+def collect_stats(
+    counts: Counts, tree: RadixTree[Segment], placement: Placement, encoder_outputs: EncoderOutputs
+) -> CacheStats:
+    """A `CacheStats` of the request `counts`, the tree's sizes and the placement's counters (under the lock)."""
+    c = counts
+    p = placement.counters
+    tier_nbytes = tree.tier_nbytes
+    return CacheStats(
+        requests=c.requests,
+        hit_requests=c.hit_requests,
+        prompt_tokens=c.prompt_tokens,
+        hit_tokens=c.hit_tokens,
+        computed_tokens=c.computed_tokens,
+        entries=tree.num_leaves,
+        nodes=tree.num_nodes,
+        nbytes=tree.total_nbytes,
+        max_bytes=placement.budgets[DEVICE],
+        device_nbytes=tier_nbytes[DEVICE],
+        host_nbytes=tier_nbytes[HOST],
+        disk_nbytes=tier_nbytes[DISK],
+        max_host_bytes=placement.budgets[HOST],
+        max_disk_bytes=placement.budgets[DISK],
+        snapshots=p.num_snapshots,
+        evictions=p.evictions,
+        evicted_bytes=p.evicted_bytes,
+        offloads=p.offloads,
+        reloads=p.reloads,
+        expired=c.expired,
+        skipped_files=p.skipped_files,
+        failed_moves=p.failed_moves,
+        fallbacks=dict(c.fallbacks),
+        encoder_entries=encoder_outputs.num_entries,
+        encoder_nbytes=encoder_outputs.nbytes,
+        max_encoder_bytes=encoder_outputs.max_bytes,
+        encoder_hits=encoder_outputs.hits,
+        hit_tokens_by_modality=dict(c.hit_by_modality),
+        saved_prefill_flops=c.saved_prefill_flops,
+        **_remote_stats(placement),
+    )
+
+
+def _remote_stats(placement: Placement) -> dict[str, int]:
+    remote = placement.remote
+    if remote is None:
+        return {}
+    c = remote.counters
+    return {
+        "remote_hits": c.hits,
+        "remote_hit_tokens": c.hit_tokens,
+        "remote_bytes_read": c.bytes_read,
+        "remote_bytes_written": c.bytes_written,
+        "remote_errors": c.errors,
+        "remote_skipped_writes": c.skipped_writes,
+    }

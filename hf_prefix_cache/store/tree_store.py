@@ -31,7 +31,7 @@ from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
 from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
-from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST, TIER_NAMES, Mover
+from hf_prefix_cache.storage.tiers import DEVICE, TIER_NAMES, Mover
 from hf_prefix_cache.store.contract import InsertOutcome, Lease
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
@@ -43,7 +43,7 @@ from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.prefixes import Prefixes, StateDevices
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
 from hf_prefix_cache.store.sessions import Session
-from hf_prefix_cache.store.stats import CacheStats
+from hf_prefix_cache.store.stats import CacheStats, collect_stats
 from hf_prefix_cache.tree.policy import make_policy
 from hf_prefix_cache.tree.radix import RadixTree
 
@@ -166,55 +166,7 @@ class TreeStore:
     def stats(self) -> CacheStats:
         """Counters and current size, as an immutable snapshot."""
         with self._lock:
-            c = self._requests.counts
-            p = self._placement.counters
-            tier_nbytes = self._tree.tier_nbytes
-            return CacheStats(
-                requests=c.requests,
-                hit_requests=c.hit_requests,
-                prompt_tokens=c.prompt_tokens,
-                hit_tokens=c.hit_tokens,
-                computed_tokens=c.computed_tokens,
-                entries=self._tree.num_leaves,
-                nodes=self._tree.num_nodes,
-                nbytes=self._tree.total_nbytes,
-                max_bytes=self.max_bytes,
-                device_nbytes=tier_nbytes[DEVICE],
-                host_nbytes=tier_nbytes[HOST],
-                disk_nbytes=tier_nbytes[DISK],
-                max_host_bytes=self._placement.budgets[HOST],
-                max_disk_bytes=self._placement.budgets[DISK],
-                snapshots=p.num_snapshots,
-                evictions=p.evictions,
-                evicted_bytes=p.evicted_bytes,
-                offloads=p.offloads,
-                reloads=p.reloads,
-                expired=c.expired,
-                skipped_files=p.skipped_files,
-                failed_moves=p.failed_moves,
-                fallbacks=dict(c.fallbacks),
-                encoder_entries=self.encoder_outputs.num_entries,
-                encoder_nbytes=self.encoder_outputs.nbytes,
-                max_encoder_bytes=self.encoder_outputs.max_bytes,
-                encoder_hits=self.encoder_outputs.hits,
-                hit_tokens_by_modality=dict(c.hit_by_modality),
-                saved_prefill_flops=c.saved_prefill_flops,
-                **self._remote_stats(),
-            )
-
-    def _remote_stats(self) -> dict[str, int]:
-        remote = self._placement.remote
-        if remote is None:
-            return {}
-        c = remote.counters
-        return {
-            "remote_hits": c.hits,
-            "remote_hit_tokens": c.hit_tokens,
-            "remote_bytes_read": c.bytes_read,
-            "remote_bytes_written": c.bytes_written,
-            "remote_errors": c.errors,
-            "remote_skipped_writes": c.skipped_writes,
-        }
+            return collect_stats(self._requests.counts, self._tree, self._placement, self.encoder_outputs)
 
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
