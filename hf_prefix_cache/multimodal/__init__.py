@@ -1,8 +1,10 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `mllama`); the base class and shared helpers live in `base`. A family missing here
-runs cold on media inputs, with the reason `media_inputs:<model_type>`.
+`qwen_omni`, `mllama`); the base class and shared helpers live in `base`. Families of the common
+pattern (rows of a media kwarg scattered over placeholders) are rows of `generic_table`, served by
+`generic.GenericMedia`; a tower-specific row there (``"llava/pixtral"``) wins over the family's
+module. A family missing here runs cold on media inputs, with the reason `media_inputs:<model_type>`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
+from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
 from hf_prefix_cache.multimodal.idefics import Idefics3Media
 from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
@@ -41,5 +45,10 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
 
 def media_adapter_for(model: Any) -> MediaAdapter | None:
     """The adapter of `model`'s family, or None when its media cannot be served exactly."""
+    key = generic_key(model.config)
+    if key is not None:
+        # A family declared as data; one whose config breaks the rule's assumptions stays cold.
+        rule = GENERIC_FAMILIES[key]
+        return GenericMedia(model, rule) if rule.fits(model.config) else None
     cls = _ADAPTERS.get(getattr(model.config, "model_type", ""))
     return cls(model) if cls is not None else None

@@ -26,6 +26,7 @@ from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_span
 MEDIA_KWARGS = (
     "pixel_values",
     "pixel_values_videos",
+    "pixel_values_images",
     "image_sizes",
     "image_grid_thw",
     "video_grid_thw",

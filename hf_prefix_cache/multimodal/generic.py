@@ -1,0 +1,193 @@
+"""GenericMedia: one adapter for families whose placeholders take per-item features from a tower.
+
+The common pattern (LLaVA-like): a `generate` kwarg holds the media of a prompt, one item
+per leading row (an image, a tile, a video, an audio chunk); the tower encodes each row on its
+own; the model scatters the features over the placeholder tokens, in order, with causal
+attention. Then a cached prefix may end at any item boundary, and the suffix needs only the
+rows of its own items. What differs between families is data, declared per family in
+`generic_table` as a `FamilyRule`:
+
+* which kwargs hold each kind's rows (`KindRule.data`) and their valid sizes (`KindRule.sizes`);
+* how a row's placeholders are laid out (`KindRule.count`):
+  ``"equal"``: every row of the kind has the same number, so runs of placeholders cut into
+  equal items (adjacent items may share a run);
+  ``"grid"``: Pixtral-style, a row of valid size ``h x w`` is ``h // s`` runs of ``w // s``
+  placeholders, one break token between runs (``s``: `KindRule.stride`), and its item spans
+  from its first placeholder to its last (the breaks inside are hashed with it);
+* which `generate` kwargs change how media are encoded (`FamilyRule.settings`), and which
+  config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
+  adapter and runs cold).
+
+What is hashed is what the model consumes of an item: its row, cropped to its valid size
+(rounded down to whole vision patches) where the processor pads rows to the prompt's largest
+item, plus that size. So one picture keys the same in a one-image and a two-image prompt.
+Positions are plain 1D positions: M-RoPE families keep their own adapters (`qwen_vl`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
+
+#: Placeholder layouts a `KindRule` may declare.
+COUNTS = ("equal", "grid")
+
+
+@dataclass(frozen=True, slots=True)
+class KindRule:
+    """How one media kind of a family reaches `generate` and the prompt.
+
+    `token_id` names the config attributes of the placeholder id (the first int one wins).
+    `data` is the kwarg whose leading rows are the items. `sizes` is the kwarg of each row's
+    valid ``[height, width]`` in pixels, when the processor pads rows per prompt. `stride`
+    (config attribute paths, multiplied) is the pixels per placeholder side of a ``"grid"``
+    kind; `patch` (likewise) the pixels per vision patch, to which a valid size is rounded
+    down before hashing (the tower reads whole patches only).
+    """
+
+    kind: str
+    token_id: tuple[str, ...]
+    data: str
+    count: str = "equal"
+    sizes: str | None = None
+    stride: tuple[str, ...] = ()
+    patch: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyRule:
+    """One family's media, as data: its kinds, its encoding settings and the config it needs.
+
+    `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
+    gets no adapter, so its media run cold (`media_inputs:<model_type>`).
+    """
+
+    kinds: tuple[KindRule, ...]
+    settings: tuple[str, ...] = ()
+    requires: tuple[tuple[str, Any], ...] = ()
+
+    def fits(self, config: Any) -> bool:
+        """Whether `config` has every value this family's pattern relies on."""
+        return all(config_path(config, path) == value for path, value in self.requires)
+
+
+def config_path(config: Any, path: str) -> Any:
+    """The value at a dotted attribute `path` of `config` (``"vision_config.patch_size"``), or None."""
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name, None)
+    return value
+
+
+class GenericMedia(MediaAdapter):
+    """A family served from its `FamilyRule`: rows of per-kind kwargs, each row one item."""
+
+    def __init__(self, model: Any, rule: FamilyRule) -> None:
+        super().__init__(model)
+        self.rule = rule
+        self.handled = frozenset(name for k in rule.kinds for name in (k.data, k.sizes) if name is not None)
+        self.settings = rule.settings
+
+    # ------------------------------------------------------------------ layout
+    def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        equal = super().layout(tokens, kwargs)  # the "equal" kinds, through the base's span assignment
+        if equal is None:
+            return None
+        groups: list[Sequence[MediaItem]] = [equal.items]
+        for rule in self.rule.kinds:
+            if rule.count == "grid":
+                items = self._grid_items(rule, tokens, kwargs)
+                if items is None:
+                    return None
+                groups.append(items)
+        return merge_items(*groups)
+
+    def placeholder_ids(self) -> tuple[int | None, ...]:
+        return tuple(config_token_id(self.config, *rule.token_id) for rule in self.rule.kinds)
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
+        return [self._equal_items(rule, tokens, kwargs) for rule in self.rule.kinds if rule.count == "equal"]
+
+    def _equal_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
+        """Every row of `rule.data` one item, all with the same number of placeholders."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data = kwargs.get(rule.data)
+        if data is None:
+            return (rule.kind, token_id, [], [])
+        if not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        rows = self._rows(rule, data, kwargs)
+        total = sum(b - a for a, b in find_runs(tokens, token_id)) if token_id is not None else 0
+        if rows is None or not rows or total % len(rows):
+            return (rule.kind, None, [], None)
+        return (rule.kind, token_id, rows, [total // len(rows)] * len(rows))
+
+    def _grid_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
+        """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        runs = find_runs(tokens, token_id) if token_id is not None else []
+        data, sizes = kwargs.get(rule.data), kwargs.get(rule.sizes) if rule.sizes is not None else None
+        if data is None:
+            return None if runs else []
+        stride = self._product(rule.stride)
+        rows = self._rows(rule, data, kwargs)
+        if rows is None or stride is None or not isinstance(sizes, torch.Tensor):
+            return None
+        items: list[MediaItem] = []
+        next_run = 0
+        for parts, (height, width) in zip(rows, sizes.tolist(), strict=True):
+            num_rows, num_cols = int(height) // stride, int(width) // stride
+            mine = runs[next_run : next_run + num_rows]
+            if num_rows == 0 or num_cols == 0 or len(mine) != num_rows or any(b - a != num_cols for a, b in mine):
+                return None
+            if any(later[0] - earlier[1] != 1 for earlier, later in zip(mine, mine[1:], strict=False)):
+                return None  # rows of one item are separated by exactly one break token
+            start, end = mine[0][0], mine[-1][1]
+            span_ids = torch.tensor(list(tokens[start:end]), dtype=torch.long)
+            items.append(MediaItem(rule.kind, hash_media(*parts, span_ids), start, end))
+            next_run += num_rows
+        return items if next_run == len(runs) else None
+
+    def _rows(self, rule: KindRule, data: torch.Tensor, kwargs: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """Per row of `data`, the parts hashed for it: the row cropped to its valid size, and that size."""
+        if data.dim() < 1:
+            return None
+        if rule.sizes is None:
+            return [(data[i],) for i in range(data.shape[0])]
+        sizes = kwargs.get(rule.sizes)
+        patch = self._product(rule.patch) or 1
+        if not isinstance(sizes, torch.Tensor) or data.dim() != 4 or tuple(sizes.shape) != (data.shape[0], 2):
+            return None
+        out: list[tuple[Any, ...]] = []
+        for i, (height, width) in enumerate(sizes.tolist()):
+            if not 0 < height <= data.shape[-2] or not 0 < width <= data.shape[-1]:
+                return None
+            # Padding past the valid size never reaches the tower: leave it out of the key.
+            rows, cols = int(height) // patch * patch, int(width) // patch * patch
+            out.append((data[i, :, :rows, :cols], sizes[i]))
+        return out
+
+    def _product(self, paths: tuple[str, ...]) -> int | None:
+        values = [config_path(self.config, path) for path in paths]
+        if not values or not all(isinstance(v, int) and v > 0 for v in values):
+            return None
+        return int(math.prod(values))
+
+    # ------------------------------------------------------------------- resume
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        for rule in self.rule.kinds:
+            data = kwargs.get(rule.data)
+            if data is None:
+                continue
+            k = layout.num_cached(rule.kind, cached_len)
+            keep = k < data.shape[0]
+            set_or_drop(kwargs, rule.data, data[k:], keep)
+            if rule.sizes is not None and kwargs.get(rule.sizes) is not None:
+                set_or_drop(kwargs, rule.sizes, kwargs[rule.sizes][k:], keep)

@@ -1,0 +1,91 @@
+"""The families `GenericMedia` serves: one `FamilyRule` per family, keyed by model type.
+
+A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a family
+(LLaVA with a Pixtral tower); a plain ``"<model_type>"`` key covers the family otherwise.
+Each row was checked against transformers 5.23 (each row of the media kwarg is encoded on its
+own and its features fill its placeholders in order) and is proven exact by
+`tests/test_media_generic.py`. Families left out, and why, are listed in `COLD_FAMILIES`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hf_prefix_cache.multimodal.generic import FamilyRule, KindRule
+
+_IMAGE_ID = ("image_token_id", "image_token_index")
+_VIDEO_ID = ("video_token_id", "video_token_index")
+#: `generate` kwargs of LLaVA-like models that change which tower states become features.
+_LLAVA_SETTINGS = ("vision_feature_layer", "vision_feature_select_strategy")
+
+#: Pixtral tower: images padded to the prompt's largest, `image_sizes` the valid part; the tower
+#: attends within each image only (block-diagonal mask) and reads whole patches.
+_PIXTRAL_PATCH = ("vision_config.patch_size",)
+
+GENERIC_FAMILIES: dict[str, FamilyRule] = {
+    # Mistral 3 (Mistral Small 3.x): Pixtral tower, 2x2 patch merger; [IMG] rows split by [IMG_BREAK].
+    "mistral3": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+    ),
+    # LLaVA with a Pixtral tower (Pixtral-12B): one placeholder per patch, rows split by [IMG_BREAK].
+    # With the "default" strategy the model drops the first patch of all images together: not per item.
+    "llava/pixtral": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=_PIXTRAL_PATCH,
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+        settings=_LLAVA_SETTINGS,
+        requires=(("vision_feature_select_strategy", "full"),),
+    ),
+    # Video-LLaVA: one tower per kind; an image row is a picture, a video row all its frames.
+    "video_llava": FamilyRule(
+        kinds=(
+            KindRule("image", _IMAGE_ID, "pixel_values"),
+            KindRule("video", _VIDEO_ID, "pixel_values_videos"),
+        ),
+        settings=_LLAVA_SETTINGS,
+    ),
+    # Voxtral: each row of `input_features` is one 30 s chunk of mel frames, a fixed number of placeholders.
+    "voxtral": FamilyRule(kinds=(KindRule("audio", ("audio_token_id", "audio_token_index"), "input_features"),)),
+    # InternVL: each row one tile (or video frame) of `image_seq_length` placeholders, pixel-shuffled.
+    "internvl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.
+    "aya_vision": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
+    "llama4": FamilyRule(
+        kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_select_strategy",)
+    ),
+}
+
+#: Families of issue #13 left cold on media, and why (their requests count `media_inputs:<model_type>`).
+COLD_FAMILIES: dict[str, str] = {
+    "lfm2_vl": "media_recurrent: LFM2's conv-state layers make the hook prefill states itself, without media",
+    "gemma3n": "not proven: the vision tower needs timm; KV-sharing text layers and per-layer token inputs",
+}
+
+
+def generic_key(config: Any) -> str | None:
+    """The `GENERIC_FAMILIES` key of a model of `config` (tower-specific first), or None."""
+    model_type = getattr(config, "model_type", "")
+    vision_type = getattr(getattr(config, "vision_config", None), "model_type", None)
+    for key in (f"{model_type}/{vision_type}", model_type):
+        if key in GENERIC_FAMILIES:
+            return key
+    return None

@@ -1,0 +1,342 @@
+"""Tiny models and media of the families `GenericMedia` serves, as the generic media tests build them.
+
+Each family builds a tiny random-weight model from its config classes (float32, eager, seed 0)
+and, per pool seed, one medium: its rows (one per media item the adapter keys: an image, a
+tile, a video, an audio chunk), its placeholder tokens with the family's framing ids, and the
+span of every row's placeholders within them. Framing ids are 110-119, placeholders 120-126;
+generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
+
+* ``mistral3`` / ``llava_pixtral``: Pixtral tower (8x8 patches), images of several sizes padded
+  per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows split by
+  ``[IMG_BREAK]``, ended by ``[IMG_END]`` (Mistral 3 merges 2x2 patches per placeholder).
+* ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
+* ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
+* ``internvl`` / ``aya_vision`` / ``llama4``: one or two tiles of 4 placeholders each, framed
+  as their processors frame them.
+* ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed a video as its processor does: frames as
+  rows of `pixel_values`, each after its timestamp text.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from conftest import generate
+from tiny_models import _finalize
+from tiny_vlms import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build, cached_vlm, tiny_tokenizer
+
+IMG, VID, AUD = 120, 121, 126
+BREAK, END = 112, 113
+SPECIAL_IDS = list(range(100, 128))
+NEW = 5
+
+_PIXTRAL = {
+    "model_type": "pixtral",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "image_size": 64,
+    "patch_size": 8,
+}
+
+
+def tiny_mistral3() -> Any:
+    """Mistral 3: Pixtral tower, 2x2 patch merger: one placeholder per 16x16 pixels."""
+    config = transformers.Mistral3Config(
+        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+        vision_config=_PIXTRAL,
+        image_token_index=IMG,
+        spatial_merge_size=2,
+    )
+    return _build(transformers.Mistral3ForConditionalGeneration, config)
+
+
+def tiny_llava_pixtral(strategy: str = "full") -> Any:
+    """LLaVA with a Pixtral tower: one placeholder per 8x8 patch."""
+    config = transformers.LlavaConfig(
+        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+        vision_config=_PIXTRAL,
+        image_token_index=IMG,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy=strategy,
+    )
+    return _build(transformers.LlavaForConditionalGeneration, config)
+
+
+def tiny_video_llava() -> Any:
+    """Video-LLaVA: CLIP towers; 16 placeholders per image (CLS dropped), 17 per video frame."""
+    config = transformers.VideoLlavaConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMG,
+        video_token_index=VID,
+        vision_feature_layer=-1,
+    )
+    return _build(transformers.VideoLlavaForConditionalGeneration, config)
+
+
+def tiny_voxtral() -> Any:
+    """Voxtral: 40-frame chunks of 16 mel bins, 5 placeholders per chunk."""
+    audio = {
+        "hidden_size": 32,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_mel_bins": 16,
+        "max_source_positions": 20,
+        "vocab_size": 128,
+    }
+    config = transformers.VoxtralConfig(
+        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
+    )
+    return _build(transformers.VoxtralForConditionalGeneration, config)
+
+
+def tiny_internvl() -> Any:
+    """InternVL: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile."""
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": [32, 32],
+        "patch_size": [8, 8],
+    }
+    config = transformers.InternVLConfig(
+        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_id=IMG, image_seq_length=4
+    )
+    return _build(transformers.InternVLForConditionalGeneration, config)
+
+
+def tiny_aya_vision() -> Any:
+    """Aya Vision: SigLIP tower on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile; Cohere 2 text (sliding + full)."""
+    text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    config = transformers.AyaVisionConfig(
+        text_config=text, vision_config=_SIGLIP, image_token_index=IMG, downsample_factor=2
+    )
+    return _build(transformers.AyaVisionForConditionalGeneration, config)
+
+
+def tiny_llama4() -> Any:
+    """Llama 4: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile; chunked (8) + full text layers, MoE."""
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    text = {
+        **_TEXT,
+        "head_dim": 16,
+        "intermediate_size_mlp": 128,
+        "num_local_experts": 2,
+        "interleave_moe_layer_step": 2,
+        "attention_chunk_size": 8,
+        "no_rope_layer_interval": 2,
+        "floor_scale": 4,
+        "rope_parameters": rope,
+    }
+    vision = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vision_output_dim": 64,
+        "image_size": 32,
+        "patch_size": 8,
+        "projector_input_dim": 64,
+        "projector_output_dim": 64,
+        "rope_parameters": rope,
+    }
+    config = transformers.Llama4Config(
+        text_config=text, vision_config=vision, image_token_index=IMG, boi_token_index=110, eoi_token_index=111
+    )
+    torch.manual_seed(0)
+    config._attn_implementation = "eager"
+    # Not `_build`: its float32 cast would drop the imaginary part of the vision tower's complex rotary buffer.
+    return _finalize_in_place(transformers.Llama4ForConditionalGeneration(config).eval())
+
+
+def _finalize_in_place(model: Any) -> Any:
+    """`tiny_models._finalize` without the dtype cast (the model is built in float32 already)."""
+    buffers = {name: b.clone() for name, b in model.named_buffers() if b.is_complex()}
+    model = _finalize(model)
+    for name, buffer in buffers.items():
+        module_name, _, leaf = name.rpartition(".")
+        model.get_submodule(module_name)._buffers[leaf] = buffer
+    return model
+
+
+_BUILDERS = {
+    "mistral3": tiny_mistral3,
+    "llava_pixtral": tiny_llava_pixtral,
+    "video_llava": tiny_video_llava,
+    "voxtral": tiny_voxtral,
+    "internvl": tiny_internvl,
+    "aya_vision": tiny_aya_vision,
+    "llama4": tiny_llama4,
+}
+#: Families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
+GENERIC_FAMILIES = (*_BUILDERS, "smolvlm_video")
+#: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
+PIXTRAL = ("mistral3", "llava_pixtral")
+
+
+@functools.cache
+def pixtral_processor(spatial_merge_size: int) -> Any:
+    """The real `PixtralProcessor` (PIL image processor, images up to 64x64) with the tiny tokenizer: [IMG] is 120.
+
+    Its module imports one size helper from the torchvision image processor (torchvision is not
+    installed here); the PIL module's identical helper stands in for it.
+    """
+    from transformers.models.pixtral import image_processing_pil_pixtral
+
+    shim = types.ModuleType("transformers.models.pixtral.image_processing_pixtral")
+    shim.get_resize_output_image_size = image_processing_pil_pixtral.get_resize_output_image_size  # type: ignore[attr-defined]
+    sys.modules.setdefault(shim.__name__, shim)
+    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+
+    image_processor = transformers.PixtralImageProcessorPil(patch_size=8, size={"longest_edge": 64})
+    return PixtralProcessor(
+        image_processor=image_processor,
+        tokenizer=tiny_tokenizer(["[IMG]", "[IMG_BREAK]", "[IMG_END]"]),
+        patch_size=8,
+        spatial_merge_size=spatial_merge_size,
+    )
+
+
+@functools.cache
+def cached_generic(name: str) -> Any:
+    """One model per family per session."""
+    return cached_vlm("smolvlm") if name == "smolvlm_video" else _BUILDERS[name]()
+
+
+def _rand(seed: int, *shape: int) -> torch.Tensor:
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One medium: its kind, its rows (one per keyed item), its placeholder tokens and each row's span in them."""
+
+    kind: str
+    rows: tuple[torch.Tensor, ...]
+    tokens: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+
+
+def _grid_tokens(rows: int, cols: int) -> tuple[list[int], tuple[int, int]]:
+    """Pixtral placeholders: `rows` runs of `cols` [IMG], [IMG_BREAK] between, [IMG_END] last; span of the item."""
+    tokens: list[int] = []
+    for _ in range(rows):
+        tokens += [IMG] * cols + [BREAK]
+    tokens[-1] = END
+    return tokens, (0, len(tokens) - 1)
+
+
+class GenericFamily:
+    """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = cached_generic(name)
+
+    def medium(self, seed: int) -> Medium:
+        """Pool medium `seed`: sizes, tile or chunk counts and kinds vary with the seed (seeds 1 and 13 agree)."""
+        name, shape = self.name, seed % 3
+        if name in PIXTRAL:
+            stride = 16 if name == "mistral3" else 8
+            height, width = [(2, 3), (3, 2), (2, 2)][shape]
+            tokens, span = _grid_tokens(height, width)
+            return Medium("image", (_rand(seed, 3, height * stride, width * stride),), tuple(tokens), (span,))
+        if name == "video_llava":
+            if seed % 2:
+                return Medium("video", (_rand(seed, 2, 3, 32, 32),), (VID,) * 34, ((0, 34),))
+            return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
+        count = 2 if shape == 2 else 1  # tiles, chunks or frames
+        if name == "voxtral":
+            rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
+            return Medium("audio", rows, (110, *[AUD] * 5 * count), tuple((1 + 5 * i, 6 + 5 * i) for i in range(count)))
+        tiles = tuple(_rand(seed * 7 + i, 3, 32, 32) for i in range(count))
+        if name == "internvl":
+            return Medium(
+                "image", tiles, (110, *[IMG] * 4 * count, 111), tuple((1 + 4 * i, 5 + 4 * i) for i in range(count))
+            )
+        if name == "aya_vision":
+            tokens = [110, *[t for _ in range(count) for t in (111, *[IMG] * 4)], 112]
+            return Medium("image", tiles, tuple(tokens), tuple((2 + 5 * i, 6 + 5 * i) for i in range(count)))
+        if name == "llama4":
+            # Local tiles (x-separated, then a y-separator), then <|image|> and the global tile.
+            local = [t for _ in range(count - 1) for t in (*[IMG] * 4, 111)] + ([112] if count > 1 else [])
+            tokens = [110, *local, 113, *[IMG] * 4, 114]
+            starts = [1 + 5 * i for i in range(count - 1)] + [len(tokens) - 5]
+            return Medium("image", tiles, tuple(tokens), tuple((s, s + 4) for s in starts))
+        # SmolVLM video: each frame after its timestamp text, framed by fake-image ids.
+        frames = (*tiles, _rand(seed * 7 + 5, 3, 32, 32))
+        tokens, spans = [], []
+        for f in range(len(frames)):
+            tokens += [9, 10 + f, FAKE_IMAGE_ID]
+            spans.append((len(tokens), len(tokens) + 4))
+            tokens += [IMG] * 4 + [FAKE_IMAGE_ID]
+        return Medium("video", frames, tuple(tokens), tuple(spans))
+
+    def placeholders(self, medium: Medium) -> torch.Tensor:
+        return torch.tensor([list(medium.tokens)])
+
+    def kwargs(self, media: list[Medium]) -> dict[str, Any]:
+        """What the family's processor hands `generate` for `media` in prompt order."""
+        if not media:
+            return {}
+        if self.name in PIXTRAL:
+            images = [m.rows[0] for m in media]
+            height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
+            padded = torch.zeros(len(images), 3, height, width)
+            for k, image in enumerate(images):
+                padded[k, :, : image.shape[1], : image.shape[2]] = image
+            sizes = torch.tensor([list(i.shape[1:]) for i in images])
+            return {"pixel_values": padded, "image_sizes": sizes}
+        if self.name == "video_llava":
+            out: dict[str, Any] = {}
+            for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+                rows = [m.rows[0] for m in media if m.kind == kind]
+                if rows:
+                    out[name] = torch.stack(rows)
+            return out
+        rows = torch.stack([row for m in media for row in m.rows])
+        if self.name == "voxtral":
+            return {"input_features": rows}
+        if self.name == "smolvlm_video":
+            return {"pixel_values": rows[None]}
+        return {"pixel_values": rows}
+
+    def towers(self) -> list[Any]:
+        if self.name == "llama4":
+            return [self.model.vision_model]
+        inner = self.model.model
+        names = {
+            "video_llava": ["image_tower", "video_tower"],
+            "voxtral": ["audio_tower"],
+            "smolvlm_video": ["vision_model"],
+        }
+        return [getattr(inner, n) for n in names.get(self.name, ["vision_tower"])]
+
+    def encoded(self, ids: torch.Tensor, media: list[Medium], store: Any = None) -> int:
+        """Run `ids` (through `store` if given); return how many rows (images, tiles, frames, chunks) the towers saw."""
+        seen: list[int] = []
+
+        def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
+            first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+            seen.append(int(first.shape[0]))
+
+        handles = [tower.register_forward_hook(record, with_kwargs=True) for tower in self.towers()]
+        extra = {"past_key_values": store} if store is not None else {}
+        try:
+            generate(self.model, ids, NEW, suppress_tokens=SPECIAL_IDS, **extra, **self.kwargs(media))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return sum(seen)
