@@ -136,6 +136,27 @@ def test_pixtral_padding_per_prompt_keeps_an_image_key(name: str) -> None:
         store.detach()
 
 
+@pytest.mark.parametrize("name", PIXTRAL)
+def test_pixtral_padding_content_is_not_keyed_and_not_consumed(name: str) -> None:
+    """Noise where a processor pads (past `image_sizes`) changes neither the key nor the answer."""
+    fam = GenericFamily(name)
+    store = PrefixCache(fam.model)
+    hits = Hits(store)
+    try:
+        small, large = fam.medium(2), fam.medium(0)  # 2x2 and 2x3 placeholders: the small one is padded
+        ids = torch.cat([text(3, 1), fam.placeholders(small), text(2, 2), fam.placeholders(large), text(4, 3)], dim=1)
+        kwargs = fam.kwargs([small, large])
+        _check_kwargs(fam, ids, kwargs, store)
+        noisy = kwargs["pixel_values"].clone()
+        height, width = kwargs["image_sizes"][0].tolist()
+        assert width < noisy.shape[-1]
+        noisy[0, :, :, width:] = torch.rand(noisy.shape[1], noisy.shape[2], noisy.shape[3] - width)
+        _check_kwargs(fam, ids, {**kwargs, "pixel_values": noisy}, store)
+        assert hits.last() == ids.shape[1] - 1
+    finally:
+        store.detach()
+
+
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
