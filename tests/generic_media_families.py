@@ -6,13 +6,15 @@ tile, a video, an audio chunk), its placeholder tokens with the family's framing
 span of every row's placeholders within them. Framing ids are 110-119, placeholders 120-126;
 generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 
-* ``mistral3`` / ``llava_pixtral``: Pixtral tower (8x8 patches), images of several sizes padded
-  per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows split by
-  ``[IMG_BREAK]``, ended by ``[IMG_END]`` (Mistral 3 merges 2x2 patches per placeholder).
+* ``mistral3`` / ``lighton_ocr`` / ``llava_pixtral``: Pixtral tower (8x8 patches), images of
+  several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
+  split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
+* ``vipllava`` / ``deepseek_vl``: 16 placeholders per image, no framing.
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
-* ``internvl`` / ``aya_vision`` / ``llama4``: one or two tiles of 4 placeholders each, framed
-  as their processors frame them.
+* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aya_vision`` / ``llama4``:
+  one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
+  (Aya Vision and Llama 4 as their processors frame tiles).
 * ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed a video as its processor does: frames as
   rows of `pixel_values`, each after its timestamp text.
 """
@@ -171,6 +173,81 @@ def _finalize_in_place(model: Any) -> Any:
     return model
 
 
+def tiny_lighton_ocr() -> Any:
+    """LightOnOCR: Mistral 3's Pixtral tower and 2x2 patch merger, Qwen 3 text."""
+    config = transformers.LightOnOcrConfig(
+        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=_PIXTRAL, image_token_id=IMG
+    )
+    return _build(transformers.LightOnOcrForConditionalGeneration, config)
+
+
+def tiny_vipllava() -> Any:
+    """VipLLaVA: features of two CLIP layers, 16 placeholders per image."""
+    config = transformers.VipLlavaConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMG,
+        vision_feature_layer=[-1, -2],
+    )
+    return _build(transformers.VipLlavaForConditionalGeneration, config)
+
+
+def tiny_cohere2_vision() -> Any:
+    """Cohere 2 Vision: SigLIP on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile."""
+    text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    config = transformers.Cohere2VisionConfig(
+        text_config=text, vision_config=_SIGLIP, image_token_id=IMG, alignment_intermediate_size=64
+    )
+    return _build(transformers.Cohere2VisionForConditionalGeneration, config)
+
+
+def tiny_got_ocr2() -> Any:
+    """GOT-OCR 2: a SAM-style tower (windowed and global attention) on 64x64 images: 4 placeholders each."""
+    vision = {
+        "hidden_size": 32,
+        "output_channels": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 64,
+        "patch_size": 8,
+        "window_size": 4,
+        "global_attn_indexes": [1],
+        "mlp_dim": 64,
+    }
+    config = transformers.GotOcr2Config(
+        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_index=IMG
+    )
+    return _build(transformers.GotOcr2ForConditionalGeneration, config)
+
+
+def tiny_deepseek_vl() -> Any:
+    """DeepSeek-VL: SigLIP tower, 16 placeholders per 32x32 image."""
+    config = transformers.DeepseekVLConfig(
+        text_config={**_TEXT, "model_type": "llama"}, vision_config=_SIGLIP, image_token_id=IMG
+    )
+    return _build(transformers.DeepseekVLForConditionalGeneration, config)
+
+
+def tiny_qianfan_ocr() -> Any:
+    """Qianfan-OCR: InternVL's layout, Qwen 3 text: 4 placeholders per tile."""
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": [32, 32],
+        "patch_size": [8, 8],
+    }
+    config = transformers.QianfanOCRConfig(
+        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+        vision_config=vision,
+        image_token_id=IMG,
+        image_seq_length=4,
+    )
+    return _build(transformers.QianfanOCRForConditionalGeneration, config)
+
+
 _BUILDERS = {
     "mistral3": tiny_mistral3,
     "llava_pixtral": tiny_llava_pixtral,
@@ -179,11 +256,21 @@ _BUILDERS = {
     "internvl": tiny_internvl,
     "aya_vision": tiny_aya_vision,
     "llama4": tiny_llama4,
+    "lighton_ocr": tiny_lighton_ocr,
+    "vipllava": tiny_vipllava,
+    "cohere2_vision": tiny_cohere2_vision,
+    "got_ocr2": tiny_got_ocr2,
+    "deepseek_vl": tiny_deepseek_vl,
+    "qianfan_ocr": tiny_qianfan_ocr,
 }
 #: Families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
 GENERIC_FAMILIES = (*_BUILDERS, "smolvlm_video")
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
-PIXTRAL = ("mistral3", "llava_pixtral")
+PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr")
+#: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
+PLAIN = ("vipllava", "deepseek_vl")
+#: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
+FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2")
 
 
 @functools.cache
@@ -249,10 +336,12 @@ class GenericFamily:
         """Pool medium `seed`: sizes, tile or chunk counts and kinds vary with the seed (seeds 1 and 13 agree)."""
         name, shape = self.name, seed % 3
         if name in PIXTRAL:
-            stride = 16 if name == "mistral3" else 8
+            stride = 8 if name == "llava_pixtral" else 16
             height, width = [(2, 3), (3, 2), (2, 2)][shape]
             tokens, span = _grid_tokens(height, width)
             return Medium("image", (_rand(seed, 3, height * stride, width * stride),), tuple(tokens), (span,))
+        if name in PLAIN:
+            return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
         if name == "video_llava":
             if seed % 2:
                 return Medium("video", (_rand(seed, 2, 3, 32, 32),), (VID,) * 34, ((0, 34),))
@@ -261,8 +350,9 @@ class GenericFamily:
         if name == "voxtral":
             rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
             return Medium("audio", rows, (110, *[AUD] * 5 * count), tuple((1 + 5 * i, 6 + 5 * i) for i in range(count)))
-        tiles = tuple(_rand(seed * 7 + i, 3, 32, 32) for i in range(count))
-        if name == "internvl":
+        side = 64 if name == "got_ocr2" else 32
+        tiles = tuple(_rand(seed * 7 + i, 3, side, side) for i in range(count))
+        if name in FRAMED_TILES:
             return Medium(
                 "image", tiles, (110, *[IMG] * 4 * count, 111), tuple((1 + 4 * i, 5 + 4 * i) for i in range(count))
             )
@@ -321,6 +411,8 @@ class GenericFamily:
             "video_llava": ["image_tower", "video_tower"],
             "voxtral": ["audio_tower"],
             "smolvlm_video": ["vision_model"],
+            "deepseek_vl": ["vision_model"],
+            "lighton_ocr": ["vision_encoder"],
         }
         return [getattr(inner, n) for n in names.get(self.name, ["vision_tower"])]
 

@@ -114,7 +114,7 @@ def test_exact_repeat_encodes_nothing(family: tuple[GenericFamily, PrefixCache])
 def test_pixtral_padding_per_prompt_keeps_an_image_key(name: str) -> None:
     """The real Pixtral processor pads turn 2's first image to its larger second one: the first still matches."""
     fam = GenericFamily(name)
-    processor = pixtral_processor(spatial_merge_size=2 if name == "mistral3" else 1)
+    processor = pixtral_processor(spatial_merge_size=1 if name == "llava_pixtral" else 2)
     small, large = pil_image(0, 32, 16), pil_image(1, 48, 64)
     store = PrefixCache(fam.model)
     hits = Hits(store)

@@ -54,6 +54,20 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         settings=_LLAVA_SETTINGS,
         requires=(("vision_feature_select_strategy", "full"),),
     ),
+    # LightOnOCR: Mistral 3's layout (Pixtral tower, patch merger, [IMG] rows split by [IMG_BREAK]).
+    "lighton_ocr": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+    ),
     # Video-LLaVA: one tower per kind; an image row is a picture, a video row all its frames.
     "video_llava": FamilyRule(
         kinds=(
@@ -68,6 +82,16 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "internvl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
     # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.
     "aya_vision": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # Cohere 2 Vision: Aya Vision's tiles, pixel-shuffled per tile.
+    "cohere2_vision": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # Qianfan-OCR: InternVL's tiles.
+    "qianfan_ocr": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # VipLLaVA: LLaVA with features from several tower layers; one row per image.
+    "vipllava": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_layer",)),
+    # GOT-OCR 2: a SAM-style tower per image, a fixed number of placeholders each.
+    "got_ocr2": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
+    "deepseek_vl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
     "llama4": FamilyRule(
         kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_select_strategy",)
