@@ -15,8 +15,10 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aya_vision`` / ``llama4``:
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
   (Aya Vision and Llama 4 as their processors frame tiles).
-* ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed a video as its processor does: frames as
-  rows of `pixel_values`, each after its timestamp text.
+* ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed one video per prompt as its processors
+  do: frames as rows of `pixel_values` with their `pixel_attention_mask`, each frame after its
+  timestamp text and framed like an image. (Several videos of one prompt are padded to one
+  frame count; that adapter runs such prompts cold.)
 """
 
 from __future__ import annotations
@@ -369,7 +371,7 @@ class GenericFamily:
         frames = (*tiles, _rand(seed * 7 + 5, 3, 32, 32))
         tokens, spans = [], []
         for f in range(len(frames)):
-            tokens += [9, 10 + f, FAKE_IMAGE_ID]
+            tokens += [9, 10 + f, FAKE_IMAGE_ID, 111]  # timestamp text, fake-image and global-image ids
             spans.append((len(tokens), len(tokens) + 4))
             tokens += [IMG] * 4 + [FAKE_IMAGE_ID]
         return Medium("video", frames, tuple(tokens), tuple(spans))
@@ -400,7 +402,9 @@ class GenericFamily:
         if self.name == "voxtral":
             return {"input_features": rows}
         if self.name == "smolvlm_video":
-            return {"pixel_values": rows[None]}
+            # The video processor's frames of one video, and its padding mask (all valid: one video per prompt).
+            mask = torch.ones(1, rows.shape[0], *rows.shape[2:], dtype=torch.bool)
+            return {"pixel_values": rows[None], "pixel_attention_mask": mask}
         return {"pixel_values": rows}
 
     def towers(self) -> list[Any]:
