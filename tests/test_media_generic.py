@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from tiny_vlms import pil_image, text
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
 
@@ -273,6 +274,19 @@ def test_random_conversations_reuse_exactly_what_the_rules_allow(name: str, conv
         store.check_integrity()
     finally:
         store.detach()
+
+
+@pytest.mark.parametrize("name", ["mistral3", "internvl"])
+def test_media_not_in_one_tensor_are_not_keyed(name: str) -> None:
+    """Rows passed as a list of tensors raise `UnhashableMediaError` (the hook then runs cold: `unhashable_media`)."""
+    fam = GenericFamily(name)
+    adapter = media_adapter_for(fam.model)
+    assert adapter is not None
+    m1 = fam.medium(1)
+    kwargs = fam.kwargs([m1])
+    kwargs["pixel_values"] = list(kwargs["pixel_values"])
+    with pytest.raises(UnhashableMediaError):
+        adapter.layout(fam.placeholders(m1)[0].tolist(), kwargs)
 
 
 def test_placeholder_ids_are_the_families_media_ids() -> None:

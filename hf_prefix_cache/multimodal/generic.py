@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
@@ -130,12 +131,18 @@ class GenericMedia(MediaAdapter):
         return (rule.kind, token_id, rows, [total // len(rows)] * len(rows))
 
     def _grid_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
-        """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs."""
+        """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs.
+
+        Raises:
+            UnhashableMediaError: when the rows are not one tensor (a list of images, say).
+        """
         token_id = config_token_id(self.config, *rule.token_id)
         runs = find_runs(tokens, token_id) if token_id is not None else []
         data, sizes = kwargs.get(rule.data), kwargs.get(rule.sizes) if rule.sizes is not None else None
         if data is None:
             return None if runs else []
+        if not isinstance(data, torch.Tensor):
+            raise UnhashableMediaError(f"{rule.data} must be one tensor, not {type(data).__name__}")
         stride = self._product(rule.stride)
         rows = self._rows(rule, data, kwargs)
         if rows is None or stride is None or not isinstance(sizes, torch.Tensor):
