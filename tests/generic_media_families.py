@@ -10,7 +10,7 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
   split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
-* ``vipllava`` / ``deepseek_vl``: 16 placeholders per image, no framing.
+* ``deepseek_vl``: 16 placeholders per image, no framing.
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aya_vision`` / ``llama4``:
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
@@ -183,17 +183,6 @@ def tiny_lighton_ocr() -> Any:
     return _build(transformers.LightOnOcrForConditionalGeneration, config)
 
 
-def tiny_vipllava() -> Any:
-    """VipLLaVA: features of two CLIP layers, 16 placeholders per image."""
-    config = transformers.VipLlavaConfig(
-        text_config={**_TEXT, "model_type": "llama"},
-        vision_config=_CLIP,
-        image_token_index=IMG,
-        vision_feature_layer=[-1, -2],
-    )
-    return _build(transformers.VipLlavaForConditionalGeneration, config)
-
-
 def tiny_cohere2_vision() -> Any:
     """Cohere 2 Vision: SigLIP on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile."""
     text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
@@ -259,7 +248,6 @@ _BUILDERS = {
     "aya_vision": tiny_aya_vision,
     "llama4": tiny_llama4,
     "lighton_ocr": tiny_lighton_ocr,
-    "vipllava": tiny_vipllava,
     "cohere2_vision": tiny_cohere2_vision,
     "got_ocr2": tiny_got_ocr2,
     "deepseek_vl": tiny_deepseek_vl,
@@ -270,7 +258,7 @@ GENERIC_FAMILIES = (*_BUILDERS, "smolvlm_video")
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
 PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
-PLAIN = ("vipllava", "deepseek_vl")
+PLAIN = ("deepseek_vl",)
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
 FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2")
 

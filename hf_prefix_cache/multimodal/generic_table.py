@@ -86,8 +86,6 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "cohere2_vision": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # Qianfan-OCR: InternVL's tiles.
     "qianfan_ocr": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
-    # VipLLaVA: LLaVA with features from several tower layers; one row per image.
-    "vipllava": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_layer",)),
     # GOT-OCR 2: a SAM-style tower per image, a fixed number of placeholders each.
     "got_ocr2": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
@@ -98,10 +96,19 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     ),
 }
 
-#: Families of issue #13 left cold on media, and why (their requests count `media_inputs:<model_type>`).
+#: Families of the common pattern left cold on media, and why (their media requests count
+#: `media_inputs:<model_type>`). Documentation as data: nothing reads it at run time.
 COLD_FAMILIES: dict[str, str] = {
-    "lfm2_vl": "media_recurrent: LFM2's conv-state layers make the hook prefill states itself, without media",
-    "gemma3n": "not proven: the vision tower needs timm; KV-sharing text layers and per-layer token inputs",
+    # The hook prefills stateful prompts itself, in chunks fed token ids only, and refuses media on
+    # such models (`media_recurrent`); serving them needs media rows fed to those chunks.
+    "lfm2_vl": "conv-state text layers (LFM2): the hook's state prefill takes no media",
+    # Its vision tower is a timm model (timm is not a dependency, so the tiny model cannot be built
+    # for a test), its text layers share keys/values across layers and take per-layer inputs.
+    "gemma3n": "not proven: timm vision tower, KV-sharing text layers",
+    # Fits the pattern: a pixel_values row with the `vision_feature_layer` setting passed the generic
+    # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
+    # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
+    "vipllava": "kept as the suite's example of an unserved family",
 }
 
 
