@@ -159,6 +159,20 @@ def test_pixtral_padding_content_is_not_keyed_and_not_consumed(name: str) -> Non
         store.detach()
 
 
+def test_pixtral_rows_that_do_not_match_the_sizes_run_cold() -> None:
+    """A 3x2 grid of placeholders for a 2x3 image (same count, so transformers accepts it) is not keyed: cold."""
+    fam = GenericFamily("mistral3")
+    store = PrefixCache(fam.model)
+    try:
+        wide, tall = fam.medium(0), fam.medium(1)
+        assert wide.tokens != tall.tokens and wide.tokens.count(IMG) == tall.tokens.count(IMG)
+        ids = torch.cat([text(3, 1), fam.placeholders(tall), text(4, 2)], dim=1)
+        check(fam, ids, [wide], store)
+        assert store.stats().fallbacks == {"media_placeholders": 1}
+    finally:
+        store.detach()
+
+
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
