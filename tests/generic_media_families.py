@@ -12,9 +12,9 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
 * ``deepseek_vl``: 16 placeholders per image, no framing.
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
-* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aya_vision`` / ``llama4``:
+* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
-  (Aya Vision and Llama 4 as their processors frame tiles).
+  (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
 * ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed one video per prompt as its processors
   do: frames as rows of `pixel_values` with their `pixel_attention_mask`, each frame after its
   timestamp text and framed like an image. (Several videos of one prompt are padded to one
@@ -239,6 +239,17 @@ def tiny_qianfan_ocr() -> Any:
     return _build(transformers.QianfanOCRForConditionalGeneration, config)
 
 
+def tiny_aria() -> Any:
+    """Aria: Idefics3-style tower on 32x32 crops with a pixel mask, 4 queries per crop; MoE text."""
+    vision = {**_CLIP, "model_type": "idefics3_vision"}
+    text = {**_TEXT, "model_type": "aria_text", "head_dim": 16}
+    text.update(moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1)
+    config = transformers.AriaConfig(
+        vision_config=vision, text_config=text, image_token_index=IMG, projector_patch_to_query_dict={16: 4}
+    )
+    return _build(transformers.AriaForConditionalGeneration, config)
+
+
 _BUILDERS = {
     "mistral3": tiny_mistral3,
     "llava_pixtral": tiny_llava_pixtral,
@@ -252,6 +263,7 @@ _BUILDERS = {
     "got_ocr2": tiny_got_ocr2,
     "deepseek_vl": tiny_deepseek_vl,
     "qianfan_ocr": tiny_qianfan_ocr,
+    "aria": tiny_aria,
 }
 #: Families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
 GENERIC_FAMILIES = (*_BUILDERS, "smolvlm_video")
@@ -260,7 +272,7 @@ PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
 PLAIN = ("deepseek_vl",)
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
-FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2")
+FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "aria")
 
 
 @functools.cache
@@ -327,7 +339,7 @@ class GenericFamily:
         name, shape = self.name, seed % 3
         if name in PIXTRAL:
             stride = 8 if name == "llava_pixtral" else 16
-            height, width = [(2, 3), (3, 2), (2, 2)][shape]
+            height, width = [(2, 3), (2, 3), (3, 2)][shape]  # seeds 0 and 1: one layout, other pixels
             tokens, span = _grid_tokens(height, width)
             return Medium("image", (_rand(seed, 3, height * stride, width * stride),), tuple(tokens), (span,))
         if name in PLAIN:
@@ -389,6 +401,15 @@ class GenericFamily:
         rows = torch.stack([row for m in media for row in m.rows])
         if self.name == "voxtral":
             return {"input_features": rows}
+        if self.name == "aria":
+            # The processor pads each crop to a square; its mask marks the valid pixels (here: the right
+            # quarter of a medium's second crop is padding).
+            masks = [torch.ones(32, 32, dtype=torch.bool) for m in media for _ in m.rows]
+            seconds = [i for i, j in enumerate(j for m in media for j in range(len(m.rows))) if j == 1]
+            for i in seconds:
+                masks[i][:, 24:] = False
+            mask = torch.stack(masks)
+            return {"pixel_values": rows * mask[:, None], "pixel_mask": mask}
         if self.name == "smolvlm_video":
             # The video processor's frames of one video, and its padding mask (all valid: one video per prompt).
             mask = torch.ones(1, rows.shape[0], *rows.shape[2:], dtype=torch.bool)

@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from generic_media_families import (
+    BREAK,
     GENERIC_FAMILIES,
     IMG,
     NEW,
@@ -145,7 +146,7 @@ def test_pixtral_padding_content_is_not_keyed_and_not_consumed(name: str) -> Non
     store = PrefixCache(fam.model)
     hits = Hits(store)
     try:
-        small, large = fam.medium(2), fam.medium(0)  # 2x2 and 2x3 placeholders: the small one is padded
+        small, large = fam.medium(2), fam.medium(0)  # 3x2 and 2x3 placeholders: each padded in one dimension
         ids = torch.cat([text(3, 1), fam.placeholders(small), text(2, 2), fam.placeholders(large), text(4, 3)], dim=1)
         kwargs = fam.kwargs([small, large])
         _check_kwargs(fam, ids, kwargs, store)
@@ -159,12 +160,30 @@ def test_pixtral_padding_content_is_not_keyed_and_not_consumed(name: str) -> Non
         store.detach()
 
 
+def test_pixtral_break_tokens_are_keyed_with_the_image() -> None:
+    """The text inside an image's span (its row breaks) is hashed with it: other break ids, no reuse past its start."""
+    fam = GenericFamily("mistral3")
+    store = PrefixCache(fam.model)
+    hits = Hits(store)
+    try:
+        image = fam.medium(0)
+        head = text(3, 1)
+        ids = torch.cat([head, fam.placeholders(image), text(4, 2)], dim=1)
+        other = ids.clone()
+        other[other == BREAK] = 7  # same image, same placeholder positions, another token between its rows
+        check(fam, ids, [image], store)
+        check(fam, other, [image], store)
+        assert hits.last() == head.shape[1]
+    finally:
+        store.detach()
+
+
 def test_pixtral_rows_that_do_not_match_the_sizes_run_cold() -> None:
     """A 3x2 grid of placeholders for a 2x3 image (same count, so transformers accepts it) is not keyed: cold."""
     fam = GenericFamily("mistral3")
     store = PrefixCache(fam.model)
     try:
-        wide, tall = fam.medium(0), fam.medium(1)
+        wide, tall = fam.medium(0), fam.medium(2)
         assert wide.tokens != tall.tokens and wide.tokens.count(IMG) == tall.tokens.count(IMG)
         ids = torch.cat([text(3, 1), fam.placeholders(tall), text(4, 2)], dim=1)
         check(fam, ids, [wide], store)

@@ -46,7 +46,8 @@ class KindRule:
     """How one media kind of a family reaches `generate` and the prompt.
 
     `token_id` names the config attributes of the placeholder id (the first int one wins).
-    `data` is the kwarg whose leading rows are the items. `sizes` is the kwarg of each row's
+    `data` is the kwarg whose leading rows are the items; `extras` are kwargs with one row per
+    item as well (a pixel mask), hashed with the item and sliced alongside. `sizes` is the kwarg of each row's
     valid ``[height, width]`` in pixels, when the processor pads rows per prompt. `stride`
     (config attribute paths, multiplied) is the pixels per placeholder side of a ``"grid"``
     kind; `patch` (likewise) the pixels per vision patch, to which a valid size is rounded
@@ -60,6 +61,7 @@ class KindRule:
     sizes: str | None = None
     stride: tuple[str, ...] = ()
     patch: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ class GenericMedia(MediaAdapter):
     def __init__(self, model: Any, rule: FamilyRule) -> None:
         super().__init__(model)
         self.rule = rule
-        self.handled = frozenset(name for k in rule.kinds for name in (k.data, k.sizes) if name is not None)
+        self.handled = frozenset(name for k in rule.kinds for name in (k.data, k.sizes, *k.extras) if name is not None)
         self.settings = rule.settings
 
     # ------------------------------------------------------------------ layout
@@ -166,8 +168,13 @@ class GenericMedia(MediaAdapter):
         """Per row of `data`, the parts hashed for it: the row cropped to its valid size, and that size."""
         if data.dim() < 1:
             return None
+        extras = [kwargs[name] for name in rule.extras if kwargs.get(name) is not None]
+        if any(not isinstance(e, torch.Tensor) or e.dim() < 1 or e.shape[0] != data.shape[0] for e in extras):
+            return None
         if rule.sizes is None:
-            return [(data[i],) for i in range(data.shape[0])]
+            return [(data[i], *(e[i] for e in extras)) for i in range(data.shape[0])]
+        if extras:
+            return None  # no family declares both
         sizes = kwargs.get(rule.sizes)
         patch = self._product(rule.patch) or 1
         if not isinstance(sizes, torch.Tensor) or data.dim() != 4 or tuple(sizes.shape) != (data.shape[0], 2):
@@ -196,5 +203,6 @@ class GenericMedia(MediaAdapter):
             k = layout.num_cached(rule.kind, cached_len)
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
-            if rule.sizes is not None and kwargs.get(rule.sizes) is not None:
-                set_or_drop(kwargs, rule.sizes, kwargs[rule.sizes][k:], keep)
+            for name in (rule.sizes, *rule.extras):
+                if name is not None and kwargs.get(name) is not None:
+                    set_or_drop(kwargs, name, kwargs[name][k:], keep)

@@ -90,6 +90,8 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "got_ocr2": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
     "deepseek_vl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # Aria: each row one crop with its `pixel_mask` row (the crop's valid pixels); a fixed number of queries each.
+    "aria": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values", extras=("pixel_mask",)),)),
     # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
     "llama4": FamilyRule(
         kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_select_strategy",)
