@@ -38,6 +38,8 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
+from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES as GENERIC_RULES
 
 POOL_SIZE = 3
 
@@ -205,6 +207,11 @@ def _check_kwargs(fam: GenericFamily, ids: torch.Tensor, kwargs: dict[str, Any],
     assert torch.equal(cold.sequences, warm.sequences)
     assert max_logit_diff(cold, warm) < LOGIT_TOL
     return warm
+
+
+def test_cold_families_have_no_generic_row() -> None:
+    """The families `generic_table` names as cold (LFM2-VL, Gemma 3n, VipLLaVA) get no generic rule."""
+    assert COLD_FAMILIES and not set(COLD_FAMILIES) & set(GENERIC_RULES)
 
 
 def test_llava_with_pixtral_and_the_default_strategy_runs_cold() -> None:
