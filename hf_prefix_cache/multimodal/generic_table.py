@@ -104,9 +104,10 @@ COLD_FAMILIES: dict[str, str] = {
     # The hook prefills stateful prompts itself, in chunks fed token ids only, and refuses media on
     # such models (`media_recurrent`); serving them needs media rows fed to those chunks.
     "lfm2_vl": "conv-state text layers (LFM2): the hook's state prefill takes no media",
-    # Its vision tower is a timm model (timm is not a dependency, so the tiny model cannot be built
-    # for a test), its text layers share keys/values across layers and take per-layer inputs.
-    "gemma3n": "not proven: timm vision tower, KV-sharing text layers",
+    # Its vision tower is a timm model, and timm needs torchvision: neither is installed here (nor a
+    # dependency), so no tiny Gemma 3n can be built to prove its media exact. Its audio tower, per-layer
+    # token inputs and KV-sharing layers are unverified with media.
+    "gemma3n": "not proven: its timm vision tower cannot be built here (timm needs torchvision)",
     # Fits the pattern: a pixel_values row with the `vision_feature_layer` setting passed the generic
     # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
     # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
