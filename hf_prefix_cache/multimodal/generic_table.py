@@ -90,6 +90,9 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "got_ocr2": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
     "deepseek_vl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # Janus (text generation; its image-generation mode runs cold: `model_kwarg:generation_mode`): a
+    # SigLIP-style tower per image, a fixed number of placeholders each.
+    "janus": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # Aria: each row one crop with its `pixel_mask` row (the crop's valid pixels); a fixed number of queries each.
     "aria": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values", extras=("pixel_mask",)),)),
     # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
@@ -112,6 +115,10 @@ COLD_FAMILIES: dict[str, str] = {
     # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
     # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
     "vipllava": "kept as the suite's example of an unserved family",
+    # Its visual-indicator tokens (outside the placeholder runs) get embeddings from the vision
+    # embedding table only when pixels are passed: a suffix holding indicators whose images are all
+    # cached would embed them as text. Not the generic pattern.
+    "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
 }
 
 
