@@ -10,7 +10,7 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
   split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
-* ``deepseek_vl``: 16 placeholders per image, no framing.
+* ``deepseek_vl`` / ``janus``: 16 placeholders per image, no framing.
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
@@ -250,6 +250,35 @@ def tiny_aria() -> Any:
     return _build(transformers.AriaForConditionalGeneration, config)
 
 
+def tiny_janus() -> Any:
+    """Janus: SigLIP-style tower on 32x32 images, 16 placeholders each; a tiny VQ-VAE for its image-generation head."""
+    vision = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+        "projection_dim": 64,
+        "num_image_tokens": 16,
+        "mlp_ratio": 2,
+    }
+    vq = {
+        "embed_dim": 8,
+        "num_embeddings": 32,
+        "latent_channels": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1],
+        "num_res_blocks": 1,
+        "num_patches": 4,
+        "projection_dim": 64,
+        "image_token_embed_dim": 64,
+    }
+    config = transformers.JanusConfig(
+        text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
+    )
+    return _build(transformers.JanusForConditionalGeneration, config)
+
+
 _BUILDERS = {
     "mistral3": tiny_mistral3,
     "llava_pixtral": tiny_llava_pixtral,
@@ -264,13 +293,14 @@ _BUILDERS = {
     "deepseek_vl": tiny_deepseek_vl,
     "qianfan_ocr": tiny_qianfan_ocr,
     "aria": tiny_aria,
+    "janus": tiny_janus,
 }
 #: Families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
 GENERIC_FAMILIES = (*_BUILDERS, "smolvlm_video")
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
 PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
-PLAIN = ("deepseek_vl",)
+PLAIN = ("deepseek_vl", "janus")
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
 FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "aria")
 
@@ -425,6 +455,7 @@ class GenericFamily:
             "voxtral": ["audio_tower"],
             "smolvlm_video": ["vision_model"],
             "deepseek_vl": ["vision_model"],
+            "janus": ["vision_model"],
             "lighton_ocr": ["vision_encoder"],
         }
         return [getattr(inner, n) for n in names.get(self.name, ["vision_tower"])]

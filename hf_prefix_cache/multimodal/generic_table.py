@@ -90,6 +90,9 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "got_ocr2": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
     "deepseek_vl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # Janus (text generation; its image-generation mode runs cold: `model_kwarg:generation_mode`): a
+    # SigLIP-style tower per image, a fixed number of placeholders each.
+    "janus": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # Aria: each row one crop with its `pixel_mask` row (the crop's valid pixels); a fixed number of queries each.
     "aria": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values", extras=("pixel_mask",)),)),
     # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
@@ -104,13 +107,18 @@ COLD_FAMILIES: dict[str, str] = {
     # The hook prefills stateful prompts itself, in chunks fed token ids only, and refuses media on
     # such models (`media_recurrent`); serving them needs media rows fed to those chunks.
     "lfm2_vl": "conv-state text layers (LFM2): the hook's state prefill takes no media",
-    # Its vision tower is a timm model (timm is not a dependency, so the tiny model cannot be built
-    # for a test), its text layers share keys/values across layers and take per-layer inputs.
-    "gemma3n": "not proven: timm vision tower, KV-sharing text layers",
+    # Its vision tower is a timm model, and timm needs torchvision: neither is installed here (nor a
+    # dependency), so no tiny Gemma 3n can be built to prove its media exact. Its audio tower, per-layer
+    # token inputs and KV-sharing layers are unverified with media.
+    "gemma3n": "not proven: its timm vision tower cannot be built here (timm needs torchvision)",
     # Fits the pattern: a pixel_values row with the `vision_feature_layer` setting passed the generic
     # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
     # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
     "vipllava": "kept as the suite's example of an unserved family",
+    # Its visual-indicator tokens (outside the placeholder runs) get embeddings from the vision
+    # embedding table only when pixels are passed: a suffix holding indicators whose images are all
+    # cached would embed them as text. Not the generic pattern.
+    "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
 }
 
 
