@@ -116,7 +116,14 @@ class GenericMedia(MediaAdapter):
         return tuple(config_token_id(self.config, *rule.token_id) for rule in self.rule.kinds)
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
-        return [self._equal_items(rule, tokens, kwargs) for rule in self.rule.kinds if rule.count == "equal"]
+        out = []
+        for rule in self.rule.kinds:
+            if rule.count != "equal":
+                continue
+            if kwargs.get(rule.data) is None and config_token_id(self.config, *rule.token_id) is None:
+                continue  # no media of this kind and no placeholder id in the config: the prompt is text
+            out.append(self._equal_items(rule, tokens, kwargs))
+        return out
 
     def _equal_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
         """Every row of `rule.data` one item, all with the same number of placeholders."""
