@@ -301,6 +301,27 @@ def tiny_lfm2() -> PreTrainedModel:
     )
 
 
+def tiny_inkling() -> PreTrainedModel:
+    """Inkling, 4 layers [hybrid sliding, hybrid, hybrid sliding, hybrid]: each a short conv plus attention
+    (`LinearAttentionAndSlidingWindowAttentionLayer` with a window of 8, then `LinearAttentionAndFullAttentionLayer`)."""
+    return _make(
+        transformers.InklingTextConfig,
+        "InklingForCausalLM",
+        num_hidden_layers=4,
+        layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
+        mlp_layer_types=["sparse"] * 4,
+        head_dim=16,
+        swa_num_attention_heads=4,
+        swa_num_key_value_heads=2,
+        swa_head_dim=16,
+        sliding_window_size=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        **_ATTN,
+    )
+
+
 # --------------------------------------------------------------------------- pure recurrent (cache_params)
 
 
@@ -384,6 +405,7 @@ TINY_MODELS: dict[str, Callable[[], PreTrainedModel]] = {
     "qwen3_next": tiny_qwen3_next,
     "falcon_h1": tiny_falcon_h1,
     "lfm2": tiny_lfm2,
+    "inkling_text": tiny_inkling,
     "mamba2": tiny_mamba2,
     "mamba": tiny_mamba,
     "falcon_mamba": tiny_falcon_mamba,
@@ -395,7 +417,7 @@ FULL_ATTENTION = ("llama", "qwen3", "phi3", "gpt2")
 #: Models whose cache has sliding-window or chunked attention layers.
 SLIDING = ("mistral", "gemma2", "gemma3_text", "llama4_text")
 #: Hybrid models: linear/conv/mamba layers plus attention layers, cache under ``past_key_values``.
-HYBRID = ("jamba", "bamba", "zamba", "qwen3_next", "falcon_h1", "lfm2")
+HYBRID = ("jamba", "bamba", "zamba", "qwen3_next", "falcon_h1", "lfm2", "inkling_text")
 #: Pure recurrent models, cache passed/returned as ``cache_params``.
 RECURRENT = ("mamba2", "mamba", "falcon_mamba")
 #: Models keeping recurrent state inside modules (not in the Cache object).

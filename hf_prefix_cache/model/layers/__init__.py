@@ -15,13 +15,14 @@ from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
     LinearAttentionLayer,
 )
 
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState, NoCacheAdapter
 from hf_prefix_cache.model.layers.cross import CrossAttentionAdapter
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
-from hf_prefix_cache.model.layers.recurrent import HybridAdapter, RecurrentAdapter
+from hf_prefix_cache.model.layers.recurrent import HybridAdapter, HybridSlidingAdapter, RecurrentAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter, WindowStateAdapter
 
 ADAPTERS: dict[type, LayerAdapter] = {
@@ -29,6 +30,7 @@ ADAPTERS: dict[type, LayerAdapter] = {
     DynamicSlidingWindowLayer: SlidingWindowAdapter(),
     LinearAttentionLayer: RecurrentAdapter(),
     LinearAttentionAndFullAttentionLayer: HybridAdapter(),
+    LinearAttentionAndSlidingWindowAttentionLayer: HybridSlidingAdapter(),
     DummyLayer: NoCacheAdapter(),
 }
 

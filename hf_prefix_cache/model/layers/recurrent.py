@@ -3,8 +3,10 @@
 Their conv and recurrent states are updated in place (`copy_`) and summarise every token
 seen so far, so they cannot be trimmed: the store keeps cloned snapshots taken at chosen
 positions, and a restore loads a fresh clone so the snapshot stays untouched.
-Hybrid layers (`LinearAttentionAndFullAttentionLayer`) carry keys too: those are handled
-as full attention.
+Hybrid layers carry keys too: those of `LinearAttentionAndFullAttentionLayer` are handled as
+full attention, those of `LinearAttentionAndSlidingWindowAttentionLayer` as a sliding layer
+that records every position (in both sliding-window modes: its window cannot be snapshotted
+apart from its recurrent state).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from hf_prefix_cache.model.layers.base import LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
+from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter
 
 _STATE_TENSORS = ("conv_states", "recurrent_states")
 _STATE_FLAGS = (
@@ -67,3 +70,12 @@ class HybridAdapter(RecurrentAdapter):
 
     def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         self._kv.restore_kv(layer, keys, values, length)
+
+
+class HybridSlidingAdapter(HybridAdapter):
+    """`LinearAttentionAndSlidingWindowAttentionLayer`: a recurrent state plus sliding keys, every position kept."""
+
+    _kv = SlidingWindowAdapter()
+
+    def prepare(self, layer: Any) -> None:
+        self._kv.prepare(layer)
