@@ -33,6 +33,7 @@ OWN_CACHE_CLASS = "own_cache_class"
 MROPE_POSITIONS = "mrope_positions"  # M-RoPE without an adapter that computes positions
 NO_CACHE_ARGUMENT = "no_cache_argument"
 NO_CACHE_LAYERS = "no_cache_layers"
+UNREADABLE_CACHE_LAYOUT = "unreadable_cache_layout"  # + ":" + the error transformers raised reading it
 UNSUPPORTED_LAYER = "unsupported_layer"  # + ":" + the cache layer class
 CROSS_ATTENTION_LAYER = "cross_attention_layer"  # + ":" + the cache layer class
 # types the support matrix found failing or inexact (model/profile.py names them per type)

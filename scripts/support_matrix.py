@@ -126,12 +126,22 @@ _SIZES: dict[str, int] = {
     "projection_dim": 64,
     "vision_output_dim": 64,
     "lru_width": 64,
+    "num_experts_per_token": 2,
+    "linear_num_heads": 4,
+    "linear_head_dim": 16,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "swa_head_dim": 16,
 }
 # Token ids moved inside the tiny vocabulary (ids 0-3 are never in the scenario's prompts).
 _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None, "decoder_start_token_id": 1}
 # Per-family overrides, only where the generic shrink fails.
 # Dict values merge into the shrunk sub-config instead of replacing it.
 _MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+# Qwen4-Exp's indexer sizes, left unset (None) by its default config.
+_QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16}
+_QWEN4_INDEXER.update(indexer_budget=8, indexer_compress_ratio=4)
+_COMPASS_ROPE = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
 _OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -174,12 +184,31 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "xlstm": {"embedding_dim": 64, "num_blocks": 2, "qk_dim_factor": 1.0},
     "hunyuan_v1_dense": {"head_dim": 16},
     "hunyuan_v1_moe": {"head_dim": 16},
+    # Byte-level: hashed n-gram tables and the global model's width, outside the generic names.
+    "blt": {
+        "encoder_hash_byte_group_vocab": 64,
+        "encoder_config": {"hidden_size_global": 64},
+        "decoder_config": {"hidden_size_global": 64},
+    },
+    # Expert counts left unset (None) by the default config.
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    # The default attention sub-config lacks the rotary base its attention reads (transformers 5.23).
+    # and it clamps queries, keys and values by `clip_qkv`, which must then be set.
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
+    "qwen4_exp_text": _QWEN4_INDEXER,
+    "qwen4_exp": {"text_config": _QWEN4_INDEXER},
+    # Rotary settings per layer kind, empty in the default config.
+    "cohere_compass_text": _COMPASS_ROPE,
+    "cohere_compass": {"text_config": _COMPASS_ROPE},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 _TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})
 # Calls a model needs before it can generate at all.
 _PREPARE: dict[str, Callable[[Any], None]] = {"xmod": lambda model: model.set_default_language("en_XX")}
-_SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config")
+_SUB_CONFIGS = (
+    "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
+    "encoder_config", "decoder_config", "global_config", "patcher_config",
+)  # fmt: skip
 
 
 @dataclass
@@ -225,9 +254,10 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
         kinds = list(dict.fromkeys(layer_types))
         kwargs["num_hidden_layers"] = max(layers, len(kinds))
         kwargs["layer_types"] = (kinds + layer_types)[: kwargs["num_hidden_layers"]]
-    if isinstance(present.get("qk_rope_head_dim"), int) and "head_dim" in kwargs:
-        kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary part of each head
-        if "num_key_value_heads" in kwargs:
+    if isinstance(present.get("qk_rope_head_dim"), int):
+        if "head_dim" in kwargs:
+            kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary part of each head
+        if "num_key_value_heads" in kwargs and "num_attention_heads" in kwargs:
             kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA has no grouped heads
     old_layers = present.get("num_hidden_layers")
     new_layers = kwargs.get("num_hidden_layers")
@@ -240,8 +270,9 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
     if trim_per_layer and isinstance(per_layer, dict) and isinstance(new_layers, int):
         # Per-layer settings keyed by layer index: keep those of the layers that remain.
         kwargs["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < new_layers}
-    if isinstance(present.get("sliding_window"), int):
-        kwargs["sliding_window"] = 8
+    for name in ("sliding_window", "sliding_window_size"):
+        if isinstance(present.get(name), int):
+            kwargs[name] = 8
     if isinstance(present.get("attention_chunk_size"), int):
         kwargs["attention_chunk_size"] = 8
     if depth < 2:

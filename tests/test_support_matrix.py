@@ -95,3 +95,15 @@ def test_the_whole_matrix_is_regenerated_and_agrees(tmp_path: Path) -> None:
     stale = [f"doc: {ROWS[t]}\nnow: {fresh[t]}" for t in compared if fresh[t] != ROWS[t]]
     assert not stale, "rerun scripts/support_matrix.py:\n" + "\n".join(stale)
     assert len(compared) >= len(ROWS) - 5, "too many rows timed out to call the matrix checked"
+
+
+def test_a_config_without_a_readable_cache_layout_gives_a_cold_store_not_a_crash() -> None:
+    """BLT in transformers 5.23: `DynamicCache(config=...)` raises reading its config, so its own
+    `generate` fails; constructing a store for it once raised that AttributeError too."""
+    from hf_prefix_cache import PrefixCache
+
+    model = support_matrix.build("blt", "AutoModelForCausalLM")
+    store = PrefixCache(model)
+    assert store.profile.unsupported == "unreadable_cache_layout:AttributeError"
+    row = support_matrix.run_row("blt", SWEPT["blt"])
+    assert row.status == "error" and row.detail.startswith("cold generate: AttributeError"), row.line()

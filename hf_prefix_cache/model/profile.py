@@ -103,8 +103,14 @@ def profile_model(
     specs: list[tuple[type, dict[str, Any]]] = []
     if unsupported is None:
         # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
-        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-        if encoder_family is not None:
+        try:
+            layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            # A config transformers cannot read a cache layout from (BLT in 5.23): its own
+            # `generate` fails the same way; construction must not.
+            layer_types, per_layer_kwargs = [], []
+            unsupported = reasons.with_detail(reasons.UNREADABLE_CACHE_LAYOUT, type(exc).__name__)
+        if encoder_family is not None and unsupported is None:
             layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
