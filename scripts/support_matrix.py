@@ -156,6 +156,10 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_vl": {"text_config": _MROPE},
     "qwen2_5_vl": {"text_config": _MROPE},
     "glm4v": {"text_config": _MROPE},
+    "glm46v": {"text_config": _MROPE},
+    "glmga": {"text_config": _MROPE},
+    "glm_ocr": {"text_config": _MROPE},
+    "paddleocr_vl": {"text_config": _MROPE},
     "glm4v_moe": {
         "text_config": {
             "rope_parameters": {**_MROPE["rope_parameters"], "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}
