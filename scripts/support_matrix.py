@@ -132,6 +132,9 @@ _SIZES: dict[str, int] = {
     "swa_num_attention_heads": 4,
     "swa_num_key_value_heads": 2,
     "swa_head_dim": 16,
+    "index_topk": 4,  # sparse attention's indexer keeps 4 keys per query: the selection matters at sweep lengths
+    "index_n_heads": 8,  # fewer heads tie at exactly 0 (ReLU scores): see README, sparse attention
+    "index_head_dim": 16,
 }
 # Token ids moved inside the tiny vocabulary (ids 0-3 are never in the scenario's prompts).
 _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None, "decoder_start_token_id": 1}

@@ -322,6 +322,33 @@ def tiny_inkling() -> PreTrainedModel:
     )
 
 
+def tiny_deepseek_v32() -> PreTrainedModel:
+    """DeepSeek-V3.2, 2 layers of MLA with a sparse-attention indexer (`DynamicIndexedLayer`) keeping 4 keys
+    per query; its keys are 18 wide over 4 heads, so they travel zero-padded in the stored values."""
+    return _make(
+        transformers.DeepseekV32Config,
+        "DeepseekV32ForCausalLM",
+        num_hidden_layers=2,
+        num_key_value_heads=4,
+        head_dim=8,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        index_topk=4,
+        index_n_heads=8,
+        index_head_dim=18,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        **{k: v for k, v in _ATTN.items() if k != "num_key_value_heads"},
+    )
+
+
 # --------------------------------------------------------------------------- pure recurrent (cache_params)
 
 
@@ -395,6 +422,7 @@ TINY_MODELS: dict[str, Callable[[], PreTrainedModel]] = {
     "qwen3": tiny_qwen3,
     "phi3": tiny_phi3,
     "gpt2": tiny_gpt2,
+    "deepseek_v32": tiny_deepseek_v32,
     "mistral": tiny_mistral,
     "gemma2": tiny_gemma2,
     "gemma3_text": tiny_gemma3_text,
@@ -413,7 +441,7 @@ TINY_MODELS: dict[str, Callable[[], PreTrainedModel]] = {
 }
 
 #: Models with plain (per-token) attention caches only.
-FULL_ATTENTION = ("llama", "qwen3", "phi3", "gpt2")
+FULL_ATTENTION = ("llama", "qwen3", "phi3", "gpt2", "deepseek_v32")
 #: Models whose cache has sliding-window or chunked attention layers.
 SLIDING = ("mistral", "gemma2", "gemma3_text", "llama4_text")
 #: Hybrid models: linear/conv/mamba layers plus attention layers, cache under ``past_key_values``.

@@ -110,11 +110,15 @@ def profile_model(
             # `generate` fails the same way; construction must not.
             layer_types, per_layer_kwargs = [], []
             unsupported = reasons.with_detail(reasons.UNREADABLE_CACHE_LAYOUT, type(exc).__name__)
+        # Indexed (sparse-attention) layers: their indexer keys' width. Qwen4-Exp's indexer names it
+        # otherwise and also keeps positions in the cache, which is not served.
+        index_dim = getattr(config.get_text_config(decoder=True), "index_head_dim", None)
+        index_dim = index_dim if isinstance(index_dim, int) else None
         if encoder_family is not None and unsupported is None:
             layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
-            adapter = adapter_for(cls(**kwargs), sliding_window_mode) if cls is not None else None
+            adapter = adapter_for(cls(**kwargs), sliding_window_mode, index_dim) if cls is not None else None
             if adapter is None:
                 unsupported = reasons.with_detail(
                     reasons.UNSUPPORTED_LAYER, cls.__name__ if cls is not None else layer_type

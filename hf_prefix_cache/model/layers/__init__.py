@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers.cache_utils import (
     DummyLayer,
+    DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
@@ -22,6 +23,7 @@ from transformers.cache_utils import (
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState, NoCacheAdapter
 from hf_prefix_cache.model.layers.cross import CrossAttentionAdapter
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
+from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.recurrent import HybridAdapter, HybridSlidingAdapter, RecurrentAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter, WindowStateAdapter
 
@@ -38,13 +40,19 @@ ADAPTERS: dict[type, LayerAdapter] = {
 SLIDING_WINDOW_MODES = ("every_position", "window")
 
 
-def adapter_for(layer: Any, sliding_window_mode: str = "every_position") -> LayerAdapter | None:
+def adapter_for(
+    layer: Any, sliding_window_mode: str = "every_position", index_dim: int | None = None
+) -> LayerAdapter | None:
     """The adapter for `layer`'s exact class, or None when the class is not supported.
 
     `sliding_window_mode="window"` keeps sliding layers as window snapshots instead of every position.
+    `index_dim` is the width of an indexed layer's indexer keys (the config's `index_head_dim`):
+    without it such a layer is not supported.
     """
     if sliding_window_mode == "window" and type(layer) is DynamicSlidingWindowLayer:
         return WindowStateAdapter()
+    if type(layer) is DynamicIndexedLayer:
+        return IndexedAttentionAdapter(index_dim) if index_dim is not None else None
     return ADAPTERS.get(type(layer))
 
 

@@ -1,0 +1,57 @@
+"""Sparse-attention layers with an indexer (`DynamicIndexedLayer`: DeepSeek-V3.2, GLM-5, ...).
+
+Besides its keys and values, such a layer keeps the indexer's keys, one `[B, L, index_dim]`
+row per token, which pick the tokens each query attends to. They are per-token state like
+the keys, so they restore by slicing too. The store holds two tensors per layer, so the
+indexer keys travel inside the values: each head's values get `ceil(index_dim / heads)` more
+channels holding its share of the indexer row (zero-padded), and a restore splits them off
+again. Capturing therefore copies the values once; the keys are still shared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hf_prefix_cache.model.layers.full import FullAttentionAdapter
+
+
+class IndexedAttentionAdapter(FullAttentionAdapter):
+    """`DynamicIndexedLayer` whose indexer keys are `index_dim` wide (the config's `index_head_dim`)."""
+
+    def __init__(self, index_dim: int) -> None:
+        self.index_dim = index_dim
+
+    def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        kv = super().capture_kv(layer)
+        if kv is None:
+            return None
+        keys, values = kv
+        indexer = layer.indexer_keys
+        assert layer.indexer_position_ids is None, "indexer positions are not kept (only the indexer keys are)"
+        assert indexer is not None and indexer.shape == (keys.shape[0], keys.shape[-2], self.index_dim), (
+            f"indexer keys {None if indexer is None else tuple(indexer.shape)} for keys {tuple(keys.shape)}, "
+            f"index_dim {self.index_dim}"
+        )
+        assert indexer.dtype == values.dtype, f"indexer keys in {indexer.dtype}, values in {values.dtype}"
+        return keys, torch.cat([values, self._spread(indexer, values.shape[1])], dim=-1)
+
+    def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        heads, per_head = values.shape[1], self._per_head(values.shape[1])
+        packed = values[..., -per_head:]  # [B, H, L, per_head]
+        indexer = packed.transpose(1, 2).reshape(values.shape[0], length, heads * per_head)[..., : self.index_dim]
+        super().restore_kv(layer, keys, values[..., :-per_head], length)
+        layer.indexer_keys = indexer.contiguous()
+        layer.indexer_dtype, layer.indexer_device = indexer.dtype, indexer.device
+        layer.is_indexer_initialized = True
+
+    def _per_head(self, heads: int) -> int:
+        return -(-self.index_dim // heads)
+
+    def _spread(self, indexer: torch.Tensor, heads: int) -> torch.Tensor:
+        """`[B, L, index_dim]` as `[B, heads, L, per_head]`, zero-padded to `heads * per_head` channels."""
+        per_head = self._per_head(heads)
+        padded = F.pad(indexer, (0, heads * per_head - self.index_dim))
+        return padded.view(indexer.shape[0], indexer.shape[1], heads, per_head).transpose(1, 2)
