@@ -15,9 +15,10 @@ store counted in ``stats().fallbacks``, ``WRONG`` (cached differs from cold: a b
 ``not buildable`` (why) or ``timeout``. Each model type runs in a worker process with a
 time limit, so one hanging family does not stop the sweep.
 
-The scenario is text-only for every mapping: media families are checked on text prompts
-through the multimodal model class (the changed-medium step is not run by this version);
-speech seq2seq types need audio input and are recorded from the store's profile only.
+That scenario is text-only for every mapping. A model type whose media an adapter serves also
+gets a media cell from `support_media.py`: cold, hit, changed medium and repeat with the test
+suite's tiny media model of the family (hit tokens of the last three steps, or why not served).
+Speech seq2seq types need audio input and are recorded from the store's profile only.
 
 Usage::
 
@@ -41,6 +42,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import support_media
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "support.md"
@@ -228,10 +231,14 @@ class Row:
     detail: str = ""
     hit_tokens: str = ""
     model_class: str = ""
+    media: str = ""  # `support_media.media_cell`: hit / changed / repeat, or why not served; "" without a case
 
     def line(self) -> str:
         cells = (f"`{self.model_type}`", ", ".join(self.mappings), self.model_class, self.status)
-        return "| " + " | ".join((*cells, self.hit_tokens, self.detail)) + " |"
+        return "| " + " | ".join((*cells, self.hit_tokens, self.media, self.detail)) + " |"
+
+    def is_wrong(self) -> bool:
+        return self.status == "WRONG" or support_media.media_status(self.media) == "WRONG"
 
 
 def model_types() -> dict[str, list[str]]:
@@ -426,7 +433,13 @@ def scenario(model: Any) -> tuple[str, str, str]:
 
 
 def run_row(model_type: str, mappings: list[str]) -> Row:
-    """Build and check one model type (in this process)."""
+    """Build and check one model type (in this process): the text scenario, then its media cases."""
+    row = _text_row(model_type, mappings)
+    row.media = support_media.media_cell(model_type, LOGIT_TOL)
+    return row
+
+
+def _text_row(model_type: str, mappings: list[str]) -> Row:
     auto_class = next(a for label, _, a in MAPPINGS if label == mappings[0])
     row = Row(model_type, mappings, "not buildable")
     try:
@@ -566,8 +579,12 @@ def sweep(types: dict[str, list[str]], workers: int, timeout: float) -> list[Row
 
 # --------------------------------------------------------------------------- the document
 
-_HEADER = "| model type | mappings | class built | status | hit tokens (hit / repeat) | reason |"
+_HEADER = (
+    "| model type | mappings | class built | status | hit tokens (hit / repeat)"
+    " | media (hit / changed / repeat) | reason |"
+)
 _BUCKETS = ("served", "cold", "not buildable", "other")
+_MEDIA_BUCKETS = ("served", "cold", "other")  # WRONG counts as other (and fails the tests)
 
 
 def _bucket(status: str) -> str:
@@ -578,7 +595,10 @@ def render(rows: Iterable[Row]) -> str:
     """The whole docs/support.md text for `rows`."""
     import transformers
 
+    from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
+
     rows = list(rows)
+    cold_families = ", ".join(f"`{t}`" for t in sorted(COLD_FAMILIES))
     lines = [
         "# Support matrix",
         "",
@@ -589,22 +609,46 @@ def render(rows: Iterable[Row]) -> str:
         "through a store: a cold first prompt, a second turn that should reuse it (hit), and an exact",
         "repeat, each compared with a cold run (tokens identical, logits within 1e-4). Prompts are",
         "text only, for every mapping, and never hold (or generate) a token id the config names, so a",
-        "media model sees no placeholder without its medium (media families' changed-medium step is",
-        "covered by `tests/test_media_*.py`, not by this sweep). CI regenerates every row",
+        "media model sees no placeholder without its medium. CI regenerates every row",
         "(`tests/test_support_matrix.py`). `served`: exact with the hit tokens shown;",
         "`cold`: the store ran cold and counted these reasons in `stats().fallbacks`; `not buildable`:",
         "the tiny config or model could not be made; `error`: generate itself failed (cold as well);",
         "`not run`: the scenario does not apply (encoder-decoder models served keyed by their encoder",
         "input, covered by their own tests); `WRONG` would mean cached output differs from cold.",
         "",
-        "| mapping | types | " + " | ".join(_BUCKETS) + " |",
-        "|---|---|" + "---|" * len(_BUCKETS),
+        "**Media.** Every model type whose media an adapter serves (the hand-written adapters and",
+        "the generic table of `hf_prefix_cache/multimodal/`) also runs a media scenario",
+        "(`scripts/support_media.py`) on the test suite's tiny media model of its family (the",
+        "conditional-generation class, built by `tests/tiny_vlms.py`, `tests/generic_media_families.py`,",
+        "`tests/tiny_qwen_media.py` or the Mllama / OneVision tests; not the row's shrunk model): cold,",
+        "text + medium A + text; hit, that prompt + its answer + more text (+ a second medium, except",
+        "for PaliGemma and Mllama); changed, the first prompt with medium B (same placeholders, other",
+        "content) in place of A, which must reuse nothing past A's first placeholder; repeat, the hit",
+        "prompt again. Each is compared with a cold run as above. The media model does not depend on",
+        "the row's (the Qwen2.5-Omni thinker's shrunk model cannot generate; its media model is served).",
+        "The media column gives the hit tokens of the last three steps, or `cold:` and the fallback",
+        "reasons; LLaVA's cell adds its Pixtral-tower case. PaliGemma (prefix-LM) reuses only an",
+        "identical prompt, so its hit and changed steps reuse 0 by design; Mllama scopes entries by the",
+        "prompt's images, so a changed image reuses nothing. An empty media cell means no media case:",
+        "the type has no media adapter, so its media requests run cold with a fallback reason (among",
+        "them GLM-4V, Qwen3-Omni and those `generic_table.COLD_FAMILIES` explains:",
+        f"{cold_families}),",
+        "or its audio goes to an encoder (Whisper-like speech seq2seq models are keyed by their",
+        "encoder input: `tests/test_whisper.py`, `tests/test_seq2seq.py`). Media",
+        "families' other paths (videos, several media per prompt, real processors, memory pressure)",
+        "are covered by `tests/test_media_*.py`.",
+        "",
+        "| mapping | types | " + " | ".join(_BUCKETS) + " | " + " | ".join(f"media {b}" for b in _MEDIA_BUCKETS) + " |",
+        "|---|---|" + "---|" * (len(_BUCKETS) + len(_MEDIA_BUCKETS)),
     ]
     for label, _, _ in MAPPINGS:
         mine = [r for r in rows if label in r.mappings]
         counts = {b: sum(_bucket(r.status) == b for r in mine) for b in _BUCKETS}
-        lines.append(f"| {label} | {len(mine)} | " + " | ".join(str(counts[b]) for b in _BUCKETS) + " |")
-    lines += ["", _HEADER, "|---|---|---|---|---|---|"]
+        media = [support_media.media_status(r.media) for r in mine]
+        media_counts = {b: sum(m == b or (b == "other" and m == "WRONG") for m in media) for b in _MEDIA_BUCKETS}
+        cells = [*(str(counts[b]) for b in _BUCKETS), *(str(media_counts[b]) for b in _MEDIA_BUCKETS)]
+        lines.append(f"| {label} | {len(mine)} | " + " | ".join(cells) + " |")
+    lines += ["", _HEADER, "|---|---|---|---|---|---|---|"]
     lines += [r.line() for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -663,7 +707,8 @@ def _row_from_line(line: str) -> Row:
         model_class=cells[2],
         status=cells[3],
         hit_tokens=cells[4],
-        detail=cells[5],
+        media=cells[5],
+        detail=cells[6],
     )
 
 

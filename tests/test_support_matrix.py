@@ -2,15 +2,18 @@
 
 The rows of the text families in `tiny_models.TINY_MODELS` and of the media families with an
 adapter are regenerated here (each builds a tiny model and runs cold / hit / repeat against
-cold runs) and compared with the committed document; a difference means the store's
+cold runs, and, for a media family, cold / hit / changed medium / repeat with the suite's tiny
+media model) and compared with the committed document; a difference means the store's
 behaviour changed and `scripts/support_matrix.py` must be rerun.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import transformers
@@ -19,8 +22,10 @@ from tiny_models import TINY_MODELS
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import support_matrix  # noqa: E402
+import support_media  # noqa: E402
 
-from hf_prefix_cache.multimodal import _ADAPTERS  # noqa: E402
+from hf_prefix_cache.multimodal import _ADAPTERS, media  # noqa: E402
+from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES  # noqa: E402
 
 DOC = support_matrix.DOC.read_text()
 ROWS = support_matrix.parse(DOC)
@@ -37,9 +42,51 @@ def test_every_swept_type_has_a_row() -> None:
     assert sorted(ROWS) == sorted(SWEPT)
 
 
+def _wrong(rows: dict[str, str]) -> list[str]:
+    return [line for line in rows.values() if support_matrix._row_from_line(line).is_wrong()]
+
+
 def test_no_row_is_wrong() -> None:
-    wrong = [line for line in ROWS.values() if "| WRONG |" in line]
+    wrong = _wrong(ROWS)
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_adapter_family_has_a_media_case() -> None:
+    """Each key of `_ADAPTERS` and of the generic table has a media case (or a reason it has none), and no other key does."""
+    adapter_keys = {*_ADAPTERS, *GENERIC_FAMILIES}
+    assert set(support_media.MEDIA_CASES) | set(support_media.NO_MEDIA_CASE) == adapter_keys
+    assert not set(support_media.MEDIA_CASES) & set(support_media.NO_MEDIA_CASE)
+
+
+def test_a_row_has_a_media_result_exactly_when_its_type_has_a_media_case() -> None:
+    """The document's media cell is filled for every type with a case (one part per case), and empty otherwise."""
+    for model_type, line in ROWS.items():
+        cell = support_matrix._row_from_line(line).media
+        keys = support_media.media_keys(model_type)
+        assert len(cell.split("; ")) == len(keys) if keys else cell == "", line
+
+
+def _content_blind_update(hasher: Any, part: Any) -> None:
+    shape = part.size if hasattr(part, "getpixel") else tuple(part.shape)
+    hasher.update(repr(shape).encode())
+
+
+@pytest.mark.parametrize("key", ["llava", "qwen2_vl", "qwen2_5_omni_thinker", "mistral3"])
+def test_a_content_blind_media_hash_makes_the_media_step_wrong(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With media keyed by shape only, medium B is served A's states: the changed-medium step reports WRONG."""
+    monkeypatch.setattr(media, "_update", _content_blind_update)
+    result = support_media.scenario(support_media.MEDIA_CASES[key](), support_matrix.LOGIT_TOL)
+    assert result.status == "WRONG" and "changed" in result.detail, result
+
+
+def test_a_changed_medium_hit_past_its_first_placeholder_is_wrong() -> None:
+    """Reuse past medium A's first placeholder is WRONG even when the answer equals cold (here B is A again)."""
+    case = support_media.MEDIA_CASES["qwen2_vl"]()
+    same = dataclasses.replace(
+        case, kwargs=lambda ids, names: case.kwargs(ids, ["a" if n == "b" else n for n in names])
+    )
+    result = support_media.scenario(same, support_matrix.LOGIT_TOL)
+    assert result.status == "WRONG" and "past its first placeholder" in result.detail, result
 
 
 @pytest.mark.parametrize("model_type", COVERED)
@@ -89,7 +136,7 @@ def test_the_whole_matrix_is_regenerated_and_agrees(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     fresh = support_matrix.parse(out.read_text())
     assert sorted(fresh) == sorted(ROWS)
-    wrong = [line for line in fresh.values() if "| WRONG |" in line]
+    wrong = _wrong(fresh)
     assert not wrong, "\n".join(wrong)
     compared = [t for t in ROWS if "| timeout |" not in fresh[t] and "| timeout |" not in ROWS[t]]
     stale = [f"doc: {ROWS[t]}\nnow: {fresh[t]}" for t in compared if fresh[t] != ROWS[t]]

@@ -1,0 +1,302 @@
+"""The support matrix's media step: per model type, a tiny media model and two media run through a store.
+
+`scripts/support_matrix.py` runs text prompts only; this module adds, for every model type whose
+media an adapter serves, a medium scenario, each step compared with a cold run of the same call
+(tokens identical, logits within the sweep's tolerance):
+
+1. cold: text, medium A, text;
+2. hit: that prompt, its answer and more text (and, where the family allows, a second medium C);
+3. changed: the step-1 prompt with medium B in place of A (same placeholders, other content):
+   reuse must stop at or before A's first placeholder;
+4. repeat: step 2 again, exactly.
+
+The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
+`tests/tiny_qwen_media.py` and the Mllama and OneVision test modules), so tests/ goes on `sys.path`
+(a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model type, or
+``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving its
+`MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
+sweep, its workers or the document.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+#: Prompt ids 100-127 are media and framing ids in every fixture: answers never hold them.
+SUPPRESS = list(range(100, 128))
+NEW = 4
+#: Medium A's and B's pool seeds: the fixtures give seeds 1 and 13 the same shape, other content.
+SEED_A, SEED_B, SEED_C = 1, 13, 2
+
+
+@dataclass(frozen=True)
+class MediaCase:
+    """A tiny media model and its media "a", "b" (A's placeholders, other content) and maybe "c"."""
+
+    model: Any
+    #: Placeholder tokens, framing included, of each medium by name ("c" absent: no second medium).
+    tokens: dict[str, Any]
+    #: generate kwargs of a prompt `ids` holding the named media in prompt order.
+    kwargs: Callable[[Any, Sequence[str]], dict[str, Any]]
+    #: Offset in `tokens["a"]` of A's first placeholder (framing before it is text).
+    first: int = 0
+    #: Text tokens before medium A (0 where media must lead the prompt: PaliGemma).
+    head_len: int = 5
+
+
+@dataclass
+class MediaResult:
+    """One media scenario's outcome: `status` is served, cold, WRONG, error or not buildable."""
+
+    status: str
+    detail: str = ""
+    hits: list[int] = field(default_factory=list)
+
+    def cell(self) -> str:
+        if self.status == "served":
+            return " / ".join(str(h) for h in self.hits)
+        return f"{self.status}: {self.detail}" if self.detail else self.status
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _cat(*parts: Any) -> Any:
+    import torch
+
+    return torch.cat([p for p in parts if p.shape[1]], dim=1)
+
+
+def _family(name: str) -> MediaCase:
+    """A family of `tests/media_families.py` (hand-written adapters)."""
+    from media_families import FRAMED, Family
+
+    fam = Family(name)
+    media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [media[n] for n in names]), int(name in FRAMED)
+    )
+
+
+def _generic(name: str) -> MediaCase:
+    """A family of `tests/generic_media_families.py` (the generic table)."""
+    from generic_media_families import GenericFamily
+
+    fam = GenericFamily(name)
+    media = {"a": fam.medium(SEED_A), "b": fam.medium(SEED_B), "c": fam.medium(SEED_C)}
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return MediaCase(
+        fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]), media["a"].spans[0][0]
+    )
+
+
+def _onevision() -> MediaCase:
+    """LLaVA-OneVision (anyres, images as a flat list), as `tests/test_media_onevision.py` builds it."""
+    from test_media_onevision import OneVision
+
+    fam = OneVision("tiled")
+    media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
+    tokens = {k: fam.placeholders([m], 0) for k, m in media.items()}
+    return MediaCase(fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]))
+
+
+def _paligemma() -> MediaCase:
+    """PaliGemma (prefix-LM): images lead the prompt, then BOS; only an identical prompt is reused."""
+    import torch
+    from tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run
+
+    seeds = {"a": SEED_A, "b": SEED_B}
+    tokens = {k: _cat(run(IMAGE_ID, 16), run(1, 1)) for k in seeds}
+
+    def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
+        pixels = torch.stack([llava_pixels(seeds[n]) for n in names])
+        return {"pixel_values": pixels, "token_type_ids": torch.zeros_like(ids)}
+
+    return MediaCase(cached_vlm("paligemma"), tokens, kwargs, head_len=0)
+
+
+def _mllama() -> MediaCase:
+    """Mllama (cross-attention), as `tests/test_media_mllama.py` builds it; a new image reuses nothing, so no "c"."""
+    from test_media_mllama import IMAGE, media, picture, tiny_mllama
+
+    seeds = {"a": SEED_A, "b": SEED_B}
+    return MediaCase(
+        tiny_mllama(), dict.fromkeys(seeds, IMAGE), lambda ids, names: media(ids, [picture(seeds[n]) for n in names])
+    )
+
+
+def _omni() -> MediaCase:
+    """Qwen2.5-Omni thinker: medium A an audio clip (after an audio-start id), C an image."""
+    from tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
+
+    frames, grid = 60, (1, 4, 6)
+    seeds = {"a": SEED_A, "b": SEED_B}
+    tokens = {"a": omni_audio_tokens(frames), "b": omni_audio_tokens(frames), "c": image_tokens(grid)}
+
+    def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
+        clips = [(seeds[n], frames) for n in names if n in seeds]
+        images = [(SEED_C, grid)] if "c" in names else []
+        return Media(images=images, clips=clips).kwargs(ids)
+
+    return MediaCase(cached_omni(), tokens, kwargs, first=1)
+
+
+#: Adapter key -> its case. Keys are those of `multimodal._ADAPTERS` and `generic_table.GENERIC_FAMILIES`.
+MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
+    # Hand-written adapters (multimodal/__init__.py `_ADAPTERS`).
+    "llava": lambda: _family("llava"),
+    "llava_next": lambda: _family("llava_next"),
+    "llava_next_video": lambda: _family("llava_next_video"),
+    "llava_onevision": _onevision,
+    "qwen2_vl": lambda: _family("qwen2_vl"),
+    "qwen2_5_vl": lambda: _family("qwen2_5_vl"),
+    "qwen3_vl": lambda: _family("qwen3_vl"),
+    "gemma3": lambda: _family("gemma3"),
+    "paligemma": _paligemma,
+    "idefics3": lambda: _family("idefics3"),
+    "smolvlm": lambda: _family("smolvlm"),
+    "qwen2_audio": lambda: _family("qwen2_audio"),
+    "qwen2_5_omni_thinker": _omni,
+    "mllama": _mllama,
+    # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
+    "mistral3": lambda: _generic("mistral3"),
+    "llava/pixtral": lambda: _generic("llava_pixtral"),
+    "lighton_ocr": lambda: _generic("lighton_ocr"),
+    "video_llava": lambda: _generic("video_llava"),
+    "voxtral": lambda: _generic("voxtral"),
+    "internvl": lambda: _generic("internvl"),
+    "aya_vision": lambda: _generic("aya_vision"),
+    "cohere2_vision": lambda: _generic("cohere2_vision"),
+    "qianfan_ocr": lambda: _generic("qianfan_ocr"),
+    "got_ocr2": lambda: _generic("got_ocr2"),
+    "deepseek_vl": lambda: _generic("deepseek_vl"),
+    "janus": lambda: _generic("janus"),
+    "aria": lambda: _generic("aria"),
+    "llama4": lambda: _generic("llama4"),
+}
+
+#: Adapter keys without a media case, and why (none today: every adapter family has a fixture).
+NO_MEDIA_CASE: dict[str, str] = {}
+
+
+# --------------------------------------------------------------------------- the scenario
+
+
+class _Stop(Exception):
+    """Ends a scenario early with its result."""
+
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.result = MediaResult(status, _short(detail))
+
+
+def scenario(case: MediaCase, tol: float) -> MediaResult:
+    """Cold / hit / changed / repeat of `case` through a fresh store, each against a cold run."""
+    import torch
+    from tiny_vlms import text
+
+    from hf_prefix_cache import PrefixCache
+
+    if not torch.equal(case.tokens["a"], case.tokens["b"]):
+        return MediaResult("error", "fixture: media A and B have different placeholders")
+    store = PrefixCache(case.model)
+    first = _cat(text(case.head_len, 1), case.tokens["a"], text(6, 2))
+    start = case.head_len + case.first  # A's first placeholder: a changed A may reuse only what precedes it
+    extra = (case.tokens["c"], text(3, 4)) if "c" in case.tokens else ()
+    names = ("a", "c") if extra else ("a",)
+    try:
+        answer, _ = _step(case, store, first, ("a",), "cold", tol)
+        second = _cat(answer, text(4, 3), *extra)
+        _, hit = _step(case, store, second, names, "hit", tol)
+        _, changed = _step(case, store, first, ("b",), "changed", tol)
+        if changed > start:
+            raise _Stop("WRONG", f"changed medium reused {changed} tokens, past its first placeholder at {start}")
+        _, repeat = _step(case, store, second, names, "repeat", tol)
+    except _Stop as stop:
+        return stop.result
+    finally:
+        fallbacks = store.stats().fallbacks
+        store.detach()
+    if fallbacks:
+        return MediaResult("cold", ", ".join(f"`{k}`" for k in sorted(fallbacks)))
+    if repeat == 0:
+        return MediaResult("WRONG", f"no reuse and no fallback reason (hits {hit} / {changed} / {repeat})")
+    return MediaResult("served", hits=[hit, changed, repeat])
+
+
+def _step(case: MediaCase, store: Any, ids: Any, names: Sequence[str], step: str, tol: float) -> tuple[Any, int]:
+    """Run `ids` with media `names` cold and through `store`: (the cached run's sequences, its hit tokens)."""
+    import torch
+    from conftest import generate, max_logit_diff
+
+    kwargs = {**case.kwargs(ids, names), "suppress_tokens": SUPPRESS}
+    before = store.stats().hit_tokens
+    try:
+        cold = generate(case.model, ids, NEW, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the model cannot run this at all
+        raise _Stop("error", f"cold generate ({step}): {type(exc).__name__}: {exc}") from exc
+    try:
+        warm = generate(case.model, ids, NEW, past_key_values=store, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - cold works, the store's run does not: a bug
+        raise _Stop("WRONG", f"cached generate raised ({step}): {type(exc).__name__}: {exc}") from exc
+    if not torch.equal(cold.sequences, warm.sequences):
+        raise _Stop("WRONG", f"tokens differ ({step})")
+    diff = max_logit_diff(cold, warm)
+    if diff >= tol:
+        raise _Stop("WRONG", f"logits differ by {diff:.2e} ({step})")
+    return warm.sequences, store.stats().hit_tokens - before
+
+
+# --------------------------------------------------------------------------- cells of the document
+
+
+def media_keys(model_type: str) -> list[str]:
+    """`MEDIA_CASES` keys of `model_type`: the plain key first, then tower-specific ones."""
+    return sorted((k for k in MEDIA_CASES if k.split("/")[0] == model_type), key=lambda k: ("/" in k, k))
+
+
+def media_cell(model_type: str, tol: float) -> str:
+    """The document's media cell of `model_type`: each case's result, tower cases labelled; "" without a case."""
+    parts = []
+    for key in media_keys(model_type):
+        try:
+            case = MEDIA_CASES[key]()
+        except Exception as exc:  # noqa: BLE001 - any build failure is the case's result
+            result = MediaResult("not buildable", _short(f"{type(exc).__name__}: {exc}"))
+        else:
+            try:
+                result = scenario(case, tol)
+            except Exception as exc:  # noqa: BLE001 - a crash outside generate is recorded too
+                result = MediaResult("error", _short(f"{type(exc).__name__}: {exc}"))
+        label = f"{key.split('/')[1]} tower: " if "/" in key else ""
+        parts.append(label + result.cell())
+    return "; ".join(parts)
+
+
+def media_status(cell: str) -> str:
+    """The status a media cell counts as: served, cold, WRONG, other, or "" (no media case)."""
+    if not cell:
+        return ""
+    statuses = set()
+    for part in cell.split("; "):
+        body = part.split(" tower: ", 1)[-1]
+        statuses.add(body.split(":", 1)[0] if ":" in body else "served")
+    if "WRONG" in statuses:
+        return "WRONG"
+    if statuses - {"served", "cold"}:
+        return "other"
+    return "cold" if "cold" in statuses else "served"
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split()).replace("|", "/").replace(";", ",")
+    return text if len(text) <= 120 else text[:117] + "..."
