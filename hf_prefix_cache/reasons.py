@@ -84,6 +84,7 @@ MROPE_BATCH = "mrope_batch"
 PREFIX_LM_BATCH = "prefix_lm_batch"
 PREFIX_LM = "prefix_lm"  # a prefix-LM prompt the adapter cannot key (no token type marks)
 MEDIA_MIXED_PATCHING = "media_mixed_patching"
+IMAGES_AND_VIDEOS = "images_and_videos"  # both in one prompt, which the model itself cannot run (GLM-4V)
 CROSS_ATTENTION_MASK = "cross_attention_mask"  # not the processor's mask (Mllama)
 VISION_SETTINGS = "vision_settings"  # + ":" + the per-call setting that changes how media encode
 

@@ -17,9 +17,12 @@ from tiny_vlms import (
     audio_clip,
     audio_tokens,
     cached_vlm,
+    glm_marks,
+    glm_video_tokens,
     llava_next_processor,
     llava_next_tokens,
     llava_pixels,
+    paddle_pixels,
     pil_image,
     qwen_pixels,
     run,
@@ -31,6 +34,10 @@ NEW = 5
 SPECIAL_IDS = list(range(100, 128))
 IDEFICS = ("idefics3", "smolvlm")
 ANYRES = ("llava_next", "llava_next_video")
+GLM = ("glm4v", "glm4v_moe", "glm46v", "glmga", "glm_ocr")
+# GLM-4V with videos as its media: the model cannot take images and videos in one prompt.
+GLM_VIDEO = "glm4v/video"
+GRIDS = [(1, 4, 6), (1, 2, 4), (1, 4, 4)]
 
 
 class Family:
@@ -38,7 +45,7 @@ class Family:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.model = cached_vlm(name)
+        self.model = cached_vlm(name.split("/")[0])
 
     def image(self, seed: int) -> Any:
         if self.name == "qwen2_audio":
@@ -48,7 +55,11 @@ class Family:
         if self.name in ANYRES:
             sizes = [(30, 60), (50, 40), (32, 32), (64, 20)]
             return pil_image(seed, *sizes[seed % len(sizes)])
-        return qwen_pixels(seed, [(1, 4, 6), (1, 2, 4), (1, 4, 4)][seed % 3])
+        if self.name == GLM_VIDEO:
+            return qwen_pixels(seed, [(2, 4, 4), (2, 2, 4), (3, 2, 2)][seed % 3])
+        if self.name == "paddleocr_vl":
+            return paddle_pixels(seed, GRIDS[seed % 3])
+        return qwen_pixels(seed, GRIDS[seed % 3])
 
     def placeholders(self, image: Any) -> torch.Tensor:
         if self.name == "qwen2_audio":
@@ -63,6 +74,8 @@ class Family:
             kw = llava_next_processor()([image], return_tensors="pt")
             (n,) = llava_next_tokens(self.model, kw["pixel_values"], kw["image_sizes"])
             return run(IMAGE_ID, n)
+        if self.name == GLM_VIDEO:
+            return glm_video_tokens(image[1])
         n = int(image[1].prod()) // 4
         return torch.cat([run(VISION_START_ID, 1), run(IMAGE_ID, n), run(VISION_END_ID, 1)], dim=1)
 
@@ -80,6 +93,18 @@ class Family:
             return {"pixel_values": torch.stack(images)[None]}
         if self.name in ANYRES:
             return dict(llava_next_processor()(images, return_tensors="pt"))
+        if self.name == GLM_VIDEO:
+            return {
+                "pixel_values_videos": torch.cat([rows for rows, _ in images]),
+                "video_grid_thw": torch.cat([grid for _, grid in images]),
+                "mm_token_type_ids": glm_marks(ids),
+            }
+        if self.name in GLM:
+            return {
+                "pixel_values": torch.cat([rows for rows, _ in images]),
+                "image_grid_thw": torch.cat([grid for _, grid in images]),
+                "mm_token_type_ids": glm_marks(ids),
+            }
         return {
             "pixel_values": torch.cat([rows for rows, _ in images]),
             "image_grid_thw": torch.cat([grid for _, grid in images]),

@@ -95,9 +95,38 @@ def test_overriding_how_media_are_encoded_runs_cold(name: str, setting: str, val
         store.detach()
 
 
+def tiny_qwen3_vl_moe() -> Any:
+    """Qwen3-VL-MoE: M-RoPE (`get_rope_index`) with no media adapter, so no positions for a restored prefix."""
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    config = transformers.Qwen3VLMoeConfig(
+        text_config={
+            **_TEXT,
+            "model_type": "qwen3_vl_moe_text",
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "rope_parameters": rope,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "out_hidden_size": 64,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=IMAGE_ID,
+    )
+    return _build(transformers.Qwen3VLMoeForConditionalGeneration, config)
+
+
 def test_mrope_model_without_positions_runs_cold_even_for_text() -> None:
-    """GLM-4V keeps the blanket `mrope_positions` refusal: stale rope_deltas would be wrong."""
-    assert _fallbacks(cached_vlm("glm4v"), text(12, 1)) == {"mrope_positions": 2}
+    """An M-RoPE family with no adapter computing positions (Qwen3-VL-MoE) keeps the blanket
+    `mrope_positions` refusal: the rope_deltas left on the model may be stale."""
+    assert _fallbacks(tiny_qwen3_vl_moe(), text(12, 1)) == {"mrope_positions": 2}
 
 
 def test_media_kwarg_the_family_does_not_know_runs_cold() -> None:

@@ -51,10 +51,11 @@ class Prompt:
 
     def add_medium(self, index: int) -> None:
         tokens = self.family.placeholders(self.pool[index])[0].tolist()
+        # A medium spans its first placeholder to its last (a video's frames with the text between them).
         at = [i for i, t in enumerate(tokens) if t in PLACEHOLDER_IDS]
-        start = len(self.ids) + at[0]
-        self.spans.append((start, start + len(at)))
-        self.symbols += [("medium", index, at.index(i)) if i in at else t for i, t in enumerate(tokens)]
+        first, last = at[0], at[-1] + 1
+        self.spans.append((len(self.ids) + first, len(self.ids) + last))
+        self.symbols += [("medium", index, i - first) if first <= i < last else t for i, t in enumerate(tokens)]
         self.ids += tokens
         self.media.append(index)
 

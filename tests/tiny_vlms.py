@@ -10,6 +10,9 @@ from ``random_prompt`` (``[4, 100)``); placeholders use ids above 100:
   ``LlavaNextImageProcessorPil``, which pads every prompt's patch stacks to its largest image.
 * ``qwen2_vl``: M-RoPE text model; an image of grid ``(t, h, w)`` is ``t*h*w`` rows of
   ``3*2*2*2`` values and ``t*h*w/4`` placeholders between vision start/end ids.
+* ``glm4v``, ``glm4v_moe``, ``glm46v``, ``glmga``, ``glm_ocr``: Qwen2-VL's patch layout; a video's
+  frames are image placeholders between ``VIDEO_START_ID`` and ``VIDEO_END_ID`` (``glm_video_tokens``),
+  marked by ``glm_marks``. ``paddleocr_vl``: images only, patches of ``[3, 2, 2]`` (``paddle_pixels``).
 """
 
 from __future__ import annotations
@@ -269,31 +272,87 @@ def tiny_qwen3_vl() -> Any:
     return _build(transformers.Qwen3VLForConditionalGeneration, config)
 
 
+#: GLM-4V's video start/end ids: a video's frames are image placeholders between them.
+VIDEO_START_ID, VIDEO_END_ID = 110, 111
+_MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
+_GLM_VISION: dict[str, Any] = {
+    "depth": 1,
+    "hidden_size": 32,
+    "out_hidden_size": 64,
+    "intermediate_size": 64,
+    "num_heads": 4,
+    "patch_size": 2,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "image_size": 8,
+}
+_GLM_IDS = {
+    "image_token_id": IMAGE_ID,
+    "video_token_id": VIDEO_ID,
+    "image_start_token_id": VISION_START_ID,
+    "image_end_token_id": VISION_END_ID,
+    "video_start_token_id": VIDEO_START_ID,
+    "video_end_token_id": VIDEO_END_ID,
+}
+
+
+def _glm(config_name: str, model_name: str, text_type: str, vision_type: str, **text: Any) -> Any:
+    """A GLM-4V-family model: Qwen2-VL's patch layout (2x2 merge), frames framed by begin/end-of-image ids."""
+    config = getattr(transformers, config_name)(
+        text_config={**_TEXT, "model_type": text_type, "rope_parameters": _MROPE_TEXT, **text},
+        vision_config={**_GLM_VISION, "model_type": vision_type},
+        **_GLM_IDS,
+    )
+    return _build(getattr(transformers, model_name), config)
+
+
 def tiny_glm4v() -> Any:
-    """GLM-4V (M-RoPE): no media adapter, so every request runs cold (`mrope_positions`)."""
-    config = transformers.Glm4vConfig(
-        text_config={
-            **_TEXT,
-            "model_type": "glm4v_text",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
-        },
+    """GLM-4.1V (M-RoPE): images as Qwen2-VL; video frames are image placeholders inside video start/end ids."""
+    return _glm("Glm4vConfig", "Glm4vForConditionalGeneration", "glm4v_text", "glm4v_vision")
+
+
+def tiny_glm4v_moe() -> Any:
+    """GLM-4.5V: GLM-4V with a mixture-of-experts text model (half-rotary heads)."""
+    rope = {**_MROPE_TEXT, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}
+    experts = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1}
+    text = {"rope_parameters": rope, **experts}
+    return _glm("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", "glm4v_moe_text", "glm4v_moe_vision", **text)
+
+
+def tiny_glm46v() -> Any:
+    """GLM-4.6V: GLM-4V's text and vision models under its own config and class."""
+    return _glm("Glm46VConfig", "Glm46VForConditionalGeneration", "glm4v_text", "glm4v_vision")
+
+
+def tiny_glmga() -> Any:
+    """GLM-GA: its own config type, built as `Glm46VForConditionalGeneration` (as transformers' auto classes do)."""
+    return _glm("GlmgaConfig", "Glm46VForConditionalGeneration", "glm4v_text", "glm4v_vision")
+
+
+def tiny_glm_ocr() -> Any:
+    """GLM-OCR: GLM-4V's layout with its own text and vision models."""
+    return _glm("GlmOcrConfig", "GlmOcrForConditionalGeneration", "glm_ocr_text", "glm_ocr_vision")
+
+
+def tiny_paddleocr_vl() -> Any:
+    """PaddleOCR-VL (images only): a SigLIP-style tower over ``[3, 2, 2]`` patches, 2x2 merge, M-RoPE text."""
+    config = transformers.PaddleOCRVLConfig(
+        text_config={**_TEXT, "model_type": "paddleocr_vl_text", "head_dim": 16, "rope_parameters": _MROPE_TEXT},
         vision_config={
-            "depth": 1,
             "hidden_size": 32,
-            "out_hidden_size": 64,
             "intermediate_size": 64,
-            "num_heads": 4,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "image_size": 8,
             "patch_size": 2,
             "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "image_size": 8,
         },
         image_token_id=IMAGE_ID,
         video_token_id=VIDEO_ID,
-        image_start_token_id=VISION_START_ID,
-        image_end_token_id=VISION_END_ID,
+        vision_start_token_id=VISION_START_ID,
+        vision_end_token_id=VISION_END_ID,
     )
-    return _build(transformers.Glm4vForConditionalGeneration, config)
+    return _build(transformers.PaddleOCRVLForConditionalGeneration, config)
 
 
 FAKE_IMAGE_ID = 124
@@ -328,6 +387,11 @@ TINY_VLMS = {
     "smolvlm": tiny_smolvlm,
     "qwen3_vl": tiny_qwen3_vl,
     "glm4v": tiny_glm4v,
+    "glm4v_moe": tiny_glm4v_moe,
+    "glm46v": tiny_glm46v,
+    "glmga": tiny_glmga,
+    "glm_ocr": tiny_glm_ocr,
+    "paddleocr_vl": tiny_paddleocr_vl,
     "qwen2_audio": tiny_qwen2_audio,
     "gemma3": tiny_gemma3,
     "paligemma": tiny_paligemma,
@@ -376,6 +440,32 @@ def qwen_pixels(seed: int, grid: tuple[int, int, int] = (1, 4, 6)) -> tuple[torc
     t, h, w = grid
     rows = torch.rand(t * h * w, 3 * 2 * 2 * 2, generator=torch.Generator().manual_seed(seed))
     return rows, torch.tensor([list(grid)])
+
+
+def paddle_pixels(seed: int, grid: tuple[int, int, int] = (1, 4, 6)) -> tuple[torch.Tensor, torch.Tensor]:
+    """One PaddleOCR-VL image: ``t*h*w`` patches of ``[3, 2, 2]`` and its ``[1, 3]`` grid."""
+    t, h, w = grid
+    rows = torch.rand(t * h * w, 3, 2, 2, generator=torch.Generator().manual_seed(seed))
+    return rows, torch.tensor([list(grid)])
+
+
+def glm_video_tokens(grid: torch.Tensor, first_second: int = 0) -> torch.Tensor:
+    """A GLM-4V video's ids as its processor writes them: per frame, begin-of-image, the frame's
+    ``h*w/4`` image placeholders, end-of-image and its timestamp (one text id), all between the
+    video start and end ids."""
+    t, h, w = (int(x) for x in grid.reshape(-1))
+    parts = [run(VIDEO_START_ID, 1)]
+    for frame in range(t):
+        stamp = torch.tensor([[4 + (first_second + frame) % 96]])
+        parts += [run(VISION_START_ID, 1), run(IMAGE_ID, h * w // 4), run(VISION_END_ID, 1), stamp]
+    return torch.cat([*parts, run(VIDEO_END_ID, 1)], dim=1)
+
+
+def glm_marks(ids: torch.Tensor) -> torch.Tensor:
+    """The GLM-4V processor's ``mm_token_type_ids``: image placeholders are 2 inside a video, else 1."""
+    video = (ids == VIDEO_START_ID).cumsum(-1) > (ids == VIDEO_END_ID).cumsum(-1)
+    placeholders = ids == IMAGE_ID
+    return (placeholders & ~video).int() + 2 * (placeholders & video).int()
 
 
 def text(n: int, seed: int) -> torch.Tensor:

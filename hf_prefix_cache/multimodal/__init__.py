@@ -1,7 +1,7 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `mllama`); the base class and shared helpers live in `base`. Families of the common
+`qwen_omni`, `glm4v`, `mllama`); the base class and shared helpers live in `base`. Families of the common
 pattern (rows of a media kwarg scattered over placeholders) are rows of `generic_table`, served by
 `generic.GenericMedia`; a tower-specific row there (``"llava/pixtral"``) wins over the family's
 module. A family missing here runs cold on media inputs, with the reason `media_inputs:<model_type>`.
@@ -14,6 +14,7 @@ from typing import Any
 from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
+from hf_prefix_cache.multimodal.glm4v import Glm4vMedia, PaddleOcrVlMedia
 from hf_prefix_cache.multimodal.idefics import Idefics3Media
 from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
@@ -35,6 +36,12 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_vl": Qwen2VLMedia,
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
+    "glm4v": Glm4vMedia,
+    "glm4v_moe": Glm4vMedia,
+    "glm46v": Glm4vMedia,
+    "glmga": Glm4vMedia,
+    "glm_ocr": Glm4vMedia,
+    "paddleocr_vl": PaddleOcrVlMedia,
     "qwen2_audio": Qwen2AudioMedia,
     "qwen2_5_omni_thinker": Qwen2_5OmniThinkerMedia,
     "idefics3": Idefics3Media,

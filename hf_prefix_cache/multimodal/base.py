@@ -92,7 +92,7 @@ class MediaAdapter:
         for kind, token_id, parts, lengths in self._items(tokens, kwargs):
             if token_id is None:
                 return None
-            runs = find_runs(tokens, token_id)
+            runs = self._runs(tokens, kind, token_id)
             if not parts and not runs:
                 continue
             spans = assign_spans(runs, lengths) if lengths is not None else one_per_run(runs, len(parts))
@@ -170,6 +170,10 @@ class MediaAdapter:
         return tuple(token_id for _, token_id, _, _ in self._items((), {}))
 
     # --------------------------------------------------------------- per family
+    def _runs(self, tokens: Sequence[int], kind: str, token_id: int) -> list[tuple[int, int]]:
+        """The placeholder runs of `kind` items: every run of `token_id`, unless one id serves two kinds."""
+        return find_runs(tokens, token_id)
+
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         """Per media kind, the items of `kwargs`; counts None means one item per placeholder run."""
         raise NotImplementedError

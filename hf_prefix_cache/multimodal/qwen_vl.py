@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
-from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, hash_media
 
 
 class Qwen2VLMedia(MediaAdapter):
@@ -20,10 +20,11 @@ class Qwen2VLMedia(MediaAdapter):
     has_positions = True
     # Without the processor's marks transformers gives every position a text position (no M-RoPE).
     marks_kwarg: str | None = "mm_token_type_ids"
-    marks = ((("image_token_id",), 1), (("video_token_id",), 2))
+    marks: tuple[tuple[tuple[str, ...], int], ...] = ((("image_token_id",), 1), (("video_token_id",), 2))
     #: The kwarg holding each video's seconds per temporal grid step (it spaces the video's positions).
     _SECONDS = "second_per_grid_ts"
-    _KINDS = (
+    #: Per media kind: its name, the config name of its placeholder id, its pixels kwarg and its grid kwarg.
+    _KINDS: tuple[tuple[str, str, str, str], ...] = (
         ("image", "image_token_id", "pixel_values", "image_grid_thw"),
         ("video", "video_token_id", "pixel_values_videos", "video_grid_thw"),
     )
@@ -130,7 +131,7 @@ class Qwen3VLMedia(Qwen2VLMedia):
         return [entry for entry in super()._items(tokens, kwargs) if entry[0] == "image"]
 
     def placeholder_ids(self) -> tuple[int | None, ...]:
-        return (config_token_id(self.config, "image_token_id"), config_token_id(self.config, "video_token_id"))
+        return tuple(config_token_id(self.config, id_name) for _, id_name, _, _ in self._KINDS)
 
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
         images = super().layout(tokens, kwargs)
@@ -141,8 +142,8 @@ class Qwen3VLMedia(Qwen2VLMedia):
 
     def _videos(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """One item per video, from its first frame's placeholders to its last's; None on a mismatch."""
-        token_id = config_token_id(self.config, "video_token_id")
-        runs = find_runs(tokens, token_id) if token_id is not None else []
+        token_id = config_token_id(self.config, {kind: name for kind, name, _, _ in self._KINDS}["video"])
+        runs = self._runs(tokens, "video", token_id) if token_id is not None else []
         pixels, grid = kwargs.get("pixel_values_videos"), kwargs.get("video_grid_thw")
         if pixels is None and grid is None:
             return None if runs else []
