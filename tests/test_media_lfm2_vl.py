@@ -65,10 +65,13 @@ def test_lfm2_vl_is_served_by_the_generic_adapter(fam: GenericFamily) -> None:
 
 
 def test_the_tower_encodes_each_row_on_its_own(fam: GenericFamily) -> None:
-    """A row's features do not depend on the other rows of the batch, on its padding's content or on the padded length."""
+    """A row's features depend neither on the other rows, nor on its padding's content or length, nor on the mask's dtype."""
     rows = [row for seed in (1, 2, 0) for row in lfm2_vl_medium(seed).rows]  # shapes 4x6, 4x4, 4x4, 2x4, 4x6
     batch = lfm2_vl_kwargs(rows)
     together = _features(fam.model, batch)
+    as_bool = _features(fam.model, {**batch, "pixel_attention_mask": batch["pixel_attention_mask"].bool()})
+    for a, b in zip(as_bool, together, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # keys ignore the mask's dtype
     for i, row in enumerate(rows):
         alone = _features(fam.model, lfm2_vl_kwargs([row]))[0]
         noisy = lfm2_vl_kwargs([row])
@@ -213,7 +216,7 @@ def test_padding_is_not_keyed_and_the_shape_is(fam: GenericFamily) -> None:
 
 
 def test_rows_the_rule_cannot_key_get_no_layout(fam: GenericFamily) -> None:
-    """A mask that is not exactly the first h x w patches, or a side of odd patches, is not keyed (cold: `media_placeholders`)."""
+    """A mask that is not exactly the first h x w patches (or not integer), or a side of odd patches, is not keyed."""
     adapter = media_adapter_for(fam.model)
     assert adapter is not None
     image = fam.medium(0)
@@ -223,6 +226,10 @@ def test_rows_the_rule_cannot_key_get_no_layout(fam: GenericFamily) -> None:
     gap = kwargs["pixel_attention_mask"].clone()
     gap[0, 3] = 0
     assert adapter.layout(tokens, {**kwargs, "pixel_attention_mask": gap}) is None
+    as_float = kwargs["pixel_attention_mask"].float()  # the model itself fails on it (it slices by its sums)
+    assert adapter.layout(tokens, {**kwargs, "pixel_attention_mask": as_float}) is None
+    as_bool = kwargs["pixel_attention_mask"].bool()  # the same features as the processor's int32 mask
+    assert adapter.layout(tokens, {**kwargs, "pixel_attention_mask": as_bool}) == adapter.layout(tokens, kwargs)
     odd = lfm2_vl_kwargs([torch.rand(3, 8, image.rows[0].shape[-1])])  # 24 patches, 3x8: no whole 2x2 merges
     assert adapter.layout(tokens, odd) is None
 

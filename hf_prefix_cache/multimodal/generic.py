@@ -245,6 +245,8 @@ class GenericMedia(MediaAdapter):
             return None
         if tuple(sizes.shape) != (data.shape[0], 2) or tuple(mask.shape) != tuple(data.shape[:2]):
             return None
+        if mask.is_floating_point() or mask.is_complex():
+            return None  # not a mask the model takes (it slices features by the mask's sums)
         out: list[tuple[Any, ...]] = []
         for i, (height, width) in enumerate(sizes.tolist()):
             n = int(height) * int(width)
