@@ -77,7 +77,8 @@ WHISPER_SEGMENTS = "whisper_segments"  # the request looped into a second segmen
 # --- media (multimodal/ and the decoder-only hook)
 MEDIA_INPUTS = "media_inputs"  # + ":" + the model type without an adapter, or the kwarg it does not handle
 MEDIA_BATCH = "media_batch"
-MEDIA_RECURRENT = "media_recurrent"
+MEDIA_RECURRENT = "media_recurrent"  # media on a model with state layers, of a family with no suffix embeddings
+MEDIA_PROMPT_END = "media_prompt_end"  # the same, served family: a placeholder last, which generate feeds alone
 MEDIA_PLACEHOLDERS = "media_placeholders"
 UNHASHABLE_MEDIA = "unhashable_media"
 MROPE_BATCH = "mrope_batch"

@@ -15,6 +15,11 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
   (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
+* ``lfm2_vl``: LFM2-VL (conv + attention text layers; kept out of `GENERIC_FAMILIES`, whose hit
+  counts assume attention-only models: `tests/test_media_lfm2_vl.py` tests it): a SigLIP 2
+  NaFlex tower on 4x4-pixel patches, rows of patches padded to 24 as its processor pads them,
+  2x2 patches per placeholder; one tile of 4x6 patches (6 placeholders), or two 4x4 tiles and a
+  2x4 thumbnail (4 + 4 + 2), framed by image start/end, tile and thumbnail ids as its processor does.
 * ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed one video per prompt as its processors
   do: frames as rows of `pixel_values` with their `pixel_attention_mask`, each frame after its
   timestamp text and framed like an image. (Several videos of one prompt are padded to one
@@ -279,6 +284,29 @@ def tiny_janus() -> Any:
     return _build(transformers.JanusForConditionalGeneration, config)
 
 
+def tiny_lfm2_vl() -> Any:
+    """LFM2-VL: SigLIP 2 NaFlex tower (4x4-pixel patches), 2x2 patches per placeholder; LFM2 text [conv, attn] x 2."""
+    text = {**_TEXT, "model_type": "lfm2", "num_hidden_layers": 4, "conv_L_cache": 3, "block_auto_adjust_ff_dim": False}
+    text["layer_types"] = ["conv", "full_attention", "conv", "full_attention"]
+    vision = {
+        "model_type": "siglip2_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "patch_size": LFM2_PATCH,
+        "num_patches": 16,
+        "vision_use_head": False,
+    }
+    config = transformers.Lfm2VlConfig(
+        text_config=text, vision_config=vision, image_token_id=IMG, downsample_factor=2, projector_hidden_size=64
+    )
+    return _build(transformers.Lfm2VlForConditionalGeneration, config)
+
+
+#: LFM2-VL rows: patches of 4x4 pixels (3 channels), padded to 24 patches per row.
+LFM2_PATCH, LFM2_ROW_LEN = 4, 24
+
 _BUILDERS = {
     "mistral3": tiny_mistral3,
     "llava_pixtral": tiny_llava_pixtral,
@@ -294,9 +322,12 @@ _BUILDERS = {
     "qianfan_ocr": tiny_qianfan_ocr,
     "aria": tiny_aria,
     "janus": tiny_janus,
+    "lfm2_vl": tiny_lfm2_vl,
 }
-#: Families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
-GENERIC_FAMILIES = (*_BUILDERS, "smolvlm_video")
+#: Generic families whose text layers hold states: each prefix restores only at a snapshot.
+STATE_FAMILIES = ("lfm2_vl",)
+#: Attention-only families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
+GENERIC_FAMILIES = (*(name for name in _BUILDERS if name not in STATE_FAMILIES), "smolvlm_video")
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
 PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
@@ -378,6 +409,8 @@ class GenericFamily:
             if seed % 2:
                 return Medium("video", (_rand(seed, 2, 3, 32, 32),), (VID,) * 34, ((0, 34),))
             return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
+        if name == "lfm2_vl":
+            return lfm2_vl_medium(seed, framed=True)
         count = 2 if shape == 2 else 1  # tiles, chunks or frames
         if name == "voxtral":
             rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
@@ -428,6 +461,8 @@ class GenericFamily:
                 if rows:
                     out[name] = torch.stack(rows)
             return out
+        if self.name == "lfm2_vl":
+            return lfm2_vl_kwargs([row for m in media for row in m.rows])
         rows = torch.stack([row for m in media for row in m.rows])
         if self.name == "voxtral":
             return {"input_features": rows}
@@ -476,3 +511,37 @@ class GenericFamily:
             for handle in handles:
                 handle.remove()
         return sum(seen)
+
+
+def lfm2_vl_medium(seed: int, framed: bool = True) -> Medium:
+    """LFM2-VL pool medium `seed` (seeds 1 and 13 agree in shape): rows ``[h, w, 48]`` of patches.
+
+    Shape 0: one 4x6-patch tile, 6 placeholders. Shape 2: two 4x4 tiles (a 1x2 grid) and a 2x4
+    thumbnail, 4 + 4 + 2 placeholders. `framed` adds the processor's image start/end (110/111),
+    tile (112, 113) and thumbnail (114) ids; without them the placeholders of all rows form one run.
+    """
+    dim = 3 * LFM2_PATCH * LFM2_PATCH
+    shapes = [(4, 4), (4, 4), (2, 4)] if seed % 3 == 2 else [(4, 6)]
+    rows = tuple(_rand(seed * 7 + i, h, w, dim) for i, (h, w) in enumerate(shapes))
+    counts = [h * w // 4 for h, w in shapes]
+    tokens: list[int] = [110] if framed else []
+    spans = []
+    for i, count in enumerate(counts):
+        if framed and len(counts) > 1:
+            tokens.append(114 if i == len(counts) - 1 else 112 + i)  # the tile's position, or the thumbnail's mark
+        spans.append((len(tokens), len(tokens) + count))
+        tokens += [IMG] * count
+    tokens += [111] if framed else []
+    return Medium("image", rows, tuple(tokens), tuple(spans))
+
+
+def lfm2_vl_kwargs(rows: list[torch.Tensor]) -> dict[str, Any]:
+    """What LFM2-VL's processor hands `generate`: patch rows padded to 24, their int32 mask and h x w patches."""
+    pixel_values = torch.zeros(len(rows), LFM2_ROW_LEN, rows[0].shape[-1])
+    mask = torch.zeros(len(rows), LFM2_ROW_LEN, dtype=torch.int32)
+    for i, row in enumerate(rows):
+        n = row.shape[0] * row.shape[1]
+        pixel_values[i, :n] = row.reshape(n, -1)
+        mask[i, :n] = 1
+    shapes = torch.tensor([list(row.shape[:2]) for row in rows])
+    return {"pixel_values": pixel_values, "pixel_attention_mask": mask, "spatial_shapes": shapes}

@@ -11,7 +11,8 @@ together; `generate` then gets only the media of the uncached suffix, and M-RoPE
 explicit positions of the whole prompt. Cross-attention models (Mllama) also restore the
 vision keys/values of the prefix's images (item states) and store those of new images.
 Recurrent models prefill their uncached prompt in snapshot-sized chunks first
-(`recurrent_prefill.py`).
+(`recurrent_prefill.py`); with media (families whose adapter computes suffix embeddings,
+LFM2-VL), fed the embeddings the model would compute, so `generate` then gets no media at all.
 """
 
 from __future__ import annotations
@@ -136,14 +137,23 @@ class DecoderOnlyHook:
             snapshots: list[Snapshot] = []
             fed = lease.cached_len
             if profile.has_state:
+                embeds = self._suffix_embeds(input_ids, kwargs, layout, lease.cached_len)
                 fed, snapshots = prefill_states(
-                    self._model, profile, cache, input_ids, lease, store.snapshot_interval, self._one_token_steps
+                    self._model,
+                    profile,
+                    cache,
+                    input_ids,
+                    lease,
+                    store.snapshot_interval,
+                    self._one_token_steps,
+                    embeds,
+                    spans,
                 )
             if profile.cache_kwarg == "cache_params":
                 cache.skip_len = fed
-            if media is not None and layout is not None and lease.cached_len:
-                # Only the suffix's media go to generate (plus explicit positions for M-RoPE).
-                kwargs = media.resume_kwargs(input_ids, kwargs, layout, lease.cached_len)
+            if media is not None and layout is not None and fed:
+                # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
+                kwargs = media.resume_kwargs(input_ids, kwargs, layout, fed)
             kwargs[profile.cache_kwarg] = cache
             if drop_impl:
                 kwargs[refusals.CACHE_IMPLEMENTATION] = None
@@ -190,6 +200,18 @@ class DecoderOnlyHook:
                 self._store.count_reduced_reuse(media.new_item_reason)
                 return
 
+    def _suffix_embeds(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout | None, cached_len: int
+    ) -> torch.Tensor | None:
+        """For a state prefill: the embeddings of `[cached_len, n)` when media lie there (else None: feed ids)."""
+        media = self._store.profile.media
+        if media is None or layout is None or cached_len >= input_ids.shape[1] - 1:
+            return None
+        if not any(item.end > cached_len for item in layout.items):
+            return None  # the suffix is text: its ids embed the same way
+        with torch.no_grad():
+            return media.suffix_embeds(input_ids, kwargs, layout, cached_len)
+
     def _media_layout(self, rows: list[list[int]], kwargs: dict[str, Any]) -> tuple[MediaLayout | None, str | None]:
         """The prompt's media items (None for a model without media handling), or why to run cold."""
         media = self._store.profile.media
@@ -205,6 +227,9 @@ class DecoderOnlyHook:
             return None, reasons.UNHASHABLE_MEDIA
         if layout is None:
             return None, reasons.MEDIA_PLACEHOLDERS
+        if self._store.profile.has_state and layout.items and layout.items[-1].end >= len(rows[0]):
+            # The prefill stops before the last token and generate feeds it alone, with no media.
+            return None, reasons.MEDIA_PROMPT_END
         return layout, None
 
     def _check(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
@@ -238,7 +263,7 @@ class DecoderOnlyHook:
                 return reasons.with_detail(reasons.MEDIA_INPUTS, unknown[0])
             if input_ids.shape[0] != 1:
                 return reasons.MEDIA_BATCH
-            if profile.has_state:
+            if profile.has_state and not media.embeds_suffix:
                 return reasons.MEDIA_RECURRENT
         passed = self._model_kwarg(kwargs)
         if passed is not None:

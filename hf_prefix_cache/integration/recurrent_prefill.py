@@ -6,10 +6,16 @@ every `snapshot_interval` tokens and at `n - 1`, snapshotting at each end; `gene
 feeds the last token. Models whose own multi-token scan ignores a cached state continue it
 through `scan.ScanContinuation`; only when that cannot be installed are tokens fed one per
 forward once a state exists (`one_token_steps`).
+
+Prompts with media are fed input embeddings rather than ids: those the model's forward would
+compute for the uncached suffix (its media adapter's `suffix_embeds`), sliced per chunk, so a
+chunk may end anywhere, inside an image too. No interval snapshot is taken inside a media span,
+where no restore may cut.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,17 +34,25 @@ def prefill_states(
     lease: Lease,
     snapshot_interval: int | None,
     one_token_steps: bool,
+    embeds: torch.Tensor | None = None,
+    spans: Sequence[tuple[int, int]] = (),
 ) -> tuple[int, list[Snapshot]]:
-    """Feed prompt tokens `[lease.cached_len, n - 1)` in chunks; return how far it fed and the snapshots taken."""
+    """Feed prompt tokens `[lease.cached_len, n - 1)` in chunks; return how far it fed and the snapshots taken.
+
+    `embeds` (``[1, n - cached_len, d]``), when given, are the input embeddings of positions
+    `[cached_len, n)`, fed instead of the ids; `spans` are the prompt's media spans.
+    """
     start, target = lease.cached_len, input_ids.shape[1] - 1
     if target <= start:
         return start, []
+    assert embeds is None or embeds.shape[1] == input_ids.shape[1] - start, f"{embeds.shape} from {start}"
     bounds = {target}
     if start < lease.matched_len < target:
         bounds.add(lease.matched_len)
     if snapshot_interval is not None and profile.has_recurrence:  # a window snapshot is not worth its bytes
         bounds.update(range((start // snapshot_interval + 1) * snapshot_interval, target, snapshot_interval))
-    ordered = sorted(bounds)
+    # A restore never cuts inside a media span: a snapshot there would never be used.
+    ordered = sorted(b for b in bounds if b == target or not any(a < b < e for a, e in spans))
     if one_token_steps and start == 0:
         # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
         first = min(b for b in ordered if b == target or b == lease.matched_len)
@@ -49,20 +63,30 @@ def prefill_states(
         for bound in ordered:
             if one_token_steps and pos > 0:
                 for t in range(pos, bound):
-                    _forward(model, profile, cache, input_ids, t, t + 1)
+                    _forward(model, profile, cache, input_ids, t, t + 1, embeds, start)
             else:
-                _forward(model, profile, cache, input_ids, pos, bound)
+                _forward(model, profile, cache, input_ids, pos, bound, embeds, start)
             snapshots.append(cache.snapshot(bound))
             pos = bound
     return pos, snapshots
 
 
 def _forward(
-    model: Any, profile: ModelProfile, cache: WorkingCache, input_ids: torch.Tensor, start: int, end: int
+    model: Any,
+    profile: ModelProfile,
+    cache: WorkingCache,
+    input_ids: torch.Tensor,
+    start: int,
+    end: int,
+    embeds: torch.Tensor | None,
+    embeds_from: int,
 ) -> None:
     kwargs: dict[str, Any] = {profile.cache_kwarg: cache, "use_cache": True}
     if profile.accepts_position_ids:
         kwargs["position_ids"] = torch.arange(start, end, device=input_ids.device)[None]
     if profile.accepts_logits_to_keep:
         kwargs["logits_to_keep"] = 1
-    model(input_ids=input_ids[:, start:end], **kwargs)
+    if embeds is not None:
+        model(inputs_embeds=embeds[:, start - embeds_from : end - embeds_from], **kwargs)
+    else:
+        model(input_ids=input_ids[:, start:end], **kwargs)

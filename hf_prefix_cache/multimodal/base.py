@@ -68,6 +68,8 @@ class MediaAdapter:
     value and change how media are encoded; a call overriding one runs cold. `new_item_reason`,
     for families whose every position depends on all media of the prompt (`scope`), names the
     event counted when a prompt adds media to a conversation whose earlier media are stored.
+    `embeds_suffix` marks families whose suffix embeddings `suffix_embeds` computes as the
+    model's forward would, so a model with recurrent layers may prefill media prompts itself.
     """
 
     handled: frozenset[str] = frozenset()
@@ -77,6 +79,7 @@ class MediaAdapter:
     has_positions = False
     whole_prompt_only = False
     new_item_reason: str | None = None
+    embeds_suffix = False
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -109,6 +112,16 @@ class MediaAdapter:
         out = dict(kwargs)
         self._slice(out, layout, cached_len)
         return out
+
+    def suffix_embeds(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, start: int
+    ) -> torch.Tensor:
+        """The `inputs_embeds` the model's forward computes for prompt positions `[start, n)`, `[1, n - start, d]`.
+
+        Text embeddings with the features of the suffix's items (those past `start`, which never
+        falls inside a span) over their placeholders; only for adapters with `embeds_suffix`.
+        """
+        raise NotImplementedError
 
     def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
         """Why a prompt whose media fit its placeholders still cannot reuse exactly, or None."""

@@ -14,6 +14,10 @@ rows of its own items. What differs between families is data, declared per famil
   ``"grid"``: Pixtral-style, a row of valid size ``h x w`` is ``h // s`` runs of ``w // s``
   placeholders, one break token between runs (``s``: `KindRule.stride`), and its item spans
   from its first placeholder to its last (the breaks inside are hashed with it);
+  ``"area"``: NaFlex-style (SigLIP 2), rows of flattened patches padded to one length: a row
+  of valid size ``h x w`` patches (`KindRule.sizes`) is its first ``h * w`` patches, exactly
+  those marked by `KindRule.mask`, and has ``(h // s) * (w // s)`` placeholders in one run
+  (``s``: `KindRule.stride`; adjacent items may share a run);
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), and which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold).
@@ -22,6 +26,10 @@ What is hashed is what the model consumes of an item: its row, cropped to its va
 (rounded down to whole vision patches) where the processor pads rows to the prompt's largest
 item, plus that size. So one picture keys the same in a one-image and a two-image prompt.
 Positions are plain 1D positions: M-RoPE families keep their own adapters (`qwen_vl`).
+
+A family whose model embeds a prompt LLaVA-style (`FamilyRule.embeds_suffix`) may also have
+its suffix's input embeddings computed here, with the model's own functions, for the hook to
+feed a recurrent prefill (`suffix_embeds`).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_toke
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
 #: Placeholder layouts a `KindRule` may declare.
-COUNTS = ("equal", "grid")
+COUNTS = ("equal", "grid", "area")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +56,14 @@ class KindRule:
     `token_id` names the config attributes of the placeholder id (the first int one wins).
     `data` is the kwarg whose leading rows are the items; `extras` are kwargs with one row per
     item as well (a pixel mask), hashed with the item and sliced alongside. `sizes` is the kwarg of each row's
-    valid ``[height, width]`` in pixels, when the processor pads rows per prompt. `stride`
+    valid ``[height, width]`` in pixels, when the processor pads rows per prompt (in patches,
+    for rows of flattened patches with a `mask`). `stride`
     (config attribute paths, multiplied) is the pixels per placeholder side of a ``"grid"``
-    kind; `patch` (likewise) the pixels per vision patch, to which a valid size is rounded
-    down before hashing (the tower reads whole patches only).
+    kind (the patches per placeholder side of an ``"area"`` kind); `patch` (likewise) the
+    pixels per vision patch, to which a valid size is rounded
+    down before hashing (the tower reads whole patches only). `mask` is the kwarg of each
+    row's valid-patch mask, for rows of flattened patches (NaFlex): sliced alongside, and
+    required to mark exactly the row's first ``height * width`` patches.
     """
 
     kind: str
@@ -62,6 +74,7 @@ class KindRule:
     stride: tuple[str, ...] = ()
     patch: tuple[str, ...] = ()
     extras: tuple[str, ...] = ()
+    mask: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +82,17 @@ class FamilyRule:
     """One family's media, as data: its kinds, its encoding settings and the config it needs.
 
     `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
-    gets no adapter, so its media run cold (`media_inputs:<model_type>`).
+    gets no adapter, so its media run cold (`media_inputs:<model_type>`). `embeds_suffix`
+    (one kind only) declares that the model's forward embeds a prompt as its text embeddings
+    with ``torch.cat(get_image_features(**rows).pooler_output)`` scattered over the placeholder
+    mask, so a suffix's embeddings may be computed the same way outside the forward: models
+    with recurrent layers then prefill media prompts (`MediaAdapter.embeds_suffix`).
     """
 
     kinds: tuple[KindRule, ...]
     settings: tuple[str, ...] = ()
     requires: tuple[tuple[str, Any], ...] = ()
+    embeds_suffix: bool = False
 
     def fits(self, config: Any) -> bool:
         """Whether `config` has every value this family's pattern relies on."""
@@ -95,12 +113,16 @@ class GenericMedia(MediaAdapter):
     def __init__(self, model: Any, rule: FamilyRule) -> None:
         super().__init__(model)
         self.rule = rule
-        self.handled = frozenset(name for k in rule.kinds for name in (k.data, k.sizes, *k.extras) if name is not None)
+        self.handled = frozenset(
+            name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None
+        )
         self.settings = rule.settings
+        assert not rule.embeds_suffix or len(rule.kinds) == 1, "suffix embeddings are for one-kind families"
+        self.embeds_suffix = rule.embeds_suffix
 
     # ------------------------------------------------------------------ layout
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
-        equal = super().layout(tokens, kwargs)  # the "equal" kinds, through the base's span assignment
+        equal = super().layout(tokens, kwargs)  # the "equal" and "area" kinds, through the base's span assignment
         if equal is None:
             return None
         groups: list[Sequence[MediaItem]] = [equal.items]
@@ -118,11 +140,12 @@ class GenericMedia(MediaAdapter):
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
         out = []
         for rule in self.rule.kinds:
-            if rule.count != "equal":
+            if rule.count == "grid":
                 continue
             if kwargs.get(rule.data) is None and config_token_id(self.config, *rule.token_id) is None:
                 continue  # no media of this kind and no placeholder id in the config: the prompt is text
-            out.append(self._equal_items(rule, tokens, kwargs))
+            area = rule.count == "area"
+            out.append(self._area_items(rule, kwargs) if area else self._equal_items(rule, tokens, kwargs))
         return out
 
     def _equal_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
@@ -138,6 +161,24 @@ class GenericMedia(MediaAdapter):
         if rows is None or not rows or total % len(rows):
             return (rule.kind, None, [], None)
         return (rule.kind, token_id, rows, [total // len(rows)] * len(rows))
+
+    def _area_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every row of `rule.data` one item of ``(h // s) * (w // s)`` placeholders, for valid ``h x w`` patches."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data = kwargs.get(rule.data)
+        if data is None:
+            return (rule.kind, token_id, [], [])
+        if not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        rows, stride = self._rows(rule, data, kwargs), self._product(rule.stride)
+        if rows is None or stride is None or rule.sizes is None:
+            return (rule.kind, None, [], None)
+        counts = []
+        for height, width in kwargs[rule.sizes].tolist():  # checked by `_rows`: one valid size per row
+            if height % stride or width % stride:
+                return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
+            counts.append((height // stride) * (width // stride))
+        return (rule.kind, token_id, rows, counts)
 
     def _grid_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs.
@@ -180,6 +221,8 @@ class GenericMedia(MediaAdapter):
             return None
         if rule.sizes is None:
             return [(data[i], *(e[i] for e in extras)) for i in range(data.shape[0])]
+        if rule.mask is not None:
+            return None if extras else self._patch_rows(rule, data, kwargs)
         if extras:
             return None  # no family declares both
         sizes = kwargs.get(rule.sizes)
@@ -193,6 +236,27 @@ class GenericMedia(MediaAdapter):
             # Padding past the valid size never reaches the tower: leave it out of the key.
             rows, cols = int(height) // patch * patch, int(width) // patch * patch
             out.append((data[i, :, :rows, :cols], sizes[i]))
+        return out
+
+    def _patch_rows(self, rule: KindRule, data: torch.Tensor, kwargs: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """NaFlex rows ``[rows, patches, values]``: per row its first ``h * w`` patches and ``(h, w)``."""
+        sizes, mask = kwargs.get(rule.sizes) if rule.sizes is not None else None, kwargs.get(rule.mask or "")
+        if not isinstance(sizes, torch.Tensor) or not isinstance(mask, torch.Tensor) or data.dim() != 3:
+            return None
+        if tuple(sizes.shape) != (data.shape[0], 2) or tuple(mask.shape) != tuple(data.shape[:2]):
+            return None
+        if mask.is_floating_point() or mask.is_complex():
+            return None  # not a mask the model takes (it slices features by the mask's sums)
+        out: list[tuple[Any, ...]] = []
+        for i, (height, width) in enumerate(sizes.tolist()):
+            n = int(height) * int(width)
+            if height <= 0 or width <= 0 or n > data.shape[1]:
+                return None
+            # The tower attends to the masked patches and the model keeps the first `mask.sum()` outputs:
+            # exactly the first h * w patches must be marked, so the padding after them is never read.
+            if not (bool(mask[i, :n].eq(1).all()) and bool(mask[i, n:].eq(0).all())):
+                return None
+            out.append((data[i, :n], sizes[i]))
         return out
 
     def _product(self, paths: tuple[str, ...]) -> int | None:
@@ -210,6 +274,26 @@ class GenericMedia(MediaAdapter):
             k = layout.num_cached(rule.kind, cached_len)
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
-            for name in (rule.sizes, *rule.extras):
+            for name in (rule.sizes, rule.mask, *rule.extras):
                 if name is not None and kwargs.get(name) is not None:
                     set_or_drop(kwargs, name, kwargs[name][k:], keep)
+
+    # -------------------------------------------------------------- embeddings
+    def suffix_embeds(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, start: int
+    ) -> torch.Tensor:
+        assert self.embeds_suffix, "only families declaring `embeds_suffix` compute suffix embeddings"
+        (rule,) = self.rule.kinds
+        media = dict(kwargs)
+        self._slice(media, layout, start)  # the rows whose placeholders lie in the suffix
+        ids = input_ids[:, start:]
+        # The model's forward, on the suffix: text embeddings, then the suffix's features over its placeholders.
+        embeds: torch.Tensor = self.model.get_input_embeddings()(ids)
+        if media.get(rule.data) is None:
+            return embeds
+        names = [n for n in (rule.data, rule.sizes, rule.mask, *rule.extras) if n is not None and n in media]
+        output = self.model.get_image_features(**{n: media[n] for n in names}, return_dict=True)
+        features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+        inner = self.model if hasattr(self.model, "get_placeholder_mask") else self.model.model
+        mask = inner.get_placeholder_mask(input_ids=ids, inputs_embeds=embeds, image_features=features)
+        return embeds.masked_scatter(mask, features)

@@ -4,7 +4,8 @@ A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a fam
 (LLaVA with a Pixtral tower); a plain ``"<model_type>"`` key covers the family otherwise.
 Each row was checked against transformers 5.23 (each row of the media kwarg is encoded on its
 own and its features fill its placeholders in order) and is proven exact by
-`tests/test_media_generic.py`. Families left out, and why, are listed in `COLD_FAMILIES`.
+`tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
+`tests/test_media_lfm2_vl.py`). Families left out, and why, are listed in `COLD_FAMILIES`.
 """
 
 from __future__ import annotations
@@ -95,6 +96,24 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "janus": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # Aria: each row one crop with its `pixel_mask` row (the crop's valid pixels); a fixed number of queries each.
     "aria": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values", extras=("pixel_mask",)),)),
+    # LFM2-VL: a SigLIP 2 NaFlex tower; each row one tile or thumbnail, its patches flattened and padded
+    # to one length, `spatial_shapes` its h x w patches and `pixel_attention_mask` its first h * w; 2x2
+    # patches per placeholder (framing ids between tiles are text). Its LFM2 text layers hold conv
+    # states, so the hook prefills media prompts itself, fed the embeddings the forward would compute.
+    "lfm2_vl": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="area",
+                sizes="spatial_shapes",
+                stride=("downsample_factor",),
+                mask="pixel_attention_mask",
+            ),
+        ),
+        embeds_suffix=True,
+    ),
     # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
     "llama4": FamilyRule(
         kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_select_strategy",)
@@ -104,9 +123,6 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
 #: Families of the common pattern left cold on media, and why (their media requests count
 #: `media_inputs:<model_type>`). Documentation as data: nothing reads it at run time.
 COLD_FAMILIES: dict[str, str] = {
-    # The hook prefills stateful prompts itself, in chunks fed token ids only, and refuses media on
-    # such models (`media_recurrent`); serving them needs media rows fed to those chunks.
-    "lfm2_vl": "conv-state text layers (LFM2): the hook's state prefill takes no media",
     # Its vision tower is a timm model, and timm needs torchvision: neither is installed here (nor a
     # dependency), so no tiny Gemma 3n can be built to prove its media exact. Its audio tower, per-layer
     # token inputs and KV-sharing layers are unverified with media.
