@@ -14,9 +14,10 @@ rows of its own items. What differs between families is data, declared per famil
   ``"grid"``: Pixtral-style, a row of valid size ``h x w`` is ``h // s`` runs of ``w // s``
   placeholders, one break token between runs (``s``: `KindRule.stride`), and its item spans
   from its first placeholder to its last (the breaks inside are hashed with it);
-* which `generate` kwargs change how media are encoded (`FamilyRule.settings`), and which
+* which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
-  adapter and runs cold).
+  adapter and runs cold), and which kwargs its processor returns that the model never reads
+  (`FamilyRule.ignored`).
 
 What is hashed is what the model consumes of an item: its row, cropped to its valid size
 (rounded down to whole vision patches) where the processor pads rows to the prompt's largest
@@ -69,12 +70,15 @@ class FamilyRule:
     """One family's media, as data: its kinds, its encoding settings and the config it needs.
 
     `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
-    gets no adapter, so its media run cold (`media_inputs:<model_type>`).
+    gets no adapter, so its media run cold (`media_inputs:<model_type>`). `ignored` names
+    media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
+    `token_type_ids`): a call passing them is served, and they reach `generate` unchanged.
     """
 
     kinds: tuple[KindRule, ...]
     settings: tuple[str, ...] = ()
     requires: tuple[tuple[str, Any], ...] = ()
+    ignored: tuple[str, ...] = ()
 
     def fits(self, config: Any) -> bool:
         """Whether `config` has every value this family's pattern relies on."""
@@ -95,7 +99,8 @@ class GenericMedia(MediaAdapter):
     def __init__(self, model: Any, rule: FamilyRule) -> None:
         super().__init__(model)
         self.rule = rule
-        self.handled = frozenset(name for k in rule.kinds for name in (k.data, k.sizes, *k.extras) if name is not None)
+        names = (name for k in rule.kinds for name in (k.data, k.sizes, *k.extras) if name is not None)
+        self.handled = frozenset((*names, *rule.ignored))
         self.settings = rule.settings
 
     # ------------------------------------------------------------------ layout
