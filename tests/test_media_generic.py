@@ -210,7 +210,7 @@ def _check_kwargs(fam: GenericFamily, ids: torch.Tensor, kwargs: dict[str, Any],
 
 
 def test_cold_families_have_no_generic_row() -> None:
-    """The families `generic_table` names as cold (Gemma 3n, VipLLaVA, Ovis2) get no generic rule."""
+    """The families `generic_table` names as cold (VipLLaVA, Ovis2) get no generic rule."""
     assert COLD_FAMILIES and not set(COLD_FAMILIES) & set(GENERIC_RULES)
 
 

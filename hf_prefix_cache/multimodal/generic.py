@@ -18,9 +18,10 @@ rows of its own items. What differs between families is data, declared per famil
   of valid size ``h x w`` patches (`KindRule.sizes`) is its first ``h * w`` patches, exactly
   those marked by `KindRule.mask`, and has ``(h // s) * (w // s)`` placeholders in one run
   (``s``: `KindRule.stride`; adjacent items may share a run);
-* which `generate` kwargs change how media are encoded (`FamilyRule.settings`), and which
+* which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
-  adapter and runs cold).
+  adapter and runs cold), and which kwargs its processor returns that the model never reads
+  (`FamilyRule.ignored`).
 
 What is hashed is what the model consumes of an item: its row, cropped to its valid size
 (rounded down to whole vision patches) where the processor pads rows to the prompt's largest
@@ -86,13 +87,16 @@ class FamilyRule:
     (one kind only) declares that the model's forward embeds a prompt as its text embeddings
     with ``torch.cat(get_image_features(**rows).pooler_output)`` scattered over the placeholder
     mask, so a suffix's embeddings may be computed the same way outside the forward: models
-    with recurrent layers then prefill media prompts (`MediaAdapter.embeds_suffix`).
+    with recurrent layers then prefill media prompts (`MediaAdapter.embeds_suffix`). `ignored`
+    names media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
+    `token_type_ids`): a call passing them is served, and they reach `generate` unchanged.
     """
 
     kinds: tuple[KindRule, ...]
     settings: tuple[str, ...] = ()
     requires: tuple[tuple[str, Any], ...] = ()
     embeds_suffix: bool = False
+    ignored: tuple[str, ...] = ()
 
     def fits(self, config: Any) -> bool:
         """Whether `config` has every value this family's pattern relies on."""
@@ -113,9 +117,8 @@ class GenericMedia(MediaAdapter):
     def __init__(self, model: Any, rule: FamilyRule) -> None:
         super().__init__(model)
         self.rule = rule
-        self.handled = frozenset(
-            name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None
-        )
+        names = (name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None)
+        self.handled = frozenset((*names, *rule.ignored))
         self.settings = rule.settings
         assert not rule.embeds_suffix or len(rule.kinds) == 1, "suffix embeddings are for one-kind families"
         self.embeds_suffix = rule.embeds_suffix

@@ -5,7 +5,9 @@ A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a fam
 Each row was checked against transformers 5.23 (each row of the media kwarg is encoded on its
 own and its features fill its placeholders in order) and is proven exact by
 `tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
-`tests/test_media_lfm2_vl.py`). Families left out, and why, are listed in `COLD_FAMILIES`.
+`tests/test_media_lfm2_vl.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
+`COLD_FAMILIES`.
 """
 
 from __future__ import annotations
@@ -118,15 +120,23 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "llama4": FamilyRule(
         kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=("vision_feature_select_strategy",)
     ),
+    # Gemma 3n: a timm MobileNetV5 tower per image and a conformer per audio clip, each a fixed number of
+    # placeholders (`vision_soft_tokens_per_image`, `audio_soft_tokens_per_image`); causal attention over
+    # them, per-layer inputs computed per token. A clip is its `input_features` row (padded to the prompt's
+    # longest clip) with its mask row, hashed whole: the padding the tower reads is part of the key. The
+    # processor's `token_type_ids` reach the model and are never read.
+    "gemma3n": FamilyRule(
+        kinds=(
+            KindRule("image", ("image_token_id",), "pixel_values"),
+            KindRule("audio", ("audio_token_id",), "input_features", extras=("input_features_mask",)),
+        ),
+        ignored=("token_type_ids",),
+    ),
 }
 
 #: Families of the common pattern left cold on media, and why (their media requests count
 #: `media_inputs:<model_type>`). Documentation as data: nothing reads it at run time.
 COLD_FAMILIES: dict[str, str] = {
-    # Its vision tower is a timm model, and timm needs torchvision: neither is installed here (nor a
-    # dependency), so no tiny Gemma 3n can be built to prove its media exact. Its audio tower, per-layer
-    # token inputs and KV-sharing layers are unverified with media.
-    "gemma3n": "not proven: its timm vision tower cannot be built here (timm needs torchvision)",
     # Fits the pattern: a pixel_values row with the `vision_feature_layer` setting passed the generic
     # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
     # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
