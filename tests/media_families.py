@@ -144,4 +144,4 @@ class Family:
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
 FAMILIES = ("llava", *ANYRES, *QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
-FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS)
+FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, *GLM, "paddleocr_vl")  # a start id before the placeholders
