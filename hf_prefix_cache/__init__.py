@@ -2,7 +2,7 @@
 
 >>> store = PrefixCache(model)
 >>> for _ in range(2):
-...     out = model.generate(ids, past_key_values=store, max_new_tokens=4)
+...     out = model.generate(ids, cache=store, max_new_tokens=4)
 >>> store.stats().hit_tokens  # the second call reused all but the prompt's last token
 35
 

@@ -1,13 +1,51 @@
-"""Check at import that transformers has the cache internals the adapters rely on."""
+"""Every difference between the transformers releases we support, in one place.
+
+The tested range is `OLDEST_TESTED` to `NEWEST_TESTED` (`scripts/test` runs the whole suite on
+both). What moved between them and how each is bridged here:
+
+- **The cache argument** (5.24): model forwards, `generate` and model outputs call the cache
+  `cache`; 5.23 called it `past_key_values` (Mamba-named models: `cache_params`). 5.24 keeps the
+  old names as deprecated aliases at call time but not in `inspect.signature`. A caller may pass
+  our store under any of `CACHE_KWARGS`; we hand `generate` and forwards the name the model's
+  forward declares (`cache_argument`), which is also the key `generate` keeps it under in its
+  model kwargs.
+- **Which prompts `generate` slices** (5.24): 5.23 sliced the prompt by the cache's length only
+  for `past_key_values`; 5.24 slices it for any cache unless every layer is linear attention
+  (`generate_slices_prompt`). Where it does not slice, the decoder-only hook skips the restored
+  prefix itself.
+- **Mamba mixers** are called with `cache=` (5.24), `cache_params=` before: read with `cache_in`.
+- **Whisper** keeps the cache in `generate_kwargs["cache"]` (5.24): `cache_in` again.
+
+Anything else a release changes under us must fail loudly, naming the version found, the
+versions tested and what to do (`untested_message`), never run cold in silence.
+"""
 
 from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
 
 import transformers
 from packaging.version import Version
 
 from hf_prefix_cache.errors import UnsupportedVersionError
 
-SUPPORTED = ">=5.23,<6"
+logger = logging.getLogger("hf_prefix_cache")
+
+#: The oldest and newest transformers releases the whole suite runs on (scripts/install, scripts/test).
+OLDEST_TESTED = "5.23"
+NEWEST_TESTED = "5.24"
+#: What pyproject.toml allows: exactly the tested releases (tests/test_compat.py keeps them equal).
+SUPPORTED = f">={OLDEST_TESTED},<5.25"
+INSTALLED = Version(transformers.__version__)
+#: 5.24 renamed `past_key_values` / `cache_params` to `cache` in forwards, `generate` and outputs.
+CACHE_RENAMED = INSTALLED >= Version("5.24.0.dev0")
+#: Every name a supported release passes a cache under, newest first.
+CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
+# Forward parameters with "cache" or "past" in their name that are not the cache object itself.
+_NOT_A_CACHE = frozenset({"use_cache", "cache_position", "past_length", "cache_length"})
 _REQUIRED_NAMES = (
     "Cache",
     "DynamicCache",
@@ -19,19 +57,111 @@ _REQUIRED_NAMES = (
 )
 
 
+def untested_message(what: str) -> str:
+    """A message for something the installed transformers does that no tested release did.
+
+    >>> "transformers" in untested_message("x")
+    True
+    """
+    return (
+        f"{what}. Installed: transformers {INSTALLED}; hf_prefix_cache is tested on {OLDEST_TESTED} to "
+        f"{NEWEST_TESTED}. Install a tested release (pip install 'transformers{SUPPORTED}'), or upgrade "
+        "hf_prefix_cache if a newer one supports this release."
+    )
+
+
+def is_tested_release() -> bool:
+    """Whether the installed transformers lies in the tested range (by minor release)."""
+    minor = Version(f"{INSTALLED.major}.{INSTALLED.minor}")
+    return Version(OLDEST_TESTED) <= minor <= Version(NEWEST_TESTED)
+
+
 def check_transformers() -> None:
-    """Raise `UnsupportedVersionError` unless transformers is 5.23 or a later 5.x."""
-    version = Version(transformers.__version__)
-    if not (Version("5.23") <= version < Version("6")):
+    """Raise `UnsupportedVersionError` unless transformers is a 5.x from 5.23 with our cache classes.
+
+    A 5.x newer than `NEWEST_TESTED` is allowed with a warning: each model's cache argument is
+    then checked when a store is made (`cache_argument`), and a release that renamed it again
+    raises there rather than running every request cold.
+    """
+    if not (Version(OLDEST_TESTED) <= INSTALLED < Version("6")):
         raise UnsupportedVersionError(
-            f"hf_prefix_cache needs transformers{SUPPORTED}, found {transformers.__version__}. "
-            f"Install a supported version: pip install 'transformers{SUPPORTED}'"
+            untested_message(f"transformers {INSTALLED} is outside the range hf_prefix_cache supports")
         )
     from transformers import cache_utils
 
     missing = [name for name in _REQUIRED_NAMES if not hasattr(cache_utils, name)]
     if missing:
+        raise UnsupportedVersionError(untested_message(f"transformers' cache_utils lacks {', '.join(missing)}"))
+    if not is_tested_release():
+        message = untested_message("This transformers release is newer than any hf_prefix_cache was tested on")
+        logger.warning(message)
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def cache_argument(parameters: Iterable[str], owner: str) -> str | None:
+    """The name a forward takes its cache under, or None for a model that keeps no cache.
+
+    Raises:
+        UnsupportedVersionError: the forward takes a cache-like argument by a name no tested
+            release used (a release renamed it again): better an error now than every request cold.
+
+    >>> cache_argument(["input_ids", "cache", "use_cache"], "LlamaForCausalLM")
+    'cache'
+    >>> cache_argument(["input_ids", "attention_mask"], "BertModel") is None
+    True
+    """
+    names = set(parameters)
+    known = next((name for name in CACHE_KWARGS if name in names), None)
+    if known is not None:
+        return known
+    unknown = sorted(n for n in names if ("cache" in n or n.startswith("past")) and n not in _NOT_A_CACHE)
+    if unknown:
         raise UnsupportedVersionError(
-            f"transformers {transformers.__version__} lacks {', '.join(missing)} in cache_utils; "
-            f"hf_prefix_cache needs transformers{SUPPORTED}"
+            untested_message(
+                f"{owner}.forward takes its cache as {unknown[0]!r}, a name hf_prefix_cache does not know "
+                f"(it knows {', '.join(CACHE_KWARGS)}), so no request could reuse a prefix"
+            )
         )
+    return None
+
+
+def cache_in(kwargs: Mapping[str, Any]) -> Any:
+    """The cache a call passed, under whichever supported name (None if none).
+
+    >>> cache_in({"past_key_values": None, "cache": 3})
+    3
+    """
+    for name in CACHE_KWARGS:
+        value = kwargs.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def pop_cache(kwargs: MutableMapping[str, Any]) -> Any:
+    """Remove the cache under every supported name from `kwargs`; return the one given (or None).
+
+    >>> call = {"cache": 1, "max_new_tokens": 2}
+    >>> pop_cache(call), call
+    (1, {'max_new_tokens': 2})
+    """
+    given = cache_in(kwargs)
+    for name in CACHE_KWARGS:
+        kwargs.pop(name, None)
+    return given
+
+
+def generate_slices_prompt(cache_kwarg: str, layer_classes: Iterable[type]) -> bool:
+    """Whether `generate` feeds the first forward only the ids past the cache's length.
+
+    5.23 sliced for `past_key_values` only (not `cache_params`); 5.24 slices unless every layer
+    of the cache is linear attention (`Cache.is_linear`, `generation/utils.py` `_prefill`).
+    """
+    if not CACHE_RENAMED:
+        return cache_kwarg == "past_key_values"
+    from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
+
+    def is_linear(cls: type) -> bool:
+        return issubclass(cls, LinearAttentionCacheLayerMixin) and not issubclass(cls, CacheLayerMixin)
+
+    return not all(is_linear(cls) for cls in layer_classes)

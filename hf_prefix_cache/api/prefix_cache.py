@@ -48,7 +48,7 @@ class _NotAWorkingCacheError(AttributeError):
 
 
 class PrefixCache(TreeStore):
-    """A prefix store for one model: pass it as `past_key_values` to `model.generate`.
+    """A prefix store for one model: pass it as `cache` to `model.generate` (`past_key_values` works too).
 
     Each `generate` call through the store restores the longest usable cached prefix of the
     prompt, lets the model compute only the rest, and stores the finished sequence (prompt and
@@ -108,8 +108,8 @@ class PrefixCache(TreeStore):
         ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
         >>> store = PrefixCache(model)
         >>> ids = torch.arange(4, 40)[None]
-        >>> _ = model.generate(ids, past_key_values=store, max_new_tokens=4, do_sample=False)
-        >>> _ = model.generate(ids, past_key_values=store, max_new_tokens=4, do_sample=False)
+        >>> _ = model.generate(ids, cache=store, max_new_tokens=4, do_sample=False)
+        >>> _ = model.generate(ids, cache=store, max_new_tokens=4, do_sample=False)
         >>> store.stats().hit_tokens
         35
     """
@@ -211,7 +211,7 @@ class PrefixCache(TreeStore):
                 )
             ids = torch.tensor([tokens], device=self.model.device)
             self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), past_key_values=self, max_new_tokens=1, do_sample=False
+                ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False
             )
         if not self.pin_stored(namespace, tokens):
             raise ValueError(

@@ -212,7 +212,7 @@ class ChatEngine:
                         **inputs,
                         **settings,
                         streamer=streamer,
-                        past_key_values=self.store.session(conversation.session),
+                        cache=self.store.session(conversation.session),
                     )
                 with self._events_lock:
                     result["event"] = self._events.pop(threading.get_ident(), None)

@@ -246,7 +246,7 @@ def _warm(args: argparse.Namespace) -> int:
                 model.generate(
                     ids,
                     attention_mask=torch.ones_like(ids),
-                    past_key_values=store,
+                    cache=store,
                     max_new_tokens=args.max_new_tokens,
                     do_sample=False,
                 )

@@ -67,7 +67,7 @@ def run_real(model: Any, tokenizer: Any, new_tokens: int) -> None:
         ids = enc["input_ids"]
         before = store.stats().hit_tokens
         cold, t_cold = _answer(model, ids, new_tokens)
-        warm, t_warm = _answer(model, ids, new_tokens, past_key_values=store)
+        warm, t_warm = _answer(model, ids, new_tokens, cache=store)
         if not torch.equal(cold, warm):
             raise SystemExit("cached output differs from the cold run: please report this")
         reused = store.stats().hit_tokens - before
@@ -167,7 +167,7 @@ def run_tiny(args: argparse.Namespace) -> None:
         nonlocal total_cold, total_warm
         before = store.stats().hit_tokens
         cold, t_cold = _timed(model, ids, args.new_tokens)
-        warm, t_warm = _timed(model, ids, args.new_tokens, past_key_values=store)
+        warm, t_warm = _timed(model, ids, args.new_tokens, cache=store)
         reused = store.stats().hit_tokens - before
         same = torch.equal(cold, warm)
         total_cold, total_warm = total_cold + t_cold, total_warm + t_warm

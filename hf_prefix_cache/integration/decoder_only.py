@@ -1,6 +1,6 @@
 """DecoderOnlyHook: `generate` of decoder-only models (text, media, recurrent) on a restored prefix.
 
-Wraps one model's `generate` so that `model.generate(..., past_key_values=store)` runs the
+Wraps one model's `generate` so that `model.generate(..., cache=store)` (or `past_key_values=store`) runs the
 pipeline (`pipeline.py`): check the call, key it, restore, generate, store. `generate` always
 receives the full prompt ids (so streamers, logits processors and the returned sequences are
 as in a cold run); transformers then feeds the model only the uncached suffix. Requests that
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hf_prefix_cache import reasons
+from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.patching import InstancePatch
@@ -60,7 +60,7 @@ class DecoderOnlyHook:
         self._original = self._generate.original
         self._signature = pipeline.generate_signature(model, self._original)
         self._prepare: InstancePatch | None = None
-        if store.profile.cache_kwarg == "cache_params":
+        if not store.profile.prompt_sliced:
             self._prepare = _skip_cached_ids(model)
         self._scan: ScanContinuation | None = None
         if store.profile.single_token_steps:
@@ -87,13 +87,10 @@ class DecoderOnlyHook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = self._store
         profile = store.profile
-        ours, session = pipeline.whose_call(
-            store, self._model, kwargs.get("past_key_values", kwargs.get("cache_params"))
-        )
+        ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
         if not ours:
             return self._original(*args, **kwargs)
-        kwargs.pop("past_key_values", None)
-        kwargs.pop("cache_params", None)
+        _compat.pop_cache(kwargs)
         # 1. check
         bound = self._signature.bind_partial(*args, **kwargs)
         input_ids = bound.arguments.get("inputs")
@@ -149,7 +146,7 @@ class DecoderOnlyHook:
                     embeds,
                     spans,
                 )
-            if profile.cache_kwarg == "cache_params":
+            if not profile.prompt_sliced:
                 cache.skip_len = fed
             if media is not None and layout is not None and fed:
                 # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
@@ -298,10 +295,11 @@ class DecoderOnlyHook:
 
 
 def _skip_cached_ids(model: Any) -> InstancePatch:
-    """Models that take `cache_params` get full ids unsliced: skip what the working cache holds."""
+    """Where `generate` does not slice the prompt by the cache (`_compat.generate_slices_prompt`), skip what
+    the working cache holds."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        cache = kwargs.get("cache_params")
+        cache = _compat.cache_in(kwargs)
         if isinstance(cache, WorkingCache) and cache.skip_len:
             skip, cache.skip_len = cache.skip_len, None
             kwargs["next_sequence_length"] = input_ids.shape[1] - skip

@@ -14,7 +14,7 @@ self-attention states are only valid for the same encoder input. The hooks there
    empty and the first step projects this request's encoder output into it.
 
 A `DecoderRequest` carries what the outer call knows down to that inner call, through
-`past_key_values`. Knows nothing about how a family builds its decoder ids.
+the cache argument. Knows nothing about how a family builds its decoder ids.
 """
 
 from __future__ import annotations

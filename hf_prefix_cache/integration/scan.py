@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.hooks import RemovableHandle
 
+from hf_prefix_cache import _compat
+
 logger = logging.getLogger("hf_prefix_cache")
 
 _SCAN_NAME = "mamba_selective_scan"
@@ -61,7 +63,7 @@ class ScanContinuation:
             _wrap_scan(module)
 
         def note_state(mixer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            cache: Any = kwargs.get("cache_params")
+            cache: Any = _compat.cache_in(kwargs)  # `cache=` from transformers 5.24, `cache_params=` before
             hidden = args[0] if args else kwargs.get("hidden_states")
             state = None
             if is_working_cache(cache) and isinstance(hidden, torch.Tensor) and hidden.shape[1] > 1:

@@ -6,7 +6,7 @@ hook acts at two levels, as `whisper.py` does:
 1. Around `generate`: checks the call is one it can serve (otherwise the original runs cold
    with a named reason), hashes what feeds the encoder (`input_ids`, `attention_mask` with any
    padding in it, and Florence-2's `pixel_values`) and, when an encoder output is stored for
-   that hash, passes it as `encoder_outputs` (the encoder does not run). `past_key_values`
+   that hash, passes it as `encoder_outputs` (the encoder does not run). The cache argument
    carries a `DecoderRequest` into `generate`.
 2. Around `_prepare_decoder_input_ids_for_generation`, where `generate` has just built the
    decoder ids (the start token, prepended to the caller's `decoder_input_ids` if they lack
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_prefix_cache import reasons
+from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.encoder_keyed import (
@@ -59,7 +59,7 @@ class _Request(DecoderRequest):
 
 
 class Seq2SeqHook:
-    """Serves `model.generate(input_ids, past_key_values=store)` for the `seq2seq` encoder family."""
+    """Serves `model.generate(input_ids, cache=store)` for the `seq2seq` encoder family."""
 
     def __init__(self, store: Store, model: Any) -> None:
         self._store = store
@@ -80,10 +80,10 @@ class Seq2SeqHook:
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = self._store
-        ours, session = pipeline.whose_call(store, self._model, kwargs.get("past_key_values"))
+        ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
         if not ours:
             return self._original(*args, **kwargs)
-        kwargs.pop("past_key_values")
+        _compat.pop_cache(kwargs)
         bound = self._signature.bind_partial(*args, **kwargs)
         extra = bound.arguments.setdefault("kwargs", {})
         if bound.arguments.get("inputs") is not None and "input_ids" not in extra:
@@ -109,7 +109,7 @@ class Seq2SeqHook:
         else:
             extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
             extra.pop("pixel_values", None)  # merged into the stored output already
-        extra["past_key_values"] = request
+        extra[store.profile.cache_kwarg] = request
         settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
         if settings.cache_implementation:
             # "dynamic" (or Gemma's default "hybrid"): our EncoderDecoderCache is one; transformers refuses both.
@@ -184,7 +184,7 @@ class Seq2SeqHook:
     def _prepare_decoder(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """`generate`'s decoder ids, with the stored decoder prefix restored into the cache it will use."""
         decoder_ids, model_kwargs = self._decoder_ids.original(*args, **kwargs)
-        request = model_kwargs.get("past_key_values")
+        request = _compat.cache_in(model_kwargs)
         if not isinstance(request, _Request) or request.store is not self._store:
             return decoder_ids, model_kwargs  # not ours (another store's hook may sit below)
         assert not request.served, "one request reaches _prepare_decoder_input_ids_for_generation once"
@@ -195,10 +195,10 @@ class Seq2SeqHook:
         request.prompt_len = int(decoder_ids.shape[-1])
         restored = restore_decoder(self._store, request.namespace, decoder_ids)
         if restored is None:
-            model_kwargs.pop("past_key_values")
+            _compat.pop_cache(model_kwargs)
             pipeline.count_out_of_memory(self._store, request.prompt_len)
             return decoder_ids, model_kwargs
-        request.lease, request.working, model_kwargs["past_key_values"] = restored
+        request.lease, request.working, model_kwargs[self._store.profile.cache_kwarg] = restored
         # With a mask as long as the ids generate feeds only what the cache lacks (notes §2).
         if model_kwargs.get("decoder_attention_mask") is None:
             model_kwargs["decoder_attention_mask"] = torch.ones_like(decoder_ids)

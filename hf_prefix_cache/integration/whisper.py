@@ -9,7 +9,7 @@ task and no-timestamps tokens, after any `prompt_ids`) and only then calls
    `attention_mask` if given) with `media.hash_media`, takes the encoder output stored for
    that hash or runs the encoder once and stores it (`encoder_decoder.EncoderOutputs`), and
    calls the original with `encoder_outputs` in place of `input_features` (the same tensor
-   transformers would compute; language detection uses it too). `past_key_values` carries a
+   transformers would compute; language detection uses it too). The cache argument carries a
    `DecoderRequest` down to the inner call.
 2. Around `generate_with_fallback`, where the decoder ids are known: matches them in a tree
    namespace extended by the audio hash (another audio never shares decoder states, since
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_prefix_cache import reasons
+from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.encoder_keyed import (
     DecoderRequest,
@@ -61,7 +61,7 @@ _SERVED_IMPLEMENTATIONS = frozenset({"hybrid"})
 
 
 class WhisperHook:
-    """Serves `WhisperForConditionalGeneration.generate(input_features, past_key_values=store)`."""
+    """Serves `WhisperForConditionalGeneration.generate(input_features, cache=store)`."""
 
     def __init__(self, store: Store, model: Any) -> None:
         self._store = store
@@ -82,10 +82,10 @@ class WhisperHook:
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = self._store
-        ours, session = pipeline.whose_call(store, self._model, kwargs.get("past_key_values"))
+        ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
         if not ours:
             return self._original(*args, **kwargs)
-        kwargs.pop("past_key_values")
+        _compat.pop_cache(kwargs)
         bound = self._signature.bind_partial(*args, **kwargs)
         extra = bound.arguments.setdefault("kwargs", {})
         call = {**extra, **{k: v for k, v in bound.arguments.items() if k != "kwargs"}}
@@ -104,7 +104,7 @@ class WhisperHook:
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         # The decoder attends to the audio at every position: its states are only shared for the same audio.
         request = DecoderRequest(store, encoder_namespace(namespace, digest), session)
-        extra["past_key_values"] = request
+        extra[store.profile.cache_kwarg] = request
         try:
             output = self._original(*bound.args, **bound.kwargs)
         except _AnotherSegment:
@@ -171,7 +171,7 @@ class WhisperHook:
         """`generate_with_fallback` with the decoder prefix restored from, and the result stored in, the store."""
         bound = self._segment_signature.bind(*args, **kwargs)
         inner = dict(bound.arguments["kwargs"])
-        request = inner.get("past_key_values")
+        request = _compat.cache_in(inner)
         if not isinstance(request, DecoderRequest) or request.store is not self._store:
             return self._segment.original(*args, **kwargs)  # not ours (another store's hook may sit below)
         store = self._store
@@ -185,15 +185,15 @@ class WhisperHook:
         rows = ids.tolist()
         mask = inner.get("decoder_attention_mask")
         if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
-            inner.pop("past_key_values")
+            _compat.pop_cache(inner)
             store.count_fallback(reasons.PADDING, len(rows[0]))
             return self._segment.original(*bound.args, **bound.kwargs)
         restored = restore_decoder(store, request.namespace, ids)
         if restored is None:
-            inner.pop("past_key_values")
+            _compat.pop_cache(inner)
             pipeline.count_out_of_memory(store, len(rows[0]))
             return self._segment.original(*bound.args, **bound.kwargs)
-        lease, working, inner["past_key_values"] = restored
+        lease, working, inner[store.profile.cache_kwarg] = restored
         # Whisper sets this itself only without an attention_mask; it makes generate feed just the uncached ids.
         bound.arguments["generation_config"]._mask_length = ids.shape[-1]
         try:

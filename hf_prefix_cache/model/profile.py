@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
-from hf_prefix_cache import reasons
+from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
@@ -56,7 +56,7 @@ class ModelProfile:
     decoder's self-attention layers.
     """
 
-    cache_kwarg: str
+    cache_kwarg: str  # the name the forward (and so `generate`) takes the cache under (`_compat.cache_argument`)
     adapters: tuple[LayerAdapter, ...]
     layer_specs: tuple[tuple[type, dict[str, Any]], ...]
     has_kv: bool
@@ -66,6 +66,7 @@ class ModelProfile:
     accepts_position_ids: bool
     accepts_logits_to_keep: bool
     unsupported: str | None
+    prompt_sliced: bool = True  # `generate` feeds only the ids past the cache (else the hook skips them)
     media: MediaAdapter | None = None
     item_layers: tuple[int, ...] = ()
     encoder_family: str | None = None
@@ -89,15 +90,16 @@ def profile_model(
     integration's registry, `integration.registry.family_of`, knows it); any other
     encoder-decoder model is not served.
     """
-    cache_kwarg = "cache_params" if "mamba" in type(model).__name__.lower() else "past_key_values"
     # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     params = set(inspect.signature(inner.forward).parameters)
+    declared = _compat.cache_argument(params, type(inner).__name__)
+    cache_kwarg = declared or _compat.CACHE_KWARGS[0 if _compat.CACHE_RENAMED else 1]
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
     media = media_adapter_for(model)
     unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
-    if unsupported is None and cache_kwarg not in params:
+    if unsupported is None and declared is None:
         unsupported = reasons.NO_CACHE_ARGUMENT  # the model keeps no cache (generate rejects one)
     adapters: list[LayerAdapter] = []
     specs: list[tuple[type, dict[str, Any]]] = []
@@ -153,6 +155,7 @@ def profile_model(
         accepts_position_ids="position_ids" in params,
         accepts_logits_to_keep="logits_to_keep" in params,
         unsupported=unsupported,
+        prompt_sliced=_compat.generate_slices_prompt(cache_kwarg, [cls for cls, _ in specs]),
         media=media,
         item_layers=item_layers,
         encoder_family=encoder_family,

@@ -24,8 +24,8 @@ class WorkingCache(DynamicCache):
 
     Sliding-window layers record their whole past so that the store can later restore them to
     any length. `skip_len` tells our `prepare_inputs_for_generation` patch how many leading ids
-    of the first `generate` step are already in the cache (models that take `cache_params`,
-    whose ids transformers does not slice).
+    of the first `generate` step are already in the cache (where `generate` does not slice the
+    prompt: `_compat.generate_slices_prompt`).
     """
 
     def __init__(self, profile: ModelProfile) -> None:

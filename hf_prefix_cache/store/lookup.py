@@ -60,7 +60,7 @@ def check_manual_media(profile: ModelProfile, tokens: Sequence[int]) -> None:
     if problem is not None:
         raise ValueError(
             f"lookup()/insert() key token ids only and cannot serve this {problem} request exactly; "
-            "use model.generate(**inputs, past_key_values=store), which keys media by content"
+            "use model.generate(**inputs, cache=store), which keys media by content"
         )
 
 

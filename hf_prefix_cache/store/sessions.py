@@ -1,6 +1,6 @@
 """Session: keeps one conversation's latest stored entry warm while the conversation is open.
 
-Pass a session where the store would go (`past_key_values=session`). After each call the
+Pass a session where the store would go (`cache=session`). After each call the
 session pins the entry just stored (prompt and answer) and unpins the previous one, so the
 next turn always finds its whole history on the device, whatever else the store evicts.
 `close` (or leaving the `with` block) unpins it.
@@ -28,9 +28,9 @@ class Session:
 
     Example:
         >>> with store.session("alice") as chat:
-        ...     out = model.generate(ids, past_key_values=chat, max_new_tokens=2)
+        ...     out = model.generate(ids, cache=chat, max_new_tokens=2)
         ...     turn2 = torch.cat([out, ids[:, :3]], dim=1)
-        ...     out = model.generate(turn2, past_key_values=chat, max_new_tokens=2)  # turn 1 stays pinned meanwhile
+        ...     out = model.generate(turn2, cache=chat, max_new_tokens=2)  # turn 1 stays pinned meanwhile
         ...     held = chat.held_len
         >>> held, chat.closed  # the whole conversation but its last token, never fed
         (42, True)

@@ -223,7 +223,7 @@ class TreeStore:
         this after one. Reads the weights again and drops every entry on every tier.
 
         Example:
-            >>> _ = model.generate(ids, past_key_values=store, max_new_tokens=1)
+            >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
             >>> model.model.embed_tokens.weight.data[7] += 1  # one row: the sampled elements may miss it
             >>> store.invalidate()
             >>> store.stats().entries
@@ -235,7 +235,7 @@ class TreeStore:
 
     # ------------------------------------------------------------------ sessions and pins
     def session(self, name: str) -> Session:
-        """The open session called `name` (made on first use): pass it as `past_key_values`.
+        """The open session called `name` (made on first use): pass it as `cache` (or `past_key_values`).
 
         The conversation's latest entry stays pinned until `session.close()`.
         """
@@ -285,7 +285,7 @@ class TreeStore:
             >>> events = []
             >>> store.on_request(events.append)
             >>> for _ in range(2):
-            ...     _ = model.generate(ids, past_key_values=store, max_new_tokens=1)
+            ...     _ = model.generate(ids, cache=store, max_new_tokens=1)
             >>> events[-1].hit_tokens_by_modality
             {'text': 35}
         """
