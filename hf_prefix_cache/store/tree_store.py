@@ -179,6 +179,11 @@ class TreeStore:
             self.encoder_outputs.hits = 0
             self._placement.reset_counters()
 
+    def num_pinned_nodes(self) -> int:
+        """Tree nodes pinned now: by requests in flight, named pins and open sessions (none once all are done)."""
+        with self._lock:
+            return sum(1 for node in self._tree.iter_nodes() if node.lock_ref)
+
     def check_integrity(self) -> None:
         """Raise `RuntimeError` when stored bytes, runs, files or snapshots disagree with the tree."""
         with self._lock:

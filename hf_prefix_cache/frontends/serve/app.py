@@ -11,7 +11,8 @@ the store needs:
 - the chat, text-completion, Responses and transcription handlers: each request runs in its own
   scope (salt in, ``cached_tokens`` out; see `requests.py`).
 
-Beside transformers' routes: ``GET /v1/cache/stats`` (every store's `CacheStats` as JSON) and,
+Beside transformers' routes: ``GET /v1/cache/stats`` (every store's `CacheStats`, budgets and pinned
+nodes as JSON; ``?check=true`` adds its integrity check) and,
 with `prometheus_client` installed, ``GET /metrics`` (`frontends/prometheus.py`, labelled by model).
 """
 
@@ -210,16 +211,9 @@ def build_app(options: ServeOptions) -> tuple[FastAPI, StoreModelManager]:
     app.add_middleware(SaltHeader)
 
     @app.get("/v1/cache/stats")
-    def cache_stats() -> JSONResponse:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"model": s.model_id, "stats": dataclasses.asdict(s.store.stats()), "budgets": s.store.budgets}
-                    for s in models.served()
-                ],
-            }
-        )
+    def cache_stats(check: bool = False) -> JSONResponse:
+        """Every store's stats, budgets and pinned nodes; ``?check=true`` also runs its integrity check."""
+        return JSONResponse({"object": "list", "data": [_describe(s, check) for s in models.served()]})
 
     metrics = _metrics(models)
     if metrics is not None:
@@ -230,6 +224,23 @@ def build_app(options: ServeOptions) -> tuple[FastAPI, StoreModelManager]:
             return PlainTextResponse(text, media_type=content_type)
 
     return app, models
+
+
+def _describe(served: ServedModel, check: bool) -> dict[str, Any]:
+    store = served.store
+    described = {
+        "model": served.model_id,
+        "stats": dataclasses.asdict(store.stats()),
+        "budgets": store.budgets,
+        "pinned_nodes": store.num_pinned_nodes(),
+    }
+    if check:
+        try:
+            store.check_integrity()
+            described["integrity"] = "ok"
+        except RuntimeError as exc:
+            described["integrity"] = str(exc)
+    return described
 
 
 def _metrics(models: StoreModelManager) -> Any:
