@@ -103,3 +103,53 @@ class ServeProcess:
                 self.proc.wait()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+def tiny_vlm_folder(path: Path) -> str:
+    """The front ends' tiny random-weight LLaVA and its real processor (SmolLM2's tokenizer), saved to `path`."""
+    from hf_prefix_cache.frontends.tiny_vlm import load_tiny_vlm
+
+    model, processor = load_tiny_vlm()
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return str(path)
+
+
+def tiny_chat_folder(path: Path) -> str:
+    """A 2-layer random-weight Llama with SmolLM2's tokenizer and chat template, saved to `path`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from hf_prefix_cache.api.models import smollm2_folder
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def image_url(seed: int, size: int = 40) -> str:
+    """A random RGB image as a PNG data URL, as OpenAI clients send images."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
