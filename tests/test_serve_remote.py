@@ -7,6 +7,7 @@ conversation, restores whole chunks from Redis and answers exactly as the first 
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +61,19 @@ def test_a_second_server_reuses_what_the_first_stored(
     assert cached == min(whole_chunks, prompt_len - 1) > 0
     stats = second.store(check=True)
     assert stats["integrity"] == "ok" and stats["stats"]["remote_hits"] == 1
+
+
+def test_an_unloaded_model_drops_its_store_and_a_reload_gets_a_new_one(
+    setup: tuple[RedisServer, ServeProcess, ServeProcess, str],
+) -> None:
+    """`/reset` unloads the model and its store; the next request loads both again, and the new store starts empty."""
+    _, first, _, model = setup
+    with urllib.request.urlopen(urllib.request.Request(f"{first.url}/reset", method="POST"), timeout=30) as response:
+        assert response.status == 200
+    assert first.get("/v1/cache/stats")["data"] == []
+    response = first.client().chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello again."}], max_tokens=3, temperature=0
+    )
+    assert response.choices[0].message.content is not None
+    store = first.store()
+    assert store["stats"]["requests"] == 1

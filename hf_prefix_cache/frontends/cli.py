@@ -29,7 +29,7 @@ from hf_prefix_cache.store.display import format_nbytes
 
 logger = logging.getLogger("hf_prefix_cache")
 
-BENCHMARKS = ("generate", "lookup", "media_hash", "vlm", "tiers", "seq2seq", "whisper", "chat")
+BENCHMARKS = ("generate", "lookup", "media_hash", "vlm", "tiers", "seq2seq", "whisper", "chat", "serve")
 
 
 def _progress(iterable: Any, **kwargs: Any) -> Any:
