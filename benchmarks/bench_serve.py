@@ -180,7 +180,14 @@ def main() -> None:
     p.add_argument("--plot", metavar="PATH", help="write the plot as a PNG (e.g. docs/images/bench_serve.png)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--quick", action="store_true", help="3 turns, a 300-token system prompt, 2 chats of 2 turns")
+    p.add_argument("--from-json", metavar="PATH", help="print and plot the results a --json run wrote (no servers)")
     args = p.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        plot, json_path = args.plot, None
+        args = argparse.Namespace(**{**saved["args"], "plot": plot, "json": json_path})
+        _report(saved["results"], args, [""] * args.turns)
+        return
     if args.quick:
         args.turns, args.system_tokens, args.new_tokens, args.chats, args.chat_turns = 3, 300, 6, 2, 2
     started = start_run(1)
@@ -268,9 +275,10 @@ def _plot(results: dict[str, Any], args: argparse.Namespace) -> None:
     left.set_title(f"SmolLM2-135M, {args.system_tokens}-token system prompt, CPU, {args.threads} thread(s)")
     left.legend()
     left.grid(alpha=0.3)
-    right.bar([labels.get(n, n).replace(" --", "\n--") for n in results], [r["rps"] for r in results.values()])
+    short = {"shipped": "shipped", "cb": "continuous\nbatching", "ours": "hf-prefix-cache"}
+    right.bar([short.get(n, n) for n in results], [r["rps"] for r in results.values()], color=["C0", "C1", "C2"])
     right.set_title(f"requests/s, {args.chats} chats at once")
-    right.tick_params(axis="x", labelsize=7)
+    right.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=110)
