@@ -210,9 +210,7 @@ class PrefixCache(TreeStore):
                     "the rest (attach=True and a supported model are needed); generate with the prefix first"
                 )
             ids = torch.tensor([tokens], device=self.model.device)
-            self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False
-            )
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False)
         if not self.pin_stored(namespace, tokens):
             raise ValueError(
                 f"could not store the {len(tokens)}-token prefix: it does not fit the budgets "
