@@ -16,7 +16,9 @@ def test_demo_on_the_real_model_prints_answers_and_first_token_times(capsys: pyt
     assert "SmolLM2-135M-Instruct" in out
     assert out.count("    A: ") == 7  # three questions, four chat turns
     assert "every cached answer equals its cold run" in out
-    rows = [re.match(r"(question|chat turn) \d+\s+(\d+)\s+(\d+)\s+\S+\s+\S+\s+(.+)$", line) for line in out.splitlines()]
+    rows = [
+        re.match(r"(question|chat turn) \d+\s+(\d+)\s+(\d+)\s+\S+\s+\S+\s+(.+)$", line) for line in out.splitlines()
+    ]
     rows = [row for row in rows if row is not None]
     assert len(rows) == 7
     reused = [int(row[3]) for row in rows]
@@ -46,6 +48,8 @@ def test_a_demo_run_that_reuses_nothing_says_so_and_claims_no_speedup(
     monkeypatch.setattr(demo, "PrefixCache", lambda model: original(model, min_store_len=10_000))
     demo.run_tiny(demo.argparse.Namespace(layers=2, hidden=64, system_tokens=40, new_tokens=2))
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith(("system prompt", "chat turn", "new question", "the same"))]
+    rows = [
+        line for line in out.splitlines() if line.startswith(("system prompt", "chat turn", "new question", "the same"))
+    ]
     assert rows and all("none (" in line and not re.search(r"\d\.\dx", line) for line in rows)
     assert "WARNING: the store reused no token in this run" in out

@@ -124,9 +124,7 @@ def test_text_iterator_streamer_on_a_thread_yields_the_cold_text(smollm2: tuple[
     try:
         model.generate(**inputs, **{name: store}, **GREEDY)
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        thread = threading.Thread(
-            target=model.generate, kwargs={**inputs, **GREEDY, "streamer": streamer, name: store}
-        )
+        thread = threading.Thread(target=model.generate, kwargs={**inputs, **GREEDY, "streamer": streamer, name: store})
         thread.start()
         chunks = list(streamer)
         thread.join()

@@ -37,7 +37,8 @@ COVERED = sorted(t for t in {*TINY_MODELS, *_ADAPTERS, "gemma4_text"} if t in SW
 # are regenerated and checked for wrong results, not compared line by line.
 ON_DOC_RELEASE = f"against transformers {transformers.__version__};" in DOC
 doc_release_only = pytest.mark.skipif(
-    not ON_DOC_RELEASE, reason="docs/support.md describes the newest tested transformers; rows here are checked for WRONG only"
+    not ON_DOC_RELEASE,
+    reason="docs/support.md describes the newest tested transformers; rows here are checked for WRONG only",
 )
 
 
