@@ -41,11 +41,12 @@ NEWEST_TESTED = "5.24"
 SUPPORTED = f">={OLDEST_TESTED},<5.25"
 INSTALLED = Version(transformers.__version__)
 #: 5.24 renamed `past_key_values` / `cache_params` to `cache` in forwards, `generate` and outputs.
-CACHE_RENAMED = INSTALLED >= Version("5.24.0.dev0")
+CACHE_RENAMED = Version("5.24.0.dev0") <= INSTALLED
 #: Every name a supported release passes a cache under, newest first.
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
-# Forward parameters with "cache" or "past" in their name that are not the cache object itself.
-_NOT_A_CACHE = frozenset({"use_cache", "cache_position", "past_length", "cache_length"})
+# Forward parameters with "cache" or "past" in their name that are not a cache we could serve: settings,
+# positions, and the own caches of tested releases (Reformer's hashed buckets), which run cold by name.
+_NOT_A_CACHE = frozenset({"use_cache", "cache_position", "past_length", "cache_length", "past_buckets_states"})
 _REQUIRED_NAMES = (
     "Cache",
     "DynamicCache",
