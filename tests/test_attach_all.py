@@ -136,3 +136,23 @@ def test_request_scope_rejects_bad_salts(salt: object) -> None:
     """A salt is a non-empty string."""
     with pytest.raises(ValueError, match="non-empty string"):
         RequestScope(salt=salt)  # type: ignore[arg-type]
+
+
+def test_encoder_decoder_uncached_calls_reuse_exactly() -> None:
+    """An encoder-decoder model (BART) attached with "all" serves uncached calls too: exact, decoder prefix and encoder reused."""
+    from test_seq2seq import decoder_prompt, encoder_input, run, tiny
+
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=11)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    cold = run(model, inputs, decoder_input_ids=prompt)
+    store = PrefixCache(model, attach="all")
+    try:
+        for _ in range(2):
+            warm = run(model, inputs, decoder_input_ids=prompt)
+            assert torch.equal(warm.sequences, cold.sequences)
+            assert max_logit_diff(warm, cold) < LOGIT_TOL
+        stats = store.stats()
+        assert stats.requests == 2 and stats.hit_tokens == prompt.shape[1] - 1 and stats.encoder_hits == 1
+    finally:
+        store.detach()
