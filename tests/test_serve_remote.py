@@ -2,7 +2,8 @@
 
 Both serve the same saved tiny Llama with ``--remote`` (write-through, 16-token chunks), so the
 first server's entries reach Redis as it stores them; the second, which never saw the
-conversation, restores whole chunks from Redis and answers exactly as the first did cold.
+conversation, restores whole chunks from Redis and answers exactly as the first did cold. The
+first also keeps a disk tier, which is what an unloaded model's store is saved to.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServe
         pytest.skip(f"the tiny chat model needs SmolLM2's tokenizer: {exc}")
     redis = RedisServer()
     remote = ["--remote", redis.url, "--remote-write", "through", "--remote-chunk-len", str(CHUNK)]
-    first, second = ServeProcess(folder, *remote), ServeProcess(folder, *remote)
+    disk = ["--disk-dir", str(tmp_path_factory.mktemp("disk-tier"))]  # the first server also keeps a disk tier
+    first, second = ServeProcess(folder, *remote, *disk), ServeProcess(folder, *remote)
     try:
         yield redis, first.wait(), second.wait(), folder
     finally:
@@ -63,17 +65,24 @@ def test_a_second_server_reuses_what_the_first_stored(
     assert stats["integrity"] == "ok" and stats["stats"]["remote_hits"] == 1
 
 
-def test_an_unloaded_model_drops_its_store_and_a_reload_gets_a_new_one(
+def test_an_unloaded_model_saves_and_drops_its_store_and_a_reload_finds_it_on_disk(
     setup: tuple[RedisServer, ServeProcess, ServeProcess, str],
 ) -> None:
-    """`/reset` unloads the model and its store; the next request loads both again, and the new store starts empty."""
+    """`/reset` unloads the model and its store (saved to the disk tier first); the next request loads both again
+    and the new store restores the conversation from disk, not from Redis."""
     _, first, _, model = setup
+    messages = [{"role": "user", "content": "Hello again, this is the disk tier test of the serve command."}]
+
+    def ask() -> tuple[int, int]:
+        response = first.client().chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0)
+        return response.usage.prompt_tokens, response.usage.prompt_tokens_details.cached_tokens
+
+    ask()
     with urllib.request.urlopen(urllib.request.Request(f"{first.url}/reset", method="POST"), timeout=30) as response:
         assert response.status == 200
     assert first.get("/v1/cache/stats")["data"] == []
-    response = first.client().chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Hello again."}], max_tokens=3, temperature=0
-    )
-    assert response.choices[0].message.content is not None
-    store = first.store()
-    assert store["stats"]["requests"] == 1
+    prompt_len, cached = ask()
+    assert cached == prompt_len - 1
+    store = first.store(check=True)
+    assert store["integrity"] == "ok"
+    assert store["stats"]["requests"] == 1 and store["stats"]["remote_hits"] == 0 and store["stats"]["reloads"] > 0
