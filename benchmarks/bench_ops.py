@@ -47,6 +47,9 @@ PHASES = ("before", "forward", "after")
 _NO_LAUNCH = {
     "aten.empty.memory_format",
     "aten.empty_strided.default",
+    "aten.empty_like.default",
+    "aten.new_empty.default",
+    "aten.new_empty_strided.default",
     "aten.lift_fresh.default",
     "aten.detach.default",
     "aten._local_scalar_dense.default",  # a sync (counted there), not a kernel of its own
@@ -61,7 +64,7 @@ _SYNC_OPS = {
     "aten.unique_dim.default",
     "aten._unique2.default",
 }
-# Tensor methods that read a device tensor's values on the host.
+# Tensor methods that read a device tensor's values on the host (and `.to("cpu")`).
 _SYNC_METHODS = {"tolist", "numpy", "cpu"}
 
 
@@ -97,7 +100,8 @@ class _HostReads(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        to_host = name == "to" and any(str(a) == "cpu" for a in (*args[1:], kwargs.get("device")))
+        # `.to("cpu")` reads to the host; `.to(t.device)` stays where `t` is (a CPU run cannot tell them apart).
+        to_host = name == "to" and "cpu" in (*args[1:], kwargs.get("device"))
         if name in _SYNC_METHODS or to_host:
             self.counts.syncs[self.phase()][name] += 1
         return func(*args, **kwargs)
@@ -234,7 +238,9 @@ def _prompts(kind: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
 
 
 def _call(model: Any, ids: torch.Tensor, cache: Any, media: dict[str, Any]) -> Any:
-    return model.generate(ids, **{_CACHE_ARG: cache}, max_new_tokens=1, **media)
+    # As a tokenizer's output is passed: ids with their all-ones mask.
+    mask = torch.ones_like(ids)
+    return model.generate(ids, attention_mask=mask, **{_CACHE_ARG: cache}, max_new_tokens=1, **media)
 
 
 def _ideal_cache(model: Any, prefix: torch.Tensor, media: dict[str, Any]) -> Any:

@@ -58,6 +58,7 @@ class TreeStore:
         self.model = model
         self.profile: ModelProfile = profile_model(model, options.sliding_window_mode, encoder_family)
         self.snapshot_interval = options.snapshot_interval
+        self.prompt_snapshot = options.prompt_snapshot
         self.salt = options.salt
         self._namespaces = Namespaces(model, options.salt)
         if any(p.is_meta for p in model.parameters()):
