@@ -1,4 +1,4 @@
-"""Does a hybrid's prompt-end snapshot pay for itself? Hit rate gained against time lost, on a chat and a repeat workload.
+"""Does a hybrid's prompt-end snapshot pay for itself? Hit rate gained against time lost, chat and repeat.
 
 With ``prompt_snapshot=True`` (the default) a model with recurrent layers prefills its uncached
 prompt up to the last token but one itself, snapshots the state there, and `generate` feeds

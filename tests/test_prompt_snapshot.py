@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from conftest import Hits, assert_same_as_cold, cached_model, distinct_prompt
@@ -20,14 +18,12 @@ def test_a_chat_without_prompt_snapshots_is_exact_and_reuses_answer_ends(name: s
     store = PrefixCache(model, prompt_snapshot=False, snapshot_interval=None)
     hits = Hits(store)
     ids = distinct_prompt(7)
+    stored_len = 0  # the previous answer's end: its sequence less the last token (never fed)
     try:
         for turn in range(3):
             out = assert_same_as_cold(model, ids, store, new=4)
-            if turn:
-                assert hits.last() == previous - 1, f"turn {turn} should restore the previous answer end"
-            else:
-                hits.last()
-            previous = out.sequences.shape[1]
+            assert hits.last() == stored_len, f"turn {turn} should restore the previous answer end"
+            stored_len = out.sequences.shape[1] - 1
             ids = torch.cat([out.sequences, distinct_prompt(20 + turn, 6)], dim=1)
         store.check_integrity()
     finally:
