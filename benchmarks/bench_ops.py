@@ -13,7 +13,8 @@ split by phase:
 * ``after``: outside the forwards, after the prompt's forward (storing the sequence).
 
 Printed per model kind (text: Llama; hybrid: Bamba shape, attention on one layer in four,
-Mamba-2 elsewhere; VLM: LLaVA with an image in the prefix) and layer count: the extra
+Mamba-2 elsewhere, with and without `prompt_snapshot`; VLM: LLaVA with an image in the prefix)
+and layer count: the extra
 launching ops and syncs of the hit over the ideal per phase, the largest extra ops, and
 whether the ``before`` phase is within budget (at most 2 launches per layer + 20, at most 1
 sync). `tests/test_hit_ops.py` runs `count_hit` on a few of these and fails past the budget.
@@ -294,18 +295,23 @@ def main() -> None:
         f"hit = {SUFFIX_LEN}-token suffix after a {PREFIX_LEN}-token stored prefix, max_new_tokens=1"
     )
     print(
-        f"{'kind':>6} {'layers':>6} {'hit':>4} | {'before':>6} {'budget':>6} {'syncs':>5} | "
+        f"{'kind':>7} {'layers':>6} {'hit':>4} | {'before':>6} {'budget':>6} {'syncs':>5} | "
         f"{'+fwd':>4} {'forward':>7} | {'after':>6} {'syncs':>5} | ok  largest extra before"
     )
-    for kind in args.kinds.split(","):
+    rows = [(kind, {}) for kind in args.kinds.split(",")]
+    if "hybrid" in args.kinds.split(","):
+        rows.append(("hybrid", {"prompt_snapshot": False}))
+    for kind, options in rows:
+        label = kind + ("-" if options else "")
         for num_layers in (int(n) for n in args.layers.split(",")):
-            r = count_hit(kind, num_layers)
+            r = count_hit(kind, num_layers, **options)
             largest = ", ".join(f"{name} {n}" for name, n in r.largest)
             print(
-                f"{kind:>6} {num_layers:>6} {r.hit_len:>4} | {r.launches['before']:>6} {r.budget:>6} "
+                f"{label:>7} {num_layers:>6} {r.hit_len:>4} | {r.launches['before']:>6} {r.budget:>6} "
                 f"{r.syncs['before']:>5} | {r.extra_forwards:>4} {r.launches['forward']:>7} | "
                 f"{r.launches['after']:>6} {r.syncs['after']:>5} | {'yes' if r.within_budget else 'NO ':3} {largest}"
             )
+    print("hybrid-: prompt_snapshot=False (no split prefill, no prompt-end snapshot)")
     print(f"done in {time.perf_counter() - started:.0f} s")
 
 
