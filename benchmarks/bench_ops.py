@@ -195,15 +195,17 @@ def _finish(model: Any) -> Any:
     return model
 
 
-def build(kind: str, num_layers: int) -> Any:
+def build(kind: str, num_layers: int, hidden_size: int = 32) -> Any:
     """A tiny random-weight model of `kind` ("text", "hybrid", "vlm") with `num_layers` decoder layers."""
     torch.manual_seed(0)
     if kind == "text":
         config: Any = transformers.LlamaConfig(num_hidden_layers=num_layers, **_ATTN)
         return _finish(transformers.LlamaForCausalLM(config))
     if kind == "hybrid":
+        sizes = {**_ATTN, "hidden_size": hidden_size, "intermediate_size": 2 * hidden_size}
+        mamba = {**_MAMBA2, "mamba_n_heads": 2 * hidden_size // _MAMBA2["mamba_d_head"]}
         config = transformers.BambaConfig(
-            num_hidden_layers=num_layers, attn_layer_indices=list(range(3, num_layers, 4)), **_MAMBA2, **_ATTN
+            num_hidden_layers=num_layers, attn_layer_indices=list(range(3, num_layers, 4)), **mamba, **sizes
         )
         return _finish(transformers.BambaForCausalLM(config))
     assert kind == "vlm", kind
