@@ -80,3 +80,19 @@ def test_a_part_of_a_host_buffer_comes_back_without_the_rest() -> None:
     for part, t in zip(parts, back, strict=True):
         assert t is not None and torch.equal(part, t)
         assert t.untyped_storage().nbytes() == t.nbytes
+
+
+def test_a_fenced_buffer_is_not_reused_before_its_copy_ends() -> None:
+    """A buffer whose views are gone but whose asynchronous copy has not finished is not handed out again."""
+    pool = HostPool(pin=False, reuse=True)
+    a = pool.take(1000)
+    ptr = a.untyped_storage().data_ptr()
+    finished = [False]
+    pool.fence(a, lambda: finished[0])
+    del a
+    b = pool.take(1000)
+    assert b.untyped_storage().data_ptr() != ptr
+    finished[0] = True
+    held = b
+    assert pool.take(1000).untyped_storage().data_ptr() == ptr  # the copy ended: reused
+    assert pool.num_allocations == 2 and held is b

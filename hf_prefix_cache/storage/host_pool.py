@@ -14,6 +14,8 @@ Knows bytes and storages; nothing about tensors' meaning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _MIN_NBYTES = 1 << 16
@@ -32,7 +34,7 @@ def size_class(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
-def _in_use(buffer: torch.Tensor) -> bool:
+def _views(buffer: torch.Tensor) -> bool:
     # The pool's own reference, and the storage object made here to read the count.
     return int(torch._C._storage_Use_Count(buffer.untyped_storage()._cdata)) > 2
 
@@ -51,7 +53,24 @@ class HostPool:
         self.reuse = pin if reuse is None else reuse
         self.max_idle_nbytes = max_idle_nbytes
         self._buffers: dict[int, list[torch.Tensor]] = {}
+        self._fences: dict[int, Callable[[], bool]] = {}  # by buffer address: has its last copy finished?
         self.num_allocations = 0  # buffers allocated so far (for tests and benchmarks)
+
+    def fence(self, tensor: torch.Tensor, done: Callable[[], bool]) -> None:
+        """Keep `tensor`'s buffer out of reuse until `done()` (an asynchronous copy reads or writes it)."""
+        self._fences[tensor.untyped_storage().data_ptr()] = done
+
+    def _in_use(self, buffer: torch.Tensor) -> bool:
+        if _views(buffer):
+            return True
+        ptr = buffer.untyped_storage().data_ptr()
+        done = self._fences.get(ptr)
+        if done is None:
+            return False
+        if done():
+            del self._fences[ptr]
+            return False
+        return True
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A uint8 tensor of `nbytes` in a buffer nothing else views, reused when one is idle."""
@@ -60,7 +79,7 @@ class HostPool:
             return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
         size = size_class(nbytes)
         for buffer in self._buffers.get(size, ()):
-            if not _in_use(buffer):
+            if not self._in_use(buffer):
                 return buffer[:nbytes]
         self._trim()
         buffer = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
@@ -70,11 +89,11 @@ class HostPool:
 
     def idle_nbytes(self) -> int:
         """Bytes of buffers that nothing views now."""
-        return sum(b.numel() for group in self._buffers.values() for b in group if not _in_use(b))
+        return sum(b.numel() for group in self._buffers.values() for b in group if not self._in_use(b))
 
     def _trim(self) -> None:
         idle = sorted(
-            ((size, b) for size, group in self._buffers.items() for b in group if not _in_use(b)),
+            ((size, b) for size, group in self._buffers.items() for b in group if not self._in_use(b)),
             key=lambda pair: pair[0],
         )
         total = sum(size for size, _ in idle)

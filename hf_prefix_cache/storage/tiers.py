@@ -103,6 +103,7 @@ class Mover:
             t.record_stream(stream)  # the allocator must not reuse a source's memory before the copy ends
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(stream)
+        self.pool.fence(buffer, event.query)  # dropped before the copy ends, the buffer must still not be reused
         return [event]
 
     def to_device(
@@ -118,6 +119,10 @@ class Mover:
             else:
                 flat, lo, starts = span
                 copy = flat.to(device, non_blocking=flat.is_pinned(), copy=True)
+                if flat.is_pinned() and device.type == "cuda":  # pragma: no cover - CUDA only
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(torch.cuda.current_stream(device))
+                    self.pool.fence(flat, event.query)  # the host buffer is read until the copy ends
                 moved = [_view(copy, start - lo, t) for start, t in zip(starts, srcs, strict=True)]  # type: ignore[arg-type]
             for i, t in zip(members, moved, strict=True):
                 out[i] = t
