@@ -80,6 +80,10 @@ class PrefixCache(TreeStore):
         max_entries: most entries (leaves) kept over all tiers (None: no limit).
         snapshot_interval: for models with recurrent layers, also snapshot the state every
             this many prompt tokens (None: only at prompt ends, answers ends and divergences).
+        prompt_snapshot: for models with recurrent layers, snapshot the state at each prompt's last
+            token but one (default), so that the same prompt again reuses all but its last token. It
+            costs a forward more per request (the prefill is split there); a chat, which reuses the
+            answer-end snapshots, does not need it (see `benchmarks/bench_prompt_snapshot.py`).
         salt: isolates tenants: stores entries under a namespace no other salt shares.
         save_on_exit: with `disk_dir`, move what is in memory to disk when the process exits.
         attach: wrap `model.generate` (default True): calls that pass this store (or one of its
@@ -132,6 +136,7 @@ class PrefixCache(TreeStore):
         min_store_len: int = 1,
         max_entries: int | None = None,
         snapshot_interval: int | None = 256,
+        prompt_snapshot: bool = True,
         salt: str | None = None,
         save_on_exit: bool = True,
         attach: bool | Literal["all"] = True,
@@ -156,6 +161,7 @@ class PrefixCache(TreeStore):
             min_store_len=min_store_len,
             max_entries=max_entries,
             snapshot_interval=snapshot_interval,
+            prompt_snapshot=prompt_snapshot,
             salt=salt,
             save_on_exit=save_on_exit,
             max_encoder_bytes=max_encoder_bytes,

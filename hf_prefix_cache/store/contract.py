@@ -55,6 +55,7 @@ class Store(Protocol):
     model: Any
     profile: ModelProfile
     snapshot_interval: int | None
+    prompt_snapshot: bool
     encoder_outputs: EncoderOutputs
     #: Whether `generate` calls that pass no cache at all are served too (``attach="all"``).
     serves_uncached: bool

@@ -60,6 +60,7 @@ class TreeStore:
         self.model = model
         self.profile: ModelProfile = profile_model(model, options.sliding_window_mode, encoder_family)
         self.snapshot_interval = options.snapshot_interval
+        self.prompt_snapshot = options.prompt_snapshot
         self.salt = options.salt
         # Whether the hook serves `generate` calls that pass no cache (PrefixCache(attach="all")).
         self.serves_uncached = False
