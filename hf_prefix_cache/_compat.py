@@ -121,6 +121,9 @@ def cache_argument(parameters: Iterable[str], owner: str) -> str | None:
     """
     names = set(parameters)
     known = next((name for name in CACHE_KWARGS if name in names), None)
+    if known == "cache" and not CACHE_RENAMED:
+        # Before 5.24 a `cache` parameter is a model's own legacy cache (XLM's dict), not a `Cache`.
+        return None
     if known is not None:
         return known
     unknown = sorted(n for n in names if ("cache" in n or n.startswith("past")) and n not in _NOT_A_CACHE)

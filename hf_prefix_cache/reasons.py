@@ -40,6 +40,7 @@ CROSS_ATTENTION_LAYER = "cross_attention_layer"  # + ":" + the cache layer class
 WINDOW_MASK_MISMATCH = "window_mask_mismatch"
 CACHE_LONGER_THAN_PROMPT = "cache_longer_than_prompt"
 NGRAM_CACHE_LAYOUT = "ngram_cache_layout"
+SLICES_ITS_OWN_INPUT = "slices_its_own_input"  # the forward drops the cached ids itself and masks by its own lengths
 BIDIRECTIONAL_ATTENTION = "bidirectional_attention"  # a BERT-style causal LM without config.is_decoder=True
 
 # --- the call's arguments (integration/refusals.py)

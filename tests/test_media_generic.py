@@ -12,11 +12,12 @@ medium, a medium re-sent, the suffix-only encoding and Pixtral's per-prompt padd
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 import pytest
 import torch
+import transformers
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from generic_media_families import (
     BREAK,
@@ -55,7 +56,25 @@ def check(family: GenericFamily, ids: torch.Tensor, media: list[Medium], store: 
     return warm
 
 
-@pytest.fixture(params=GENERIC_FAMILIES)
+#: Families transformers itself cannot run on the installed release: even a cold `generate` raises.
+UPSTREAM_BROKEN = (
+    {
+        "llama4": "transformers 5.24's Llama4ForConditionalGeneration.forward reads `image_outputs` from its "
+        "language model's output, which has none: every generate raises, with or without a store"
+    }
+    if transformers.__version__.startswith("5.24.")
+    else {}
+)
+
+
+def runnable(names: Iterable[str]) -> list[Any]:
+    """`names` as parameters, those in `UPSTREAM_BROKEN` skipped with its reason."""
+    return [
+        pytest.param(n, marks=pytest.mark.skip(reason=UPSTREAM_BROKEN[n])) if n in UPSTREAM_BROKEN else n for n in names
+    ]
+
+
+@pytest.fixture(params=runnable(GENERIC_FAMILIES))
 def family(request: pytest.FixtureRequest) -> Iterator[tuple[GenericFamily, PrefixCache]]:
     fam = GenericFamily(request.param)
     store = PrefixCache(fam.model)
@@ -290,14 +309,14 @@ def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
     return cut
 
 
-@pytest.mark.parametrize("name", GENERIC_FAMILIES)
+@pytest.mark.parametrize("name", runnable(GENERIC_FAMILIES))
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=requests)
 def test_random_conversations_reuse_exactly_what_the_rules_allow(name: str, conversation: list[Any]) -> None:
     _converse(name, conversation, pressure=False)
 
 
-@pytest.mark.parametrize("name", ["mistral3", "llama4"])
+@pytest.mark.parametrize("name", runnable(["mistral3", "llama4"]))
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=requests)
 def test_under_memory_pressure_reuse_stays_exact(name: str, conversation: list[Any]) -> None:
