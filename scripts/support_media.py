@@ -11,8 +11,8 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 4. repeat: step 2 again, exactly.
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
-`tests/tiny_qwen_media.py` and the Mllama and OneVision test modules), so tests/ goes on `sys.path`
-(a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model type, or
+`tests/tiny_qwen_media.py`, `tests/gemma4_media.py` and the Mllama and OneVision test modules), so
+tests/ goes on `sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model type, or
 ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving its
 `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
 sweep, its workers or the document.
@@ -150,6 +150,26 @@ def _omni() -> MediaCase:
     return MediaCase(cached_omni(), tokens, kwargs, first=1)
 
 
+def _gemma4(name: str) -> MediaCase:
+    """Gemma 4 / Gemma 4 Unified (`tests/gemma4_media.py`): A an image; C an audio clip, text, then a video."""
+    from gemma4_media import Gemma4Family
+
+    fam = Gemma4Family(name)
+    clip, video = fam.clip(SEED_C), fam.video(SEED_C)
+    media = {"a": [fam.image(SEED_A)], "b": [fam.image(SEED_B)], "c": [clip, video]}
+    tokens = {k: fam.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(fam.placeholders(clip), _text_ids(2, 6), fam.placeholders(video))
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]), first=1
+    )
+
+
+def _text_ids(n: int, seed: int) -> Any:
+    from tiny_vlms import text
+
+    return text(n, seed)
+
+
 #: Adapter key -> its case. Keys are those of `multimodal._ADAPTERS` and `generic_table.GENERIC_FAMILIES`.
 MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     # Hand-written adapters (multimodal/__init__.py `_ADAPTERS`).
@@ -173,6 +193,8 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "glmga": lambda: _family("glmga"),
     "glm_ocr": lambda: _family("glm_ocr"),
     "paddleocr_vl": lambda: _family("paddleocr_vl"),
+    "gemma4": lambda: _gemma4("gemma4"),
+    "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),

@@ -1,7 +1,7 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`); the base class and shared helpers live in `base`. Families of the common
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`); the base class and shared helpers live in `base`. Families of the common
 pattern (rows of a media kwarg scattered over placeholders) are rows of `generic_table`, served by
 `generic.GenericMedia`; a tower-specific row there (``"llava/pixtral"``) wins over the family's
 module. A family missing here runs cold on media inputs, with the reason `media_inputs:<model_type>`.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
+from hf_prefix_cache.multimodal.gemma4 import Gemma4Media, Gemma4UnifiedMedia
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
 from hf_prefix_cache.multimodal.glm4v import Glm4vMedia, PaddleOcrVlMedia
@@ -47,6 +48,8 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "idefics3": Idefics3Media,
     "smolvlm": Idefics3Media,
     "mllama": MllamaMedia,
+    "gemma4": Gemma4Media,
+    "gemma4_unified": Gemma4UnifiedMedia,
 }
 
 

@@ -48,6 +48,10 @@ MEDIA_KWARGS = (
     "cross_attention_states",
     "image_embeds",
     "batch_num_images",
+    "image_position_ids",
+    "video_position_ids",
+    "num_frames_per_video",
+    "input_features_mask",
 )
 
 
