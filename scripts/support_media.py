@@ -11,10 +11,11 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 4. repeat: step 2 again, exactly.
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
-`tests/tiny_qwen_media.py`, `tests/gemma4_media.py` and the Mllama and OneVision test modules), so
-tests/ goes on `sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model type, or
-``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving its
-`MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
+`tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py` and the Mllama and
+OneVision test modules), so tests/ goes on `sys.path` (a dev tool, run from the repository).
+`MEDIA_CASES` maps an adapter key (a model type, or ``"<model type>/<vision tower>"`` as
+`generic_table` keys a tower) to a function giving its `MediaCase`; adding a family the fixtures
+build is one line there. Knows nothing about the text
 sweep, its workers or the document.
 """
 
@@ -164,6 +165,21 @@ def _gemma4(name: str) -> MediaCase:
     )
 
 
+def _qwen3(name: str) -> MediaCase:
+    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`tests/qwen3_media.py`): A an image; C an image, text, then a video."""
+    from qwen3_media import Qwen3Family
+
+    fam = Qwen3Family(name)
+    image, video = fam.image(SEED_C), fam.video(SEED_C)
+    media = {"a": [fam.image(SEED_A)], "b": [fam.image(SEED_B)], "c": [image, video]}
+    tokens = {k: fam.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(fam.placeholders(image), _text_ids(2, 6), fam.placeholders(video))
+    first = fam.first(media["a"][0])
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]), first=first
+    )
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from tiny_vlms import text
 
@@ -193,6 +209,8 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "glmga": lambda: _family("glmga"),
     "glm_ocr": lambda: _family("glm_ocr"),
     "paddleocr_vl": lambda: _family("paddleocr_vl"),
+    "qwen3_5": lambda: _qwen3("qwen3_5"),
+    "qwen3_5_moe": lambda: _qwen3("qwen3_5_moe"),
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).

@@ -135,6 +135,7 @@ class DecoderOnlyHook:
             fed = lease.cached_len
             if profile.has_state:
                 embeds = self._suffix_embeds(input_ids, kwargs, layout, lease.cached_len)
+                positions = media.prefill_positions(input_ids, kwargs) if media is not None else None
                 fed, snapshots = prefill_states(
                     self._model,
                     profile,
@@ -145,6 +146,7 @@ class DecoderOnlyHook:
                     self._one_token_steps,
                     embeds,
                     spans,
+                    positions,
                 )
             if not profile.prompt_sliced:
                 cache.skip_len = fed

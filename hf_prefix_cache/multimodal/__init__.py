@@ -23,7 +23,7 @@ from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
 from hf_prefix_cache.multimodal.mllama import MllamaMedia
 from hf_prefix_cache.multimodal.qwen_audio import Qwen2AudioMedia
 from hf_prefix_cache.multimodal.qwen_omni import Qwen2_5OmniThinkerMedia
-from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
+from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3_5Media, Qwen3VLMedia
 
 __all__ = ["MEDIA_KWARGS", "MediaAdapter", "media_adapter_for"]
 
@@ -37,6 +37,8 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_vl": Qwen2VLMedia,
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
+    "qwen3_5": Qwen3_5Media,
+    "qwen3_5_moe": Qwen3_5Media,
     "glm4v": Glm4vMedia,
     "glm4v_moe": Glm4vMedia,
     "glm46v": Glm4vMedia,
