@@ -211,6 +211,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "paddleocr_vl": lambda: _family("paddleocr_vl"),
     "qwen3_5": lambda: _qwen3("qwen3_5"),
     "qwen3_5_moe": lambda: _qwen3("qwen3_5_moe"),
+    "qwen3_vl_moe": lambda: _qwen3("qwen3_vl_moe"),
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).

@@ -19,7 +19,7 @@ import transformers
 from tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
 from tiny_vlms import _TEXT, IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID, _build
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
 #: Families whose text layers hold recurrent states.
 HYBRID = ("qwen3_5", "qwen3_5_moe")
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]

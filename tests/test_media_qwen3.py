@@ -20,7 +20,7 @@ from tiny_vlms import text
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
-from hf_prefix_cache.multimodal.qwen_vl import Qwen3_5Media
+from hf_prefix_cache.multimodal.qwen_vl import Qwen3_5Media, Qwen3VLMedia
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))
@@ -52,6 +52,7 @@ def test_each_family_gets_its_adapter() -> None:
     for name in HYBRID:
         adapter = media_adapter_for(Qwen3Family(name).model)
         assert type(adapter) is Qwen3_5Media and adapter.embeds_suffix
+    assert type(media_adapter_for(Qwen3Family("qwen3_vl_moe").model)) is Qwen3VLMedia
 
 
 def test_image_and_video_after_a_cached_image(family: tuple[Qwen3Family, PrefixCache]) -> None:

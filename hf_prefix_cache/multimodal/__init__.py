@@ -37,6 +37,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_vl": Qwen2VLMedia,
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
+    "qwen3_vl_moe": Qwen3VLMedia,
     "qwen3_5": Qwen3_5Media,
     "qwen3_5_moe": Qwen3_5Media,
     "glm4v": Glm4vMedia,
