@@ -11,11 +11,11 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 4. repeat: step 2 again, exactly.
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
-`tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py` and the Mllama and
-OneVision test modules), so tests/ goes on `sys.path` (a dev tool, run from the repository).
-`MEDIA_CASES` maps an adapter key (a model type, or ``"<model type>/<vision tower>"`` as
-`generic_table` keys a tower) to a function giving its `MediaCase`; adding a family the fixtures
-build is one line there. Knows nothing about the text
+`tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
+`tests/grid_media_families.py` and the Mllama and OneVision test modules), so tests/ goes on
+`sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
+type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
+its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
 sweep, its workers or the document.
 """
 
@@ -180,6 +180,20 @@ def _qwen3(name: str) -> MediaCase:
     )
 
 
+def _grid(name: str) -> MediaCase:
+    """A ``"thw"`` table family (`tests/grid_media_families.py`): A an image; C an image, text, then a video."""
+    from grid_media_families import GridFamily
+
+    fam = GridFamily(name)
+    image, video = fam.image(SEED_C), fam.video(SEED_C)
+    media = {"a": [fam.image(SEED_A)], "b": [fam.image(SEED_B)], "c": [image, video]}
+    tokens = {k: fam.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(fam.placeholders(image), _text_ids(2, 6), fam.placeholders(video))
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]), first=1
+    )
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from tiny_vlms import text
 
@@ -230,6 +244,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "aria": lambda: _generic("aria"),
     "llama4": lambda: _generic("llama4"),
     "lfm2_vl": lambda: _generic("lfm2_vl"),
+    "kimi_k25": lambda: _grid("kimi_k25"),
 }
 
 #: Adapter keys without a media case, and why.

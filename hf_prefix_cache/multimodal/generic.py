@@ -18,6 +18,11 @@ rows of its own items. What differs between families is data, declared per famil
   of valid size ``h x w`` patches (`KindRule.sizes`) is its first ``h * w`` patches, exactly
   those marked by `KindRule.mask`, and has ``(h // s) * (w // s)`` placeholders in one run
   (``s``: `KindRule.stride`; adjacent items may share a run);
+  ``"thw"``: Qwen-VL-style flattened patch rows, `KindRule.sizes` a grid kwarg of one
+  ``(t, h, w)`` row per item: an item is ``t * h * w`` consecutive rows of `KindRule.data`
+  and has ``t * h * w // m`` placeholders (``h * w // m`` when `KindRule.pooled_time`: the
+  tower averages a video's frames), ``m`` the product of `KindRule.stride` (the merge area;
+  a list value counts as the product of its elements); adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), and which kwargs its processor returns that the model never reads
@@ -47,7 +52,7 @@ from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_toke
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
 #: Placeholder layouts a `KindRule` may declare.
-COUNTS = ("equal", "grid", "area")
+COUNTS = ("equal", "grid", "area", "thw")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,8 @@ class KindRule:
     pixels per vision patch, to which a valid size is rounded
     down before hashing (the tower reads whole patches only). `mask` is the kwarg of each
     row's valid-patch mask, for rows of flattened patches (NaFlex): sliced alongside, and
-    required to mark exactly the row's first ``height * width`` patches.
+    required to mark exactly the row's first ``height * width`` patches. `pooled_time` (``"thw"``
+    kinds) marks towers that average an item's frames into one frame's placeholders.
     """
 
     kind: str
@@ -76,6 +82,7 @@ class KindRule:
     patch: tuple[str, ...] = ()
     extras: tuple[str, ...] = ()
     mask: str | None = None
+    pooled_time: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +154,12 @@ class GenericMedia(MediaAdapter):
                 continue
             if kwargs.get(rule.data) is None and config_token_id(self.config, *rule.token_id) is None:
                 continue  # no media of this kind and no placeholder id in the config: the prompt is text
-            area = rule.count == "area"
-            out.append(self._area_items(rule, kwargs) if area else self._equal_items(rule, tokens, kwargs))
+            if rule.count == "area":
+                out.append(self._area_items(rule, kwargs))
+            elif rule.count == "thw":
+                out.append(self._thw_items(rule, kwargs))
+            else:
+                out.append(self._equal_items(rule, tokens, kwargs))
         return out
 
     def _equal_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
@@ -182,6 +193,32 @@ class GenericMedia(MediaAdapter):
                 return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
             counts.append((height // stride) * (width // stride))
         return (rule.kind, token_id, rows, counts)
+
+    def _thw_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every ``(t, h, w)`` row of the grid kwarg one item: its ``t * h * w`` rows of `rule.data`, its grid row."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data, grid = kwargs.get(rule.data), kwargs.get(rule.sizes or "")
+        if data is None and grid is None:
+            return (rule.kind, token_id, [], [])
+        if data is not None and not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        merge = self._product(rule.stride)
+        if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor) or merge is None:
+            return (rule.kind, None, [], None)
+        if grid.dim() != 2 or grid.shape[-1] != 3 or grid.is_floating_point() or data.dim() < 1:
+            return (rule.kind, None, [], None)
+        sizes = grid.prod(-1).tolist()
+        if sum(sizes) != data.shape[0] or any(n <= 0 for n in sizes):
+            return (rule.kind, None, [], None)
+        offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+        parts = [(data[offsets[i] : offsets[i + 1]], grid[i]) for i in range(len(sizes))]
+        counts = []
+        for t, h, w in grid.tolist():
+            frame = (1 if rule.pooled_time else t) * h * w
+            if frame % merge:
+                return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
+            counts.append(frame // merge)
+        return (rule.kind, token_id, parts, counts)
 
     def _grid_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs.
@@ -263,7 +300,11 @@ class GenericMedia(MediaAdapter):
         return out
 
     def _product(self, paths: tuple[str, ...]) -> int | None:
-        values = [config_path(self.config, path) for path in paths]
+        values: list[Any] = []
+        for path in paths:
+            value = config_path(self.config, path)
+            # A per-axis list (Kimi-K2.5's `merge_kernel_size`) counts as the product of its elements.
+            values += list(value) if isinstance(value, (list, tuple)) else [value]
         if not values or not all(isinstance(v, int) and v > 0 for v in values):
             return None
         return int(math.prod(values))
@@ -275,6 +316,13 @@ class GenericMedia(MediaAdapter):
             if data is None:
                 continue
             k = layout.num_cached(rule.kind, cached_len)
+            if rule.count == "thw":
+                grid = kwargs[rule.sizes or ""]
+                keep = k < grid.shape[0]
+                skip = int(grid[:k].prod(-1).sum()) if k else 0  # the cached items' flattened rows
+                set_or_drop(kwargs, rule.data, data[skip:], keep)
+                set_or_drop(kwargs, rule.sizes or "", grid[k:], keep)
+                continue
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
             for name in (rule.sizes, rule.mask, *rule.extras):

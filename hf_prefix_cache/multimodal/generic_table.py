@@ -5,7 +5,8 @@ A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a fam
 Each row was checked against transformers 5.23 (each row of the media kwarg is encoded on its
 own and its features fill its placeholders in order) and is proven exact by
 `tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
-`tests/test_media_lfm2_vl.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/test_media_grid.py`;
+Gemma 3n, whose timm tower needs torchvision, by
 `tests/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`.
 """
@@ -131,6 +132,30 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             KindRule("audio", ("audio_token_id",), "input_features", extras=("input_features_mask",)),
         ),
         ignored=("token_type_ids",),
+    ),
+    # Kimi-K2.5: a MoonViT-style tower on flattened patch rows, attention within each item; a 2x2 merge
+    # kernel, a video chunk's frames averaged into one frame's placeholders (each chunk its own run).
+    "kimi_k25": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.merge_kernel_size",),
+                pooled_time=True,
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.merge_kernel_size",),
+                pooled_time=True,
+            ),
+        ),
     ),
 }
 

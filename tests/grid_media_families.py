@@ -1,0 +1,129 @@
+"""Tiny models and media of the generic table's ``"thw"`` families: flattened patch rows keyed by a ``(t, h, w)`` grid.
+
+Each item is ``t * h * w`` rows of patch values (one row per patch) with its grid row; its
+placeholders follow the family's merge (and, where the tower averages a video's frames, one
+frame's worth). Framing ids 110/111 around each item; placeholders: image 120, video 121.
+Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
+
+* ``kimi_k25``: Kimi-K2.5 (MoonViT-style tower, 2x2 merge kernel, frames averaged; DeepSeek-V3
+  text with MLA and experts): rows ``[3, 4, 4]`` pixels per patch.
+* ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 2 * 2`` values (temporal patch 2), 2x2 merge.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+from tiny_vlms import _TEXT, _build
+
+IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
+FAMILIES = ("kimi_k25",)
+_IDS = {"image_token_id": IMG, "video_token_id": VID, "vision_start_token_id": 122, "vision_end_token_id": 123}
+_MLA_MOE: dict[str, Any] = {
+    "model_type": "deepseek_v3",
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 8,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+}
+
+
+def tiny_kimi_k25() -> Any:
+    """Kimi-K2.5: 4x4-pixel patches, 2x2 merge kernel; a video's frames are averaged into one frame's placeholders."""
+    vision = {
+        "patch_size": 4,
+        "pos_emb_height": 8,
+        "pos_emb_width": 8,
+        "pos_emb_time": 4,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "merge_kernel_size": [2, 2],
+    }
+    config = transformers.Kimi_K25Config(
+        text_config={**_TEXT, **_MLA_MOE}, vision_config=vision, projection_hidden_size=32, **_IDS
+    )
+    return _build(transformers.Kimi_K25ForConditionalGeneration, config)
+
+
+_BUILDERS = {"kimi_k25": tiny_kimi_k25}
+#: Per family: the shape of one patch row.
+_ROW = {"kimi_k25": (3, 4, 4)}
+#: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
+_MERGE = {"kimi_k25": (4, True)}
+GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
+VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
+#: transformers 5.23's Kimi-K2.5 splits its frame-averaged video features by ``t * h * w`` (a cold
+#: run fails for ``t > 1``): there its videos have one frame.
+_ONE_FRAME = {"kimi_k25"} if Version(transformers.__version__) < Version("5.24") else set()
+
+
+@functools.cache
+def cached_grid(name: str) -> Any:
+    return _BUILDERS[name]()
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One image or video: its kind, seed and ``(t, h, w)`` grid."""
+
+    kind: str
+    seed: int
+    grid: tuple[int, int, int]
+
+
+class GridFamily:
+    """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = cached_grid(name)
+
+    def image(self, seed: int) -> Medium:
+        return Medium("image", seed, GRIDS[seed % 3])
+
+    def video(self, seed: int) -> Medium:
+        t, h, w = VIDEO_GRIDS[seed % 3]
+        return Medium("video", seed, (1 if self.name in _ONE_FRAME else t, h, w))
+
+    def count(self, medium: Medium) -> int:
+        merge, pooled = _MERGE[self.name]
+        t, h, w = medium.grid
+        return (1 if pooled else t) * h * w // merge
+
+    def placeholders(self, medium: Medium) -> torch.Tensor:
+        token = IMG if medium.kind == "image" else VID
+        return torch.tensor([[OPEN, *[token] * self.count(medium), CLOSE]])
+
+    def rows(self, medium: Medium) -> torch.Tensor:
+        t, h, w = medium.grid
+        return torch.rand(t * h * w, *_ROW[self.name], generator=torch.Generator().manual_seed(medium.seed))
+
+    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
+        """What the processor hands `generate` for `media` in prompt order."""
+        out: dict[str, Any] = {}
+        for kind, data, grid in (
+            ("image", "pixel_values", "image_grid_thw"),
+            ("video", "pixel_values_videos", "video_grid_thw"),
+        ):
+            mine = [m for m in media if m.kind == kind]
+            if mine:
+                out[data] = torch.cat([self.rows(m) for m in mine])
+                out[grid] = torch.tensor([list(m.grid) for m in mine])
+        return out

@@ -1,0 +1,112 @@
+"""The generic table's ``"thw"`` families (flattened patch rows keyed by a grid) serve images and videos exactly.
+
+Every request runs cold and through the store: equal tokens, logits within 1e-4, all media
+passed every time as the processor would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from grid_media_families import FAMILIES, GridFamily, Medium
+from tiny_vlms import text
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.multimodal import media_adapter_for
+from hf_prefix_cache.multimodal.generic import GenericMedia
+
+NEW = 4
+SPECIAL_IDS = list(range(100, 128))
+
+
+def check(fam: GridFamily, ids: torch.Tensor, media: list[Medium], store: PrefixCache) -> Any:
+    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
+    kwargs = {**fam.kwargs(ids, media), "suppress_tokens": SPECIAL_IDS}
+    cold = generate(fam.model, ids, NEW, **kwargs)
+    warm = generate(fam.model, ids, NEW, past_key_values=store, **kwargs)
+    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+    diff = max_logit_diff(cold, warm)
+    assert diff < LOGIT_TOL, f"logits differ by {diff}"
+    return warm
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> Iterator[tuple[GridFamily, PrefixCache]]:
+    fam = GridFamily(request.param)
+    store = PrefixCache(fam.model)
+    yield fam, store
+    store.check_integrity()
+    assert not store.stats().fallbacks, store.stats().fallbacks
+    store.detach()
+
+
+def test_the_generic_adapter_serves_them() -> None:
+    for name in FAMILIES:
+        assert isinstance(media_adapter_for(GridFamily(name).model), GenericMedia), name
+
+
+def test_the_tower_encodes_each_item_on_its_own(family: tuple[GridFamily, PrefixCache]) -> None:
+    """An item's features do not depend on the other items encoded with it."""
+    fam, _ = family
+    media = [fam.image(1), fam.image(2), fam.image(0)]
+    kwargs = fam.kwargs(torch.zeros(1, 1, dtype=torch.long), media)
+    with torch.no_grad():
+        together = fam.model.model.get_image_features(kwargs["pixel_values"], kwargs["image_grid_thw"]).pooler_output
+        for medium, features in zip(media, together, strict=True):
+            alone = fam.kwargs(torch.zeros(1, 1, dtype=torch.long), [medium])
+            (single,) = fam.model.model.get_image_features(alone["pixel_values"], alone["image_grid_thw"]).pooler_output
+            torch.testing.assert_close(single, features, rtol=0, atol=1e-6)
+
+
+def test_image_and_video_after_a_cached_image(family: tuple[GridFamily, PrefixCache]) -> None:
+    """A turn adding an image and a video reuses the first turn whole, and its repeat all but the last token."""
+    fam, store = family
+    hits = Hits(store)
+    first_image, image, video = fam.image(1), fam.image(2), fam.video(5)
+    first = torch.cat([text(5, 1), fam.placeholders(first_image), text(6, 2)], dim=1)
+    answer = check(fam, first, [first_image], store).sequences
+    second = torch.cat(
+        [answer, text(4, 3), fam.placeholders(image), text(3, 4), fam.placeholders(video), text(3, 5)], dim=1
+    )
+    check(fam, second, [first_image, image, video], store)
+    assert hits.last() == answer.shape[1] - 1
+    check(fam, second, [first_image, image, video], store)
+    assert hits.last() == second.shape[1] - 1
+
+
+def test_changed_medium_reuses_nothing_past_its_first_placeholder(family: tuple[GridFamily, PrefixCache]) -> None:
+    """Identical ids with another image or video reuse only the text and framing before its placeholders."""
+    fam, store = family
+    hits = Hits(store)
+    for build in (fam.image, fam.video):
+        store.clear()
+        one, other = build(1), build(13)  # seeds 1 and 13: same grid, other content
+        head = text(4, 7)
+        ids = torch.cat([head, fam.placeholders(one), text(5, 2)], dim=1)
+        check(fam, ids, [one], store)
+        check(fam, ids, [other], store)
+        assert hits.last() == head.shape[1] + 1  # the framing id before the first placeholder is text
+
+
+def test_only_suffix_media_reach_the_tower(family: tuple[GridFamily, PrefixCache]) -> None:
+    """After a cached image and video, the tower encodes only the new image's patch rows."""
+    fam, store = family
+    old, video, new = fam.image(1), fam.video(2), fam.image(2)
+    first = torch.cat([text(3, 1), fam.placeholders(old), text(2, 6), fam.placeholders(video), text(3, 2)], dim=1)
+    check(fam, first, [old, video], store)
+    second = torch.cat([first, text(2, 4), fam.placeholders(new), text(2, 5)], dim=1)
+    seen: list[int] = []
+
+    def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen.append(int((args[0] if args else kwargs["pixel_values"]).shape[0]))
+
+    handle = fam.model.model.vision_tower.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        generate(fam.model, second, NEW, past_key_values=store, **fam.kwargs(second, [old, video, new]))
+    finally:
+        handle.remove()
+    assert seen == [fam.rows(new).shape[0]]
