@@ -245,6 +245,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "llama4": lambda: _generic("llama4"),
     "lfm2_vl": lambda: _generic("lfm2_vl"),
     "kimi_k25": lambda: _grid("kimi_k25"),
+    "mistral_large4": lambda: _generic("mistral_large4"),
 }
 
 #: Adapter keys without a media case, and why.

@@ -72,6 +72,21 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # Mistral Large 4: Mistral 3's layout (Pixtral tower, 2x2 patch merger, [IMG] rows split by [IMG_BREAK]).
+    "mistral_large4": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+        settings=("vision_feature_layer",),
+    ),
     # Video-LLaVA: one tower per kind; an image row is a picture, a video row all its frames.
     "video_llava": FamilyRule(
         kinds=(
