@@ -246,6 +246,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "lfm2_vl": lambda: _generic("lfm2_vl"),
     "kimi_k25": lambda: _grid("kimi_k25"),
     "mistral_large4": lambda: _generic("mistral_large4"),
+    "minimax_m3_vl": lambda: _grid("minimax_m3_vl"),
 }
 
 #: Adapter keys without a media case, and why.

@@ -7,7 +7,8 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 
 * ``kimi_k25``: Kimi-K2.5 (MoonViT-style tower, 2x2 merge kernel, frames averaged; DeepSeek-V3
   text with MLA and experts): rows ``[3, 4, 4]`` pixels per patch.
-* ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 2 * 2`` values (temporal patch 2), 2x2 merge.
+* ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 4 * 4`` values (2 frames of 4x4 pixels), 2x2 merge;
+  every frame counts (``t * h * w / 4`` placeholders).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from packaging.version import Version
 from tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
-FAMILIES = ("kimi_k25",)
+FAMILIES = ("kimi_k25", "minimax_m3_vl")
 _IDS = {"image_token_id": IMG, "video_token_id": VID, "vision_start_token_id": 122, "vision_end_token_id": 123}
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
@@ -62,11 +63,41 @@ def tiny_kimi_k25() -> Any:
     return _build(transformers.Kimi_K25ForConditionalGeneration, config)
 
 
-_BUILDERS = {"kimi_k25": tiny_kimi_k25}
+def tiny_minimax_m3_vl() -> Any:
+    """MiniMax-M3-VL: a CLIP-like tower (Conv3d patches of 2 frames x 4x4 pixels, 3D RoPE), 2x2 merge; MoE text."""
+    text = {
+        **_TEXT,
+        "model_type": "minimax_m3_vl_text",
+        "head_dim": 16,
+        "rotary_dim": 16,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 4,
+        "dense_intermediate_size": 128,
+        "shared_intermediate_size": 64,
+        "index_n_heads": 8,
+        "index_head_dim": 16,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 4,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+    }
+    config = transformers.MiniMaxM3VLConfig(
+        text_config=text, vision_config=vision, projector_hidden_size=64, image_token_index=IMG, video_token_index=VID
+    )
+    return _build(transformers.MiniMaxM3SparseForConditionalGeneration, config)
+
+
+_BUILDERS = {"kimi_k25": tiny_kimi_k25, "minimax_m3_vl": tiny_minimax_m3_vl}
 #: Per family: the shape of one patch row.
-_ROW = {"kimi_k25": (3, 4, 4)}
+_ROW = {"kimi_k25": (3, 4, 4), "minimax_m3_vl": (3 * 2 * 4 * 4,)}
 #: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
-_MERGE = {"kimi_k25": (4, True)}
+_MERGE = {"kimi_k25": (4, True), "minimax_m3_vl": (4, False)}
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
 VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
 #: transformers 5.23's Kimi-K2.5 splits its frame-averaged video features by ``t * h * w`` (a cold

@@ -172,6 +172,27 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # MiniMax-M3-VL: a CLIP-like tower on flattened Conv3d patch rows, attention within each item; 2x2 merge.
+    "minimax_m3_vl": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
 }
 
 #: Families of the common pattern left cold on media, and why (their media requests count
