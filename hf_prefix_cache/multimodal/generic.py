@@ -97,6 +97,9 @@ class FamilyRule:
     with recurrent layers then prefill media prompts (`MediaAdapter.embeds_suffix`). `ignored`
     names media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
     `token_type_ids`): a call passing them is served, and they reach `generate` unchanged.
+    `aliases` holds ``(old name, name)`` pairs of kwargs the model still takes under a
+    deprecated name (Video-LLaVA's processor returns `pixel_values_images`): read as the new
+    name, and handed to `generate` under it after a hit (the model maps one to the other).
     """
 
     kinds: tuple[KindRule, ...]
@@ -104,6 +107,7 @@ class FamilyRule:
     requires: tuple[tuple[str, Any], ...] = ()
     embeds_suffix: bool = False
     ignored: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()
 
     def fits(self, config: Any) -> bool:
         """Whether `config` has every value this family's pattern relies on."""
@@ -125,13 +129,28 @@ class GenericMedia(MediaAdapter):
         super().__init__(model)
         self.rule = rule
         names = (name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None)
-        self.handled = frozenset((*names, *rule.ignored))
+        self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
         self.settings = rule.settings
         assert not rule.embeds_suffix or len(rule.kinds) == 1, "suffix embeddings are for one-kind families"
         self.embeds_suffix = rule.embeds_suffix
 
     # ------------------------------------------------------------------ layout
+    def _renamed(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """`kwargs` with deprecated names replaced by the rule's; None when both names are given."""
+        out = kwargs
+        for old, new in self.rule.aliases:
+            if out.get(old) is None:
+                continue
+            if out.get(new) is not None:
+                return None  # two values for one input: leave it to the model, run cold
+            out = {k: v for k, v in out.items() if k != old} | {new: out[old]}
+        return out
+
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        renamed = self._renamed(kwargs)
+        if renamed is None:
+            return None
+        kwargs = renamed
         equal = super().layout(tokens, kwargs)  # the "equal" and "area" kinds, through the base's span assignment
         if equal is None:
             return None
@@ -310,6 +329,13 @@ class GenericMedia(MediaAdapter):
         return int(math.prod(values))
 
     # ------------------------------------------------------------------- resume
+    def resume_kwargs(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
+    ) -> dict[str, Any]:
+        renamed = self._renamed(kwargs)
+        assert renamed is not None, "a prompt with a layout passed each input under one name"
+        return super().resume_kwargs(input_ids, renamed, layout, cached_len)
+
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         for rule in self.rule.kinds:
             data = kwargs.get(rule.data)
@@ -335,7 +361,9 @@ class GenericMedia(MediaAdapter):
     ) -> torch.Tensor:
         assert self.embeds_suffix, "only families declaring `embeds_suffix` compute suffix embeddings"
         (rule,) = self.rule.kinds
-        media = dict(kwargs)
+        renamed = self._renamed(kwargs)
+        assert renamed is not None, "a prompt with a layout passed each input under one name"
+        media = dict(renamed)
         self._slice(media, layout, start)  # the rows whose placeholders lie in the suffix
         ids = input_ids[:, start:]
         # The model's forward, on the suffix: text embeddings, then the suffix's features over its placeholders.

@@ -94,6 +94,8 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             KindRule("video", _VIDEO_ID, "pixel_values_videos"),
         ),
         settings=_LLAVA_SETTINGS,
+        # Its image processor returns images as `pixel_values_images` unless told otherwise.
+        aliases=(("pixel_values_images", "pixel_values"),),
     ),
     # Voxtral: each row of `input_features` is one 30 s chunk of mel frames, a fixed number of placeholders.
     "voxtral": FamilyRule(kinds=(KindRule("audio", ("audio_token_id", "audio_token_index"), "input_features"),)),
