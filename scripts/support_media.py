@@ -214,6 +214,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "paligemma": _paligemma,
     "idefics3": lambda: _family("idefics3"),
     "smolvlm": lambda: _family("smolvlm"),
+    "idefics2": lambda: _family("idefics2"),
     "qwen2_audio": lambda: _family("qwen2_audio"),
     "qwen2_5_omni_thinker": _omni,
     "mllama": _mllama,

@@ -50,6 +50,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_5_omni_thinker": Qwen2_5OmniThinkerMedia,
     "idefics3": Idefics3Media,
     "smolvlm": Idefics3Media,
+    "idefics2": Idefics3Media,
     "mllama": MllamaMedia,
     "gemma4": Gemma4Media,
     "gemma4_unified": Gemma4UnifiedMedia,
