@@ -248,6 +248,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "kimi_k25": lambda: _grid("kimi_k25"),
     "mistral_large4": lambda: _generic("mistral_large4"),
     "minimax_m3_vl": lambda: _grid("minimax_m3_vl"),
+    "lfm3_vl": lambda: _grid("lfm3_vl"),
 }
 
 #: Adapter keys without a media case, and why.

@@ -9,6 +9,7 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
   text with MLA and experts): rows ``[3, 4, 4]`` pixels per patch.
 * ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 4 * 4`` values (2 frames of 4x4 pixels), 2x2 merge;
   every frame counts (``t * h * w / 4`` placeholders).
+* ``lfm3_vl``: LFM3-VL: MiniMax-M3-VL's rows and counts; its LFM3 text layers hold conv states.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from packaging.version import Version
 from tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
-FAMILIES = ("kimi_k25", "minimax_m3_vl")
+FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl")
 _IDS = {"image_token_id": IMG, "video_token_id": VID, "vision_start_token_id": 122, "vision_end_token_id": 123}
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
@@ -93,11 +94,40 @@ def tiny_minimax_m3_vl() -> Any:
     return _build(transformers.MiniMaxM3SparseForConditionalGeneration, config)
 
 
-_BUILDERS = {"kimi_k25": tiny_kimi_k25, "minimax_m3_vl": tiny_minimax_m3_vl}
+def tiny_lfm3_vl() -> Any:
+    """LFM3-VL: a conv + attention tower on flattened patch rows (2 frames x 4x4 pixels), 2x2 merge; LFM3 text
+    [conv, full, sliding, conv] (conv states: the hook prefills media prompts itself)."""
+    text = {
+        **_TEXT,
+        "model_type": "lfm3",
+        "head_dim": 16,
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention", "sliding_attention", "conv"],
+        "sliding_window": 8,
+        "conv_L_cache": 3,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "layer_types": ["conv", "full_attention"],
+    }
+    config = transformers.Lfm3VlConfig(text_config=text, vision_config=vision, projector_hidden_size=64, **_IDS)
+    return _build(transformers.Lfm3VlForConditionalGeneration, config)
+
+
+_BUILDERS = {"kimi_k25": tiny_kimi_k25, "minimax_m3_vl": tiny_minimax_m3_vl, "lfm3_vl": tiny_lfm3_vl}
 #: Per family: the shape of one patch row.
-_ROW = {"kimi_k25": (3, 4, 4), "minimax_m3_vl": (3 * 2 * 4 * 4,)}
+_ROW = {"kimi_k25": (3, 4, 4), "minimax_m3_vl": (3 * 2 * 4 * 4,), "lfm3_vl": (3 * 2 * 4 * 4,)}
 #: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
-_MERGE = {"kimi_k25": (4, True), "minimax_m3_vl": (4, False)}
+_MERGE = {"kimi_k25": (4, True), "minimax_m3_vl": (4, False), "lfm3_vl": (4, False)}
+#: Families whose text layers hold states: a prefix restores only at a snapshot.
+STATE_FAMILIES = ("lfm3_vl",)
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
 VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
 #: transformers 5.23's Kimi-K2.5 splits its frame-averaged video features by ``t * h * w`` (a cold

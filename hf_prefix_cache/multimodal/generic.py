@@ -91,10 +91,11 @@ class FamilyRule:
 
     `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
     gets no adapter, so its media run cold (`media_inputs:<model_type>`). `embeds_suffix`
-    (one kind only) declares that the model's forward embeds a prompt as its text embeddings
-    with ``torch.cat(get_image_features(**rows).pooler_output)`` scattered over the placeholder
-    mask, so a suffix's embeddings may be computed the same way outside the forward: models
-    with recurrent layers then prefill media prompts (`MediaAdapter.embeds_suffix`). `ignored`
+    (image and video kinds) declares that the model's forward embeds a prompt as its text
+    embeddings with each kind's ``torch.cat(get_{image,video}_features(**rows).pooler_output)``
+    scattered over its placeholder ids, so a suffix's embeddings may be computed the same way
+    outside the forward: models with recurrent layers then prefill media prompts
+    (`MediaAdapter.embeds_suffix`). `ignored`
     names media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
     `token_type_ids`): a call passing them is served, and they reach `generate` unchanged.
     `aliases` holds ``(old name, name)`` pairs of kwargs the model still takes under a
@@ -131,7 +132,7 @@ class GenericMedia(MediaAdapter):
         names = (name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None)
         self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
         self.settings = rule.settings
-        assert not rule.embeds_suffix or len(rule.kinds) == 1, "suffix embeddings are for one-kind families"
+        assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video"}, "images and videos only"
         self.embeds_suffix = rule.embeds_suffix
 
     # ------------------------------------------------------------------ layout
@@ -360,19 +361,22 @@ class GenericMedia(MediaAdapter):
         self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, start: int
     ) -> torch.Tensor:
         assert self.embeds_suffix, "only families declaring `embeds_suffix` compute suffix embeddings"
-        (rule,) = self.rule.kinds
         renamed = self._renamed(kwargs)
         assert renamed is not None, "a prompt with a layout passed each input under one name"
         media = dict(renamed)
         self._slice(media, layout, start)  # the rows whose placeholders lie in the suffix
         ids = input_ids[:, start:]
-        # The model's forward, on the suffix: text embeddings, then the suffix's features over its placeholders.
+        # The model's forward, on the suffix: text embeddings, then each kind's features over its placeholders.
         embeds: torch.Tensor = self.model.get_input_embeddings()(ids)
-        if media.get(rule.data) is None:
-            return embeds
-        names = [n for n in (rule.data, rule.sizes, rule.mask, *rule.extras) if n is not None and n in media]
-        output = self.model.get_image_features(**{n: media[n] for n in names}, return_dict=True)
-        features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
-        inner = self.model if hasattr(self.model, "get_placeholder_mask") else self.model.model
-        mask = inner.get_placeholder_mask(input_ids=ids, inputs_embeds=embeds, image_features=features)
-        return embeds.masked_scatter(mask, features)
+        for rule in self.rule.kinds:
+            if media.get(rule.data) is None:
+                continue
+            names = [n for n in (rule.data, rule.sizes, rule.mask, *rule.extras) if n is not None and n in media]
+            encode = self.model.get_image_features if rule.kind == "image" else self.model.get_video_features
+            output = encode(**{n: media[n] for n in names}, return_dict=True)
+            features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+            token_id = config_token_id(self.config, *rule.token_id)
+            assert token_id is not None, f"{rule.kind} items were laid out without a placeholder id"
+            mask = torch.eq(ids, token_id)[..., None].expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, features)
+        return embeds

@@ -195,6 +195,29 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # LFM3-VL: a conv + attention tower on flattened patch rows, attention within each item; 2x2 merge. Its
+    # LFM3 text layers hold conv states, so the hook prefills media prompts itself (suffix embeddings).
+    "lfm3_vl": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+        embeds_suffix=True,
+    ),
 }
 
 #: Families of the common pattern left cold on media, and why (their media requests count
