@@ -249,6 +249,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "mistral_large4": lambda: _generic("mistral_large4"),
     "minimax_m3_vl": lambda: _grid("minimax_m3_vl"),
     "lfm3_vl": lambda: _grid("lfm3_vl"),
+    "video_llama_3": lambda: _grid("video_llama_3"),
 }
 
 #: Adapter keys without a media case, and why.

@@ -10,6 +10,8 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 * ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 4 * 4`` values (2 frames of 4x4 pixels), 2x2 merge;
   every frame counts (``t * h * w / 4`` placeholders).
 * ``lfm3_vl``: LFM3-VL: MiniMax-M3-VL's rows and counts; its LFM3 text layers hold conv states.
+* ``video_llama_3``: Video-LLaMA 3: rows of ``3 * 4 * 4`` pixels, each item's merge size (2) in
+  `image_merge_sizes` / `video_merge_sizes`; no video compression mask.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from packaging.version import Version
 from tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
-FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl")
+FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3")
 _IDS = {"image_token_id": IMG, "video_token_id": VID, "vision_start_token_id": 122, "vision_end_token_id": 123}
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
@@ -121,11 +123,41 @@ def tiny_lfm3_vl() -> Any:
     return _build(transformers.Lfm3VlForConditionalGeneration, config)
 
 
-_BUILDERS = {"kimi_k25": tiny_kimi_k25, "minimax_m3_vl": tiny_minimax_m3_vl, "lfm3_vl": tiny_lfm3_vl}
+def tiny_video_llama_3() -> Any:
+    """Video-LLaMA 3: a SigLIP-style tower on flattened 4x4-pixel patch rows; images merge 2x2, videos 2x2 too here."""
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "patch_size": 4,
+    }
+    config = transformers.VideoLlama3Config(
+        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config=vision,
+        image_token_id=IMG,
+        video_token_id=VID,
+    )
+    return _build(transformers.VideoLlama3ForConditionalGeneration, config)
+
+
+_BUILDERS = {
+    "kimi_k25": tiny_kimi_k25,
+    "minimax_m3_vl": tiny_minimax_m3_vl,
+    "lfm3_vl": tiny_lfm3_vl,
+    "video_llama_3": tiny_video_llama_3,
+}
 #: Per family: the shape of one patch row.
-_ROW = {"kimi_k25": (3, 4, 4), "minimax_m3_vl": (3 * 2 * 4 * 4,), "lfm3_vl": (3 * 2 * 4 * 4,)}
+_ROW = {
+    "kimi_k25": (3, 4, 4),
+    "minimax_m3_vl": (3 * 2 * 4 * 4,),
+    "lfm3_vl": (3 * 2 * 4 * 4,),
+    "video_llama_3": (3 * 4 * 4,),
+}
 #: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
-_MERGE = {"kimi_k25": (4, True), "minimax_m3_vl": (4, False), "lfm3_vl": (4, False)}
+_MERGE = {"kimi_k25": (4, True), "minimax_m3_vl": (4, False), "lfm3_vl": (4, False), "video_llama_3": (4, False)}
+#: Families that take each item's merge size as a kwarg (`*_merge_sizes`), all 2 here.
+_OWN_MERGES = ("video_llama_3",)
 #: Families whose text layers hold states: a prefix restores only at a snapshot.
 STATE_FAMILIES = ("lfm3_vl",)
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
@@ -187,4 +219,6 @@ class GridFamily:
             if mine:
                 out[data] = torch.cat([self.rows(m) for m in mine])
                 out[grid] = torch.tensor([list(m.grid) for m in mine])
+                if self.name in _OWN_MERGES:
+                    out[f"{kind}_merge_sizes"] = torch.tensor([2] * len(mine))
         return out

@@ -53,13 +53,16 @@ def test_the_tower_encodes_each_item_on_its_own(family: tuple[GridFamily, Prefix
     """An item's features do not depend on the other items encoded with it."""
     fam, _ = family
     media = [fam.image(1), fam.image(2), fam.image(0)]
-    kwargs = fam.kwargs(torch.zeros(1, 1, dtype=torch.long), media)
+    names = ("pixel_values", "image_grid_thw", "image_merge_sizes")
+
+    def features(batch: list[Medium]) -> Any:
+        kwargs = fam.kwargs(torch.zeros(1, 1, dtype=torch.long), batch)
+        return fam.model.model.get_image_features(**{n: kwargs[n] for n in names if n in kwargs}).pooler_output
+
     with torch.no_grad():
-        together = fam.model.model.get_image_features(kwargs["pixel_values"], kwargs["image_grid_thw"]).pooler_output
-        for medium, features in zip(media, together, strict=True):
-            alone = fam.kwargs(torch.zeros(1, 1, dtype=torch.long), [medium])
-            (single,) = fam.model.model.get_image_features(alone["pixel_values"], alone["image_grid_thw"]).pooler_output
-            torch.testing.assert_close(single, features, rtol=0, atol=1e-6)
+        for medium, together in zip(media, features(media), strict=True):
+            (alone,) = features([medium])
+            torch.testing.assert_close(alone, together, rtol=0, atol=1e-6)
 
 
 def test_image_and_video_after_a_cached_image(family: tuple[GridFamily, PrefixCache]) -> None:
@@ -111,9 +114,30 @@ def test_only_suffix_media_reach_the_tower(family: tuple[GridFamily, PrefixCache
     def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         seen.append(int((args[0] if args else kwargs["pixel_values"]).shape[0]))
 
-    handle = fam.model.model.vision_tower.register_forward_pre_hook(record, with_kwargs=True)
+    inner = fam.model.model
+    tower = inner.vision_tower if hasattr(inner, "vision_tower") else inner.vision_model
+    handle = tower.register_forward_pre_hook(record, with_kwargs=True)
     try:
         generate(fam.model, second, NEW, past_key_values=store, **fam.kwargs(second, [old, video, new]))
     finally:
         handle.remove()
     assert seen == [fam.rows(new).shape[0]]
+
+
+def test_video_llama_3_compressed_videos_run_cold() -> None:
+    """A token-compression mask drops video features by content, outside the pattern: such calls run cold, named."""
+    fam = GridFamily("video_llama_3")
+    store = PrefixCache(fam.model)
+    try:
+        video = fam.video(1)
+        ids = torch.cat([text(4, 1), fam.placeholders(video), text(3, 2)], dim=1)
+        kwargs = fam.kwargs(ids, [video])
+        kwargs["video_compression_mask"] = torch.ones(fam.count(video), dtype=torch.bool)
+        for _ in range(2):
+            cold = generate(fam.model, ids, NEW, suppress_tokens=SPECIAL_IDS, **kwargs)
+            warm = generate(fam.model, ids, NEW, past_key_values=store, suppress_tokens=SPECIAL_IDS, **kwargs)
+            assert torch.equal(cold.sequences, warm.sequences)
+        assert store.stats().hit_tokens == 0
+        assert store.stats().fallbacks == {"media_inputs:video_compression_mask": 2}
+    finally:
+        store.detach()

@@ -52,6 +52,9 @@ MEDIA_KWARGS = (
     "video_position_ids",
     "num_frames_per_video",
     "input_features_mask",
+    "image_merge_sizes",
+    "video_merge_sizes",
+    "video_compression_mask",
 )
 
 

@@ -70,7 +70,9 @@ class KindRule:
     down before hashing (the tower reads whole patches only). `mask` is the kwarg of each
     row's valid-patch mask, for rows of flattened patches (NaFlex): sliced alongside, and
     required to mark exactly the row's first ``height * width`` patches. `pooled_time` (``"thw"``
-    kinds) marks towers that average an item's frames into one frame's placeholders.
+    kinds) marks towers that average an item's frames into one frame's placeholders; `merges`
+    (``"thw"`` kinds) names a kwarg of each item's own spatial merge size ``s`` (Video-LLaMA 3),
+    which then makes the merge area ``s * s`` instead of `stride`'s product.
     """
 
     kind: str
@@ -83,6 +85,7 @@ class KindRule:
     extras: tuple[str, ...] = ()
     mask: str | None = None
     pooled_time: bool = False
+    merges: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +132,9 @@ class GenericMedia(MediaAdapter):
     def __init__(self, model: Any, rule: FamilyRule) -> None:
         super().__init__(model)
         self.rule = rule
-        names = (name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None)
+        names = (
+            name for k in rule.kinds for name in (k.data, k.sizes, k.mask, k.merges, *k.extras) if name is not None
+        )
         self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
         self.settings = rule.settings
         assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video"}, "images and videos only"
@@ -222,23 +227,39 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, token_id, [], [])
         if data is not None and not isinstance(data, torch.Tensor):
             return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
-        merge = self._product(rule.stride)
-        if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor) or merge is None:
+        if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor):
             return (rule.kind, None, [], None)
         if grid.dim() != 2 or grid.shape[-1] != 3 or grid.is_floating_point() or data.dim() < 1:
             return (rule.kind, None, [], None)
+        merges = self._merges(rule, kwargs, grid.shape[0])
         sizes = grid.prod(-1).tolist()
-        if sum(sizes) != data.shape[0] or any(n <= 0 for n in sizes):
+        if merges is None or sum(sizes) != data.shape[0] or any(n <= 0 for n in sizes):
             return (rule.kind, None, [], None)
         offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()]
-        parts = [(data[offsets[i] : offsets[i + 1]], grid[i]) for i in range(len(sizes))]
+        own = kwargs.get(rule.merges) if rule.merges is not None else None
+        parts = [
+            (data[offsets[i] : offsets[i + 1]], grid[i], *((own[i],) if own is not None else ()))
+            for i in range(len(sizes))
+        ]
         counts = []
-        for t, h, w in grid.tolist():
+        for (t, h, w), merge in zip(grid.tolist(), merges, strict=True):
             frame = (1 if rule.pooled_time else t) * h * w
             if frame % merge:
                 return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
             counts.append(frame // merge)
         return (rule.kind, token_id, parts, counts)
+
+    def _merges(self, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
+        """Each item's merge area: its own merge size squared (`rule.merges`), else `rule.stride`'s product."""
+        if rule.merges is None:
+            merge = self._product(rule.stride)
+            return None if merge is None else [merge] * num_items
+        own = kwargs.get(rule.merges)
+        if not isinstance(own, torch.Tensor) or tuple(own.shape) != (num_items,) or own.is_floating_point():
+            return None
+        if any(m <= 0 for m in own.tolist()):
+            return None
+        return [int(m) ** 2 for m in own.tolist()]
 
     def _grid_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs.
@@ -349,6 +370,8 @@ class GenericMedia(MediaAdapter):
                 skip = int(grid[:k].prod(-1).sum()) if k else 0  # the cached items' flattened rows
                 set_or_drop(kwargs, rule.data, data[skip:], keep)
                 set_or_drop(kwargs, rule.sizes or "", grid[k:], keep)
+                if rule.merges is not None and kwargs.get(rule.merges) is not None:
+                    set_or_drop(kwargs, rule.merges, kwargs[rule.merges][k:], keep)
                 continue
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
@@ -371,7 +394,9 @@ class GenericMedia(MediaAdapter):
         for rule in self.rule.kinds:
             if media.get(rule.data) is None:
                 continue
-            names = [n for n in (rule.data, rule.sizes, rule.mask, *rule.extras) if n is not None and n in media]
+            names = [
+                n for n in (rule.data, rule.sizes, rule.mask, rule.merges, *rule.extras) if n is not None and n in media
+            ]
             encode = self.model.get_image_features if rule.kind == "image" else self.model.get_video_features
             output = encode(**{n: media[n] for n in names}, return_dict=True)
             features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)

@@ -218,6 +218,24 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         ),
         embeds_suffix=True,
     ),
+    # Video-LLaMA 3: a SigLIP-style tower on flattened patch rows, attention within each item; each item merges
+    # by its own `*_merge_sizes` entry. Videos with a token-compression mask (features dropped by content)
+    # are not this pattern: such calls run cold on `media_inputs:video_compression_mask`.
+    "video_llama_3": FamilyRule(
+        kinds=(
+            KindRule(
+                "image", _IMAGE_ID, "pixel_values", count="thw", sizes="image_grid_thw", merges="image_merge_sizes"
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                merges="video_merge_sizes",
+            ),
+        ),
+    ),
 }
 
 #: Families of the common pattern left cold on media, and why (their media requests count
