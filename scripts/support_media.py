@@ -12,7 +12,7 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
 `tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
-`tests/grid_media_families.py` and the Mllama and OneVision test modules), so tests/ goes on
+`tests/grid_media_families.py`, `tests/phi4_media.py` and the Mllama and OneVision test modules), so tests/ goes on
 `sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
 type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
 its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
@@ -194,6 +194,16 @@ def _grid(name: str) -> MediaCase:
     )
 
 
+def _phi4() -> MediaCase:
+    """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
+    import phi4_media as phi4
+
+    media = {"a": [phi4.image(SEED_A)], "b": [phi4.image(SEED_B)], "c": [phi4.clip(SEED_C), phi4.image(SEED_C)]}
+    tokens = {k: phi4.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(phi4.placeholders(media["c"][0]), _text_ids(2, 6), phi4.placeholders(media["c"][1]))
+    return MediaCase(phi4.cached_phi4(), tokens, lambda _ids, names: phi4.kwargs([m for n in names for m in media[n]]))
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from tiny_vlms import text
 
@@ -227,6 +237,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "qwen3_5": lambda: _qwen3("qwen3_5"),
     "qwen3_5_moe": lambda: _qwen3("qwen3_5_moe"),
     "qwen3_vl_moe": lambda: _qwen3("qwen3_vl_moe"),
+    "phi4_multimodal": _phi4,
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).

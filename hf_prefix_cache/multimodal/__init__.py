@@ -1,10 +1,11 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`, `gemma4`); the base class and shared helpers live in `base`. Families of the common
-pattern (rows of a media kwarg scattered over placeholders) are rows of `generic_table`, served by
-`generic.GenericMedia`; a tower-specific row there (``"llava/pixtral"``) wins over the family's
-module. A family missing here runs cold on media inputs, with the reason `media_inputs:<model_type>`.
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`); the base class and shared helpers live in
+`base`. Families of the common pattern (rows of a media kwarg scattered over placeholders) are
+rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
+(``"llava/pixtral"``) wins over the family's module. A family missing here runs cold on media
+inputs, with the reason `media_inputs:<model_type>`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaM
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
 from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
 from hf_prefix_cache.multimodal.mllama import MllamaMedia
+from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
 from hf_prefix_cache.multimodal.qwen_audio import Qwen2AudioMedia
 from hf_prefix_cache.multimodal.qwen_omni import Qwen2_5OmniThinkerMedia
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3_5Media, Qwen3VLMedia
@@ -52,6 +54,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "smolvlm": Idefics3Media,
     "idefics2": Idefics3Media,
     "mllama": MllamaMedia,
+    "phi4_multimodal": Phi4MultimodalMedia,
     "gemma4": Gemma4Media,
     "gemma4_unified": Gemma4UnifiedMedia,
 }

@@ -55,6 +55,11 @@ MEDIA_KWARGS = (
     "image_merge_sizes",
     "video_merge_sizes",
     "video_compression_mask",
+    "image_pixel_values",
+    "image_attention_mask",
+    "audio_input_features",
+    "audio_embed_sizes",
+    "audio_attention_mask",
 )
 
 
