@@ -253,6 +253,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "got_ocr2": lambda: _generic("got_ocr2"),
     "deepseek_vl": lambda: _generic("deepseek_vl"),
     "janus": lambda: _generic("janus"),
+    "vipllava": lambda: _generic("vipllava"),
     "aria": lambda: _generic("aria"),
     "llama4": lambda: _generic("llama4"),
     "lfm2_vl": lambda: _generic("lfm2_vl"),
@@ -348,7 +349,15 @@ def media_keys(model_type: str) -> list[str]:
 
 
 def media_cell(model_type: str, tol: float) -> str:
-    """The document's media cell of `model_type`: each case's result, tower cases labelled; "" without a case."""
+    """The document's media cell of `model_type`: each case's result, tower cases labelled.
+
+    Without a case: ``cold:`` and what serving it would need for a family `generic_table.COLD_FAMILIES`
+    names, else "".
+    """
+    from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
+
+    if not media_keys(model_type) and model_type in COLD_FAMILIES:
+        return MediaResult("cold", _short(COLD_FAMILIES[model_type])).cell()
     parts = []
     for key in media_keys(model_type):
         try:

@@ -87,6 +87,12 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         ),
         settings=("vision_feature_layer",),
     ),
+    # VipLLaVA: LLaVA with features from several tower layers (`vision_feature_layers`, renamed
+    # `vision_feature_layer` in 5.24: both settings); one pixel_values row per image, a fixed count each.
+    "vipllava": FamilyRule(
+        kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),),
+        settings=("vision_feature_layer", "vision_feature_layers"),
+    ),
     # Video-LLaVA: one tower per kind; an image row is a picture, a video row all its frames.
     "video_llava": FamilyRule(
         kinds=(
@@ -238,17 +244,18 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     ),
 }
 
-#: Families of the common pattern left cold on media, and why (their media requests count
-#: `media_inputs:<model_type>`). Documentation as data: nothing reads it at run time.
+#: Families left cold on media that were examined, and what serving them would need (their media
+#: requests count `media_inputs:<model_type>`). Documentation as data: the store never reads it;
+#: the support matrix shows it in the media column.
 COLD_FAMILIES: dict[str, str] = {
-    # Fits the pattern: a pixel_values row with the `vision_feature_layer` setting passed the generic
-    # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
-    # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
-    "vipllava": "kept as the suite's example of an unserved family",
     # Its visual-indicator tokens (outside the placeholder runs) get embeddings from the vision
     # embedding table only when pixels are passed: a suffix holding indicators whose images are all
     # cached would embed them as text. Not the generic pattern.
     "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
+    # Nemotron-H Omni: Mamba-2 hybrid text (a recurrent prefill needs suffix embeddings through its own
+    # forward for images, videos and audio), videos on the image placeholder id, and EVS video pruning
+    # (`video_pruning_rate` > 0) drops placeholder tokens by feature content inside the forward.
+    "nemotron_h_omni": "needs suffix embeddings for its Mamba-2 prefill; videos share the image id; EVS pruning",
 }
 
 
