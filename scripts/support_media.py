@@ -262,6 +262,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "minimax_m3_vl": lambda: _grid("minimax_m3_vl"),
     "lfm3_vl": lambda: _grid("lfm3_vl"),
     "video_llama_3": lambda: _grid("video_llama_3"),
+    "exaone4_5": lambda: _grid("exaone4_5"),
 }
 
 #: Adapter keys without a media case, and why.

@@ -10,6 +10,7 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 * ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 4 * 4`` values (2 frames of 4x4 pixels), 2x2 merge;
   every frame counts (``t * h * w / 4`` placeholders).
 * ``lfm3_vl``: LFM3-VL: MiniMax-M3-VL's rows and counts; its LFM3 text layers hold conv states.
+* ``exaone4_5``: EXAONE 4.5: rows of ``3 * 2 * 2 * 2`` values, 2x2 merge, 1D positions.
 * ``video_llama_3``: Video-LLaMA 3: rows of ``3 * 4 * 4`` pixels, each item's merge size (2) in
   `image_merge_sizes` / `video_merge_sizes`; no video compression mask.
 """
@@ -26,7 +27,7 @@ from packaging.version import Version
 from tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
-FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3")
+FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3", "exaone4_5")
 _IDS = {"image_token_id": IMG, "video_token_id": VID, "vision_start_token_id": 122, "vision_end_token_id": 123}
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
@@ -141,7 +142,32 @@ def tiny_video_llama_3() -> Any:
     return _build(transformers.VideoLlama3ForConditionalGeneration, config)
 
 
+def tiny_exaone4_5() -> Any:
+    """EXAONE 4.5: a Qwen2.5-VL-style tower (window + full blocks) on flattened 2x2x2 patch rows, 2x2 merge;
+    EXAONE 4 text [sliding, full] with 1D positions."""
+    text = {**_TEXT, "model_type": "exaone4", "head_dim": 16, "sliding_window": 8}
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 4,
+        "num_key_value_heads": 4,
+        "patch_size": 2,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 8,
+        "out_hidden_size": 64,
+        "fullatt_block_indexes": [1],
+    }
+    config = transformers.Exaone4_5_Config(
+        text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID
+    )
+    return _build(transformers.Exaone4_5_ForConditionalGeneration, config)
+
+
 _BUILDERS = {
+    "exaone4_5": tiny_exaone4_5,
     "kimi_k25": tiny_kimi_k25,
     "minimax_m3_vl": tiny_minimax_m3_vl,
     "lfm3_vl": tiny_lfm3_vl,
@@ -153,9 +179,16 @@ _ROW = {
     "minimax_m3_vl": (3 * 2 * 4 * 4,),
     "lfm3_vl": (3 * 2 * 4 * 4,),
     "video_llama_3": (3 * 4 * 4,),
+    "exaone4_5": (3 * 2 * 2 * 2,),
 }
 #: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
-_MERGE = {"kimi_k25": (4, True), "minimax_m3_vl": (4, False), "lfm3_vl": (4, False), "video_llama_3": (4, False)}
+_MERGE = {
+    "kimi_k25": (4, True),
+    "minimax_m3_vl": (4, False),
+    "lfm3_vl": (4, False),
+    "video_llama_3": (4, False),
+    "exaone4_5": (4, False),
+}
 #: Families that take each item's merge size as a kwarg (`*_merge_sizes`), all 2 here.
 _OWN_MERGES = ("video_llama_3",)
 #: Families whose text layers hold states: a prefix restores only at a snapshot.

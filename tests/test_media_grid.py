@@ -115,7 +115,7 @@ def test_only_suffix_media_reach_the_tower(family: tuple[GridFamily, PrefixCache
         seen.append(int((args[0] if args else kwargs["pixel_values"]).shape[0]))
 
     inner = fam.model.model
-    tower = inner.vision_tower if hasattr(inner, "vision_tower") else inner.vision_model
+    tower = next(getattr(inner, name) for name in ("vision_tower", "vision_model", "visual") if hasattr(inner, name))
     handle = tower.register_forward_pre_hook(record, with_kwargs=True)
     try:
         generate(fam.model, second, NEW, past_key_values=store, **fam.kwargs(second, [old, video, new]))

@@ -180,6 +180,28 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # EXAONE 4.5: a Qwen2.5-VL-style tower (windows within each item) on flattened patch rows, 2x2 merge,
+    # 1D positions (no M-RoPE); a video is one placeholder run of all its frames.
+    "exaone4_5": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
     # MiniMax-M3-VL: a CLIP-like tower on flattened Conv3d patch rows, attention within each item; 2x2 merge.
     "minimax_m3_vl": FamilyRule(
         kinds=(
