@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_cuda needs a CUDA device; none is available here")
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    lengths = [512, 2048] if args.quick else [512, 2048, 8192, 32768]
+    lengths = [512, 2048] if args.quick else [512, 2048, 4096, 8192, 32768]
     model = build_llama_1b()
     print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; transformers {transformers.__version__}")
     print("model: Llama-3.2-1B shape, random weights, bfloat16\n")

@@ -15,6 +15,12 @@ both). What moved between them and how each is bridged here:
   prefix itself.
 - **Mamba mixers** are called with `cache=` (5.24), `cache_params=` before: read with `cache_in`.
 - **Whisper** keeps the cache in `generate_kwargs["cache"]` (5.24): `cache_in` again.
+- **transformers serve** (`hf-prefix-cache serve` builds on its classes): 5.24's `/v1/models` lists
+  the forced model (`ModelManager.list_models`); 5.23 calls `ModelManager.get_gen_models`, which
+  scans only the hub cache and answers 500 when there is none (`LISTS_FORCED_MODEL`: on 5.23 the
+  serve front end answers for the forced model itself). 5.23's `ModelManager.process_model_name`
+  appends ``@main`` to a local folder too. Every class, method and parameter of the server we use
+  is listed in `_SERVE_NEEDS` and checked at start by `check_serve`.
 
 Anything else a release changes under us must fail loudly, naming the version found, the
 versions tested and what to do (`untested_message`), never run cold in silence.
@@ -22,6 +28,8 @@ versions tested and what to do (`untested_message`), never run cold in silence.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 import warnings
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -41,11 +49,12 @@ NEWEST_TESTED = "5.24"
 SUPPORTED = f">={OLDEST_TESTED},<5.25"
 INSTALLED = Version(transformers.__version__)
 #: 5.24 renamed `past_key_values` / `cache_params` to `cache` in forwards, `generate` and outputs.
-CACHE_RENAMED = INSTALLED >= Version("5.24.0.dev0")
+CACHE_RENAMED = Version("5.24.0.dev0") <= INSTALLED
 #: Every name a supported release passes a cache under, newest first.
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
-# Forward parameters with "cache" or "past" in their name that are not the cache object itself.
-_NOT_A_CACHE = frozenset({"use_cache", "cache_position", "past_length", "cache_length"})
+# Forward parameters with "cache" or "past" in their name that are not a cache we could serve: settings,
+# positions, and the own caches of tested releases (Reformer's hashed buckets), which run cold by name.
+_NOT_A_CACHE = frozenset({"use_cache", "cache_position", "past_length", "cache_length", "past_buckets_states"})
 _REQUIRED_NAMES = (
     "Cache",
     "DynamicCache",
@@ -165,3 +174,97 @@ def generate_slices_prompt(cache_kwarg: str, layer_classes: Iterable[type]) -> b
         return issubclass(cls, LinearAttentionCacheLayerMixin) and not issubclass(cls, CacheLayerMixin)
 
     return not all(is_linear(cls) for cls in layer_classes)
+
+
+# ----------------------------------------------------------------- transformers serve
+#: 5.24's `/v1/models` lists the forced model; 5.23's scans only the hub cache (500 when it has none).
+LISTS_FORCED_MODEL = Version("5.24.0.dev0") <= INSTALLED
+
+_SERVING = "transformers.cli.serving"
+#: (module, attribute, parameters it must accept). A method is ``Class.method``.
+_SERVE_NEEDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "server",
+        "build_server",
+        (
+            "model_manager",
+            "chat_handler",
+            "completion_handler",
+            "response_handler",
+            "transcription_handler",
+            "systemone_handler",
+            "generation_state",
+            "enable_cors",
+        ),
+    ),
+    (
+        "model_manager",
+        "ModelManager.__init__",
+        ("device", "dtype", "trust_remote_code", "attn_implementation", "model_timeout", "force_model"),
+    ),
+    ("model_manager", "ModelManager.load_model_and_processor", ("model_id_and_revision",)),
+    ("model_manager", "ModelManager.process_model_name", ("model_id",)),
+    ("model_manager", "TimedModel.delete_model", ()),
+    ("utils", "GenerationState.__init__", ("continuous_batching", "compile")),
+    ("utils", "GenerationState.get_manager", ("model_id", "use_cb")),
+    ("utils", "GenerateManager.submit", ("fn",)),
+    ("utils", "GenerateManager.async_submit", ("fn",)),
+    (
+        "chat_completion",
+        "ChatCompletionHandler.__init__",
+        ("model_manager", "generation_state", "chat_template_kwargs"),
+    ),
+    ("chat_completion", "ChatCompletionHandler.handle_request", ("body", "request_id")),
+    ("completion", "CompletionHandler.__init__", ("model_manager", "generation_state")),
+    ("completion", "CompletionHandler.handle_request", ("body", "request_id")),
+    ("response", "ResponseHandler.__init__", ("model_manager", "generation_state", "chat_template_kwargs")),
+    ("response", "ResponseHandler.handle_request", ("body", "request_id")),
+    ("transcription", "TranscriptionHandler.__init__", ("model_manager", "generation_state")),
+    ("transcription", "TranscriptionHandler.handle_request", ("request",)),
+    (
+        "systemone",
+        "SystemOneHandler.__init__",
+        ("model_manager", "generation_state", "chat_template_kwargs", "decision_config"),
+    ),
+    ("model_manager", "ModelManager.get_gen_models" if not LISTS_FORCED_MODEL else "ModelManager.list_models", ()),
+)
+
+
+def check_serve() -> None:
+    """Raise unless transformers' server has every class, method and parameter the serve front end uses.
+
+    Raises:
+        ImportError: the `serving` extra (FastAPI, uvicorn) is not installed.
+        UnsupportedVersionError: a release changed one of the places listed in `_SERVE_NEEDS`; the
+            message names it.
+
+    >>> check_serve()  # doctest: +SKIP
+    """
+    problems: list[str] = []
+    for module_name, dotted, params in _SERVE_NEEDS:
+        try:
+            module = importlib.import_module(f"{_SERVING}.{module_name}")
+        except (ImportError, NameError) as exc:  # NameError: its annotations name FastAPI classes
+            raise ImportError(
+                f"hf-prefix-cache serve needs transformers' serving extra (FastAPI, uvicorn): "
+                f"pip install 'hf-prefix-cache[serve]' ({type(exc).__name__}: {exc})"
+            ) from exc
+        target: object = module
+        for part in dotted.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                break
+        if target is None:
+            problems.append(f"{_SERVING}.{module_name} has no {dotted}")
+            continue
+        if params:
+            have = set(inspect.signature(target).parameters)  # type: ignore[arg-type]
+            missing = [p for p in params if p not in have]
+            if missing:
+                problems.append(f"{_SERVING}.{module_name}.{dotted} takes no {', '.join(missing)}")
+    if problems:
+        raise UnsupportedVersionError(
+            untested_message(
+                "transformers' server changed where hf-prefix-cache serve builds on it: " + "; ".join(problems)
+            )
+        )

@@ -12,11 +12,16 @@ import pytest
 import torch
 from hypothesis import settings
 
+from hf_prefix_cache import _compat
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import TINY_MODELS, build, random_prompt  # noqa: E402
 
 LOGIT_TOL = 1e-4
+# The name this transformers release documents for the cache (`cache` from 5.24, `past_key_values` before):
+# the shared helpers pass the store under it, so each of scripts/test's two runs covers its release's spelling.
+CACHE_NAME = "cache" if _compat.CACHE_RENAMED else "past_key_values"
 
 # On CI the property tests draw the same examples every run, so a red run is reproducible and a
 # rare case found locally (random examples, as Hypothesis draws by default) becomes a test.
@@ -68,7 +73,7 @@ def max_logit_diff(a: Any, b: Any) -> float:
 def assert_same_as_cold(model: Any, ids: torch.Tensor, store: Any, new: int = 6, **kwargs: Any) -> Any:
     """Run cold and through `store`; assert equal tokens and logits within LOGIT_TOL. Returns the cached output."""
     cold = generate(model, ids, new, **kwargs)
-    warm = generate(model, ids, new, past_key_values=store, **kwargs)
+    warm = generate(model, ids, new, **{CACHE_NAME: store}, **kwargs)
     assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
     diff = max_logit_diff(cold, warm)
     assert diff < LOGIT_TOL, f"logits differ by {diff}"
@@ -76,6 +81,7 @@ def assert_same_as_cold(model: Any, ids: torch.Tensor, store: Any, new: int = 6,
 
 
 __all__ = [
+    "CACHE_NAME",
     "LOGIT_TOL",
     "TINY_MODELS",
     "assert_same_as_cold",

@@ -4,7 +4,11 @@ The app runs the tiny random-weight LLaVA with its real processor (the app's ima
 free loopback port. The browser sends two text turns and an image; the panel must report
 reused tokens from the second turn on, and image tokens once a stored image is reused. A
 gradio_client session then shares the same store: its first turn repeats the browser's first
-prompt and must reuse it. Set HF_PREFIX_CACHE_SCREENSHOT=path to keep the screenshot.
+prompt and must reuse it.
+
+A second browser test chats two turns with the real SmolLM2-135M-Instruct (the app's default
+model), compared with cold runs, and takes the screenshot shown in the README and the docs:
+set HF_PREFIX_CACHE_SCREENSHOT=path to keep it (``docs/images/gradio_chat.png``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +59,47 @@ def app_url() -> Iterator[tuple[str, Any]]:
         engine.store.detach()
 
 
+@pytest.fixture(scope="module")
+def smollm2_url() -> Iterator[str]:
+    from hf_prefix_cache.api.models import ModelUnavailableError
+
+    try:
+        engine, note = load_engine("smollm2", max_new_tokens=48)
+    except ModelUnavailableError as exc:
+        pytest.skip(f"the real model cannot be loaded here: {exc}")
+    app = build_app(engine, note)
+    port = _free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        app.close()
+        engine.store.detach()
+
+
+def _send(page: Any, text: str, turn: int, files: Sequence[Path] = ()) -> str:
+    """Type `text` (after attaching `files`) into the chat box, wait for the panel of `turn`, return its text."""
+    if files:
+        page.locator("input[type=file]").first.set_input_files([str(f) for f in files])
+        page.wait_for_selector("img[src*='picture']", timeout=30_000)
+    page.locator("textarea").first.fill(text)
+    page.locator("textarea").first.press("Enter")
+    page.wait_for_selector(f"#cache-panel[data-turn='{turn}']", timeout=120_000)
+    return str(page.locator("#cache-panel").inner_text())
+
+
 def _reused(panel_text: str) -> int:
     match = re.search(r"reused (\d+) of (\d+)", panel_text)
     assert match, panel_text
     return int(match.group(1))
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (apt-get install -y chromium)")
+needs_chromium = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"no chromium at {CHROMIUM} (apt-get install -y chromium)"
+)
+
+
+@needs_chromium
 def test_browser_chat_reports_reuse_and_gradio_client_shares_the_store(
     app_url: tuple[str, Any], tmp_path: Path
 ) -> None:
@@ -79,30 +117,14 @@ def test_browser_chat_reports_reuse_and_gradio_client_shares_the_store(
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(url, wait_until="domcontentloaded")
             page.wait_for_selector("textarea")
-            panel = page.locator("#cache-panel")
-
-            def send(text: str, turn: int, files: list[Path] = ()) -> str:  # type: ignore[assignment]
-                if files:
-                    page.locator("input[type=file]").first.set_input_files([str(f) for f in files])
-                    page.wait_for_selector("img[src*='picture']", timeout=30_000)
-                page.locator("textarea").first.fill(text)
-                page.locator("textarea").first.press("Enter")
-                page.wait_for_selector(f"#cache-panel[data-turn='{turn}']", timeout=60_000)
-                return panel.inner_text()
-
-            first = send("hello, who are you?", 1)
+            first = _send(page, "hello, who are you?", 1)
             assert _reused(first) == 0
-            second = send("tell me more", 2)
+            second = _send(page, "tell me more", 2)
             assert _reused(second) > 0
-            third = send("what is in this picture?", 3, [image])
+            third = _send(page, "what is in this picture?", 3, [image])
             assert _reused(third) > 0
-            fourth = send("and its colours?", 4)
+            fourth = _send(page, "and its colours?", 4)
             assert re.search(r"image 16\b", fourth), fourth  # the stored image is reused, not encoded again
-            shot = tmp_path / "gradio_chat.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-            if os.environ.get("HF_PREFIX_CACHE_SCREENSHOT"):
-                shutil.copy(shot, os.environ["HF_PREFIX_CACHE_SCREENSHOT"])
         finally:
             browser.close()
 
@@ -122,6 +144,47 @@ def test_browser_chat_reports_reuse_and_gradio_client_shares_the_store(
     assert len(engine.store._sessions) == 2  # one store session per conversation
     stats = engine.store.stats()
     assert stats.hit_tokens_by_modality.get("image", 0) >= 16 and not stats.fallbacks
+
+
+@needs_chromium
+def test_browser_chat_on_smollm2_is_identical_to_cold_and_the_screenshot_shows_the_whole_panel(
+    smollm2_url: str, tmp_path: Path
+) -> None:
+    """Two turns with the real SmolLM2 in chromium: the second reuses the first, both equal cold runs, and the panel fits the page."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            # Wide enough for the per-turn table's last column next to the chat (at 1600 px it scrolls sideways).
+            page = browser.new_page(viewport={"width": 1920, "height": 760})
+            page.goto(smollm2_url, wait_until="domcontentloaded")
+            page.wait_for_selector("textarea")
+            page.get_by_label("compare with a cold run", exact=False).check()
+            first = _send(page, "What is the capital of France?", 1)
+            assert _reused(first) == 0 and "identical to the cold run" in first, first
+            second = _send(page, "And what is it famous for?", 2)
+            assert _reused(second) > 0 and "identical to the cold run" in second, second
+            # The per-turn table shows both turns with "yes" in its last column ("same as cold"); its
+            # rows are spans (the <table> beside them only measures column widths).
+            same = page.locator("span[placeholder]").filter(has_text=re.compile(r"^\s*yes\s*$"))
+            expect(same).to_have_count(2, timeout=30_000)
+            # The panel and that last column lie inside the page, and the table does not scroll sideways.
+            width = page.evaluate("document.documentElement.clientWidth")
+            for element in (page.locator("#cache-panel"), same.last):
+                box = element.bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (box, width)
+            clipped = page.evaluate(
+                "[...document.querySelectorAll('.virtual-table-viewport')].some(v => v.scrollWidth > v.clientWidth + 1)"
+            )
+            assert not clipped, "the per-turn table scrolls sideways: a column is cut off"
+            shot = tmp_path / "gradio_chat.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            if os.environ.get("HF_PREFIX_CACHE_SCREENSHOT"):
+                shutil.copy(shot, os.environ["HF_PREFIX_CACHE_SCREENSHOT"])
+        finally:
+            browser.close()
 
 
 def test_gradio_client_uploads_a_wav_and_the_next_turn_reuses_it(tmp_path: Path) -> None:

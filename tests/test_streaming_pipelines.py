@@ -27,6 +27,8 @@ CHAT = [
     {"role": "user", "content": "Name three colours."},
 ]
 GREEDY = {"max_new_tokens": 8, "do_sample": False}
+# Every front door takes the store under both names, on transformers 5.23 and 5.24 alike.
+BOTH_NAMES = pytest.mark.parametrize("name", ["cache", "past_key_values"])
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,8 @@ def tiny_vlm() -> tuple[Any, Any]:
     return load_tiny_vlm()
 
 
-def test_text_generation_pipeline_chat_reuses_the_previous_turn(smollm2: tuple[Any, Any]) -> None:
+@BOTH_NAMES
+def test_text_generation_pipeline_chat_reuses_the_previous_turn(smollm2: tuple[Any, Any], name: str) -> None:
     """A chat through pipeline("text-generation") on SmolLM2 equals the cold pipeline, and turn 2 reuses turn 1's prompt."""
     model, tokenizer = smollm2
     store = PrefixCache(model)
@@ -47,11 +50,11 @@ def test_text_generation_pipeline_chat_reuses_the_previous_turn(smollm2: tuple[A
         chat = pipeline("text-generation", model=model, tokenizer=tokenizer)
         hits = Hits(store)
         first_cold = chat(CHAT, **GREEDY)
-        first = chat(CHAT, past_key_values=store, **GREEDY)
+        first = chat(CHAT, **{name: store}, **GREEDY)
         assert first == first_cold and hits.last() == 0
         follow_up = [*first[0]["generated_text"], {"role": "user", "content": "And three fruits?"}]
         second_cold = chat(follow_up, **GREEDY)
-        second = chat(follow_up, past_key_values=store, **GREEDY)
+        second = chat(follow_up, **{name: store}, **GREEDY)
         assert second == second_cold
         first_prompt_len = len(tokenizer.apply_chat_template(CHAT, add_generation_prompt=True))
         assert hits.last() >= first_prompt_len
@@ -59,7 +62,8 @@ def test_text_generation_pipeline_chat_reuses_the_previous_turn(smollm2: tuple[A
         store.detach()
 
 
-def test_image_text_to_text_pipeline_reuses_the_image(tiny_vlm: tuple[Any, Any]) -> None:
+@BOTH_NAMES
+def test_image_text_to_text_pipeline_reuses_the_image(tiny_vlm: tuple[Any, Any], name: str) -> None:
     """pipeline("image-text-to-text") with the store equals the cold pipeline; a follow-up reuses the image's 16 placeholders."""
     model, processor = tiny_vlm
     store = PrefixCache(model)
@@ -70,14 +74,14 @@ def test_image_text_to_text_pipeline_reuses_the_image(tiny_vlm: tuple[Any, Any])
     try:
         pipe = pipeline("image-text-to-text", model=model, processor=processor)
         cold = pipe(text=messages, generate_kwargs=GREEDY)
-        warm = pipe(text=messages, generate_kwargs={**GREEDY, "past_key_values": store})
+        warm = pipe(text=messages, generate_kwargs={**GREEDY, name: store})
         assert warm == cold
         messages += [
             {"role": "assistant", "content": [{"type": "text", "text": warm[0]["generated_text"][-1]["content"]}]},
             {"role": "user", "content": [{"type": "text", "text": "Again?"}]},
         ]
         cold = pipe(text=messages, generate_kwargs=GREEDY)
-        warm = pipe(text=messages, generate_kwargs={**GREEDY, "past_key_values": store})
+        warm = pipe(text=messages, generate_kwargs={**GREEDY, name: store})
         assert warm == cold
         stats = store.stats()
         assert stats.hit_tokens_by_modality.get("image") == 16 and not stats.fallbacks
@@ -85,7 +89,8 @@ def test_image_text_to_text_pipeline_reuses_the_image(tiny_vlm: tuple[Any, Any])
         store.detach()
 
 
-def test_text_streamer_prints_the_cold_text_on_a_hit(smollm2: tuple[Any, Any]) -> None:
+@BOTH_NAMES
+def test_text_streamer_prints_the_cold_text_on_a_hit(smollm2: tuple[Any, Any], name: str) -> None:
     """TextStreamer prints the same answer through the store (on a hit) as cold."""
     model, tokenizer = smollm2
     store = PrefixCache(model)
@@ -99,16 +104,17 @@ def test_text_streamer_prints_the_cold_text_on_a_hit(smollm2: tuple[Any, Any]) -
 
     try:
         cold = streamed()
-        streamed(past_key_values=store)
+        streamed(**{name: store})
         hits = Hits(store)
-        assert streamed(past_key_values=store) == cold
+        assert streamed(**{name: store}) == cold
         assert hits.last() == inputs["input_ids"].shape[1] - 1
         assert cold.strip()
     finally:
         store.detach()
 
 
-def test_text_iterator_streamer_on_a_thread_yields_the_cold_text(smollm2: tuple[Any, Any]) -> None:
+@BOTH_NAMES
+def test_text_iterator_streamer_on_a_thread_yields_the_cold_text(smollm2: tuple[Any, Any], name: str) -> None:
     """TextIteratorStreamer with generate on a thread yields the cold answer, chunk by chunk, on a hit."""
     model, tokenizer = smollm2
     store = PrefixCache(model)
@@ -116,11 +122,9 @@ def test_text_iterator_streamer_on_a_thread_yields_the_cold_text(smollm2: tuple[
     cold = model.generate(**inputs, **GREEDY)
     expected = tokenizer.decode(cold[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     try:
-        model.generate(**inputs, past_key_values=store, **GREEDY)
+        model.generate(**inputs, **{name: store}, **GREEDY)
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        thread = threading.Thread(
-            target=model.generate, kwargs={**inputs, **GREEDY, "streamer": streamer, "past_key_values": store}
-        )
+        thread = threading.Thread(target=model.generate, kwargs={**inputs, **GREEDY, "streamer": streamer, name: store})
         thread.start()
         chunks = list(streamer)
         thread.join()

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import support_matrix  # noqa: E402
 import support_media  # noqa: E402
 
+from hf_prefix_cache import _compat  # noqa: E402
 from hf_prefix_cache.multimodal import _ADAPTERS, media  # noqa: E402
 from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMILIES  # noqa: E402
 
@@ -32,12 +33,20 @@ ROWS = support_matrix.parse(DOC)
 SWEPT = support_matrix.model_types()
 # Gemma 4 text: per-layer head sizes once made PrefixCache construction raise.
 COVERED = sorted(t for t in {*TINY_MODELS, *_ADAPTERS, "gemma4_text"} if t in SWEPT)
+# The document describes the newest tested release; on the oldest (scripts/test's second run) its rows
+# are regenerated and checked for wrong results, not compared line by line.
+ON_DOC_RELEASE = f"against transformers {transformers.__version__};" in DOC
+doc_release_only = pytest.mark.skipif(
+    not ON_DOC_RELEASE,
+    reason="docs/support.md describes the newest tested transformers; rows here are checked for WRONG only",
+)
 
 
-def test_generated_for_the_installed_transformers() -> None:
-    assert f"against transformers {transformers.__version__};" in DOC
+def test_generated_for_the_newest_tested_transformers() -> None:
+    assert f"against transformers {_compat.NEWEST_TESTED}." in DOC
 
 
+@doc_release_only
 def test_every_swept_type_has_a_row() -> None:
     assert sorted(ROWS) == sorted(SWEPT)
 
@@ -104,7 +113,9 @@ def test_a_changed_medium_hit_past_its_first_placeholder_is_wrong() -> None:
 @pytest.mark.parametrize("model_type", COVERED)
 def test_row_is_up_to_date(model_type: str) -> None:
     row = support_matrix.run_row(model_type, SWEPT[model_type])
-    assert ROWS[model_type] == row.line(), "rerun scripts/support_matrix.py --only " + model_type
+    assert not row.is_wrong(), row.line()
+    if ON_DOC_RELEASE:
+        assert ROWS[model_type] == row.line(), "rerun scripts/support_matrix.py --only " + model_type
 
 
 @pytest.mark.parametrize(
@@ -131,6 +142,7 @@ def test_bert_style_types_once_not_exact_are_served_as_decoders(model_type: str)
     assert row.status == "served", row.line()
 
 
+@doc_release_only
 def test_the_whole_matrix_is_regenerated_and_agrees(tmp_path: Path) -> None:
     """CI generates docs/support.md anew, every row (about 2-3 min on 2 cores), and it must match the committed one.
 

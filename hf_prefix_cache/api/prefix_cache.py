@@ -9,7 +9,7 @@ store is mistaken for a transformers `Cache`.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -80,9 +80,17 @@ class PrefixCache(TreeStore):
         max_entries: most entries (leaves) kept over all tiers (None: no limit).
         snapshot_interval: for models with recurrent layers, also snapshot the state every
             this many prompt tokens (None: only at prompt ends, answers ends and divergences).
+        prompt_snapshot: for models with recurrent layers, snapshot the state at each prompt's last
+            token but one (default), so that the same prompt again reuses all but its last token. It
+            costs a forward more per request (the prefill is split there); a chat, which reuses the
+            answer-end snapshots, does not need it (see `benchmarks/bench_prompt_snapshot.py`).
         salt: isolates tenants: stores entries under a namespace no other salt shares.
         save_on_exit: with `disk_dir`, move what is in memory to disk when the process exits.
-        attach: wrap `model.generate` (default). With False use `lookup`/`insert` yourself.
+        attach: wrap `model.generate` (default True): calls that pass this store (or one of its
+            sessions) as their cache use it. ``"all"``: also every call that passes no cache at all
+            (a server's `model.generate(**inputs)`, a pipeline), while a call passing its own cache is
+            left alone; per-request salts and reports come from `store.scope.RequestScope`. False:
+            nothing is wrapped; use `lookup`/`insert` yourself. `detach` undoes either.
         max_encoder_bytes: encoder-decoder models served keyed by their encoder input
             (Whisper, BART, T5, ...): budget for stored encoder outputs, on the model's device and apart from
             `max_bytes` (default: an eighth of the device budget; 0 stores none).
@@ -128,9 +136,10 @@ class PrefixCache(TreeStore):
         min_store_len: int = 1,
         max_entries: int | None = None,
         snapshot_interval: int | None = 256,
+        prompt_snapshot: bool = True,
         salt: str | None = None,
         save_on_exit: bool = True,
-        attach: bool = True,
+        attach: bool | Literal["all"] = True,
         max_encoder_bytes: int | str | None = None,
         sliding_window_mode: str = "every_position",
         remote: str | None = None,
@@ -152,6 +161,7 @@ class PrefixCache(TreeStore):
             min_store_len=min_store_len,
             max_entries=max_entries,
             snapshot_interval=snapshot_interval,
+            prompt_snapshot=prompt_snapshot,
             salt=salt,
             save_on_exit=save_on_exit,
             max_encoder_bytes=max_encoder_bytes,
@@ -163,15 +173,27 @@ class PrefixCache(TreeStore):
             remote_ttl=remote_ttl,
             remote_timeout=remote_timeout,
         )
+        if attach not in (True, False, "all"):
+            raise ValueError(f'attach is True, False or "all" (serve calls that pass no cache too), got {attach!r}')
         family = family_of(model)
         super().__init__(model, options, family.name if family.encoder_keyed else None)
+        self.serves_uncached = attach == "all"
         self._hook: Hook | None = attach_hook(self, model) if attach else None
 
     def detach(self) -> None:
-        """Unwrap `model.generate`; the store keeps its entries and its low-level API."""
+        """Unwrap `model.generate`; the store keeps its entries and its low-level API.
+
+        Example:
+            >>> served = PrefixCache(model, attach="all")  # serves model.generate(ids) with no cache too
+            >>> _ = model.generate(ids, max_new_tokens=2, do_sample=False)
+            >>> served.stats().requests
+            1
+            >>> served.detach()
+        """
         if self._hook is not None:
             self._hook.detach()
             self._hook = None
+        self.serves_uncached = False
 
     def _repr_html_(self) -> str:
         return store_html(self)
@@ -210,9 +232,7 @@ class PrefixCache(TreeStore):
                     "the rest (attach=True and a supported model are needed); generate with the prefix first"
                 )
             ids = torch.tensor([tokens], device=self.model.device)
-            self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False
-            )
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False)
         if not self.pin_stored(namespace, tokens):
             raise ValueError(
                 f"could not store the {len(tokens)}-token prefix: it does not fit the budgets "

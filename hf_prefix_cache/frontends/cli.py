@@ -1,4 +1,4 @@
-"""The `hf-prefix-cache` command (also `python -m hf_prefix_cache`): demo, bench, inspect, warm, gradio.
+"""The `hf-prefix-cache` command (also `python -m hf_prefix_cache`): demo, bench, inspect, warm, gradio, serve.
 
 - ``demo``: the README's demo (`hf_prefix_cache.frontends.demo.main`).
 - ``bench [NAME ...] [--quick] [--json PATH]``: runs the scripts in a source checkout's
@@ -6,6 +6,8 @@
 - ``inspect DIR``: what a disk tier holds, per namespace, read from the file headers only.
 - ``warm FILE --disk-dir DIR``: fills a store and its disk tier from a JSONL of prompts or chats.
 - ``gradio``: the multimodal chat (`hf_prefix_cache.frontends.gradio_app`).
+- ``serve [MODEL]``: transformers' OpenAI-compatible server with a store per model
+  (`hf_prefix_cache.frontends.serve`).
 
 Long loops show a tqdm progress bar. The package core never imports this module.
 """
@@ -27,7 +29,7 @@ from hf_prefix_cache.store.display import format_nbytes
 
 logger = logging.getLogger("hf_prefix_cache")
 
-BENCHMARKS = ("generate", "lookup", "media_hash", "vlm", "tiers", "seq2seq", "whisper", "chat")
+BENCHMARKS = ("generate", "lookup", "media_hash", "vlm", "tiers", "seq2seq", "whisper", "chat", "serve")
 
 
 def _progress(iterable: Any, **kwargs: Any) -> Any:
@@ -270,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="the quick-start demo (arguments go to it; try demo --help)", add_help=False)
     sub.add_parser("gradio", help="the multimodal Gradio chat (try gradio --help)", add_help=False)
+    sub.add_parser(
+        "serve", help="transformers' OpenAI-compatible server with prefix reuse (try serve --help)", add_help=False
+    )
     bench = sub.add_parser("bench", help="run the benchmarks of a source checkout, print ratios")
     bench.add_argument("names", nargs="*", help=f"which ones (default all): {', '.join(BENCHMARKS)}")
     bench.add_argument("--quick", action="store_true", help="small sizes (smoke runs)")
@@ -288,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        try:
+            from hf_prefix_cache.frontends.serve import main as serve_main
+        except ImportError as exc:
+            print(f"hf-prefix-cache serve: {exc}", file=sys.stderr)
+            return 2
+        return serve_main(argv[1:])
     if argv and argv[0] in ("demo", "gradio"):
         if argv[0] == "demo":
             from hf_prefix_cache.frontends.demo import main as demo_main

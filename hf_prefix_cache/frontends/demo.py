@@ -22,6 +22,7 @@ from transformers.generation.streamers import BaseStreamer
 from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.api.prefix_cache import PrefixCache
 from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.frontends.speedup import new_fallbacks, nothing_reused_warning, speedup_text
 
 
 class FirstTokenTimer(BaseStreamer):
@@ -65,16 +66,18 @@ def run_real(model: Any, tokenizer: Any, new_tokens: int) -> None:
     def ask(label: str, messages: list[dict[str, str]]) -> str:
         enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
         ids = enc["input_ids"]
-        before = store.stats().hit_tokens
+        before = store.stats()
         cold, t_cold = _answer(model, ids, new_tokens)
         warm, t_warm = _answer(model, ids, new_tokens, cache=store)
         if not torch.equal(cold, warm):
             raise SystemExit("cached output differs from the cold run: please report this")
-        reused = store.stats().hit_tokens - before
+        after = store.stats()
+        reused = after.hit_tokens - before.hit_tokens
         answer = str(tokenizer.decode(warm[0, ids.shape[1] :], skip_special_tokens=True)).strip()
+        why = new_fallbacks(before.fallbacks, after.fallbacks)
         print(
             f"{label:28s} {ids.shape[1]:6d} {reused:6d} {t_cold * 1e3:8.0f}ms {t_warm * 1e3:10.0f}ms "
-            f"{t_cold / t_warm:7.1f}x"
+            f"{speedup_text(reused, t_cold, t_warm, why):>8s}"
         )
         print(f"    Q: {messages[-1]['content']}\n    A: {answer}\n")
         return answer
@@ -98,6 +101,14 @@ def run_real(model: Any, tokenizer: Any, new_tokens: int) -> None:
         f"every cached answer equals its cold run; the store holds {stats.entries} entries "
         f"in {stats.nbytes / 2**20:.1f} MiB"
     )
+    _warn_if_nothing_reused(store)
+
+
+def _warn_if_nothing_reused(store: PrefixCache) -> None:
+    stats = store.stats()
+    warning = nothing_reused_warning(stats.hit_tokens, stats.fallbacks)
+    if warning is not None:
+        print(f"\n{warning}")
 
 
 def build_tiny_llama(layers: int, hidden: int, vocab: int) -> Any:
@@ -165,13 +176,15 @@ def run_tiny(args: argparse.Namespace) -> None:
 
     def run(label: str, ids: torch.Tensor) -> torch.Tensor:
         nonlocal total_cold, total_warm
-        before = store.stats().hit_tokens
+        before = store.stats()
         cold, t_cold = _timed(model, ids, args.new_tokens)
         warm, t_warm = _timed(model, ids, args.new_tokens, cache=store)
-        reused = store.stats().hit_tokens - before
+        after = store.stats()
+        reused = after.hit_tokens - before.hit_tokens
         same = torch.equal(cold, warm)
         total_cold, total_warm = total_cold + t_cold, total_warm + t_warm
-        print(f"{label:34s} {ids.shape[1]:7d} {reused:7d} {t_cold:8.3f} {t_warm:9.3f} {t_cold / t_warm:7.1f}x  {same}")
+        speedup = speedup_text(reused, t_cold, t_warm, new_fallbacks(before.fallbacks, after.fallbacks))
+        print(f"{label:34s} {ids.shape[1]:7d} {reused:7d} {t_cold:8.3f} {t_warm:9.3f} {speedup:>8s}  {same}")
         if not same:
             raise SystemExit("cached output differs from the cold run: please report this")
         return warm
@@ -193,6 +206,7 @@ def run_tiny(args: argparse.Namespace) -> None:
         f"time {total_cold:.2f}s cold vs {total_warm:.2f}s cached; "
         f"store holds {stats.entries} entries in {stats.nbytes / 2**20:.1f} MiB"
     )
+    _warn_if_nothing_reused(store)
 
 
 if __name__ == "__main__":

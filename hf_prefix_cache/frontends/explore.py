@@ -171,9 +171,10 @@ def plot_ttft(reports: Sequence[TurnReport], ax: Any = None, title: str = "time 
     ax.bar([t + 0.2 for t in turns], [r.ttft_cached_s for r in reports], width=0.4, label="cached", color="#4c9f70")
     for t, r in zip(turns, reports, strict=True):
         top = max(r.ttft_cold_s, r.ttft_cached_s)
-        ax.annotate(f"{r.reused_len}/{r.prompt_len}", (t, top), ha="center", va="bottom", fontsize=8)
+        label = f"{r.reused_len}/{r.prompt_len}" if r.reused_len else f"0/{r.prompt_len}\n{r.fallback or 'miss'}"
+        ax.annotate(label, (t, top), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(turns)
-    ax.set_xlabel("turn (labels: reused / prompt tokens)")
+    ax.set_xlabel("turn (labels: reused / prompt tokens; why, where none was reused)")
     ax.set_ylabel("seconds")
     ax.set_title(title)
     ax.legend()

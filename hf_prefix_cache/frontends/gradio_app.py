@@ -23,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("the Gradio app needs gradio: pip install 'hf-prefix-cache[gradio]'") from exc
 
 from hf_prefix_cache.frontends.chat import ChatEngine, Conversation, TurnReport
+from hf_prefix_cache.frontends.speedup import speedup_text
 from hf_prefix_cache.store.display import format_nbytes
 
 DEFAULT_MODEL = "smollm2"
@@ -91,10 +92,11 @@ def panel_html(report: TurnReport | None, turn: int = 0) -> str:
         return '<div id="cache-panel" data-turn="0">No turn yet: the panel fills after the first answer.</div>'
     parts = ", ".join(f"{k} {v}" for k, v in sorted(report.reused_by_modality.items())) or "nothing"
     tiers = ", ".join(f"{tier} {format_nbytes(n)}" for tier, n in report.tier_nbytes.items())
-    speedup = report.ttft_cold_s / report.ttft_cached_s if report.ttft_cached_s > 0 else 0.0
+    speedup = speedup_text(report.reused_len, report.ttft_cold_s, report.ttft_cached_s, report.fallback)
     lines = [
         f"reused {report.reused_len} of {report.prompt_len} prompt tokens ({parts})",
-        f"time to first token: cold {report.ttft_cold_s:.3f} s, cached {report.ttft_cached_s:.3f} s ({speedup:.1f}x)",
+        f"time to first token: cold {report.ttft_cold_s:.3f} s, cached {report.ttft_cached_s:.3f} s "
+        f"(speedup: {speedup})",
         f"stored: {tiers}",
         f"hit rate over all sessions: {report.hit_rate:.0%}",
     ]
@@ -111,7 +113,7 @@ def panel_html(report: TurnReport | None, turn: int = 0) -> str:
 def table_rows(conversation: Conversation) -> list[list[Any]]:
     rows = []
     for i, r in enumerate(conversation.reports, 1):
-        speedup = f"{r.ttft_cold_s / r.ttft_cached_s:.1f}x" if r.ttft_cached_s > 0 else "-"
+        speedup = speedup_text(r.reused_len, r.ttft_cold_s, r.ttft_cached_s, r.fallback)
         same = "-" if r.same_as_cold is None else ("yes" if r.same_as_cold else "NO")
         rows.append([i, r.prompt_len, r.reused_len, round(r.ttft_cold_s, 3), round(r.ttft_cached_s, 3), speedup, same])
     return rows

@@ -97,6 +97,10 @@ class DecoderOnlyHook:
         if input_ids is None:
             input_ids = kwargs.get("input_ids")
         reason = self._check(input_ids, bound.arguments, kwargs)
+        if reason is None:  # the one read of the device before the prefill: ids, mask and pad tokens
+            config = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
+            assert isinstance(input_ids, torch.Tensor)
+            rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), config)
         if reason is not None:
             prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
             return pipeline.run_cold(store, self._original, reason, prompt_len, args, kwargs)
@@ -105,7 +109,6 @@ class DecoderOnlyHook:
         settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
         drop_impl = bool(settings.cache_implementation)
         # 2. key
-        rows = input_ids.tolist()
         layout, reason = self._media_layout(rows, kwargs)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, len(rows[0]), args, kwargs)
@@ -146,6 +149,7 @@ class DecoderOnlyHook:
                     self._one_token_steps,
                     embeds,
                     spans,
+                    store.prompt_snapshot,
                     positions,
                 )
             if not profile.prompt_sliced:
@@ -276,12 +280,7 @@ class DecoderOnlyHook:
             return problem
         if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
             return problem
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            return refusals.mask_problem(mask, input_ids)
-        if refusals.infers_padding(input_ids, config):
-            return reasons.PADDING
-        return None
+        return None  # the mask and pad tokens are read with the ids (`refusals.read_prompt`)
 
     def _model_kwarg(self, kwargs: dict[str, Any]) -> str | None:
         """The first kwarg that `generate` would hand the model and the key does not cover, or None."""

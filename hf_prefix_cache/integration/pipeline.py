@@ -3,7 +3,8 @@
 A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespace and tree
 symbols); the functions here do the rest with the store's contract (`store/contract.py`):
 
-- `whose_call`: whether a call is for this hook's store (a `Session` counts as its store);
+- `whose_call`: whether a call is for this hook's store (a `Session` counts as its store, and so
+  does no cache at all when the store was attached with ``attach="all"``);
 - `run_cold`: the original `generate`, untouched, with the reason counted;
 - `restore`: a lease on the longest usable stored prefix, restored into a fresh working cache,
   retried once after moving entries off the device when memory runs out;
@@ -35,10 +36,14 @@ logger = logging.getLogger("hf_prefix_cache")
 def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | None]:
     """Whether the cache a call passed is this store (directly or as one of its sessions), and the session.
 
+    A call that passes no cache is this store's when the store serves uncached calls (``attach="all"``).
+
     Raises:
         ValueError: a closed session was passed.
         IncompatibleModelError: a store made for another model object was passed.
     """
+    if given is None:
+        return store.serves_uncached, None
     session: Session | None = None
     if isinstance(given, Session):
         if given.closed:

@@ -36,18 +36,23 @@ def prefill_states(
     one_token_steps: bool,
     embeds: torch.Tensor | None = None,
     spans: Sequence[tuple[int, int]] = (),
+    prompt_end: bool = True,
     positions: torch.Tensor | None = None,
 ) -> tuple[int, list[Snapshot]]:
     """Feed prompt tokens `[lease.cached_len, n - 1)` in chunks; return how far it fed and the snapshots taken.
 
     `embeds` (``[1, n - cached_len, d]``), when given, are the input embeddings of positions
-    `[cached_len, n)`, fed instead of the ids; `spans` are the prompt's media spans; `positions`
-    (``[..., n]``), when given, the whole prompt's `position_ids` (M-RoPE), sliced per chunk.
+    `[cached_len, n)`, fed instead of the ids; `spans` are the prompt's media spans. Without
+    `prompt_end`, no chunk ends at `n - 1` for a snapshot there: feeding stops at the last other
+    bound and `generate` feeds the rest in its own forward (unless embeddings are fed, or the
+    model must take one token per forward: then `n - 1` is still a bound). `positions`
+    (``[..., n]``), when given, are the whole prompt's `position_ids` (M-RoPE), sliced per chunk.
     """
     start, target = lease.cached_len, input_ids.shape[1] - 1
     if target <= start:
         return start, []
     assert embeds is None or embeds.shape[1] == input_ids.shape[1] - start, f"{embeds.shape} from {start}"
+    keep_end = prompt_end or embeds is not None or one_token_steps
     bounds = {target}
     if start < lease.matched_len < target:
         bounds.add(lease.matched_len)
@@ -55,9 +60,11 @@ def prefill_states(
         bounds.update(range((start // snapshot_interval + 1) * snapshot_interval, target, snapshot_interval))
     # A restore never cuts inside a media span: a snapshot there would never be used.
     ordered = sorted(b for b in bounds if b == target or not any(a < b < e for a, e in spans))
+    if not keep_end:
+        ordered.remove(target)
     if one_token_steps and start == 0:
         # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
-        first = min(b for b in ordered if b == target or b == lease.matched_len)
+        first = min(b for b in ordered if b in (target, lease.matched_len))
         ordered = [b for b in ordered if b >= first]
     snapshots = []
     pos = start

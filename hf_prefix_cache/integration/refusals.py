@@ -123,6 +123,34 @@ def mask_problem(mask: Any, ids: torch.Tensor) -> str | None:
     return None
 
 
+def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[list[int]], str | None]:
+    """The prompt's rows on the host, and why its mask or pad tokens would change what the key covers (or None).
+
+    One read of the device: the ids and whether each mask element is 1 travel together, and the
+    pad tokens are looked for on the host (`mask_problem` and `infers_padding` wait twice more).
+
+    >>> read_prompt(torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), None)
+    ([[5, 6]], 'padding')
+    """
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
+        return input_ids.tolist(), reasons.ATTENTION_MASK_SHAPE
+    if mask is None:
+        rows: list[list[int]] = input_ids.tolist()
+        return rows, reasons.PADDING if _has_pad(rows, config) else None
+    both = torch.cat([input_ids, (mask == 1).to(input_ids.device, input_ids.dtype)]).tolist()
+    rows, ones = both[: input_ids.shape[0]], both[input_ids.shape[0] :]
+    return rows, None if all(all(row) for row in ones) else reasons.PADDING
+
+
+def _has_pad(rows: list[list[int]], config: Any) -> bool:
+    """`infers_padding` on rows already on the host."""
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None:
+        return False
+    eos = config.eos_token_id
+    return pad not in (eos if isinstance(eos, list) else [eos]) and any(pad in row for row in rows)
+
+
 def infers_padding(input_ids: torch.Tensor, config: Any) -> bool:
     """Whether transformers would infer an attention mask with zeros from pad tokens in the prompt."""
     pad, eos = config.pad_token_id, config.eos_token_id

@@ -7,7 +7,6 @@ tells the store when to compute them again.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -82,27 +81,90 @@ torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_r
 torch.nn.modules.module.register_module_module_registration_hook(_module_registered)
 
 
-# Elements the per-request probe reads from each parameter: enough that an edit of a whole
-# tensor (`p.data.add_(1)`, `p.data.mul_(1.5)`) shows, few enough to cost microseconds.
+# Elements the probe reads from a parameter it suspects: enough that an edit of a whole tensor
+# (`p.data.add_(1)`, `p.data.mul_(1.5)`) shows, few enough to cost microseconds.
 _PROBE_SAMPLES = 8
+
+# Storages (by data pointer) that an alias writing past `_version` was taken of: `.data` (a
+# tensor with a version counter of its own), `.numpy()` and DLPack, each with the sequence number
+# of its latest alias. A probe samples only the parameters of storages aliased since its last
+# check, and those whose aliases are still alive.
+_aliased: dict[int, int] = {}
+_alias_seq = 0
+_ALIAS_LIMIT = 1 << 16  # past this many storages the record restarts, and every probe samples all once
+_alias_epoch = 0  # bumped when the record restarts
+_TensorBase: Any = torch._C.TensorBase
+_base_data = _TensorBase.data
+_base_numpy = _TensorBase.numpy
+_base_dlpack = torch.Tensor.__dlpack__
+
+
+def _record_alias(tensor: Any) -> None:
+    global _alias_seq, _alias_epoch
+    try:
+        ptr = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage (some subclasses): suspect everything
+        ptr = None
+    if ptr is None or len(_aliased) >= _ALIAS_LIMIT:
+        _aliased.clear()
+        _alias_epoch += 1
+    if ptr is not None:
+        _alias_seq += 1
+        _aliased[ptr] = _alias_seq
+
+
+def _data(self: Any) -> Any:
+    _record_alias(self)
+    return _base_data.__get__(self)
+
+
+def _set_data(self: Any, value: Any) -> None:
+    _base_data.__set__(self, value)
+
+
+def _numpy(self: Any, *args: Any, **kwargs: Any) -> Any:
+    _record_alias(self)
+    return _base_numpy(self, *args, **kwargs)
+
+
+def _dlpack(self: Any, *args: Any, **kwargs: Any) -> Any:
+    _record_alias(self)
+    return _base_dlpack(self, *args, **kwargs)
+
+
+torch.Tensor.data = property(_data, _set_data, doc=_base_data.__doc__)  # type: ignore[assignment]
+torch.Tensor.numpy = _numpy  # type: ignore[method-assign]
+torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
+
+
+def _storage_refs(param: torch.Tensor) -> int:
+    """How many tensors share `param`'s storage, the parameter itself included."""
+    return int(torch._C._storage_Use_Count(param.untyped_storage()._cdata)) - 1  # less the storage object made here
 
 
 class WeightsProbe:
-    """A cheap per-request check that a model's weights and adapters are still those it saw last.
+    """A per-request check that a model's weights and adapters are still those it saw last, on the host.
 
     Each `check` notices, and counts as a change:
 
     * parameters added, removed or replaced, including by a direct `module._parameters[name] = p`
       (accelerate's `load_checkpoint_and_dispatch` after `init_empty_weights`);
     * a parameter's storage replaced (`p.data = other`, `model.to_empty()`, a dtype or device move);
-    * in-place writes that bump a parameter's `_version` (optimizer steps, `load_state_dict`);
-    * in-place writes that bypass it (`p.data.add_(1)`, PEFT's `merge_adapter`): a sample of
-      `_PROBE_SAMPLES` elements of every parameter, gathered and compared bitwise on its own
-      device, one comparison (and synchronisation) per device and dtype;
+    * in-place writes that bump a parameter's `_version` (optimizer steps, `load_state_dict`,
+      writes under `no_grad`, through `detach()` or views);
+    * in-place writes through an alias that has a version counter of its own (`p.data.add_(1)`,
+      PEFT's `merge_adapter`, `p.detach().numpy()`, DLPack): every such alias is recorded when it
+      is made (`Tensor.data`, `Tensor.numpy` and `Tensor.__dlpack__` note its storage), and the
+      parameters of those storages, and of every storage that another tensor still shares, get
+      `_PROBE_SAMPLES` elements gathered and compared bitwise with those read last;
     * PEFT tuner layers switching their active, merged or disabled adapters.
 
-    Not seen: an in-place write through `.data` that leaves every sampled element as it was
-    (one row of an embedding, say). Call `PrefixCache.invalidate()` after such an edit.
+    The first three and the last are host-side reads (identities, pointers, version counters,
+    storage reference counts): a request with no alias taken and none alive launches nothing on
+    the device and waits for nothing. Not seen: a write through a raw storage (`untyped_storage()`,
+    a pointer handed to C code) made and dropped between two requests, or an aliased write that
+    leaves every sampled element as it was (one row of an embedding, say). Call
+    `PrefixCache.invalidate()` after such an edit.
 
     Example:
         >>> probe = WeightsProbe(model)
@@ -115,12 +177,17 @@ class WeightsProbe:
     def __init__(self, model: Any) -> None:
         self._model = model
         self._epoch = -1
+        self._alias_epoch = -1
+        self._seen = 0  # `_alias_seq` as of the last check
         self._modules: list[torch.nn.Module] = []
         self._tuners: list[Any] = []
         self._token: tuple[Any, ...] | None = None
-        self._indices: list[torch.Tensor | None] = []
-        self._reference: list[tuple[list[int], torch.Tensor]] = []
+        self._params: list[Any] = []
+        self._by_storage: dict[int, list[int]] = {}
+        self._exposed: set[int] = set()  # parameters whose storage another tensor shared at the last check
+        self._reference: list[torch.Tensor | None] = []
         self.changes = 0
+        self.num_sampled = 0  # parameters sampled by the last check (for tests and benchmarks)
         self.adapters: tuple[Any, ...] | None = None  # `adapter_state` as of the last check
 
     def check(self) -> int:
@@ -139,30 +206,69 @@ class WeightsProbe:
         self.adapters = token[3]
         if token != self._token:
             self._token = token
-            self._indices = [
-                None if p.device.type == "meta" else sample_indices(p.numel(), _PROBE_SAMPLES, p.device) for p in params
-            ]
-            self._reference = self._sample(params)
+            self._rebuild(params)
             self.changes += 1
             return self.changes
-        current = self._sample(params)
-        if any(not torch.equal(a, b) for (_, a), (_, b) in zip(current, self._reference, strict=True)):
-            self._reference = current
-            self.changes += 1
+        if self._alias_epoch != _alias_epoch:
+            self._alias_epoch = _alias_epoch
+            suspects = {i for members in self._by_storage.values() for i in members}
+        elif _alias_seq != self._seen:
+            suspects = {
+                i for ptr, members in self._by_storage.items() if _aliased.get(ptr, 0) > self._seen for i in members
+            }
+        else:
+            suspects = set()
+        self._seen = _alias_seq
+        suspects |= self._exposed
+        self.num_sampled = len(suspects)
+        if suspects:
+            self._exposed = {i for i in self._exposed | suspects if _storage_refs(params[i]) > 1}
+            if self._changed(sorted(suspects)):
+                self.changes += 1
         return self.changes
 
-    def _sample(self, params: Sequence[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
-        """Sampled elements per (device, dtype) group, as raw bytes so NaN and -0.0 compare bitwise."""
-        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        for i, (p, idx) in enumerate(zip(params, self._indices, strict=True)):
-            if idx is not None and p.numel():
-                groups.setdefault((p.device, p.dtype), []).append(i)
-        out = []
+    def _rebuild(self, params: list[Any]) -> None:
+        """Index the parameters by storage and read every one's sample: the reference of later checks."""
+        self._params = params
+        self._alias_epoch, self._seen = _alias_epoch, _alias_seq
+        self._by_storage = {}
+        for i, p in enumerate(params):
+            if p.device.type != "meta" and p.numel():
+                self._by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(i)
+        live = [i for members in self._by_storage.values() for i in members]
+        self._exposed = {i for i in live if _storage_refs(params[i]) > 1}
+        self._reference = [None] * len(params)
         with torch.no_grad():
-            for members in groups.values():
-                picked = [torch.take(params[i].detach(), self._indices[i]) for i in members]  # type: ignore[arg-type]
-                out.append((members, torch.cat(picked).view(torch.uint8)))
-        return out
+            for i in live:
+                self._reference[i] = _sample(params[i])
+        self.num_sampled = len(live)
+
+    def _changed(self, members: list[int]) -> bool:
+        """Whether any of `members` differs from its reference (updated); one comparison per device and dtype."""
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i in members:
+            if self._reference[i] is not None:
+                p = self._params[i]
+                groups.setdefault((p.device, p.dtype), []).append(i)
+        changed = False
+        with torch.no_grad():
+            for group in groups.values():
+                now = [_sample(self._params[i]) for i in group]
+                before = [r for i in group if (r := self._reference[i]) is not None]
+                same = (
+                    torch.equal(torch.cat(now), torch.cat(before)) if len(group) > 1 else torch.equal(now[0], before[0])
+                )
+                if not same:
+                    changed = True
+                    for i, sample in zip(group, now, strict=True):
+                        self._reference[i] = sample
+        return changed
+
+
+def _sample(param: torch.Tensor) -> torch.Tensor:
+    """`_PROBE_SAMPLES` evenly spaced elements of `param`, as raw bytes so NaN and -0.0 compare bitwise."""
+    flat = param.detach().reshape(-1)
+    return torch.take(flat, sample_indices(flat.numel(), _PROBE_SAMPLES, flat.device)).view(torch.uint8)
 
 
 def _is_tuner_layer(module: Any) -> bool:

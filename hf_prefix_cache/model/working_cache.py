@@ -9,11 +9,13 @@ transformers' cache attributes directly (through `layers/`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import Cache, DynamicCache
 
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerState
+from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter, clone_states
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
@@ -52,6 +54,7 @@ class WorkingCache(DynamicCache):
         items in the prefix, in prompt order: their vision keys/values fill the cross-attention layers.
         """
         assert batch_size == 1 or not self.profile.has_state, "batched restores are for attention-only models"
+        recurrent: list[tuple[Any, RecurrentAdapter, LayerState]] = []  # cloned together below
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
             if adapter.has_kv:
                 assert keys is not None and values is not None
@@ -69,7 +72,13 @@ class WorkingCache(DynamicCache):
                 if length != snapshot.length:
                     assert isinstance(adapter, WindowStateAdapter), "only window states restore below their length"
                     state = adapter.at(state, length)
-                adapter.restore_state(layer, state)
+                if isinstance(adapter, RecurrentAdapter):
+                    recurrent.append((layer, adapter, state))
+                else:
+                    adapter.restore_state(layer, state)
+        clones = clone_states([state for _, _, state in recurrent])
+        for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
+            adapter.load_state(layer, clone)
         if items:
             self._restore_items(items)
 
@@ -134,12 +143,16 @@ class WorkingCache(DynamicCache):
     def snapshot(self, length: int) -> Snapshot:
         """Clones of every recurrent state, labelled with the number of tokens they summarise."""
         states = {}
+        recurrent: dict[int, LayerState] = {}  # cloned together below
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            if adapter.has_state:
+            if isinstance(adapter, RecurrentAdapter):
+                recurrent[i] = adapter.state_refs(layer)
+            elif adapter.has_state:
                 state = adapter.snapshot_state(layer)
                 assert state is not None
                 states[i] = state
-        return Snapshot(length, states)
+        states.update(zip(recurrent, clone_states(list(recurrent.values())), strict=True))
+        return Snapshot(length, dict(sorted(states.items())))
 
     def merge_windows(self, snapshots: Sequence[Snapshot]) -> list[Snapshot]:
         """Window-only snapshots whose windows touch become one extended snapshot (fewer bytes than two).

@@ -22,6 +22,7 @@ import torch
 
 from hf_prefix_cache.model.layers import LayerState
 from hf_prefix_cache.model.states import Run, Snapshot
+from hf_prefix_cache.storage.host_pool import HostPool
 from hf_prefix_cache.storage.segments import Segment
 
 S = TypeVar("S", bound=Snapshot)
@@ -39,7 +40,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 class Mover:
-    """Copies tensors between a model's devices and host memory.
+    """Copies tensors between a model's devices and host memory, one batched copy per call and device.
+
+    `to_host` lays the tensors of one call out in one buffer from a `HostPool` (page-locked with
+    `pin`, reused, never allocated per move): on CUDA they are gathered into one device buffer by
+    one multi-tensor copy and that buffer goes to the host in one copy, on a side stream with
+    `use_streams`. `to_device` brings tensors that share one host buffer back in one copy of
+    their byte span, and returns views of the device copy.
 
     Args:
         pin: put host copies in page-locked memory (only meaningful with CUDA).
@@ -49,34 +56,27 @@ class Mover:
     def __init__(self, pin: bool = False, use_streams: bool = False) -> None:
         self.pin = pin
         self.use_streams = use_streams
+        self.pool = HostPool(pin)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def to_host(
         self, tensors: Sequence[torch.Tensor | None]
     ) -> tuple[list[torch.Tensor | None], Callable[[], None] | None]:
         """Copies of `tensors` in host memory, and a `wait` to call before reading them (or None)."""
-        out: list[torch.Tensor | None] = []
+        out: list[torch.Tensor | None] = [None] * len(tensors)
         events: list[torch.cuda.Event] = []
-        for t in tensors:
-            if t is None:
-                out.append(None)
-                continue
-            if t.device.type != "cuda":
-                out.append(t.detach().to("cpu", copy=True).contiguous())
-                continue
-            host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
-            if self.use_streams:
-                stream = self._stream(t.device)
-                stream.wait_stream(torch.cuda.current_stream(t.device))
-                with torch.cuda.stream(stream):
-                    host.copy_(t, non_blocking=self.pin)
-                t.record_stream(stream)  # the allocator must not reuse t's memory before the copy ends
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream)
-                events.append(event)
+        for device, members in _by_device(tensors, [None] * len(tensors)).items():
+            srcs = [tensors[i].detach() for i in members]  # type: ignore[union-attr]
+            offsets, nbytes = _layout(srcs)
+            buffer = self.pool.take(nbytes)
+            views = [_view(buffer, offset, t) for offset, t in zip(offsets, srcs, strict=True)]
+            if device.type == "cuda":
+                events.extend(self._from_cuda(device, buffer, offsets, srcs))
             else:
-                host.copy_(t)
-            out.append(host)
+                with torch.no_grad():
+                    torch._foreach_copy_(views, srcs)
+            for i, view in zip(members, views, strict=True):
+                out[i] = view
         if not events:
             return out, None
 
@@ -86,25 +86,99 @@ class Mover:
 
         return out, wait
 
+    def _from_cuda(
+        self, device: torch.device, buffer: torch.Tensor, offsets: list[int], srcs: list[torch.Tensor]
+    ) -> list[torch.cuda.Event]:  # pragma: no cover - CUDA only
+        """Gather `srcs` into one device buffer and copy it into `buffer` (on the side stream with `use_streams`)."""
+        current = torch.cuda.current_stream(device)
+        stream = self._stream(device) if self.use_streams else current
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream), torch.no_grad():
+            staging = torch.empty(buffer.numel(), dtype=torch.uint8, device=device)
+            torch._foreach_copy_([_view(staging, o, t) for o, t in zip(offsets, srcs, strict=True)], srcs)
+            buffer.copy_(staging, non_blocking=self.pin and self.use_streams)
+        if stream is current:
+            return []
+        for t in srcs:
+            t.record_stream(stream)  # the allocator must not reuse a source's memory before the copy ends
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(stream)
+        self.pool.fence(buffer, event.query)  # dropped before the copy ends, the buffer must still not be reused
+        return [event]
+
     def to_device(
         self, tensors: Sequence[torch.Tensor | None], devices: Sequence[torch.device | None]
     ) -> list[torch.Tensor | None]:
         """Copies of host `tensors` on their `devices` (ordered on each device's current stream)."""
-        out: list[torch.Tensor | None] = []
-        for t, device in zip(tensors, devices, strict=True):
-            if t is None:
-                out.append(None)
-            elif device is None or device == t.device:
-                out.append(t.clone())
+        out: list[torch.Tensor | None] = [None] * len(tensors)
+        for device, members in _by_device(tensors, devices).items():
+            srcs = [tensors[i] for i in members]
+            span = _shared_span(srcs)  # type: ignore[arg-type]
+            if span is None:
+                moved = [t.to(device, non_blocking=t.is_pinned(), copy=True) for t in srcs]  # type: ignore[union-attr]
             else:
-                out.append(t.to(device, non_blocking=t.is_pinned()))
+                flat, lo, starts = span
+                copy = flat.to(device, non_blocking=flat.is_pinned(), copy=True)
+                if flat.is_pinned() and device.type == "cuda":  # pragma: no cover - CUDA only
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(torch.cuda.current_stream(device))
+                    self.pool.fence(flat, event.query)  # the host buffer is read until the copy ends
+                moved = [_view(copy, start - lo, t) for start, t in zip(starts, srcs, strict=True)]  # type: ignore[arg-type]
+            for i, t in zip(members, moved, strict=True):
+                out[i] = t
         return out
 
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:  # pragma: no cover - CUDA only
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         return stream
+
+
+def _by_device(
+    tensors: Sequence[torch.Tensor | None], devices: Sequence[torch.device | None]
+) -> dict[torch.device, list[int]]:
+    """Indices of the present `tensors` by the device they go to (their own where `devices` says None)."""
+    groups: dict[torch.device, list[int]] = {}
+    for i, (t, device) in enumerate(zip(tensors, devices, strict=True)):
+        if t is not None:
+            groups.setdefault(device if device is not None else t.device, []).append(i)
+    return groups
+
+
+def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
+    """Byte offsets of `tensors` laid out one after another in one buffer, and its size.
+
+    Each starts at a multiple of its element size, so tensors of one dtype (an entry's keys and
+    values) leave no gap: the buffer holds exactly their bytes.
+    """
+    offsets, end = [], 0
+    for t in tensors:
+        end = -(-end // t.element_size()) * t.element_size()
+        offsets.append(end)
+        end += t.nbytes
+    return offsets, end
+
+
+def _view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """The tensor of `like`'s dtype and shape at byte `offset` of uint8 `buffer`, contiguous."""
+    return buffer[offset : offset + like.nbytes].view(like.dtype).view(like.shape)
+
+
+def _shared_span(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int, list[int]] | None:
+    """When contiguous `tensors` tile one byte span of one storage (as `to_host` lays them out): the span, its
+    start and theirs. Tensors with gaps between them (a part of a longer host run) are not copied this way: the
+    device copy would hold bytes nobody counts."""
+    first = tensors[0].untyped_storage()
+    if not all(t.is_contiguous() and t.untyped_storage().data_ptr() == first.data_ptr() for t in tensors):
+        return None
+    starts = [int(t.storage_offset()) * t.element_size() for t in tensors]
+    ends = sorted((s, s + int(t.nbytes)) for s, t in zip(starts, tensors, strict=True))
+    if any(a_end != b_start for (_, a_end), (b_start, _) in zip(ends, ends[1:], strict=False)):
+        return None
+    lo, hi = ends[0][0], ends[-1][1]
+    whole = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(first)
+    return whole[lo:hi], lo, starts
 
 
 def segment_to_host(seg: Segment, mover: Mover) -> Segment:
@@ -113,10 +187,9 @@ def segment_to_host(seg: Segment, mover: Mover) -> Segment:
     run = None
     if seg.run is not None:
         keys, values = seg.run.slice(seg.start, seg.end)
-        host_keys, wait_k = mover.to_host(keys)
-        host_values, wait_v = mover.to_host(values)
-        run = Run(host_keys, host_values, seg.start, seg.end, devices=list(seg.run.devices))
-        run.wait = _both(wait_k, wait_v)
+        moved, wait = mover.to_host(keys + values)  # one batched copy for the whole entry
+        run = Run(moved[: len(keys)], moved[len(keys) :], seg.start, seg.end, devices=list(seg.run.devices))
+        run.wait = wait
         run.num_refs = 1
     snapshots = {n: snapshot_to_host(snap, mover) for n, snap in seg.snapshots.items()}
     items = {n: snapshot_to_host(state, mover) for n, state in seg.items.items()}
@@ -132,9 +205,10 @@ def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch
     run = None
     if seg.run is not None:
         keys, values = seg.run.slice(seg.start, seg.end)
+        moved = mover.to_device(keys + values, seg.run.devices + seg.run.devices)
         run = Run(
-            mover.to_device(keys, seg.run.devices),
-            mover.to_device(values, seg.run.devices),
+            moved[: len(keys)],
+            moved[len(keys) :],
             seg.start,
             seg.end,
             devices=list(seg.run.devices),
@@ -151,31 +225,23 @@ def snapshot_to_host(snap: S, mover: Mover) -> S:
 
 
 def _snapshot_to(snap: S, mover: Mover, devices: dict[int, torch.device | None] | None) -> S:
-    states: dict[int, LayerState] = {}
-    waits: list[Callable[[], None]] = []
-    for layer, state in snap.states.items():
-        tensors: dict[str, dict[int, torch.Tensor | None]] = {}
-        for name, per_idx in state.tensors.items():
-            idx = list(per_idx)
-            if devices is None:
-                moved, wait = mover.to_host([per_idx[i] for i in idx])
-                if wait is not None:
-                    waits.append(wait)
-            else:
-                moved = mover.to_device([per_idx[i] for i in idx], [devices.get(layer)] * len(idx))
-            tensors[name] = dict(zip(idx, moved, strict=True))
-        states[layer] = LayerState(tensors=tensors, flags={k: dict(v) for k, v in state.flags.items()})
-    for wait in waits:  # snapshots are small; finish their copies now
-        wait()
+    """`snap` moved whole: every tensor of every layer in one batched copy per device."""
+    where = [
+        (layer, name, i) for layer, state in snap.states.items() for name, per in state.tensors.items() for i in per
+    ]
+    tensors = [snap.states[layer].tensors[name][i] for layer, name, i in where]
+    if devices is None:
+        moved, wait = mover.to_host(tensors)
+        if wait is not None:  # snapshots are small; finish their copies now
+            wait()
+    else:
+        moved = mover.to_device(tensors, [devices.get(layer) for layer, _, _ in where])
+    states = {
+        layer: LayerState(
+            tensors={name: {} for name in state.tensors}, flags={k: dict(v) for k, v in state.flags.items()}
+        )
+        for layer, state in snap.states.items()
+    }
+    for (layer, name, i), t in zip(where, moved, strict=True):
+        states[layer].tensors[name][i] = t
     return type(snap)(snap.length, states, snap.nbytes, snap.reach)
-
-
-def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable[[], None] | None:
-    if a is None or b is None:
-        return a or b
-
-    def wait() -> None:
-        a()
-        b()
-
-    return wait

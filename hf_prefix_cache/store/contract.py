@@ -55,7 +55,10 @@ class Store(Protocol):
     model: Any
     profile: ModelProfile
     snapshot_interval: int | None
+    prompt_snapshot: bool
     encoder_outputs: EncoderOutputs
+    #: Whether `generate` calls that pass no cache at all are served too (``attach="all"``).
+    serves_uncached: bool
 
     def namespace(self) -> str:
         """The model's current namespace; re-reads the weights probe (mutates only the cached namespace)."""

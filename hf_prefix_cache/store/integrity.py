@@ -59,10 +59,12 @@ def check_integrity(tree: RadixTree[Segment], counted_snapshots: int) -> None:
         if refs[key].num_refs != count:
             raise RuntimeError(f"{refs[key].path} counts {refs[key].num_refs} refs, tree has {count}")
     for key, run in runs.items():
-        for t in run.keys + run.values:
-            held = t.untyped_storage().nbytes() if t is not None else 0
-            if t is not None and held != t.nbytes:
-                raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for a tensor of {t.nbytes}")
+        # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
+        tensors = [t for t in run.keys + run.values if t is not None]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        held, needed = sum(storages.values()), sum(t.nbytes for t in tensors)
+        if held != needed:
+            raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
         spans = sorted(covered[key])
         if run.num_refs != len(spans):
             raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")

@@ -45,6 +45,7 @@ class StoreOptions:
     min_store_len: int
     max_entries: int | None
     snapshot_interval: int | None
+    prompt_snapshot: bool
     salt: str | None
     save_on_exit: bool
     max_encoder_bytes: int | None
@@ -65,6 +66,7 @@ def parse_options(
     min_store_len: int = 1,
     max_entries: int | None = None,
     snapshot_interval: int | None = 256,
+    prompt_snapshot: bool = True,
     salt: str | None = None,
     save_on_exit: bool = True,
     max_encoder_bytes: int | str | None = None,
@@ -121,6 +123,7 @@ def parse_options(
         min_store_len=min_store_len,
         max_entries=max_entries,
         snapshot_interval=snapshot_interval,
+        prompt_snapshot=prompt_snapshot,
         salt=salt,
         save_on_exit=save_on_exit,
         max_encoder_bytes=parse_nbytes(max_encoder_bytes) if max_encoder_bytes is not None else None,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache._compat import check_transformers
+from hf_prefix_cache.keys.namespace import fingerprint
 from hf_prefix_cache.model.profile import ModelProfile, profile_model
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -42,6 +43,7 @@ from hf_prefix_cache.store.options import RemoteOptions, StoreOptions
 from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.prefixes import Prefixes, StateDevices
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
+from hf_prefix_cache.store.scope import current as current_scope
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.stats import CacheStats, collect_stats
 from hf_prefix_cache.tree.policy import make_policy
@@ -58,7 +60,10 @@ class TreeStore:
         self.model = model
         self.profile: ModelProfile = profile_model(model, options.sliding_window_mode, encoder_family)
         self.snapshot_interval = options.snapshot_interval
+        self.prompt_snapshot = options.prompt_snapshot
         self.salt = options.salt
+        # Whether the hook serves `generate` calls that pass no cache (PrefixCache(attach="all")).
+        self.serves_uncached = False
         self._namespaces = Namespaces(model, options.salt)
         if any(p.is_meta for p in model.parameters()):
             # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
@@ -175,6 +180,11 @@ class TreeStore:
             self.encoder_outputs.hits = 0
             self._placement.reset_counters()
 
+    def num_pinned_nodes(self) -> int:
+        """Tree nodes pinned now: by requests in flight, named pins and open sessions (none once all are done)."""
+        with self._lock:
+            return sum(1 for node in self._tree.iter_nodes() if node.lock_ref)
+
     def check_integrity(self) -> None:
         """Raise `RuntimeError` when stored bytes, runs, files or snapshots disagree with the tree."""
         with self._lock:
@@ -211,8 +221,13 @@ class TreeStore:
 
         A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
         `keys.weights.WeightsProbe` for what it notices and `invalidate` for what it cannot.
+        Inside a request scope with a salt (`store/scope.py`), a namespace of that salt's own.
         """
-        return self._namespaces.current()
+        namespace = self._namespaces.current()
+        scope = current_scope()
+        if scope is not None and scope.salt is not None:
+            namespace = fingerprint([namespace, "request salt", scope.salt])
+        return namespace
 
     def invalidate(self) -> None:
         """Forget everything stored, after changing the weights in a way the store cannot see.
@@ -348,10 +363,17 @@ class TreeStore:
         item_spans: Sequence[tuple[int, int]] = (),
         batch_size: int = 1,
     ) -> Lease:
-        """Match `symbols`, pin the entry, restore the usable prefix into `into` (see `contract.Store.acquire`)."""
-        return self._prefixes.acquire(
+        """Match `symbols`, pin the entry, restore the usable prefix into `into` (see `contract.Store.acquire`).
+
+        A request scope active here (`store/scope.py`) is told the restored length.
+        """
+        lease = self._prefixes.acquire(
             namespace, symbols, into, limit=limit, spans=spans, item_spans=item_spans, batch_size=batch_size
         )
+        scope = current_scope()
+        if scope is not None:
+            scope.record(lease.cached_len)
+        return lease
 
     def release(self, lease: Lease) -> None:
         """Unpin the lease's entry; a second call does nothing."""

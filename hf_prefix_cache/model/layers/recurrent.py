@@ -11,6 +11,7 @@ apart from its recurrent state).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -42,21 +43,57 @@ class RecurrentAdapter:
         raise AssertionError("recurrent layers have no keys")
 
     def snapshot_state(self, layer: Any) -> LayerState | None:
-        tensors = {
-            name: {i: (t.detach().clone() if t is not None else None) for i, t in getattr(layer, name).items()}
-            for name in _STATE_TENSORS
-        }
+        return clone_states([self.state_refs(layer)])[0]
+
+    def state_refs(self, layer: Any) -> LayerState:
+        """The layer's state tensors by reference (the working cache clones many layers' at once)."""
+        tensors = {name: dict(getattr(layer, name)) for name in _STATE_TENSORS}
         flags = {name: dict(getattr(layer, name)) for name in _STATE_FLAGS}
         return LayerState(tensors=tensors, flags=flags)
 
     def restore_state(self, layer: Any, state: LayerState) -> None:
+        self.load_state(layer, clone_states([state])[0])
+
+    def load_state(self, layer: Any, state: LayerState) -> None:
+        """Make `layer` hold `state` itself (a clone the caller made and gives away)."""
         for name, per_idx in state.tensors.items():
-            setattr(layer, name, {i: (t.clone() if t is not None else None) for i, t in per_idx.items()})
+            setattr(layer, name, dict(per_idx))
         for name, per_idx in state.flags.items():
             setattr(layer, name, dict(per_idx))
         first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
         if first is not None:
             layer.dtype, layer.device = first.dtype, first.device
+
+
+def clone_many(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Clones of `tensors` made by one multi-tensor copy (on CUDA a few launches per device and dtype, not one per
+    tensor).
+
+    >>> a, b = torch.ones(2), torch.zeros(3, dtype=torch.int64)
+    >>> [t.tolist() for t in clone_many([a, b])], clone_many([a])[0].data_ptr() != a.data_ptr()
+    ([[1.0, 1.0], [0, 0, 0]], True)
+    """
+    out = [torch.empty_like(t) for t in tensors]
+    if out:
+        with torch.no_grad():
+            torch._foreach_copy_(out, [t.detach() for t in tensors])
+    return out
+
+
+def clone_states(states: Sequence[LayerState]) -> list[LayerState]:
+    """Copies of `states` whose tensors are all cloned by one `clone_many`."""
+    flat = [t for s in states for per in s.tensors.values() for t in per.values() if t is not None]
+    clones = iter(clone_many(flat))
+    return [
+        LayerState(
+            tensors={
+                name: {i: (next(clones) if t is not None else None) for i, t in per.items()}
+                for name, per in s.tensors.items()
+            },
+            flags={name: dict(per) for name, per in s.flags.items()},
+        )
+        for s in states
+    ]
 
 
 class HybridAdapter(RecurrentAdapter):
