@@ -11,10 +11,11 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 4. repeat: step 2 again, exactly.
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
-`tests/tiny_qwen_media.py` and the Mllama and OneVision test modules), so tests/ goes on `sys.path`
-(a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model type, or
-``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving its
-`MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
+`tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
+`tests/grid_media_families.py`, `tests/phi4_media.py` and the Mllama and OneVision test modules), so tests/ goes on
+`sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
+type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
+its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
 sweep, its workers or the document.
 """
 
@@ -150,6 +151,65 @@ def _omni() -> MediaCase:
     return MediaCase(cached_omni(), tokens, kwargs, first=1)
 
 
+def _gemma4(name: str) -> MediaCase:
+    """Gemma 4 / Gemma 4 Unified (`tests/gemma4_media.py`): A an image; C an audio clip, text, then a video."""
+    from gemma4_media import Gemma4Family
+
+    fam = Gemma4Family(name)
+    clip, video = fam.clip(SEED_C), fam.video(SEED_C)
+    media = {"a": [fam.image(SEED_A)], "b": [fam.image(SEED_B)], "c": [clip, video]}
+    tokens = {k: fam.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(fam.placeholders(clip), _text_ids(2, 6), fam.placeholders(video))
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]), first=1
+    )
+
+
+def _qwen3(name: str) -> MediaCase:
+    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`tests/qwen3_media.py`): A an image; C an image, text, then a video."""
+    from qwen3_media import Qwen3Family
+
+    fam = Qwen3Family(name)
+    image, video = fam.image(SEED_C), fam.video(SEED_C)
+    media = {"a": [fam.image(SEED_A)], "b": [fam.image(SEED_B)], "c": [image, video]}
+    tokens = {k: fam.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(fam.placeholders(image), _text_ids(2, 6), fam.placeholders(video))
+    first = fam.first(media["a"][0])
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]), first=first
+    )
+
+
+def _grid(name: str) -> MediaCase:
+    """A ``"thw"`` table family (`tests/grid_media_families.py`): A an image; C an image, text, then a video."""
+    from grid_media_families import GridFamily
+
+    fam = GridFamily(name)
+    image, video = fam.image(SEED_C), fam.video(SEED_C)
+    media = {"a": [fam.image(SEED_A)], "b": [fam.image(SEED_B)], "c": [image, video]}
+    tokens = {k: fam.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(fam.placeholders(image), _text_ids(2, 6), fam.placeholders(video))
+    return MediaCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]), first=1
+    )
+
+
+def _phi4() -> MediaCase:
+    """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
+    import phi4_media as phi4
+
+    media = {"a": [phi4.image(SEED_A)], "b": [phi4.image(SEED_B)], "c": [phi4.clip(SEED_C), phi4.image(SEED_C)]}
+    tokens = {k: phi4.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(phi4.placeholders(media["c"][0]), _text_ids(2, 6), phi4.placeholders(media["c"][1]))
+    return MediaCase(phi4.cached_phi4(), tokens, lambda _ids, names: phi4.kwargs([m for n in names for m in media[n]]))
+
+
+def _text_ids(n: int, seed: int) -> Any:
+    from tiny_vlms import text
+
+    return text(n, seed)
+
+
 #: Adapter key -> its case. Keys are those of `multimodal._ADAPTERS` and `generic_table.GENERIC_FAMILIES`.
 MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     # Hand-written adapters (multimodal/__init__.py `_ADAPTERS`).
@@ -164,6 +224,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "paligemma": _paligemma,
     "idefics3": lambda: _family("idefics3"),
     "smolvlm": lambda: _family("smolvlm"),
+    "idefics2": lambda: _family("idefics2"),
     "qwen2_audio": lambda: _family("qwen2_audio"),
     "qwen2_5_omni_thinker": _omni,
     "mllama": _mllama,
@@ -173,6 +234,12 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "glmga": lambda: _family("glmga"),
     "glm_ocr": lambda: _family("glm_ocr"),
     "paddleocr_vl": lambda: _family("paddleocr_vl"),
+    "qwen3_5": lambda: _qwen3("qwen3_5"),
+    "qwen3_5_moe": lambda: _qwen3("qwen3_5_moe"),
+    "qwen3_vl_moe": lambda: _qwen3("qwen3_vl_moe"),
+    "phi4_multimodal": _phi4,
+    "gemma4": lambda: _gemma4("gemma4"),
+    "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),
@@ -186,9 +253,16 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "got_ocr2": lambda: _generic("got_ocr2"),
     "deepseek_vl": lambda: _generic("deepseek_vl"),
     "janus": lambda: _generic("janus"),
+    "vipllava": lambda: _generic("vipllava"),
     "aria": lambda: _generic("aria"),
     "llama4": lambda: _generic("llama4"),
     "lfm2_vl": lambda: _generic("lfm2_vl"),
+    "kimi_k25": lambda: _grid("kimi_k25"),
+    "mistral_large4": lambda: _generic("mistral_large4"),
+    "minimax_m3_vl": lambda: _grid("minimax_m3_vl"),
+    "lfm3_vl": lambda: _grid("lfm3_vl"),
+    "video_llama_3": lambda: _grid("video_llama_3"),
+    "exaone4_5": lambda: _grid("exaone4_5"),
 }
 
 #: Adapter keys without a media case, and why.
@@ -276,7 +350,15 @@ def media_keys(model_type: str) -> list[str]:
 
 
 def media_cell(model_type: str, tol: float) -> str:
-    """The document's media cell of `model_type`: each case's result, tower cases labelled; "" without a case."""
+    """The document's media cell of `model_type`: each case's result, tower cases labelled.
+
+    Without a case: ``cold:`` and what serving it would need for a family `generic_table.COLD_FAMILIES`
+    names, else "".
+    """
+    from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
+
+    if not media_keys(model_type) and model_type in COLD_FAMILIES:
+        return MediaResult("cold", _short(COLD_FAMILIES[model_type])).cell()
     parts = []
     for key in media_keys(model_type):
         try:

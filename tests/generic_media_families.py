@@ -10,7 +10,7 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
   split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
-* ``deepseek_vl`` / ``janus``: 16 placeholders per image, no framing.
+* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing.
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
@@ -304,6 +304,42 @@ def tiny_lfm2_vl() -> Any:
     return _build(transformers.Lfm2VlForConditionalGeneration, config)
 
 
+def tiny_mistral_large4() -> Any:
+    """Mistral Large 4: Mistral 3's Pixtral tower and 2x2 patch merger; MLA text with an indexer (sparse attention) and experts."""
+    text = {
+        **_TEXT,
+        "model_type": "mistral_large4_text",
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "head_dim": 8,
+        "index_topk": 4,
+        "index_n_heads": 8,
+        "index_head_dim": 16,
+    }
+    config = transformers.MistralLarge4Config(
+        text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2
+    )
+    return _build(transformers.MistralLarge4ForConditionalGeneration, config)
+
+
+def tiny_vipllava() -> Any:
+    """VipLLaVA (LLaVA with multi-layer vision features): 16 placeholders per 32x32 image (CLS dropped)."""
+    config = transformers.VipLlavaConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMG,
+        vision_feature_layers=[-2, -1],
+    )
+    return _build(transformers.VipLlavaForConditionalGeneration, config)
+
+
 #: LFM2-VL rows: patches of 4x4 pixels (3 channels), padded to 24 patches per row.
 LFM2_PATCH, LFM2_ROW_LEN = 4, 24
 
@@ -323,15 +359,17 @@ _BUILDERS = {
     "aria": tiny_aria,
     "janus": tiny_janus,
     "lfm2_vl": tiny_lfm2_vl,
+    "mistral_large4": tiny_mistral_large4,
+    "vipllava": tiny_vipllava,
 }
 #: Generic families whose text layers hold states: each prefix restores only at a snapshot.
 STATE_FAMILIES = ("lfm2_vl",)
 #: Attention-only families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
 GENERIC_FAMILIES = (*(name for name in _BUILDERS if name not in STATE_FAMILIES), "smolvlm_video")
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
-PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr")
+PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr", "mistral_large4")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
-PLAIN = ("deepseek_vl", "janus")
+PLAIN = ("deepseek_vl", "janus", "vipllava")
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
 FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "aria")
 

@@ -32,7 +32,7 @@ from hf_prefix_cache import PrefixCache
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))
-IDEFICS = ("idefics3", "smolvlm")
+IDEFICS = ("idefics3", "smolvlm", "idefics2")
 ANYRES = ("llava_next", "llava_next_video")
 GLM = ("glm4v", "glm4v_moe", "glm46v", "glmga", "glm_ocr")
 # GLM-4V with videos as its media: the model cannot take images and videos in one prompt.
@@ -124,6 +124,7 @@ class Family:
             "qwen3_vl": "visual",
             "qwen2_audio": "audio_tower",
             "idefics3": "vision_model",
+            "idefics2": "vision_model",
             "smolvlm": "vision_model",
         }
         tower = getattr(self.model.model, towers.get(self.name, "vision_tower"))

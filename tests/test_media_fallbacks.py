@@ -9,8 +9,8 @@ import pytest
 import torch
 import transformers
 from conftest import assert_same_as_cold, generate
+from generic_media_families import tiny_vipllava
 from tiny_vlms import (
-    _CLIP,
     _TEXT,
     IMAGE_ID,
     _build,
@@ -23,7 +23,8 @@ from tiny_vlms import (
     text,
 )
 
-from hf_prefix_cache import PrefixCache
+from hf_prefix_cache import PrefixCache, multimodal
+from hf_prefix_cache.multimodal import generic_table
 
 
 def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
@@ -37,19 +38,9 @@ def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
         store.detach()
 
 
-def tiny_vipllava() -> Any:
-    """VipLlava (LLaVA with multi-layer vision features): no media adapter, 16 placeholders per 32x32 image."""
-    config = transformers.VipLlavaConfig(
-        text_config={**_TEXT, "model_type": "llama"},
-        vision_config=_CLIP,
-        image_token_index=IMAGE_ID,
-        vision_feature_layers=[-2, -1],
-    )
-    return _build(transformers.VipLlavaForConditionalGeneration, config)
-
-
-def test_family_without_a_media_adapter_runs_cold() -> None:
-    """VipLlava media requests run cold as `media_inputs:vipllava`."""
+def test_family_without_a_media_adapter_runs_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family with no media adapter (VipLLaVA with its table row taken away) runs cold as `media_inputs:<type>`."""
+    monkeypatch.delitem(generic_table.GENERIC_FAMILIES, "vipllava")
     model = tiny_vipllava()
     ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1)
     assert _fallbacks(model, ids, pixel_values=llava_pixels(1)[None]) == {"media_inputs:vipllava": 2}
@@ -96,7 +87,7 @@ def test_overriding_how_media_are_encoded_runs_cold(name: str, setting: str, val
 
 
 def tiny_qwen3_vl_moe() -> Any:
-    """Qwen3-VL-MoE: M-RoPE (`get_rope_index`) with no media adapter, so no positions for a restored prefix."""
+    """Qwen3-VL-MoE: M-RoPE (`get_rope_index`); positions for a restored prefix come from its media adapter."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
     config = transformers.Qwen3VLMoeConfig(
         text_config={
@@ -123,10 +114,23 @@ def tiny_qwen3_vl_moe() -> Any:
     return _build(transformers.Qwen3VLMoeForConditionalGeneration, config)
 
 
-def test_mrope_model_without_positions_runs_cold_even_for_text() -> None:
-    """An M-RoPE family with no adapter computing positions (Qwen3-VL-MoE) keeps the blanket
-    `mrope_positions` refusal: the rope_deltas left on the model may be stale."""
+def test_mrope_model_without_positions_runs_cold_even_for_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An M-RoPE family with no adapter computing positions (Qwen3-VL-MoE with its adapter taken away) keeps
+    the blanket `mrope_positions` refusal: the rope_deltas left on the model may be stale."""
+    monkeypatch.delitem(multimodal._ADAPTERS, "qwen3_vl_moe")
     assert _fallbacks(tiny_qwen3_vl_moe(), text(12, 1)) == {"mrope_positions": 2}
+
+
+def test_mrope_model_with_its_adapter_serves_text() -> None:
+    """With its adapter (explicit positions), Qwen3-VL-MoE reuses text prompts."""
+    model, ids = tiny_qwen3_vl_moe(), text(12, 1)
+    store = PrefixCache(model)
+    try:
+        for _ in range(2):
+            assert_same_as_cold(model, ids, store, new=3)
+        assert store.stats().hit_tokens == ids.shape[1] - 1 and not store.stats().fallbacks
+    finally:
+        store.detach()
 
 
 def test_media_kwarg_the_family_does_not_know_runs_cold() -> None:

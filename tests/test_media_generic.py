@@ -309,7 +309,26 @@ def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
     return cut
 
 
-@pytest.mark.parametrize("name", runnable(GENERIC_FAMILIES))
+#: Families whose own continuation of a prompt can differ from its prefill on random text, without a store:
+#: Mistral Large 4's indexer keeps its top-k keys by scores that tie exactly on repeated tokens, and
+#: transformers' choice among ties changes with the query count (README, `DynamicIndexedLayer`).
+INDEXER_TIES = ("mistral_large4",)
+
+
+def test_an_indexer_with_ties_differs_from_itself_without_a_store() -> None:
+    """Why Mistral Large 4 sits out the random conversations: transformers' own continuation is not its prefill."""
+    model = GenericFamily("mistral_large4").model
+    ids = torch.tensor(
+        [[6, 4, 6, 6, 42, 84, 2, 54, 0, 4, 33, 29, 81, 51, 59, 4, 4, 4]]
+    )  # found by the random conversations
+    with torch.no_grad():
+        full = model(ids).logits
+        head = model(ids[:, :10], use_cache=True)
+        rest = model(ids[:, 10:], past_key_values=head.past_key_values, position_ids=torch.arange(10, 18)[None])
+    assert (rest.logits - full[:, 10:]).abs().max() > LOGIT_TOL
+
+
+@pytest.mark.parametrize("name", runnable(n for n in GENERIC_FAMILIES if n not in INDEXER_TIES))
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=requests)
 def test_random_conversations_reuse_exactly_what_the_rules_allow(name: str, conversation: list[Any]) -> None:

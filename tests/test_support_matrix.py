@@ -26,7 +26,7 @@ import support_media  # noqa: E402
 
 from hf_prefix_cache import _compat  # noqa: E402
 from hf_prefix_cache.multimodal import _ADAPTERS, media  # noqa: E402
-from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES  # noqa: E402
+from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMILIES  # noqa: E402
 
 DOC = support_matrix.DOC.read_text()
 ROWS = support_matrix.parse(DOC)
@@ -68,11 +68,23 @@ def test_every_adapter_family_has_a_media_case() -> None:
 
 
 def test_a_row_has_a_media_result_exactly_when_its_type_has_a_media_case() -> None:
-    """The document's media cell is filled for every type with a case (one part per case), and empty otherwise."""
+    """The document's media cell is filled for every type with a case (one part per case), says why for a
+    family named cold, and is empty otherwise."""
     for model_type, line in ROWS.items():
         cell = support_matrix._row_from_line(line).media
         keys = support_media.media_keys(model_type)
-        assert len(cell.split("; ")) == len(keys) if keys else cell == "", line
+        if keys:
+            assert len(cell.split("; ")) == len(keys), line
+        elif model_type in COLD_FAMILIES:
+            assert cell.startswith("cold: "), line
+        else:
+            assert cell == "", line
+
+
+def test_a_family_named_cold_has_its_reason_in_the_media_cell() -> None:
+    """A type listed in `COLD_FAMILIES` gets ``cold:`` and its reason, without running anything."""
+    assert support_media.media_cell("nemotron_h_omni", support_matrix.LOGIT_TOL).startswith("cold: needs suffix")
+    assert support_media.media_status(support_media.media_cell("ovis2", support_matrix.LOGIT_TOL)) == "cold"
 
 
 def _content_blind_update(hasher: Any, part: Any) -> None:

@@ -381,7 +381,27 @@ def tiny_smolvlm() -> Any:
     )
 
 
+def tiny_idefics2() -> Any:
+    """Idefics2: each 32x32 crop is 4 placeholders (a perceiver resampler of 4 latents), framed by fake-image ids."""
+    perceiver = {
+        "hidden_size": 64,
+        "resampler_n_latents": 4,
+        "resampler_depth": 1,
+        "resampler_n_heads": 4,
+        "resampler_head_dim": 16,
+        "num_key_value_heads": 2,
+    }
+    config = transformers.Idefics2Config(
+        text_config={**_TEXT, "model_type": "mistral"},
+        vision_config={**_CLIP, "model_type": "idefics2_vision"},
+        perceiver_config=perceiver,
+        image_token_id=IMAGE_ID,
+    )
+    return _build(transformers.Idefics2ForConditionalGeneration, config)
+
+
 TINY_VLMS = {
+    "idefics2": tiny_idefics2,
     "llava_next_video": tiny_llava_next_video,
     "idefics3": tiny_idefics3,
     "smolvlm": tiny_smolvlm,

@@ -138,6 +138,7 @@ class DecoderOnlyHook:
             fed = lease.cached_len
             if profile.has_state:
                 embeds = self._suffix_embeds(input_ids, kwargs, layout, lease.cached_len)
+                positions = media.prefill_positions(input_ids, kwargs) if media is not None else None
                 fed, snapshots = prefill_states(
                     self._model,
                     profile,
@@ -149,6 +150,7 @@ class DecoderOnlyHook:
                     embeds,
                     spans,
                     store.prompt_snapshot,
+                    positions,
                 )
             if not profile.prompt_sliced:
                 cache.skip_len = fed

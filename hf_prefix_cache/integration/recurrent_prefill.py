@@ -37,6 +37,7 @@ def prefill_states(
     embeds: torch.Tensor | None = None,
     spans: Sequence[tuple[int, int]] = (),
     prompt_end: bool = True,
+    positions: torch.Tensor | None = None,
 ) -> tuple[int, list[Snapshot]]:
     """Feed prompt tokens `[lease.cached_len, n - 1)` in chunks; return how far it fed and the snapshots taken.
 
@@ -44,7 +45,8 @@ def prefill_states(
     `[cached_len, n)`, fed instead of the ids; `spans` are the prompt's media spans. Without
     `prompt_end`, no chunk ends at `n - 1` for a snapshot there: feeding stops at the last other
     bound and `generate` feeds the rest in its own forward (unless embeddings are fed, or the
-    model must take one token per forward: then `n - 1` is still a bound).
+    model must take one token per forward: then `n - 1` is still a bound). `positions`
+    (``[..., n]``), when given, are the whole prompt's `position_ids` (M-RoPE), sliced per chunk.
     """
     start, target = lease.cached_len, input_ids.shape[1] - 1
     if target <= start:
@@ -70,9 +72,9 @@ def prefill_states(
         for bound in ordered:
             if one_token_steps and pos > 0:
                 for t in range(pos, bound):
-                    _forward(model, profile, cache, input_ids, t, t + 1, embeds, start)
+                    _forward(model, profile, cache, input_ids, t, t + 1, embeds, start, positions)
             else:
-                _forward(model, profile, cache, input_ids, pos, bound, embeds, start)
+                _forward(model, profile, cache, input_ids, pos, bound, embeds, start, positions)
             snapshots.append(cache.snapshot(bound))
             pos = bound
     return pos, snapshots
@@ -87,9 +89,12 @@ def _forward(
     end: int,
     embeds: torch.Tensor | None,
     embeds_from: int,
+    positions: torch.Tensor | None = None,
 ) -> None:
     kwargs: dict[str, Any] = {profile.cache_kwarg: cache, "use_cache": True}
-    if profile.accepts_position_ids:
+    if positions is not None:
+        kwargs["position_ids"] = positions[..., start:end]
+    elif profile.accepts_position_ids:
         kwargs["position_ids"] = torch.arange(start, end, device=input_ids.device)[None]
     if profile.accepts_logits_to_keep:
         kwargs["logits_to_keep"] = 1

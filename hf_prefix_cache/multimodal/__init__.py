@@ -1,10 +1,11 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`); the base class and shared helpers live in `base`. Families of the common
-pattern (rows of a media kwarg scattered over placeholders) are rows of `generic_table`, served by
-`generic.GenericMedia`; a tower-specific row there (``"llava/pixtral"``) wins over the family's
-module. A family missing here runs cold on media inputs, with the reason `media_inputs:<model_type>`.
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`); the base class and shared helpers live in
+`base`. Families of the common pattern (rows of a media kwarg scattered over placeholders) are
+rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
+(``"llava/pixtral"``) wins over the family's module. A family missing here runs cold on media
+inputs, with the reason `media_inputs:<model_type>`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
+from hf_prefix_cache.multimodal.gemma4 import Gemma4Media, Gemma4UnifiedMedia
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
 from hf_prefix_cache.multimodal.glm4v import Glm4vMedia, PaddleOcrVlMedia
@@ -20,9 +22,10 @@ from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaM
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
 from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
 from hf_prefix_cache.multimodal.mllama import MllamaMedia
+from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
 from hf_prefix_cache.multimodal.qwen_audio import Qwen2AudioMedia
 from hf_prefix_cache.multimodal.qwen_omni import Qwen2_5OmniThinkerMedia
-from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3VLMedia
+from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia, Qwen2VLMedia, Qwen3_5Media, Qwen3VLMedia
 
 __all__ = ["MEDIA_KWARGS", "MediaAdapter", "media_adapter_for"]
 
@@ -36,6 +39,9 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_vl": Qwen2VLMedia,
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
+    "qwen3_vl_moe": Qwen3VLMedia,
+    "qwen3_5": Qwen3_5Media,
+    "qwen3_5_moe": Qwen3_5Media,
     "glm4v": Glm4vMedia,
     "glm4v_moe": Glm4vMedia,
     "glm46v": Glm4vMedia,
@@ -46,7 +52,11 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_5_omni_thinker": Qwen2_5OmniThinkerMedia,
     "idefics3": Idefics3Media,
     "smolvlm": Idefics3Media,
+    "idefics2": Idefics3Media,
     "mllama": MllamaMedia,
+    "phi4_multimodal": Phi4MultimodalMedia,
+    "gemma4": Gemma4Media,
+    "gemma4_unified": Gemma4UnifiedMedia,
 }
 
 

@@ -48,6 +48,18 @@ MEDIA_KWARGS = (
     "cross_attention_states",
     "image_embeds",
     "batch_num_images",
+    "image_position_ids",
+    "video_position_ids",
+    "num_frames_per_video",
+    "input_features_mask",
+    "image_merge_sizes",
+    "video_merge_sizes",
+    "video_compression_mask",
+    "image_pixel_values",
+    "image_attention_mask",
+    "audio_input_features",
+    "audio_embed_sizes",
+    "audio_attention_mask",
 )
 
 
@@ -69,7 +81,8 @@ class MediaAdapter:
     for families whose every position depends on all media of the prompt (`scope`), names the
     event counted when a prompt adds media to a conversation whose earlier media are stored.
     `embeds_suffix` marks families whose suffix embeddings `suffix_embeds` computes as the
-    model's forward would, so a model with recurrent layers may prefill media prompts itself.
+    model's forward would, so a model with recurrent layers may prefill media prompts itself
+    (at the positions `prefill_positions` gives, for families whose positions are not counts).
     """
 
     handled: frozenset[str] = frozenset()
@@ -122,6 +135,13 @@ class MediaAdapter:
         falls inside a span) over their placeholders; only for adapters with `embeds_suffix`.
         """
         raise NotImplementedError
+
+    def prefill_positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """Explicit `position_ids` of the whole prompt for a state prefill's chunks (sliced per chunk), or None.
+
+        None (the default) means positions count tokens; M-RoPE families give their `[4, 1, n]` positions.
+        """
+        return None
 
     def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
         """Why a prompt whose media fit its placeholders still cannot reuse exactly, or None."""

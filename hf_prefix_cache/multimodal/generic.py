@@ -18,6 +18,11 @@ rows of its own items. What differs between families is data, declared per famil
   of valid size ``h x w`` patches (`KindRule.sizes`) is its first ``h * w`` patches, exactly
   those marked by `KindRule.mask`, and has ``(h // s) * (w // s)`` placeholders in one run
   (``s``: `KindRule.stride`; adjacent items may share a run);
+  ``"thw"``: Qwen-VL-style flattened patch rows, `KindRule.sizes` a grid kwarg of one
+  ``(t, h, w)`` row per item: an item is ``t * h * w`` consecutive rows of `KindRule.data`
+  and has ``t * h * w // m`` placeholders (``h * w // m`` when `KindRule.pooled_time`: the
+  tower averages a video's frames), ``m`` the product of `KindRule.stride` (the merge area;
+  a list value counts as the product of its elements); adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), and which kwargs its processor returns that the model never reads
@@ -47,7 +52,7 @@ from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_toke
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
 #: Placeholder layouts a `KindRule` may declare.
-COUNTS = ("equal", "grid", "area")
+COUNTS = ("equal", "grid", "area", "thw")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,10 @@ class KindRule:
     pixels per vision patch, to which a valid size is rounded
     down before hashing (the tower reads whole patches only). `mask` is the kwarg of each
     row's valid-patch mask, for rows of flattened patches (NaFlex): sliced alongside, and
-    required to mark exactly the row's first ``height * width`` patches.
+    required to mark exactly the row's first ``height * width`` patches. `pooled_time` (``"thw"``
+    kinds) marks towers that average an item's frames into one frame's placeholders; `merges`
+    (``"thw"`` kinds) names a kwarg of each item's own spatial merge size ``s`` (Video-LLaMA 3),
+    which then makes the merge area ``s * s`` instead of `stride`'s product.
     """
 
     kind: str
@@ -76,6 +84,8 @@ class KindRule:
     patch: tuple[str, ...] = ()
     extras: tuple[str, ...] = ()
     mask: str | None = None
+    pooled_time: bool = False
+    merges: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +94,16 @@ class FamilyRule:
 
     `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
     gets no adapter, so its media run cold (`media_inputs:<model_type>`). `embeds_suffix`
-    (one kind only) declares that the model's forward embeds a prompt as its text embeddings
-    with ``torch.cat(get_image_features(**rows).pooler_output)`` scattered over the placeholder
-    mask, so a suffix's embeddings may be computed the same way outside the forward: models
-    with recurrent layers then prefill media prompts (`MediaAdapter.embeds_suffix`). `ignored`
+    (image and video kinds) declares that the model's forward embeds a prompt as its text
+    embeddings with each kind's ``torch.cat(get_{image,video}_features(**rows).pooler_output)``
+    scattered over its placeholder ids, so a suffix's embeddings may be computed the same way
+    outside the forward: models with recurrent layers then prefill media prompts
+    (`MediaAdapter.embeds_suffix`). `ignored`
     names media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
     `token_type_ids`): a call passing them is served, and they reach `generate` unchanged.
+    `aliases` holds ``(old name, name)`` pairs of kwargs the model still takes under a
+    deprecated name (Video-LLaVA's processor returns `pixel_values_images`): read as the new
+    name, and handed to `generate` under it after a hit (the model maps one to the other).
     """
 
     kinds: tuple[KindRule, ...]
@@ -97,6 +111,7 @@ class FamilyRule:
     requires: tuple[tuple[str, Any], ...] = ()
     embeds_suffix: bool = False
     ignored: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()
 
     def fits(self, config: Any) -> bool:
         """Whether `config` has every value this family's pattern relies on."""
@@ -117,14 +132,31 @@ class GenericMedia(MediaAdapter):
     def __init__(self, model: Any, rule: FamilyRule) -> None:
         super().__init__(model)
         self.rule = rule
-        names = (name for k in rule.kinds for name in (k.data, k.sizes, k.mask, *k.extras) if name is not None)
-        self.handled = frozenset((*names, *rule.ignored))
+        names = (
+            name for k in rule.kinds for name in (k.data, k.sizes, k.mask, k.merges, *k.extras) if name is not None
+        )
+        self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
         self.settings = rule.settings
-        assert not rule.embeds_suffix or len(rule.kinds) == 1, "suffix embeddings are for one-kind families"
+        assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video"}, "images and videos only"
         self.embeds_suffix = rule.embeds_suffix
 
     # ------------------------------------------------------------------ layout
+    def _renamed(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """`kwargs` with deprecated names replaced by the rule's; None when both names are given."""
+        out = kwargs
+        for old, new in self.rule.aliases:
+            if out.get(old) is None:
+                continue
+            if out.get(new) is not None:
+                return None  # two values for one input: leave it to the model, run cold
+            out = {k: v for k, v in out.items() if k != old} | {new: out[old]}
+        return out
+
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        renamed = self._renamed(kwargs)
+        if renamed is None:
+            return None
+        kwargs = renamed
         equal = super().layout(tokens, kwargs)  # the "equal" and "area" kinds, through the base's span assignment
         if equal is None:
             return None
@@ -147,8 +179,12 @@ class GenericMedia(MediaAdapter):
                 continue
             if kwargs.get(rule.data) is None and config_token_id(self.config, *rule.token_id) is None:
                 continue  # no media of this kind and no placeholder id in the config: the prompt is text
-            area = rule.count == "area"
-            out.append(self._area_items(rule, kwargs) if area else self._equal_items(rule, tokens, kwargs))
+            if rule.count == "area":
+                out.append(self._area_items(rule, kwargs))
+            elif rule.count == "thw":
+                out.append(self._thw_items(rule, kwargs))
+            else:
+                out.append(self._equal_items(rule, tokens, kwargs))
         return out
 
     def _equal_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
@@ -182,6 +218,48 @@ class GenericMedia(MediaAdapter):
                 return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
             counts.append((height // stride) * (width // stride))
         return (rule.kind, token_id, rows, counts)
+
+    def _thw_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every ``(t, h, w)`` row of the grid kwarg one item: its ``t * h * w`` rows of `rule.data`, its grid row."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data, grid = kwargs.get(rule.data), kwargs.get(rule.sizes or "")
+        if data is None and grid is None:
+            return (rule.kind, token_id, [], [])
+        if data is not None and not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor):
+            return (rule.kind, None, [], None)
+        if grid.dim() != 2 or grid.shape[-1] != 3 or grid.is_floating_point() or data.dim() < 1:
+            return (rule.kind, None, [], None)
+        merges = self._merges(rule, kwargs, grid.shape[0])
+        sizes = grid.prod(-1).tolist()
+        if merges is None or sum(sizes) != data.shape[0] or any(n <= 0 for n in sizes):
+            return (rule.kind, None, [], None)
+        offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()]
+        own = kwargs.get(rule.merges) if rule.merges is not None else None
+        parts = [
+            (data[offsets[i] : offsets[i + 1]], grid[i], *((own[i],) if own is not None else ()))
+            for i in range(len(sizes))
+        ]
+        counts = []
+        for (t, h, w), merge in zip(grid.tolist(), merges, strict=True):
+            frame = (1 if rule.pooled_time else t) * h * w
+            if frame % merge:
+                return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
+            counts.append(frame // merge)
+        return (rule.kind, token_id, parts, counts)
+
+    def _merges(self, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
+        """Each item's merge area: its own merge size squared (`rule.merges`), else `rule.stride`'s product."""
+        if rule.merges is None:
+            merge = self._product(rule.stride)
+            return None if merge is None else [merge] * num_items
+        own = kwargs.get(rule.merges)
+        if not isinstance(own, torch.Tensor) or tuple(own.shape) != (num_items,) or own.is_floating_point():
+            return None
+        if any(m <= 0 for m in own.tolist()):
+            return None
+        return [int(m) ** 2 for m in own.tolist()]
 
     def _grid_items(self, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """Pixtral-style items: each row `h // s` placeholder runs of `w // s`, one break token between runs.
@@ -263,18 +341,38 @@ class GenericMedia(MediaAdapter):
         return out
 
     def _product(self, paths: tuple[str, ...]) -> int | None:
-        values = [config_path(self.config, path) for path in paths]
+        values: list[Any] = []
+        for path in paths:
+            value = config_path(self.config, path)
+            # A per-axis list (Kimi-K2.5's `merge_kernel_size`) counts as the product of its elements.
+            values += list(value) if isinstance(value, (list, tuple)) else [value]
         if not values or not all(isinstance(v, int) and v > 0 for v in values):
             return None
         return int(math.prod(values))
 
     # ------------------------------------------------------------------- resume
+    def resume_kwargs(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int
+    ) -> dict[str, Any]:
+        renamed = self._renamed(kwargs)
+        assert renamed is not None, "a prompt with a layout passed each input under one name"
+        return super().resume_kwargs(input_ids, renamed, layout, cached_len)
+
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         for rule in self.rule.kinds:
             data = kwargs.get(rule.data)
             if data is None:
                 continue
             k = layout.num_cached(rule.kind, cached_len)
+            if rule.count == "thw":
+                grid = kwargs[rule.sizes or ""]
+                keep = k < grid.shape[0]
+                skip = int(grid[:k].prod(-1).sum()) if k else 0  # the cached items' flattened rows
+                set_or_drop(kwargs, rule.data, data[skip:], keep)
+                set_or_drop(kwargs, rule.sizes or "", grid[k:], keep)
+                if rule.merges is not None and kwargs.get(rule.merges) is not None:
+                    set_or_drop(kwargs, rule.merges, kwargs[rule.merges][k:], keep)
+                continue
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
             for name in (rule.sizes, rule.mask, *rule.extras):
@@ -286,17 +384,24 @@ class GenericMedia(MediaAdapter):
         self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, start: int
     ) -> torch.Tensor:
         assert self.embeds_suffix, "only families declaring `embeds_suffix` compute suffix embeddings"
-        (rule,) = self.rule.kinds
-        media = dict(kwargs)
+        renamed = self._renamed(kwargs)
+        assert renamed is not None, "a prompt with a layout passed each input under one name"
+        media = dict(renamed)
         self._slice(media, layout, start)  # the rows whose placeholders lie in the suffix
         ids = input_ids[:, start:]
-        # The model's forward, on the suffix: text embeddings, then the suffix's features over its placeholders.
+        # The model's forward, on the suffix: text embeddings, then each kind's features over its placeholders.
         embeds: torch.Tensor = self.model.get_input_embeddings()(ids)
-        if media.get(rule.data) is None:
-            return embeds
-        names = [n for n in (rule.data, rule.sizes, rule.mask, *rule.extras) if n is not None and n in media]
-        output = self.model.get_image_features(**{n: media[n] for n in names}, return_dict=True)
-        features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
-        inner = self.model if hasattr(self.model, "get_placeholder_mask") else self.model.model
-        mask = inner.get_placeholder_mask(input_ids=ids, inputs_embeds=embeds, image_features=features)
-        return embeds.masked_scatter(mask, features)
+        for rule in self.rule.kinds:
+            if media.get(rule.data) is None:
+                continue
+            names = [
+                n for n in (rule.data, rule.sizes, rule.mask, rule.merges, *rule.extras) if n is not None and n in media
+            ]
+            encode = self.model.get_image_features if rule.kind == "image" else self.model.get_video_features
+            output = encode(**{n: media[n] for n in names}, return_dict=True)
+            features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+            token_id = config_token_id(self.config, *rule.token_id)
+            assert token_id is not None, f"{rule.kind} items were laid out without a placeholder id"
+            mask = torch.eq(ids, token_id)[..., None].expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, features)
+        return embeds

@@ -5,7 +5,8 @@ A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a fam
 Each row was checked against transformers 5.23 (each row of the media kwarg is encoded on its
 own and its features fill its placeholders in order) and is proven exact by
 `tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
-`tests/test_media_lfm2_vl.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/test_media_grid.py`;
+Gemma 3n, whose timm tower needs torchvision, by
 `tests/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`.
 """
@@ -71,6 +72,27 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # Mistral Large 4: Mistral 3's layout (Pixtral tower, 2x2 patch merger, [IMG] rows split by [IMG_BREAK]).
+    "mistral_large4": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+        settings=("vision_feature_layer",),
+    ),
+    # VipLLaVA: LLaVA with features from several tower layers (`vision_feature_layers`, renamed
+    # `vision_feature_layer` in 5.24: both settings); one pixel_values row per image, a fixed count each.
+    "vipllava": FamilyRule(
+        kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),),
+        settings=("vision_feature_layer", "vision_feature_layers"),
+    ),
     # Video-LLaVA: one tower per kind; an image row is a picture, a video row all its frames.
     "video_llava": FamilyRule(
         kinds=(
@@ -78,6 +100,8 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             KindRule("video", _VIDEO_ID, "pixel_values_videos"),
         ),
         settings=_LLAVA_SETTINGS,
+        # Its image processor returns images as `pixel_values_images` unless told otherwise.
+        aliases=(("pixel_values_images", "pixel_values"),),
     ),
     # Voxtral: each row of `input_features` is one 30 s chunk of mel frames, a fixed number of placeholders.
     "voxtral": FamilyRule(kinds=(KindRule("audio", ("audio_token_id", "audio_token_index"), "input_features"),)),
@@ -132,19 +156,128 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         ),
         ignored=("token_type_ids",),
     ),
+    # Kimi-K2.5: a MoonViT-style tower on flattened patch rows, attention within each item; a 2x2 merge
+    # kernel, a video chunk's frames averaged into one frame's placeholders (each chunk its own run).
+    "kimi_k25": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.merge_kernel_size",),
+                pooled_time=True,
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.merge_kernel_size",),
+                pooled_time=True,
+            ),
+        ),
+    ),
+    # EXAONE 4.5: a Qwen2.5-VL-style tower (windows within each item) on flattened patch rows, 2x2 merge,
+    # 1D positions (no M-RoPE); a video is one placeholder run of all its frames.
+    "exaone4_5": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
+    # MiniMax-M3-VL: a CLIP-like tower on flattened Conv3d patch rows, attention within each item; 2x2 merge.
+    "minimax_m3_vl": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
+    # LFM3-VL: a conv + attention tower on flattened patch rows, attention within each item; 2x2 merge. Its
+    # LFM3 text layers hold conv states, so the hook prefills media prompts itself (suffix embeddings).
+    "lfm3_vl": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+        embeds_suffix=True,
+    ),
+    # Video-LLaMA 3: a SigLIP-style tower on flattened patch rows, attention within each item; each item merges
+    # by its own `*_merge_sizes` entry. Videos with a token-compression mask (features dropped by content)
+    # are not this pattern: such calls run cold on `media_inputs:video_compression_mask`.
+    "video_llama_3": FamilyRule(
+        kinds=(
+            KindRule(
+                "image", _IMAGE_ID, "pixel_values", count="thw", sizes="image_grid_thw", merges="image_merge_sizes"
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                merges="video_merge_sizes",
+            ),
+        ),
+    ),
 }
 
-#: Families of the common pattern left cold on media, and why (their media requests count
-#: `media_inputs:<model_type>`). Documentation as data: nothing reads it at run time.
+#: Families left cold on media that were examined, and what serving them would need (their media
+#: requests count `media_inputs:<model_type>`). Documentation as data: the store never reads it;
+#: the support matrix shows it in the media column.
 COLD_FAMILIES: dict[str, str] = {
-    # Fits the pattern: a pixel_values row with the `vision_feature_layer` setting passed the generic
-    # media tests (commit "Generic media table: LightOnOCR, VipLLaVA, ..."); left out only because
-    # tests/test_media_fallbacks.py uses it as its example of a family without an adapter.
-    "vipllava": "kept as the suite's example of an unserved family",
     # Its visual-indicator tokens (outside the placeholder runs) get embeddings from the vision
     # embedding table only when pixels are passed: a suffix holding indicators whose images are all
     # cached would embed them as text. Not the generic pattern.
     "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
+    # Nemotron-H Omni: Mamba-2 hybrid text (a recurrent prefill needs suffix embeddings through its own
+    # forward for images, videos and audio), videos on the image placeholder id, and EVS video pruning
+    # (`video_pruning_rate` > 0) drops placeholder tokens by feature content inside the forward.
+    "nemotron_h_omni": "needs suffix embeddings for its Mamba-2 prefill; videos share the image id; EVS pruning",
 }
 
 

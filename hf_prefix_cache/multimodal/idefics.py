@@ -1,4 +1,8 @@
-"""Idefics3 and SmolVLM: each image crop is an item."""
+"""Idefics3, SmolVLM and Idefics2: each image crop is an item.
+
+Idefics2 takes the same inputs; a perceiver resampler (its latents attend to one crop's
+patches only) replaces the pixel shuffle, so each crop still has a fixed number of placeholders.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from hf_prefix_cache.multimodal.media import MediaLayout, find_runs
 
 
 class Idefics3Media(MediaAdapter):
-    """Idefics3 / SmolVLM: `pixel_values` `[1, num_crops, C, H, W]`; each crop is an item.
+    """Idefics3 / SmolVLM / Idefics2: `pixel_values` `[1, num_crops, C, H, W]`; each crop is an item.
 
     The processor splits an image into crops, each with its own placeholder run, and the
     vision model encodes crops one by one, so a cached prefix may end between two crops.

@@ -84,6 +84,33 @@ class Qwen2VLMedia(MediaAdapter):
         out["position_ids"] = positions
         return out
 
+    def prefill_positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor | None:
+        return self.positions(input_ids, kwargs)
+
+    def suffix_embeds(
+        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout, start: int
+    ) -> torch.Tensor:
+        assert self.embeds_suffix, "only families declaring `embeds_suffix` compute suffix embeddings"
+        media = dict(kwargs)
+        self._slice(media, layout, start)  # the items whose placeholders lie in the suffix
+        ids = input_ids[:, start:]
+        # The model's forward, on the suffix: text embeddings, then each kind's features over its placeholders.
+        embeds: torch.Tensor = self.model.get_input_embeddings()(ids)
+        inner = self.model.model
+        for kind, id_name, pixels_name, grid_name in self._KINDS:
+            if media.get(pixels_name) is None:
+                continue
+            encode = inner.get_image_features if kind == "image" else inner.get_video_features
+            output = encode(media[pixels_name], media[grid_name], return_dict=True)
+            features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+            # Each kind has its own placeholder id in the families that declare `embeds_suffix`.
+            token_id = config_token_id(self.config, id_name)
+            assert token_id is not None, f"{kind} items were laid out without a placeholder id"
+            placeholders = torch.eq(ids, token_id)
+            mask = placeholders[..., None].expand_as(embeds)
+            embeds = embeds.masked_scatter(mask, features)
+        return embeds
+
     def positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         """Explicit `[4, 1, L]` positions of the whole prompt, never reading `rope_deltas` left on the model."""
         text = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
@@ -165,3 +192,14 @@ class Qwen3VLMedia(Qwen2VLMedia):
             items.append(MediaItem("video", digest, start, end))
             frame, row = frame + t, row + rows[i]
         return items
+
+
+class Qwen3_5Media(Qwen3VLMedia):
+    """Qwen3.5 (dense and MoE): Qwen3-VL's items and positions, no deepstack, on hybrid text layers.
+
+    Its gated delta-net layers hold recurrent states, so the hook prefills media prompts itself,
+    fed the embeddings the forward computes (`suffix_embeds`: text embeddings with the suffix's
+    image and video features over their placeholders) at the prompt's M-RoPE positions.
+    """
+
+    embeds_suffix = True

@@ -1,0 +1,132 @@
+"""Phi-4-multimodal: HD-cropped images and audio clips, each its own placeholder run.
+
+What the model consumes of each item (transformers 5.23 and 5.24 agree):
+
+* an image is one row of `image_pixel_values` ``[images, max_crops, C, H, W]`` (padded to the
+  prompt's most crops): its global crop and its ``(h / crop) * (w / crop)`` sub-crops, with
+  `image_sizes` ``[images, 2]`` and, when given, the same crops of `image_attention_mask`;
+  the crops past those (padding) are encoded but never read, so they are left out of the key;
+* an audio clip is one row of `audio_input_features` (padded to the prompt's longest clip,
+  hashed whole) with its `audio_embed_sizes` entry (its placeholder count) and its
+  `audio_attention_mask` row.
+
+Features fill the placeholders in order, one run per image (the processor writes each image's
+placeholders as one run); an image's count follows from its crops, so the layout requires one
+run per image. Audio features go through one of two projections, chosen per call: the
+"vision" one when the call passes any image, the "speech" one otherwise. So a clip's states
+depend on whether its prompt holds an image: prompts with both are kept in their own scope,
+and a resumed call whose suffix holds a clip but no image still passes an image (one of the
+prompt's cached ones: with no image placeholder in the suffix the model encodes none of it)
+so the clip gets the projection of its cold run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
+
+_IMAGE = ("image_pixel_values", "image_sizes", "image_attention_mask")
+_AUDIO = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
+
+
+class Phi4MultimodalMedia(MediaAdapter):
+    """Phi-4-multimodal: per-image crop stacks and per-clip mel rows, each item one placeholder run."""
+
+    handled = frozenset((*_IMAGE, *_AUDIO))
+
+    def placeholder_ids(self) -> tuple[int | None, ...]:
+        return (self._token_id("vision_config"), self._token_id("audio_config"))
+
+    def _token_id(self, sub: str) -> int | None:
+        return config_token_id(
+            getattr(self.config, sub, None), f"{'image' if sub == 'vision_config' else 'audio'}_token_id"
+        )
+
+    def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
+        images, clips = self._images(tokens, kwargs), self._clips(tokens, kwargs)
+        if images is None or clips is None:
+            return None
+        return merge_items(images, clips)
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[Any]:
+        raise AssertionError("Phi4MultimodalMedia lays out its items in `layout`")
+
+    def _images(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
+        token_id = self._token_id("vision_config")
+        runs = find_runs(tokens, token_id) if token_id is not None else []
+        pixels, sizes, mask = (kwargs.get(name) for name in _IMAGE)
+        if pixels is None:
+            return None if runs or sizes is not None or mask is not None else []
+        if not isinstance(pixels, torch.Tensor):
+            hash_media(pixels)  # raises UnhashableMediaError naming the type
+            return None
+        crop = getattr(getattr(self.config, "vision_config", None), "crop_size", None)
+        if not isinstance(sizes, torch.Tensor) or not isinstance(crop, int) or pixels.dim() != 5:
+            return None
+        if tuple(sizes.shape) != (pixels.shape[0], 2) or len(runs) != pixels.shape[0]:
+            return None  # one run per image: the counts follow from the crops
+        if mask is not None and (
+            not isinstance(mask, torch.Tensor) or tuple(mask.shape[:2]) != tuple(pixels.shape[:2])
+        ):
+            return None
+        items = []
+        for i, ((height, width), (start, end)) in enumerate(zip(sizes.tolist(), runs, strict=True)):
+            crops = 1 + (int(height) // crop) * (int(width) // crop)  # the global crop, then the sub-crops read
+            if crops > pixels.shape[1] or height % crop or width % crop or height <= 0 or width <= 0:
+                return None
+            parts = (pixels[i, :crops], sizes[i], *((mask[i, :crops],) if mask is not None else ()))
+            items.append(MediaItem("image", hash_media(*parts), start, end))
+        return items
+
+    def _clips(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
+        token_id = self._token_id("audio_config")
+        runs = find_runs(tokens, token_id) if token_id is not None else []
+        features, sizes, mask = (kwargs.get(name) for name in _AUDIO)
+        if features is None:
+            return None if runs or sizes is not None or mask is not None else []
+        if not isinstance(features, torch.Tensor):
+            hash_media(features)
+            return None
+        if not isinstance(sizes, torch.Tensor) or features.dim() != 3 or tuple(sizes.shape) != (features.shape[0],):
+            return None
+        if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(features.shape[:2])):
+            return None
+        counts = [int(n) for n in sizes.tolist()]
+        if len(runs) != len(counts) or any(b - a != n for (a, b), n in zip(runs, counts, strict=True)):
+            return None
+        return [
+            MediaItem("audio", hash_media(features[i], sizes[i], *((mask[i],) if mask is not None else ())), a, b)
+            for i, (a, b) in enumerate(runs)
+        ]
+
+    def scope(self, items: Sequence[MediaItem]) -> list[str]:
+        # A clip's projection depends on whether its prompt holds an image.
+        kinds = {item.kind for item in items}
+        return ["audio projected for vision"] if {"image", "audio"} <= kinds else []
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        pixels = kwargs.get("image_pixel_values")
+        num_images = pixels.shape[0] if isinstance(pixels, torch.Tensor) else 0
+        k_images = layout.num_cached("image", cached_len)
+        clips = kwargs.get("audio_input_features")
+        if clips is not None:
+            k = layout.num_cached("audio", cached_len)
+            keep = k < clips.shape[0]
+            for name in _AUDIO:
+                if kwargs.get(name) is not None:
+                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        if pixels is None:
+            return
+        clips_left = kwargs.get("audio_input_features") is not None
+        # A suffix with clips but no image still needs an image for the clips' "vision" projection: keep the
+        # last cached one (the suffix has no image placeholder, so the model encodes none of it).
+        k = min(k_images, num_images - 1) if clips_left else k_images
+        keep = k < num_images
+        for name in _IMAGE:
+            if kwargs.get(name) is not None:
+                set_or_drop(kwargs, name, kwargs[name][k:], keep)
