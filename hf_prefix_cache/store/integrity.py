@@ -61,7 +61,8 @@ def check_integrity(tree: RadixTree[Segment], counted_snapshots: int) -> None:
     for key, run in runs.items():
         # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
         tensors = [t for t in run.keys + run.values if t is not None]
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        # Keyed by address; meta tensors have none (every one reads 0), so each counts its own storage.
+        storages = {_storage_key(t): t.untyped_storage().nbytes() for t in tensors}
         held, needed = sum(storages.values()), sum(t.nbytes for t in tensors)
         if held != needed:
             raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
@@ -74,3 +75,8 @@ def check_integrity(tree: RadixTree[Segment], counted_snapshots: int) -> None:
             or any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1))
         ):
             raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans}")
+
+
+def _storage_key(tensor: Any) -> tuple[str, int]:
+    ptr = tensor.untyped_storage().data_ptr()
+    return (tensor.device.type, ptr) if ptr else ("no address", id(tensor))
