@@ -114,8 +114,8 @@ def cache_argument(parameters: Iterable[str], owner: str) -> str | None:
         UnsupportedVersionError: the forward takes a cache-like argument by a name no tested
             release used (a release renamed it again): better an error now than every request cold.
 
-    >>> cache_argument(["input_ids", "cache", "use_cache"], "LlamaForCausalLM")
-    'cache'
+    >>> cache_argument(["input_ids", "past_key_values", "use_cache"], "LlamaForCausalLM")  # 5.23's name
+    'past_key_values'
     >>> cache_argument(["input_ids", "attention_mask"], "BertModel") is None
     True
     """
