@@ -98,15 +98,14 @@ class DecoderOnlyHook:
             input_ids = kwargs.get("input_ids")
         reason = self._check(input_ids, bound.arguments, kwargs)
         if reason is None:  # the one read of the device before the prefill: ids, mask and pad tokens
-            config = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
+            settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
             assert isinstance(input_ids, torch.Tensor)
-            rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), config)
+            rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
         if reason is not None:
             prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
             return pipeline.run_cold(store, self._original, reason, prompt_len, args, kwargs)
         assert isinstance(input_ids, torch.Tensor)
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
-        settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
         drop_impl = bool(settings.cache_implementation)
         # 2. key
         layout, reason = self._media_layout(rows, kwargs)
