@@ -48,6 +48,10 @@ INPUTS_EMBEDS = "inputs_embeds"
 NO_INPUT_IDS = "no_input_ids"
 NO_INPUT_FEATURES = "no_input_features"
 EMPTY_PROMPT = "empty_prompt"
+# A sparse-attention indexer (DeepSeek-V3.2, GLM-5, Mistral Large 4, ...) keeps its top-k keys by score once a
+# prompt is longer than k; which of two tied scores it keeps depends on how many queries one call holds, so the
+# suffix's prefill can pick other keys than the whole prompt's. Up to k every key is kept and reuse is exact.
+INDEXER_TOP_K = "indexer_top_k"  # + ":" + the length up to which reuse is exact
 BATCH_SIZE = "batch_size"
 PADDING = "padding"
 ATTENTION_MASK_SHAPE = "attention_mask_shape"

@@ -135,8 +135,8 @@ _SIZES: dict[str, int] = {
     "swa_num_attention_heads": 4,
     "swa_num_key_value_heads": 2,
     "swa_head_dim": 16,
-    "index_topk": 4,  # sparse attention's indexer keeps 4 keys per query: the selection matters at sweep lengths
-    "index_n_heads": 8,  # fewer heads tie at exactly 0 (ReLU scores): see docs/how-it-works.md, DynamicIndexedLayer
+    "index_topk": 256,  # every key kept at sweep lengths; past the top-k a store runs cold (`indexer_top_k`)
+    "index_n_heads": 8,
     "index_head_dim": 16,
 }
 # Token ids moved inside the tiny vocabulary (ids 0-3 are never in the scenario's prompts).

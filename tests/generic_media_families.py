@@ -319,7 +319,7 @@ def tiny_mistral_large4() -> Any:
         "qk_nope_head_dim": 8,
         "v_head_dim": 16,
         "head_dim": 8,
-        "index_topk": 4,
+        "index_topk": 256,  # every key of the media prompts: past it a store runs cold (`indexer_top_k`)
         "index_n_heads": 8,
         "index_head_dim": 16,
     }

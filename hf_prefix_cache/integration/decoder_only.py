@@ -250,6 +250,8 @@ class DecoderOnlyHook:
             return reasons.BATCH_SIZE
         if input_ids.shape[1] == 0:
             return reasons.EMPTY_PROMPT
+        if profile.exact_prompt_len is not None and input_ids.shape[1] > profile.exact_prompt_len:
+            return reasons.with_detail(reasons.INDEXER_TOP_K, profile.exact_prompt_len)
         media = profile.media
         if input_ids.shape[0] != 1 and media is not None and (media.has_positions or media.whole_prompt_only):
             # Positions and prompt-wide namespaces are computed for one row.

@@ -15,6 +15,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, g
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
+from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 
@@ -73,6 +74,9 @@ class ModelProfile:
     media: MediaAdapter | None = None
     item_layers: tuple[int, ...] = ()
     encoder_family: str | None = None
+    #: Prompts longer than this run cold (None: no limit): a sparse-attention indexer selects keys by score
+    #: only past its top-k, and the selection among ties then depends on the call's shape (`reasons.INDEXER_TOP_K`).
+    exact_prompt_len: int | None = None
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -162,7 +166,25 @@ def profile_model(
         media=media,
         item_layers=item_layers,
         encoder_family=encoder_family,
+        exact_prompt_len=_indexer_exact_len(config)
+        if any(isinstance(a, IndexedAttentionAdapter) for a in adapters)
+        else None,
     )
+
+
+def _indexer_exact_len(config: Any) -> int:
+    """The longest prompt whose every query keeps all its keys through the indexer's top-k.
+
+    Each query sees at most the prompt's length in keys (GLM-5-Next: in pools of `index_kpool` keys, of which
+    it keeps `index_topk // index_kpool`); while that is within the top-k, the selection is every key whatever
+    the scores, so a suffix's prefill attends exactly as the whole prompt's does.
+    """
+    text = config.get_text_config(decoder=True)
+    top_k = getattr(text, "index_topk", None)
+    assert isinstance(top_k, int) and top_k > 0, f"an indexed layer without an integer index_topk ({top_k!r})"
+    pool = getattr(text, "index_kpool", None)
+    pool = pool if isinstance(pool, int) and pool > 0 else 1
+    return (top_k // pool) * pool
 
 
 def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[dict[str, Any]]) -> Any:
