@@ -123,7 +123,7 @@ class Placement:
             for node in matched:
                 assert node.value is not None
                 node.value.run = run
-                run.num_refs += 1
+                run.take()
         else:
             run.compact(matched_len, length)
 
@@ -311,14 +311,8 @@ class Placement:
         along a path, and nodes leave bottom-up).
         """
         self.counters.num_snapshots -= len(seg.snapshots)
-        run = seg.run
-        if run is not None:
-            run.num_refs -= 1
-            if run.num_refs > 0:
-                if seg.end == run.hi:
-                    run.compact(run.lo, seg.start)
-                elif seg.start == run.lo:
-                    run.compact(seg.end, run.hi)
+        if seg.run is not None:
+            seg.run.give_back(seg.start, seg.end)
         ref = seg.disk
         if ref is not None and self.disk is not None:
             ref.num_refs -= 1

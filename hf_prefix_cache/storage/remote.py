@@ -464,7 +464,7 @@ class RemoteTier:
         run = None
         if layout.kv_layers:
             run = Run(keys, values, lo, hi, devices=devices)
-            run.num_refs = 1
+            run.take()
         stub = Segment(None, lo, hi, 0, disk=DiskRef(Path(key), lo, hi, devices))
         try:
             snapshots = states_from_file("s", meta.get("snapshots", {}), tensors, stub, layout.state_layers, Snapshot)
@@ -494,7 +494,7 @@ def _join(chunks: list[Segment]) -> Segment:
             keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
             values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
         run = Run(keys, values, first.start, last.end, devices=list(first.run.devices))
-        run.num_refs = 1
+        run.take()
     return Segment(run, first.start, last.end, first.nbytes_per_token, snapshots, items=items)
 
 
