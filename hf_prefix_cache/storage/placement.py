@@ -18,23 +18,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING
-
-import torch
+from collections.abc import Hashable, Sequence
+from functools import cached_property
 
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 from hf_prefix_cache.storage.adoption import adopt
-from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.disk_index import DiskIndex
 from hf_prefix_cache.storage.moves import TierMoves
 from hf_prefix_cache.storage.segments import Segment
-from hf_prefix_cache.storage.tiers import DEVICE, DISK, Mover, snapshot_to_host
-from hf_prefix_cache.tree.policy import CostAwarePolicy, LRUPolicy
-from hf_prefix_cache.tree.radix import Node, RadixTree
-
-if TYPE_CHECKING:
-    from hf_prefix_cache.storage.remote import RemoteTier
+from hf_prefix_cache.storage.tiers import DEVICE, DISK, snapshot_to_host
+from hf_prefix_cache.tree.radix import Node
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -42,33 +35,20 @@ logger = logging.getLogger("hf_prefix_cache")
 class Placement(TierMoves):
     """Moves nodes of `tree` between tiers to keep each within `budgets[tier]` bytes, and places new ones.
 
-    Args:
-        tree: the store's tree (values are `Segment`s).
-        budgets: bytes allowed per tier (device, host, disk); 0 switches a tier off.
-        mover: copies tensors between devices and host memory.
-        disk: the disk tier, or None.
-        policy: decides which node leaves first; told when one does.
-        state_device: the device a stateful layer's snapshot goes back to.
-        remote: the shared tier below the local ones, or None.
+    Made with the arguments of `TierMoves`.
 
     Example:
+        >>> from hf_prefix_cache.storage.tiers import Mover
+        >>> from hf_prefix_cache.tree.policy import LRUPolicy
+        >>> from hf_prefix_cache.tree.radix import RadixTree
         >>> placement = Placement(RadixTree(num_tiers=3), [1 << 20, 0, 0], Mover(), None, LRUPolicy(), lambda i: None)
         >>> placement.save()  # no disk tier: nothing to save
         0
     """
 
-    def __init__(
-        self,
-        tree: RadixTree[Segment],
-        budgets: list[int],
-        mover: Mover,
-        disk: DiskTier | None,
-        policy: LRUPolicy | CostAwarePolicy,
-        state_device: Callable[[int], torch.device | None],
-        remote: RemoteTier | None = None,
-    ) -> None:
-        super().__init__(tree, budgets, mover, disk, policy, state_device, remote)
-        self._index = DiskIndex(self)
+    @cached_property
+    def _index(self) -> DiskIndex:
+        return DiskIndex(self)
 
     # ------------------------------------------------------------ new entries
     def place_run(
