@@ -24,9 +24,17 @@ class Run:
     `devices` remembers where each layer's tensors belong, so a run brought back from host
     memory or disk goes to the device of its own layer (models split over several devices).
     `wait`, when set, blocks until an asynchronous copy into these tensors has finished.
+
+    Its lifetime is counted here and only here: each stored segment that reads it holds one
+    reference (`take`), returned with `give_back`; `num_refs` only reads the count.
+
+    >>> run = Run([torch.zeros(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
+    >>> run.take(); run.take(); run.give_back(2, 4)  # the segment reading [2, 4) leaves
+    >>> run.num_refs, (run.lo, run.hi)
+    (1, (0, 2))
     """
 
-    __slots__ = ("devices", "hi", "keys", "lo", "nbytes_per_token", "num_refs", "values", "wait")
+    __slots__ = ("_num_refs", "devices", "hi", "keys", "lo", "nbytes_per_token", "values", "wait")
 
     def __init__(
         self,
@@ -41,7 +49,7 @@ class Run:
         self.values = values
         self.lo = lo
         self.hi = hi
-        self.num_refs = 0
+        self._num_refs = 0
         self.wait: Callable[[], None] | None = None
         self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
         for k in keys:
@@ -54,6 +62,29 @@ class Run:
     @property
     def nbytes(self) -> int:
         return self.nbytes_per_token * (self.hi - self.lo)
+
+    @property
+    def num_refs(self) -> int:
+        """How many stored segments read this run."""
+        return self._num_refs
+
+    def take(self) -> None:
+        """One more stored segment reads this run (a new one, or one of the two a split makes)."""
+        self._num_refs += 1
+
+    def give_back(self, start: int, end: int) -> None:
+        """The segment reading `[start, end)` of this run no longer does.
+
+        A run still read by others is cut down to what they cover, so held bytes stay equal to
+        counted bytes: the part given back is its head or tail (runs are laid along a path and
+        segments leave bottom-up). A run read by none is left to be freed with its last holder.
+        """
+        self._num_refs -= 1
+        if self._num_refs > 0:
+            if end == self.hi:
+                self.compact(self.lo, start)
+            elif start == self.lo:
+                self.compact(end, self.hi)
 
     def slice(self, start: int, end: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """Views of positions `[start, end)`."""

@@ -227,7 +227,7 @@ class DiskTier:
         run = None
         if layout.kv_layers:
             run = Run(keys, values, run_lo, run_hi, devices=list(stub.disk.devices))
-            run.num_refs = 1
+            run.take()
             if run.nbytes_per_token != stub.nbytes_per_token:
                 raise CorruptFileError(
                     f"{path} holds {run.nbytes_per_token} bytes per token, expected {stub.nbytes_per_token}"

@@ -5,17 +5,8 @@ symbol sequence (token ids and media symbols): their keys/values, the recurrent 
 exactly at its end (if any) and the item states of media placeholders ending inside it. Only
 whole chunks are stored; a sequence's last partial chunk stays local.
 
-Keys: ``hfpc:<format>:<namespace>:<chain>``, where `chain` is a 128-bit xxh3 chained over the
-previous chunk's chain and this chunk's symbols (seeded by the namespace, the format and the
-chunk length). No Python `hash()` is involved, so every process and machine computes the same
-keys. The namespace (model class, config, weights fingerprint, dtype, adapters, salt) is in the
-key and in the value, so tenants with different salts never share a chunk.
-
-Values: one self-describing safetensors blob per chunk (the disk tier's encoding of states),
-whose JSON metadata holds the namespace, the previous chain, the range, the chunk's symbols, the
-layout and an xxh3-128 checksum of the tensors. A loaded chunk is checked against the query
-before use: a hash collision or a foreign writer is a miss, never a wrong hit. Nothing is
-unpickled.
+How a chunk is keyed and encoded, and checked when loaded (a hash collision or a foreign writer
+is a miss, never a wrong hit), is `remote_format.py`.
 
 The server evicts (`maxmemory` with `allkeys-lru`); a chunk that vanished between lookup and
 load makes the hit shorter. A server that is down, slow or full never fails a request: calls are
@@ -25,57 +16,36 @@ up to 30 s) and the client reconnects by itself; the caller counts the reason.
 The interface the store uses (kept small so it can move under a `storage/` package):
 
 - `RemoteTier.chunk_len`, `RemoteTier.missing(namespace, symbols, num_chunks)` (one pipelined
-  `EXISTS` round trip), `RemoteTier.queue(write)` and `RemoteTier.flush()` (one pipelined `SET`
-  round trip, called outside the store's lock);
+  `EXISTS` round trip), `RemoteTier.queue(writes)` (chunks made by `remote_format.encode_chunk`)
+  and `RemoteTier.flush()` (one pipelined `SET` round trip, called outside the store's lock);
 - `RemoteTier.fetch(namespace, symbols, first, last, need_snapshot)` -> `RemoteHit` (one
   pipelined `EXISTS`, then one `MGET`).
 
-Knows segments, chunk encoding and the server; nothing about the tree.
+Knows segments and the server; nothing about the tree.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-import torch
-import xxhash
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
-
 from hf_prefix_cache import reasons
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
-from hf_prefix_cache.storage.codec import (
-    CorruptFileError,
-    Layout,
-    checksum,
-    states_from_file,
-    states_to_file,
-    stored_devices,
-)
-from hf_prefix_cache.storage.segments import DiskRef, Segment
+from hf_prefix_cache.storage.codec import Layout
+from hf_prefix_cache.storage.remote_format import BadChunkError, ChunkWrite, chunk_keys, decode_chunk, join_chunks
+from hf_prefix_cache.storage.segments import Segment
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Sequence
 
 logger = logging.getLogger("hf_prefix_cache")
 
-FORMAT = "hf_prefix_cache.chunk/1"
-_META_KEY = "hf_prefix_cache"
-_KEY_PREFIX = "hfpc:c1:"
 _SCHEMES = ("redis", "rediss", "unix")
 _MAX_BACKOFF = 30.0
-
-
-class BadChunkError(Exception):
-    """A chunk value that cannot be read, is truncated or fails its checksum."""
 
 
 def redact(url: str) -> str:
@@ -91,49 +61,6 @@ def redact(url: str) -> str:
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port is not None else ""
     return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, parts.fragment))
-
-
-def chunk_keys(namespace: str, symbols: Sequence[Hashable], chunk_len: int, num_chunks: int) -> list[str]:
-    """The keys of the first `num_chunks` chunks of `symbols`, each chained over the previous one.
-
-    >>> a = chunk_keys("ns", list(range(8)), 4, 2)
-    >>> b = chunk_keys("ns", [0, 1, 2, 3, 9, 9, 9, 9], 4, 2)
-    >>> a[0] == b[0], a[1] == b[1]
-    (True, False)
-    """
-    assert num_chunks * chunk_len <= len(symbols), f"{num_chunks} chunks of {chunk_len} over {len(symbols)} symbols"
-    chain = _seed(namespace, chunk_len)
-    keys = []
-    for i in range(num_chunks):
-        chain = _next_chain(chain, symbols[i * chunk_len : (i + 1) * chunk_len])
-        keys.append(f"{_KEY_PREFIX}{namespace}:{chain}")
-    return keys
-
-
-def _seed(namespace: str, chunk_len: int) -> str:
-    return xxhash.xxh3_128_hexdigest(f"{FORMAT}|{namespace}|{chunk_len}".encode())
-
-
-def _chain_of(key: str) -> str:
-    return key.rsplit(":", 1)[1]
-
-
-def _next_chain(prev: str, symbols: Sequence[Hashable]) -> str:
-    # Symbols are ints of any size (media symbols exceed 64 bits): their decimal text is exact.
-    return xxhash.xxh3_128_hexdigest(prev.encode() + b"|" + ",".join(str(int(s)) for s in symbols).encode())  # type: ignore[call-overload]
-
-
-@dataclass(slots=True)
-class ChunkWrite:
-    """One chunk waiting to be sent: its key and safetensors contents (CPU tensors and metadata)."""
-
-    key: str
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass(slots=True)
@@ -276,47 +203,6 @@ class RemoteTier:
         self._succeeded()
         return [i for i, n in enumerate(found) if not n]
 
-    def encode(
-        self,
-        namespace: str,
-        symbols: Sequence[Hashable],
-        index: int,
-        chain: Sequence[str],
-        keys: list[torch.Tensor | None],
-        values: list[torch.Tensor | None],
-        devices: list[torch.device | None],
-        snapshot: Snapshot | None,
-        items: dict[int, ItemState],
-    ) -> ChunkWrite:
-        """Chunk `index` of `symbols`: keys/values `[B, H, chunk_len, D]` per layer, its end snapshot, item states.
-
-        `chain` holds the chunk keys of `symbols` (`chunk_keys`) up to at least this one. Tensors
-        are copied to the CPU here (under the store's lock); `flush` serialises and sends them.
-        """
-        lo, hi = index * self.chunk_len, (index + 1) * self.chunk_len
-        prev = _chain_of(chain[index - 1]) if index else _seed(namespace, self.chunk_len)
-        tensors: dict[str, torch.Tensor] = {}
-        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-            if k is not None and v is not None:
-                tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
-                tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
-        snapshots = states_to_file("s", {hi: snapshot} if snapshot is not None else {}, tensors)
-        item_meta = states_to_file("i", items, tensors)
-        meta = {
-            "format": FORMAT,
-            "namespace": namespace,
-            "prev": prev,
-            "lo": lo,
-            "hi": hi,
-            "symbols": [int(s) for s in symbols[lo:hi]],  # type: ignore[call-overload]
-            "layout": _layout_json(self.layout),
-            "devices": [str(d) if d is not None else None for d in devices],
-            "snapshots": snapshots,
-            "items": item_meta,
-        }
-        meta["checksum"] = checksum(tensors, meta)  # covers the metadata too, as on disk
-        return ChunkWrite(chain[index], tensors, meta)
-
     def queue(self, writes: Sequence[ChunkWrite]) -> None:
         """Hold `writes` for the next `flush`, unless together they exceed `max_write_bytes` (then counted, skipped)."""
         total = sum(w.nbytes for w in writes)
@@ -337,7 +223,7 @@ class RemoteTier:
             with self._lock:
                 self.counters.skipped_writes += len(writes)
             return
-        blobs = [save_tensors(w.tensors, metadata={_META_KEY: json.dumps(w.meta)}) for w in writes]
+        blobs = [w.blob() for w in writes]
         ttl = int(self.ttl * 1000) if self.ttl is not None else None
         try:
             pipe = self._client.pipeline(transaction=False)
@@ -393,11 +279,13 @@ class RemoteTier:
                 break  # evicted between EXISTS and MGET: a shorter hit
             nbytes += len(blob)
             try:
-                chunk = self._decode(blob, namespace, symbols, index, keys)
+                chunk = decode_chunk(self.layout, self.chunk_len, blob, namespace, symbols, index, keys)
             except BadChunkError as exc:
                 self._drop_bad(keys[index], exc)
                 break
-            if chunk is None:
+            if chunk is None:  # another sequence's chunk (a hash collision or a foreign writer)
+                with self._lock:
+                    self.counters.errors += 1
                 break
             chunks.append(chunk)
         if need_snapshot:
@@ -408,7 +296,7 @@ class RemoteTier:
             if chunks:
                 self.counters.hits += 1
                 self.counters.hit_tokens += len(chunks) * self.chunk_len
-        return RemoteHit(_join(chunks) if chunks else None)
+        return RemoteHit(join_chunks(chunks) if chunks else None)
 
     def _drop_bad(self, key: str, exc: Exception) -> None:
         with self._lock:
@@ -416,109 +304,3 @@ class RemoteTier:
         logger.warning("dropping remote prefix-cache chunk %s: %s", key, exc)
         with contextlib.suppress(self._redis_error):  # best effort; the server evicts it eventually
             self._client.delete(key)
-
-    def _decode(
-        self, blob: bytes, namespace: str, symbols: Sequence[Hashable], index: int, chain: Sequence[str]
-    ) -> Segment | None:
-        """Chunk `index` from `blob` as a host segment, or None when it belongs to another sequence.
-
-        Raises:
-            BadChunkError: the value is not a whole chunk of this format, or fails its checksum.
-        """
-        lo, hi = index * self.chunk_len, (index + 1) * self.chunk_len
-        key = chain[index]
-        try:
-            meta = _read_meta(blob)
-            tensors = load_tensors(blob)
-        except Exception as exc:
-            raise BadChunkError(f"unreadable value ({type(exc).__name__}: {exc})") from exc
-        if meta.get("format") != FORMAT:
-            raise BadChunkError(f"unknown format {meta.get('format')!r}")
-        if meta.get("checksum") != checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
-            raise BadChunkError("fails its checksum")
-        expected_prev = _chain_of(chain[index - 1]) if index else _seed(namespace, self.chunk_len)
-        same = (
-            meta.get("namespace") == namespace
-            and (meta.get("lo"), meta.get("hi")) == (lo, hi)
-            and meta.get("prev") == expected_prev
-            and meta.get("symbols") == [int(s) for s in symbols[lo:hi]]  # type: ignore[call-overload]
-        )
-        if not same:
-            with self._lock:
-                self.counters.errors += 1
-            logger.warning(
-                "remote chunk %s holds another sequence (a hash collision or a foreign writer); ignored", key
-            )
-            return None
-        layout = self.layout
-        if meta.get("layout") != _layout_json(layout):
-            raise BadChunkError(f"layout {meta.get('layout')} does not fit the model's {_layout_json(layout)}")
-        keys: list[torch.Tensor | None] = [tensors.get(f"k.{i}") for i in range(layout.num_layers)]
-        values: list[torch.Tensor | None] = [tensors.get(f"v.{i}") for i in range(layout.num_layers)]
-        for k, v in zip(keys, values, strict=True):
-            if (k is None) != (v is None) or (k is not None and v is not None and k.shape[-2] != hi - lo):
-                raise BadChunkError(f"keys/values do not cover {hi - lo} positions")
-        if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
-            raise BadChunkError(f"keys for other layers than the model's {layout.kv_layers}")
-        devices = [torch.device(d) if d is not None else None for d in stored_devices(meta, layout.num_layers)]
-        run = None
-        if layout.kv_layers:
-            run = Run(keys, values, lo, hi, devices=devices)
-            run.num_refs = 1
-        stub = Segment(None, lo, hi, 0, disk=DiskRef(Path(key), lo, hi, devices))
-        try:
-            snapshots = states_from_file("s", meta.get("snapshots", {}), tensors, stub, layout.state_layers, Snapshot)
-            items = states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers, ItemState)
-        except (CorruptFileError, KeyError, ValueError, TypeError) as exc:
-            raise BadChunkError(f"bad states: {exc}") from exc
-        if any(n != hi for n in snapshots):
-            raise BadChunkError(f"snapshots at {sorted(snapshots)}, a chunk carries only the one at {hi}")
-        nbytes_per_token = run.nbytes_per_token if run is not None else 0
-        return Segment(run, lo, hi, nbytes_per_token, snapshots, items=items)
-
-
-def _join(chunks: list[Segment]) -> Segment:
-    """Consecutive host chunks as one segment on one run."""
-    if len(chunks) == 1:
-        return chunks[0]
-    first, last = chunks[0], chunks[-1]
-    snapshots = {n: s for c in chunks for n, s in c.snapshots.items()}
-    items = {n: s for c in chunks for n, s in c.items.items()}
-    run = None
-    if first.run is not None:
-        keys: list[torch.Tensor | None] = []
-        values: list[torch.Tensor | None] = []
-        for i in range(len(first.run.keys)):
-            ks = [c.run.keys[i] for c in chunks if c.run is not None]
-            vs = [c.run.values[i] for c in chunks if c.run is not None]
-            keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
-            values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
-        run = Run(keys, values, first.start, last.end, devices=list(first.run.devices))
-        run.num_refs = 1
-    return Segment(run, first.start, last.end, first.nbytes_per_token, snapshots, items=items)
-
-
-def _read_meta(blob: bytes) -> dict[str, Any]:
-    """The JSON metadata of a safetensors blob, after checking the blob holds every byte its header names."""
-    if len(blob) < 8:
-        raise ValueError(f"{len(blob)} bytes")
-    header_len = int.from_bytes(blob[:8], "little")
-    if header_len > len(blob) - 8:
-        raise ValueError(f"truncated header: {len(blob)} bytes, header needs {8 + header_len}")
-    header = json.loads(blob[8 : 8 + header_len])
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    if len(blob) != 8 + header_len + max(ends, default=0):
-        raise ValueError(f"truncated: {len(blob)} bytes, header needs {8 + header_len + max(ends, default=0)}")
-    meta = json.loads(header["__metadata__"][_META_KEY])
-    if not isinstance(meta, dict):
-        raise ValueError("metadata is not an object")
-    return meta
-
-
-def _layout_json(layout: Layout) -> dict[str, Any]:
-    return {
-        "num_layers": layout.num_layers,
-        "kv_layers": list(layout.kv_layers),
-        "state_layers": list(layout.state_layers),
-        "item_layers": list(layout.item_layers),
-    }

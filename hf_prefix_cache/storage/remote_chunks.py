@@ -14,7 +14,8 @@ import torch
 
 from hf_prefix_cache.storage.codec import CorruptFileError
 from hf_prefix_cache.storage.disk import DiskTier
-from hf_prefix_cache.storage.remote import ChunkWrite, RemoteTier, chunk_keys
+from hf_prefix_cache.storage.remote import RemoteTier
+from hf_prefix_cache.storage.remote_format import ChunkWrite, chunk_keys, encode_chunk
 from hf_prefix_cache.storage.segments import Segment, join_kv
 from hf_prefix_cache.tree.radix import Node, RadixTree
 
@@ -90,4 +91,6 @@ def _chunk(
         keys, values = join_kv(pieces)
     else:
         keys = values = [None] * remote.layout.num_layers
-    return remote.encode(namespace, symbols, index, chain, keys, values, devices, snapshot, items)
+    return encode_chunk(
+        remote.layout, remote.chunk_len, namespace, symbols, index, chain, keys, values, devices, snapshot, items
+    )

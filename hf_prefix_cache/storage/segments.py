@@ -77,7 +77,7 @@ class Segment:
         head.items = {n: s for n, s in self.items.items() if n <= at}
         tail.items = {n: s for n, s in self.items.items() if n > at}
         if self.run is not None:
-            self.run.num_refs += 1  # one segment became two
+            self.run.take()  # one segment became two
         if self.disk is not None:
             self.disk.num_refs += 1
         return head, tail

@@ -190,7 +190,7 @@ def segment_to_host(seg: Segment, mover: Mover) -> Segment:
         moved, wait = mover.to_host(keys + values)  # one batched copy for the whole entry
         run = Run(moved[: len(keys)], moved[len(keys) :], seg.start, seg.end, devices=list(seg.run.devices))
         run.wait = wait
-        run.num_refs = 1
+        run.take()
     snapshots = {n: snapshot_to_host(snap, mover) for n, snap in seg.snapshots.items()}
     items = {n: snapshot_to_host(state, mover) for n, state in seg.items.items()}
     return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots, items=items)
@@ -213,7 +213,7 @@ def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch
             seg.end,
             devices=list(seg.run.devices),
         )
-        run.num_refs = 1
+        run.take()
     snapshots = {n: _snapshot_to(snap, mover, state_devices) for n, snap in seg.snapshots.items()}
     items = {n: _snapshot_to(state, mover, state_devices) for n, state in seg.items.items()}
     return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots, items=items)

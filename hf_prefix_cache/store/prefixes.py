@@ -242,7 +242,7 @@ class Prefixes:
                 return self._skip(reasons.ENTRY_OVER_BUDGET)
             result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, nbytes_per_token))
             if run is not None and result.new_node is not None:
-                run.num_refs += 1
+                run.take()
                 self._placement.place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
             self._placement.attach_states(result.path, all_snapshots, items)
             self._tree.touch(result.path)

@@ -9,105 +9,26 @@ Each namespace has its own root, so entries of different namespaces never share 
 while eviction still orders all of them by one clock.
 
 Tiers: every node sits on a tier (0 = fastest). The owner moves nodes between tiers
-(`set_tier`); the tree only keeps byte totals per tier and, per tier, the *frontier*: unlocked
-nodes of that tier with no child on the same or a faster tier. Those are the nodes that can
-leave the tier without stranding a faster descendant, and `pop_victim` hands them out least
-valuable first. A node's value for eviction is its `score` (lower leaves first), set by the
-`score` callable whenever the node is used; the default is its last-use clock (LRU).
+(`set_tier`); the tree only keeps byte totals per tier and, per tier, the *frontier*
+(`frontier.py`): the nodes that can leave the tier without stranding a faster descendant, which
+`pop_victim` hands out least valuable first. A node's value for eviction is its `score` (lower
+leaves first), set by the `score` callable whenever the node is used; the default is its
+last-use clock (LRU). Nodes and the answers of `match` and `insert` are in `node.py`.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Generic, Protocol
 
+from hf_prefix_cache.tree.checks import check_tree
+from hf_prefix_cache.tree.frontier import Frontier
+from hf_prefix_cache.tree.node import InsertResult, MatchResult, Node, NodeValue, ScoreFn, V, common_len, lru_score
 
-class NodeValue(Protocol):
-    """What the tree needs from a stored value."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def split(self, offset: int) -> tuple[NodeValue, NodeValue]:
-        """Return the values of the head `[0, offset)` and the tail `[offset, len)` of this edge."""
-        ...
-
-
-V = TypeVar("V", bound=NodeValue)
-
-
-class Node(Generic[V]):
-    """One edge of the tree: the symbols `key` covering positions `[start, start + len(key))`."""
-
-    __slots__ = (
-        "children",
-        "key",
-        "last_access",
-        "lock_ref",
-        "namespace",
-        "nbytes",
-        "parent",
-        "score",
-        "start",
-        "tier",
-        "used_at",
-        "value",
-    )
-
-    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: tuple[Hashable, ...], start: int) -> None:
-        self.namespace = namespace
-        self.parent = parent
-        self.key = key
-        self.start = start
-        self.children: dict[Hashable, Node[V]] = {}
-        self.value: V | None = None
-        self.nbytes = 0
-        self.lock_ref = 0
-        self.last_access = 0
-        self.score = 0.0
-        self.tier = 0
-        self.used_at = 0.0  # time.monotonic() of the last use, for expiry
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.key)
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    def __repr__(self) -> str:
-        return f"Node([{self.start}, {self.end}), children={len(self.children)}, lock_ref={self.lock_ref})"
-
-
-class MatchResult(NamedTuple):
-    """The longest stored prefix of a query.
-
-    `path` holds the nodes from the root's child down to the last node that matched at least
-    one symbol; the last one may match only partly (its `start < matched_len < end`).
-    """
-
-    matched_len: int
-    path: tuple[Node[Any], ...]
-
-
-class InsertResult(NamedTuple):
-    """What an insert found and added: `path` covers the whole inserted sequence."""
-
-    matched_len: int
-    path: tuple[Node[Any], ...]
-    new_node: Node[Any] | None
-
-
-ScoreFn = Callable[["Node[Any]", int], float]
-
-
-def lru_score(node: Node[Any], now: int) -> float:
-    """Least recently used first: the score is the clock of the node's last use."""
-    return float(now)
+# What callers import from here: the tree and the types its answers hold.
+__all__ = ["InsertResult", "MatchResult", "Node", "NodeValue", "RadixTree", "lru_score"]
 
 
 class RadixTree(Generic[V]):
@@ -134,10 +55,7 @@ class RadixTree(Generic[V]):
         self._roots: dict[Hashable, Node[V]] = {}
         self._clock = itertools.count(1)
         self._score = score
-        # Per tier, frontier candidates (score, seq, node); entries go stale instead of being
-        # removed and are checked when popped, so keeping the order costs O(log n) per change.
-        self._candidates: list[list[tuple[float, int, Node[V]]]] = [[] for _ in range(num_tiers)]
-        self._seq = itertools.count()
+        self._frontier: Frontier[V] = Frontier(num_tiers, self.iter_nodes, lambda: self.num_nodes)
         self.tier_nbytes = [0] * num_tiers
         self.num_nodes = 0
         self.num_leaves = 0
@@ -166,7 +84,7 @@ class RadixTree(Generic[V]):
             child = node.children.get(symbols[pos])
             if child is None:
                 break
-            common = _common_len(child.key, symbols, pos)
+            common = common_len(child.key, symbols, pos)
             path.append(child)
             pos += common
             if common < len(child.key):
@@ -222,7 +140,7 @@ class RadixTree(Generic[V]):
             child = node.children.get(symbols[pos])
             if child is None:
                 break
-            common = _common_len(child.key, symbols, pos)
+            common = common_len(child.key, symbols, pos)
             if common < len(child.key):
                 child = self._split(child, common)
             self._use(child, now)
@@ -245,7 +163,7 @@ class RadixTree(Generic[V]):
             self._use(new_node, now)
             path.append(new_node)
         for node in path:
-            self._offer(node)
+            self._frontier.offer(node)
         return InsertResult(matched_len, tuple(path), new_node)
 
     def set_value(self, node: Node[V], value: V) -> None:
@@ -254,7 +172,7 @@ class RadixTree(Generic[V]):
         node.value = value
         node.nbytes = value.nbytes
         self._use(node, node.last_access)  # a cost-aware score depends on the bytes
-        self._offer(node)
+        self._frontier.offer(node)
 
     def refresh_nbytes(self, node: Node[V]) -> None:
         """Re-read `node.value.nbytes` after the owner changed the value in place."""
@@ -267,15 +185,15 @@ class RadixTree(Generic[V]):
         self.tier_nbytes[node.tier] -= node.nbytes
         self.tier_nbytes[tier] += node.nbytes
         node.tier = tier
-        self._offer(node)
-        self._offer(node.parent)
+        self._frontier.offer(node)
+        self._frontier.offer(node.parent)
 
     def touch(self, path: Sequence[Node[V]]) -> None:
         """Mark `path` as used now (eviction order)."""
         now = next(self._clock)
         for node in path:
             self._use(node, now)
-            self._offer(node)
+            self._frontier.offer(node)
 
     def lock(self, node: Node[V]) -> None:
         """Pin `node` and its ancestors: pinned nodes are never evicted nor moved. Pair with `unlock(node)`.
@@ -296,7 +214,7 @@ class RadixTree(Generic[V]):
             assert walk.lock_ref > 0, f"unlock of an unlocked node {walk}"
             walk.lock_ref -= 1
             if walk.lock_ref == 0:
-                self._offer(walk)
+                self._frontier.offer(walk)
             walk = walk.parent
 
     def pop_victim(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
@@ -306,26 +224,11 @@ class RadixTree(Generic[V]):
         removes it with `remove_leaf`. A node not taken must be handed back with `offer`.
         With `leaves_only`, frontier nodes that still have children are skipped (and kept).
         """
-        heap = self._candidates[tier]
-        skipped: list[tuple[float, int, Node[V]]] = []
-        found: Node[V] | None = None
-        while heap:
-            entry = heapq.heappop(heap)
-            node = entry[2]
-            if node.score != entry[0] or node.tier != tier or not self._is_frontier(node):
-                continue  # stale: used, moved, detached, locked or gained a child since it was offered
-            if leaves_only and node.children:
-                skipped.append(entry)
-                continue
-            found = node
-            break
-        for entry in skipped:
-            heapq.heappush(heap, entry)
-        return found
+        return self._frontier.pop(tier, leaves_only)
 
     def offer(self, node: Node[V]) -> None:
         """Make `node` an eviction candidate again if it is one (after `pop_victim` did not take it)."""
-        self._offer(node)
+        self._frontier.offer(node)
 
     def evict(self, nbytes_to_free: int) -> list[Node[V]]:
         """Remove the least valuable unlocked leaves, slowest tier first, until `nbytes_to_free` bytes are gone.
@@ -351,7 +254,7 @@ class RadixTree(Generic[V]):
         assert node.lock_ref == 0, f"removing a locked leaf {node}"
         parent = self._remove_leaf(node)
         if parent is not None:
-            self._offer(parent)
+            self._frontier.offer(parent)
 
     def remove(self, node: Node[V]) -> list[Node[V]]:
         """Remove `node` and its whole subtree, whatever their locks; returns the removed nodes."""
@@ -371,7 +274,7 @@ class RadixTree(Generic[V]):
             gone.children.clear()
             self._remove_leaf(gone)
         if parent is not None:
-            self._offer(parent)
+            self._frontier.offer(parent)
         return removed
 
     def clear(self) -> list[Node[V]]:
@@ -380,64 +283,21 @@ class RadixTree(Generic[V]):
         for node in removed:
             node.parent = None
         self._roots.clear()
-        for heap in self._candidates:
-            heap.clear()
+        self._frontier.clear()
         self.tier_nbytes = [0] * self.num_tiers
         self.num_nodes = 0
         self.num_leaves = 0
         return removed
 
     def check_integrity(self) -> None:
-        """Raise `RuntimeError` naming the totals that disagree."""
-        nbytes = [0] * self.num_tiers
-        count = 0
-        leaves = 0
-        offered = {(id(e[2]), e[0]) for heap in self._candidates for e in heap}
-        for node in self.iter_nodes():
-            count += 1
-            leaves += not node.children
-            nbytes[node.tier] += node.nbytes
-            assert node.parent is not None
-            if node.start != node.parent.end:
-                raise RuntimeError(f"{node} starts at {node.start} but its parent ends at {node.parent.end}")
-            if not node.key or node.parent.children.get(node.key[0]) is not node:
-                raise RuntimeError(f"{node} is not linked under its first symbol")
-            if node.value is None or node.value.nbytes != node.nbytes:
-                raise RuntimeError(f"{node} caches nbytes={node.nbytes}, value says otherwise")
-            # A node's count includes its children's (locks walk up), so it is at least their sum.
-            locked_children = sum(c.lock_ref for c in node.children.values())
-            if node.lock_ref < locked_children:
-                raise RuntimeError(f"{node} lock_ref={node.lock_ref} below its children's {locked_children}")
-            if self._is_frontier(node) and (id(node), node.score) not in offered:
-                raise RuntimeError(f"{node} can leave tier {node.tier} but is not a candidate")
-        if nbytes != self.tier_nbytes:
-            raise RuntimeError(f"tier_nbytes={self.tier_nbytes} but nodes hold {nbytes}")
-        if count != self.num_nodes:
-            raise RuntimeError(f"num_nodes={self.num_nodes} but the tree has {count}")
-        if leaves != self.num_leaves:
-            raise RuntimeError(f"num_leaves={self.num_leaves} but the tree has {leaves}")
+        """Raise `RuntimeError` naming the totals that disagree (see `checks.check_tree`)."""
+        check_tree(self, self._frontier.offered())
 
     # ----------------------------------------------------------------- helpers
     def _use(self, node: Node[V], now: int) -> None:
         node.last_access = now
         node.used_at = time.monotonic()
         node.score = self._score(node, now)
-
-    def _is_frontier(self, node: Node[V]) -> bool:
-        if node.lock_ref or node.is_root:
-            return False
-        tier = node.tier
-        return all(child.tier > tier for child in node.children.values())
-
-    def _offer(self, node: Node[V]) -> None:
-        """Make `node` a candidate of its tier if it is one now."""
-        if self._is_frontier(node):
-            heap = self._candidates[node.tier]
-            heapq.heappush(heap, (node.score, next(self._seq), node))
-            if len(heap) > 2 * self.num_nodes + 1024:
-                fresh = [(n.score, next(self._seq), n) for n in self.iter_nodes() if n.tier == node.tier]
-                heap[:] = [e for e in fresh if self._is_frontier(e[2])]
-                heapq.heapify(heap)
 
     def _remove_leaf(self, node: Node[V]) -> Node[V] | None:
         parent = node.parent
@@ -476,23 +336,9 @@ class RadixTree(Generic[V]):
         self.tier_nbytes[node.tier] += head.nbytes + node.nbytes - old_nbytes
         head.score = self._score(head, head.last_access)
         node.score = self._score(node, node.last_access)
-        self._offer(node)
+        self._frontier.offer(node)
         return head
 
 
 class _ValueFactory(Protocol[V]):  # type: ignore[misc]
     def __call__(self, start: int, end: int) -> V: ...
-
-
-def _common_len(key: tuple[Hashable, ...], symbols: Sequence[Hashable], pos: int) -> int:
-    """Number of leading symbols of `key` equal to `symbols[pos:]`."""
-    n = min(len(key), len(symbols) - pos)
-    # Slice comparisons run in C: find the first differing block of 64, then scan inside it.
-    if tuple(symbols[pos : pos + n]) == key[:n]:
-        return n
-    i = 0
-    while i + 64 <= n and tuple(symbols[pos + i : pos + i + 64]) == key[i : i + 64]:
-        i += 64
-    while i < n and key[i] == symbols[pos + i]:
-        i += 1
-    return i

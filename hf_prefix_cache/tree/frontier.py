@@ -1,0 +1,90 @@
+"""Frontier: per tier, the nodes that can leave it now, least valuable first.
+
+A node is on its tier's frontier when it is unlocked and no child sits on the same or a faster
+tier: it can leave the tier without stranding a faster descendant. Candidates are kept in one
+heap per tier by score; entries go stale instead of being removed (the node was used, moved,
+detached, locked or gained a child) and are checked when popped, so keeping the order costs
+O(log n) per change. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any, Generic
+
+from hf_prefix_cache.tree.node import Node, V
+
+
+def can_leave(node: Node[Any]) -> bool:
+    """Whether `node` is on its tier's frontier: unlocked, not a root, no child on the same or a faster tier.
+
+    >>> can_leave(Node("ns", Node("ns", None, (), 0), (1,), 0))
+    True
+    """
+    if node.lock_ref or node.is_root:
+        return False
+    tier = node.tier
+    return all(child.tier > tier for child in node.children.values())
+
+
+class Frontier(Generic[V]):
+    """Frontier candidates of `num_tiers` tiers; `nodes` and `num_nodes` read the tree, to rebuild a heap grown stale.
+
+    Example:
+        >>> root = Node("ns", None, (), 0)
+        >>> leaf = Node("ns", root, (1,), 0)
+        >>> frontier = Frontier(1, lambda: iter([leaf]), lambda: 1)
+        >>> frontier.offer(leaf)
+        >>> frontier.pop(0) is leaf, frontier.pop(0)
+        (True, None)
+    """
+
+    def __init__(self, num_tiers: int, nodes: Callable[[], Iterator[Node[V]]], num_nodes: Callable[[], int]) -> None:
+        self._heaps: list[list[tuple[float, int, Node[V]]]] = [[] for _ in range(num_tiers)]
+        self._seq = itertools.count()
+        self._nodes = nodes
+        self._num_nodes = num_nodes
+
+    def offer(self, node: Node[V]) -> None:
+        """Make `node` a candidate of its tier if it is one now."""
+        if can_leave(node):
+            heap = self._heaps[node.tier]
+            heapq.heappush(heap, (node.score, next(self._seq), node))
+            if len(heap) > 2 * self._num_nodes() + 1024:
+                fresh = [(n.score, next(self._seq), n) for n in self._nodes() if n.tier == node.tier]
+                heap[:] = [e for e in fresh if can_leave(e[2])]
+                heapq.heapify(heap)
+
+    def pop(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
+        """The least valuable frontier node of `tier`, or None; with `leaves_only`, one without children.
+
+        The node stays in the tree; one not taken must be offered again. Frontier nodes skipped
+        for having children stay candidates.
+        """
+        heap = self._heaps[tier]
+        skipped: list[tuple[float, int, Node[V]]] = []
+        found: Node[V] | None = None
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[2]
+            if node.score != entry[0] or node.tier != tier or not can_leave(node):
+                continue  # stale: used, moved, detached, locked or gained a child since it was offered
+            if leaves_only and node.children:
+                skipped.append(entry)
+                continue
+            found = node
+            break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def clear(self) -> None:
+        """Forget every candidate."""
+        for heap in self._heaps:
+            heap.clear()
+
+    def offered(self) -> set[tuple[int, float]]:
+        """`(id(node), score)` of every candidate entry, stale ones included (for integrity checks)."""
+        return {(id(e[2]), e[0]) for heap in self._heaps for e in heap}
