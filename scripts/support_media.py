@@ -78,7 +78,7 @@ def _cat(*parts: Any) -> Any:
 
 def _family(name: str) -> MediaCase:
     """A family of `tests/media_families.py` (hand-written adapters)."""
-    from media_families import FRAMED, Family
+    from hf_prefix_cache.testing.media.families import FRAMED, Family
 
     fam = Family(name)
     media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
@@ -90,7 +90,7 @@ def _family(name: str) -> MediaCase:
 
 def _generic(name: str) -> MediaCase:
     """A family of `tests/generic_media_families.py` (the generic table)."""
-    from generic_media_families import GenericFamily
+    from hf_prefix_cache.testing.media.generic import GenericFamily
 
     fam = GenericFamily(name)
     media = {"a": fam.medium(SEED_A), "b": fam.medium(SEED_B), "c": fam.medium(SEED_C)}
@@ -113,7 +113,8 @@ def _onevision() -> MediaCase:
 def _paligemma() -> MediaCase:
     """PaliGemma (prefix-LM): images lead the prompt, then BOS; only an identical prompt is reused."""
     import torch
-    from tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run
+
+    from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run
 
     seeds = {"a": SEED_A, "b": SEED_B}
     tokens = {k: _cat(run(IMAGE_ID, 16), run(1, 1)) for k in seeds}
@@ -137,7 +138,7 @@ def _mllama() -> MediaCase:
 
 def _omni() -> MediaCase:
     """Qwen2.5-Omni thinker: medium A an audio clip (after an audio-start id), C an image."""
-    from tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
+    from hf_prefix_cache.testing.tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
 
     frames, grid = 60, (1, 4, 6)
     seeds = {"a": SEED_A, "b": SEED_B}
@@ -153,7 +154,7 @@ def _omni() -> MediaCase:
 
 def _gemma4(name: str) -> MediaCase:
     """Gemma 4 / Gemma 4 Unified (`tests/gemma4_media.py`): A an image; C an audio clip, text, then a video."""
-    from gemma4_media import Gemma4Family
+    from hf_prefix_cache.testing.media.gemma4 import Gemma4Family
 
     fam = Gemma4Family(name)
     clip, video = fam.clip(SEED_C), fam.video(SEED_C)
@@ -167,7 +168,7 @@ def _gemma4(name: str) -> MediaCase:
 
 def _qwen3(name: str) -> MediaCase:
     """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`tests/qwen3_media.py`): A an image; C an image, text, then a video."""
-    from qwen3_media import Qwen3Family
+    from hf_prefix_cache.testing.media.qwen3 import Qwen3Family
 
     fam = Qwen3Family(name)
     image, video = fam.image(SEED_C), fam.video(SEED_C)
@@ -182,7 +183,7 @@ def _qwen3(name: str) -> MediaCase:
 
 def _grid(name: str) -> MediaCase:
     """A ``"thw"`` table family (`tests/grid_media_families.py`): A an image; C an image, text, then a video."""
-    from grid_media_families import GridFamily
+    from hf_prefix_cache.testing.media.grid import GridFamily
 
     fam = GridFamily(name)
     image, video = fam.image(SEED_C), fam.video(SEED_C)
@@ -196,7 +197,7 @@ def _grid(name: str) -> MediaCase:
 
 def _phi4() -> MediaCase:
     """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
-    import phi4_media as phi4
+    import hf_prefix_cache.testing.media.phi4 as phi4
 
     media = {"a": [phi4.image(SEED_A)], "b": [phi4.image(SEED_B)], "c": [phi4.clip(SEED_C), phi4.image(SEED_C)]}
     tokens = {k: phi4.placeholders(m[0]) for k, m in media.items() if k != "c"}
@@ -205,7 +206,7 @@ def _phi4() -> MediaCase:
 
 
 def _text_ids(n: int, seed: int) -> Any:
-    from tiny_vlms import text
+    from hf_prefix_cache.testing.tiny_vlms import text
 
     return text(n, seed)
 
@@ -287,9 +288,9 @@ class _Stop(Exception):
 def scenario(case: MediaCase, tol: float) -> MediaResult:
     """Cold / hit / changed / repeat of `case` through a fresh store, each against a cold run."""
     import torch
-    from tiny_vlms import text
 
     from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.testing.tiny_vlms import text
 
     if not torch.equal(case.tokens["a"], case.tokens["b"]):
         return MediaResult("error", "fixture: media A and B have different placeholders")
@@ -321,7 +322,8 @@ def scenario(case: MediaCase, tol: float) -> MediaResult:
 def _step(case: MediaCase, store: Any, ids: Any, names: Sequence[str], step: str, tol: float) -> tuple[Any, int]:
     """Run `ids` with media `names` cold and through `store`: (the cached run's sequences, its hit tokens)."""
     import torch
-    from conftest import generate, max_logit_diff
+
+    from hf_prefix_cache.testing.compare import generate, max_logit_diff
 
     kwargs = {**case.kwargs(ids, names), "suppress_tokens": SUPPRESS}
     before = store.stats().hit_tokens

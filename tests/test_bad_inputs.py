@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import torch
 from conftest import LOGIT_TOL, assert_same_as_cold, build, distinct_prompt, generate
-from media_families import SPECIAL_IDS, Family
-from tiny_vlms import VIDEO_ID, run, text, video_frames
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.media.families import SPECIAL_IDS, Family
+from hf_prefix_cache.testing.tiny_vlms import VIDEO_ID, run, text, video_frames
 
 NEW = 4
 

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 import torch
-from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import InsertOutcome, Store
+from hf_prefix_cache.testing.tiny_models import build
 
 
 def test_a_prefix_cache_is_a_store() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import Hits, assert_same_as_cold, distinct_prompt, generate, kv_bytes_per_token, random_prompt
-from tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING, build
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING, build
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

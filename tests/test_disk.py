@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_same_as_cold, cached_model, generate, kv_bytes_per_token, random_prompt
-from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.storage.tiers import DISK
+from hf_prefix_cache.testing.tiny_models import build
 
 TESTS = Path(__file__).parent
 
@@ -48,7 +48,7 @@ def _write_in_another_process(disk_dir: Path, model_name: str, seeds: list[int],
         f"""
         import sys, torch
         sys.path.insert(0, {str(TESTS)!r})
-        from tiny_models import build, random_prompt
+        from hf_prefix_cache.testing.tiny_models import build, random_prompt
         from hf_prefix_cache import PrefixCache
         model = build({model_name!r})
         store = PrefixCache(model, disk_dir={str(disk_dir)!r})

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_same_as_cold, cached_model, random_prompt
-from tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING
 
 INTERVAL = 16
 ATTENTION = FULL_ATTENTION + SLIDING

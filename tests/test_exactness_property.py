@@ -17,9 +17,9 @@ import torch
 from conftest import assert_same_as_cold, cached_model, generate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING
 
 NEW = 3
 ATTENTION = FULL_ATTENTION + SLIDING

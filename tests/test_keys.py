@@ -10,10 +10,10 @@ import torch
 import transformers
 from conftest import assert_same_as_cold, generate, random_prompt
 from packaging.version import Version
-from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.keys.weights import weights_fingerprint
+from hf_prefix_cache.testing.tiny_models import build
 
 
 def test_weights_fingerprint_tells_models_apart() -> None:

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import Hits, assert_same_as_cold, generate, max_logit_diff
-from media_families import ANYRES, FAMILIES, FRAMED, NEW, QWEN_VL, SPECIAL_IDS, Family
-from tiny_vlms import (
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.media.families import ANYRES, FAMILIES, FRAMED, NEW, QWEN_VL, SPECIAL_IDS, Family
+from hf_prefix_cache.testing.tiny_vlms import (
     IMAGE_ID,
     VIDEO_ID,
     VISION_END_ID,
@@ -26,8 +28,6 @@ from tiny_vlms import (
     text,
     video_frames,
 )
-
-from hf_prefix_cache import PrefixCache
 
 
 @pytest.fixture(params=FAMILIES)

@@ -9,8 +9,11 @@ import pytest
 import torch
 import transformers
 from conftest import assert_same_as_cold, generate
-from generic_media_families import tiny_vipllava
-from tiny_vlms import (
+
+from hf_prefix_cache import PrefixCache, multimodal
+from hf_prefix_cache.multimodal import generic_table
+from hf_prefix_cache.testing.media.generic import tiny_vipllava
+from hf_prefix_cache.testing.tiny_vlms import (
     _TEXT,
     IMAGE_ID,
     _build,
@@ -22,9 +25,6 @@ from tiny_vlms import (
     run,
     text,
 )
-
-from hf_prefix_cache import PrefixCache, multimodal
-from hf_prefix_cache.multimodal import generic_table
 
 
 def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
@@ -232,7 +232,7 @@ def test_media_without_the_processor_marks_run_cold(family: str, marks: str) -> 
     `token_type_ids` for Gemma 3: image blocks attending both ways), or with other marks,
     transformers computes other states, so a stored prompt with the same tokens and image must
     not be reused."""
-    from tiny_vlms import BOI_ID, EOI_ID, VISION_END_ID, VISION_START_ID, qwen_pixels
+    from hf_prefix_cache.testing.tiny_vlms import BOI_ID, EOI_ID, VISION_END_ID, VISION_START_ID, qwen_pixels
 
     model = cached_vlm(family)
     if family == "qwen2_vl":

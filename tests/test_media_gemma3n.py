@@ -29,12 +29,12 @@ from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_media_generic import Prompt, expected_reuse
-from tiny_models import _finalize
-from tiny_vlms import text
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.testing.tiny_models import _finalize
+from hf_prefix_cache.testing.tiny_vlms import text
 
 pytest.importorskip("timm", reason="Gemma 3n's vision tower needs timm; run in .venv-timm (tests/test_gemma3n_env.py)")
 

@@ -19,7 +19,16 @@ import pytest
 import torch
 import transformers
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
-from generic_media_families import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.errors import UnhashableMediaError
+from hf_prefix_cache.multimodal import media_adapter_for
+from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
+from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES as GENERIC_RULES
+from hf_prefix_cache.testing.media.generic import (
     BREAK,
     GENERIC_FAMILIES,
     IMG,
@@ -31,16 +40,7 @@ from generic_media_families import (
     pixtral_processor,
     tiny_llava_pixtral,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from tiny_vlms import pil_image, text
-
-from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.errors import UnhashableMediaError
-from hf_prefix_cache.multimodal import media_adapter_for
-from hf_prefix_cache.multimodal.generic import GenericMedia
-from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
-from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES as GENERIC_RULES
+from hf_prefix_cache.testing.tiny_vlms import pil_image, text
 
 POOL_SIZE = 3
 

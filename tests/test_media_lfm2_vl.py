@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import torch
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
-from generic_media_families import (
+from hypothesis import HealthCheck, given, settings
+from test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.multimodal import media_adapter_for
+from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMILIES
+from hf_prefix_cache.testing.media.generic import (
     IMG,
     LFM2_ROW_LEN,
     NEW,
@@ -28,14 +35,7 @@ from generic_media_families import (
     lfm2_vl_kwargs,
     lfm2_vl_medium,
 )
-from hypothesis import HealthCheck, given, settings
-from test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
-from tiny_vlms import text
-
-from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.multimodal import media_adapter_for
-from hf_prefix_cache.multimodal.generic import GenericMedia
-from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMILIES
+from hf_prefix_cache.testing.tiny_vlms import text
 
 
 @pytest.fixture

@@ -25,13 +25,13 @@ from conftest import LOGIT_TOL, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from tiny_models import _finalize, random_prompt
 from transformers.models.mllama.processing_mllama import (
     convert_sparse_cross_attention_mask_to_dense,
     get_cross_attention_token_mask,
 )
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_models import _finalize, random_prompt
 
 IMAGE_ID = 120
 MAX_TILES = 2

@@ -19,7 +19,10 @@ import transformers
 from conftest import Hits, assert_same_as_cold, generate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_vlms import (
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.multimodal import media_adapter_for
+from hf_prefix_cache.testing.tiny_vlms import (
     _SIGLIP,
     _TEXT,
     IMAGE_ID,
@@ -35,9 +38,6 @@ from tiny_vlms import (
     tiny_tokenizer,
     video_frames,
 )
-
-from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.multimodal import media_adapter_for
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
-from phi4_media import Medium, cached_phi4, clip, image, kwargs, placeholders
-from tiny_vlms import text
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
+from hf_prefix_cache.testing.media.phi4 import Medium, cached_phi4, clip, image, kwargs, placeholders
+from hf_prefix_cache.testing.tiny_vlms import text
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 from conftest import assert_same_as_cold
-from tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run, text
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run, text
 
 NEW = 5
 

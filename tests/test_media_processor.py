@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_same_as_cold
-from tiny_vlms import cached_vlm, llava_processor, pil_image, qwen2_vl_processor
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm, llava_processor, pil_image, qwen2_vl_processor
 
 PROCESSORS = {"llava": llava_processor, "qwen2_vl": qwen2_vl_processor}
 

@@ -21,10 +21,10 @@ import torch
 from conftest import assert_same_as_cold
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from media_families import FAMILIES, NEW, SPECIAL_IDS, Family
-from tiny_vlms import AUDIO_ID, IMAGE_ID
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.media.families import FAMILIES, NEW, SPECIAL_IDS, Family
+from hf_prefix_cache.testing.tiny_vlms import AUDIO_ID, IMAGE_ID
 
 POOL_SIZE = 3
 PLACEHOLDER_IDS = (IMAGE_ID, AUDIO_ID)

@@ -16,7 +16,10 @@ import torch
 from conftest import assert_same_as_cold, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_qwen_media import (
+from transformers import DynamicCache
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_qwen_media import (
     AUDIO_END_ID,
     AUDIO_ID,
     AUDIO_START_ID,
@@ -30,10 +33,7 @@ from tiny_qwen_media import (
     qwen3_video_tokens,
     timestamp,
 )
-from tiny_vlms import IMAGE_ID, VISION_END_ID, VISION_START_ID, cached_vlm, run, text
-from transformers import DynamicCache
-
-from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, VISION_END_ID, VISION_START_ID, cached_vlm, run, text
 
 NEW = 5
 # Answers never contain media or framing ids, so a later turn built from them stays a valid prompt.

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from test_media_exactness import Family
-from tiny_vlms import run, text
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_vlms import run, text
 
 
 @pytest.mark.parametrize("name", ["llava", "qwen2_vl"])

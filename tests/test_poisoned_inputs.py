@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import assert_same_as_cold, build, generate
-from media_families import SPECIAL_IDS, Family
-from tiny_vlms import VIDEO_ID, run, text, video_frames
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.media.families import SPECIAL_IDS, Family
+from hf_prefix_cache.testing.tiny_vlms import VIDEO_ID, run, text, video_frames
 
 POISONS = {"nan": float("nan"), "inf": float("inf")}
 

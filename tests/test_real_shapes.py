@@ -16,8 +16,6 @@ import torch
 from accelerate import init_empty_weights
 from accelerate.utils import set_module_tensor_to_device
 from conftest import Hits, generate, max_logit_diff
-from real_configs import GEMMA3_WINDOW, REAL_CONFIGS, build_real
-from tiny_models import build
 from transformers import DynamicCache, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache, _compat
@@ -25,6 +23,8 @@ from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter
 from hf_prefix_cache.storage.budgets import DEFAULT_DISK_BYTES
+from hf_prefix_cache.testing.real_configs import GEMMA3_WINDOW, REAL_CONFIGS, build_real
+from hf_prefix_cache.testing.tiny_models import build
 
 _GiB = 1 << 30
 

@@ -104,7 +104,7 @@ def test_a_new_process_hits_the_full_length_of_a_recurrent_entry(tmp_path: Path)
         f"""
         import sys, torch
         sys.path.insert(0, {str(TESTS)!r})
-        from tiny_models import build, random_prompt
+        from hf_prefix_cache.testing.tiny_models import build, random_prompt
         from hf_prefix_cache import PrefixCache
         model = build("mamba")
         store = PrefixCache(model, max_bytes={budget}, disk_dir={str(tmp_path)!r}, snapshot_interval={INTERVAL})

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import torch
 from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, distinct_prompt, generate, max_logit_diff
-from redis_server import RedisServer
-from remote_worker import CHUNK, FAMILIES, NEW, extra, first_prompt, model_of
-from tiny_models import build
+from support.redis_server import RedisServer
+from support.remote_worker import CHUNK, FAMILIES, NEW, extra, first_prompt, model_of
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.storage.remote import chunk_keys, redact
+from hf_prefix_cache.testing.tiny_models import build
 
 pytest.importorskip("redis")
 
@@ -77,7 +77,7 @@ def test_a_second_process_reuses_what_the_first_stored(server: RedisServer) -> N
         store.detach()
         stored[family] = out.sequences.tolist()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    worker = Path(__file__).with_name("remote_worker.py")
+    worker = Path(__file__).parent / "support" / "remote_worker.py"
     proc = subprocess.run(
         [sys.executable, str(worker), server.url, json.dumps(stored)],
         capture_output=True,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from serve_server import ServeProcess
+from support.serve_server import ServeProcess
 
 openai = pytest.importorskip("openai")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_server import ServeProcess, image_url, tiny_vlm_folder
+from support.serve_server import ServeProcess, image_url, tiny_vlm_folder
 
 NEW = 5
 

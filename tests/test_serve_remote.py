@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from redis_server import RedisServer
-from serve_server import ServeProcess, tiny_chat_folder
+from support.redis_server import RedisServer
+from support.serve_server import ServeProcess, tiny_chat_folder
 
 CHUNK = 16
 

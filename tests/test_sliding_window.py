@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import Hits, assert_same_as_cold, cached_model, random_prompt
-from tiny_models import SLIDING, WINDOW
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_models import SLIDING, WINDOW
 
 
 def _window_store(model: Any, **kwargs: Any) -> PrefixCache:

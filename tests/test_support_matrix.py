@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import transformers
-from tiny_models import TINY_MODELS
+
+from hf_prefix_cache.testing.tiny_models import TINY_MODELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 

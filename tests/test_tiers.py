@@ -220,7 +220,8 @@ def test_cuda_offload_uses_pinned_memory_and_restores_exactly() -> None:
 def test_device_map_restores_each_layer_to_its_own_device(tmp_path: Any) -> None:
     """With layers split over two GPUs, entries back from host and disk land on each layer's own device."""
     from accelerate import dispatch_model
-    from tiny_models import build
+
+    from hf_prefix_cache.testing.tiny_models import build
 
     model = build("llama")  # a copy of its own: dispatching moves its weights
     device_map = {

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from conftest import assert_same_as_cold, generate
-from tiny_vlms import (
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.compare import assert_same_as_cold, generate
+from hf_prefix_cache.testing.tiny_vlms import (
     AUDIO_ID,
     BOI_ID,
     EOI_ID,
@@ -27,8 +29,6 @@ from tiny_vlms import (
     qwen_pixels,
     run,
 )
-
-from hf_prefix_cache import PrefixCache
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))

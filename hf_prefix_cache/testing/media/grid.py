@@ -24,7 +24,8 @@ from typing import Any
 import torch
 import transformers
 from packaging.version import Version
-from tiny_vlms import _TEXT, _build
+
+from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3", "exaone4_5")

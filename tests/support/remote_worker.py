@@ -4,7 +4,7 @@ Builds the same tiny models from the same seed (so their weights fingerprints, h
 namespaces, match the first process's), continues each conversation the first process stored,
 and prints, per family, whether the cached run equals a cold one and how much came from the server.
 
-    python tests/remote_worker.py redis://127.0.0.1:PORT/0 '{"llama": [[...]], ...}'
+    python tests/support/remote_worker.py redis://127.0.0.1:PORT/0 '{"llama": [[...]], ...}'
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: conftest and the Mllama test module
 
 from conftest import generate, max_logit_diff  # noqa: E402
 from test_media_mllama import IMAGE, SUPPRESS, media, picture, tiny_mllama  # noqa: E402
-from tiny_models import build, random_prompt  # noqa: E402
 
 from hf_prefix_cache import PrefixCache  # noqa: E402
+from hf_prefix_cache.testing.tiny_models import build, random_prompt  # noqa: E402
 
 CHUNK = 8
 NEW = 5

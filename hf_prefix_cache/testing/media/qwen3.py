@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 import transformers
-from tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
-from tiny_vlms import _TEXT, IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID, _build
+
+from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
+from hf_prefix_cache.testing.tiny_vlms import _TEXT, IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID, _build
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
 #: Families whose text layers hold recurrent states.

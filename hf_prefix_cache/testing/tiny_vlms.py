@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import transformers
 from PIL import Image
-from tiny_models import _finalize, random_prompt
+
+from hf_prefix_cache.testing.tiny_models import _finalize, random_prompt
 
 IMAGE_ID, VIDEO_ID, VISION_START_ID, VISION_END_ID = 120, 121, 122, 123
 PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from tiny_vlms import (
+
+from hf_prefix_cache.testing.tiny_vlms import (
     _TEXT,
     AUDIO_ID,
     IMAGE_ID,

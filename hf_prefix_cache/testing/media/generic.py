@@ -36,9 +36,10 @@ from typing import Any
 
 import torch
 import transformers
-from conftest import generate
-from tiny_models import _finalize
-from tiny_vlms import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build, cached_vlm, tiny_tokenizer
+
+from hf_prefix_cache.testing.compare import generate
+from hf_prefix_cache.testing.tiny_models import _finalize
+from hf_prefix_cache.testing.tiny_vlms import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build, cached_vlm, tiny_tokenizer
 
 IMG, VID, AUD = 120, 121, 126
 BREAK, END = 112, 113
