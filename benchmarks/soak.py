@@ -1,6 +1,6 @@
 """Soak: many simulated users chatting (text and images) with one store from several threads.
 
-Model: the tests' tiny random-weight LLaVA (`tests/tiny_vlms.py`: Llama text model with 2
+Model: the tests' tiny random-weight LLaVA (`hf_prefix_cache/testing/tiny_vlms.py`: Llama text model with 2
 layers, CLIP tower, 16 placeholders per 32x32 image), float32, one store with all three tiers
 under tight budgets (`--device-kb`, `--host-kb`, `--disk-kb`; the disk tier in a temporary
 folder). Each of `--threads` threads plays `--users` users in turn; a user's conversation

@@ -10,9 +10,8 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
    reuse must stop at or before A's first placeholder;
 4. repeat: step 2 again, exactly.
 
-The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
-`tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
-`tests/grid_media_families.py`, `tests/phi4_media.py` and the Mllama and OneVision test modules), so tests/ goes on
+The models and media are the test suite's (`hf_prefix_cache.testing`: `tiny_vlms`, `tiny_qwen_media` and
+the family tables of `testing/media/`; and the Mllama and OneVision test modules), so tests/ goes on
 `sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
 type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
 its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
@@ -77,7 +76,7 @@ def _cat(*parts: Any) -> Any:
 
 
 def _family(name: str) -> MediaCase:
-    """A family of `tests/media_families.py` (hand-written adapters)."""
+    """A family of `hf_prefix_cache/testing/media/families.py` (hand-written adapters)."""
     from hf_prefix_cache.testing.media.families import FRAMED, Family
 
     fam = Family(name)
@@ -89,7 +88,7 @@ def _family(name: str) -> MediaCase:
 
 
 def _generic(name: str) -> MediaCase:
-    """A family of `tests/generic_media_families.py` (the generic table)."""
+    """A family of `hf_prefix_cache/testing/media/generic.py` (the generic table)."""
     from hf_prefix_cache.testing.media.generic import GenericFamily
 
     fam = GenericFamily(name)
@@ -101,8 +100,8 @@ def _generic(name: str) -> MediaCase:
 
 
 def _onevision() -> MediaCase:
-    """LLaVA-OneVision (anyres, images as a flat list), as `tests/test_media_onevision.py` builds it."""
-    from test_media_onevision import OneVision
+    """LLaVA-OneVision (anyres, images as a flat list), as `tests/media/test_media_onevision.py` builds it."""
+    from media.test_media_onevision import OneVision
 
     fam = OneVision("tiled")
     media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
@@ -127,8 +126,8 @@ def _paligemma() -> MediaCase:
 
 
 def _mllama() -> MediaCase:
-    """Mllama (cross-attention), as `tests/test_media_mllama.py` builds it; a new image reuses nothing, so no "c"."""
-    from test_media_mllama import IMAGE, media, picture, tiny_mllama
+    """Mllama (cross-attention) as `tests/media/test_media_mllama.py` builds it; a new image reuses nothing: no "c"."""
+    from media.test_media_mllama import IMAGE, media, picture, tiny_mllama
 
     seeds = {"a": SEED_A, "b": SEED_B}
     return MediaCase(
@@ -153,7 +152,7 @@ def _omni() -> MediaCase:
 
 
 def _gemma4(name: str) -> MediaCase:
-    """Gemma 4 / Gemma 4 Unified (`tests/gemma4_media.py`): A an image; C an audio clip, text, then a video."""
+    """Gemma 4 / Gemma 4 Unified (`testing/media/gemma4.py`): A an image; C an audio clip, text, then a video."""
     from hf_prefix_cache.testing.media.gemma4 import Gemma4Family
 
     fam = Gemma4Family(name)
@@ -167,7 +166,7 @@ def _gemma4(name: str) -> MediaCase:
 
 
 def _qwen3(name: str) -> MediaCase:
-    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`tests/qwen3_media.py`): A an image; C an image, text, then a video."""
+    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`testing/media/qwen3.py`): A an image; C an image, text, then a video."""
     from hf_prefix_cache.testing.media.qwen3 import Qwen3Family
 
     fam = Qwen3Family(name)
@@ -182,7 +181,7 @@ def _qwen3(name: str) -> MediaCase:
 
 
 def _grid(name: str) -> MediaCase:
-    """A ``"thw"`` table family (`tests/grid_media_families.py`): A an image; C an image, text, then a video."""
+    """A ``"thw"`` table family (`testing/media/grid.py`): A an image; C an image, text, then a video."""
     from hf_prefix_cache.testing.media.grid import GridFamily
 
     fam = GridFamily(name)
@@ -196,7 +195,7 @@ def _grid(name: str) -> MediaCase:
 
 
 def _phi4() -> MediaCase:
-    """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
+    """Phi-4-multimodal (`testing/media/phi4.py`): A an image; C an audio clip, text, then an image."""
     import hf_prefix_cache.testing.media.phi4 as phi4
 
     media = {"a": [phi4.image(SEED_A)], "b": [phi4.image(SEED_B)], "c": [phi4.clip(SEED_C), phi4.image(SEED_C)]}
@@ -269,7 +268,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
 #: Adapter keys without a media case, and why.
 NO_MEDIA_CASE: dict[str, str] = {
     # Its timm vision tower needs torchvision, which the sweep's environment lacks; its media are
-    # proven in `.venv-timm` by tests/test_media_gemma3n.py (run by tests/test_gemma3n_env.py).
+    # proven in `.venv-timm` by tests/media/test_media_gemma3n.py (run by tests/media/test_gemma3n_env.py).
     "gemma3n": "timm vision tower: tested in .venv-timm, not in the sweep's environment",
 }
 

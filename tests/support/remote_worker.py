@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: conftest and the Mllama test module
 
 from conftest import generate, max_logit_diff  # noqa: E402
-from test_media_mllama import IMAGE, SUPPRESS, media, picture, tiny_mllama  # noqa: E402
+from media.test_media_mllama import IMAGE, SUPPRESS, media, picture, tiny_mllama  # noqa: E402
 
 from hf_prefix_cache import PrefixCache  # noqa: E402
 from hf_prefix_cache.testing.tiny_models import build, random_prompt  # noqa: E402

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("openai", reason="the serve tests drive the server with the openai client")
 pytest.importorskip("fastapi", reason="hf-prefix-cache serve needs transformers[serving]")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _TRANSFORMERS_CLI = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
 
 

@@ -16,7 +16,7 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
   (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
 * ``lfm2_vl``: LFM2-VL (conv + attention text layers; kept out of `GENERIC_FAMILIES`, whose hit
-  counts assume attention-only models: `tests/test_media_lfm2_vl.py` tests it): a SigLIP 2
+  counts assume attention-only models: `tests/media/test_media_lfm2_vl.py` tests it): a SigLIP 2
   NaFlex tower on 4x4-pixel patches, rows of patches padded to 24 as its processor pads them,
   2x2 patches per placeholder; one tile of 4x6 patches (6 placeholders), or two 4x4 tiles and a
   2x4 thumbnail (4 + 4 + 2), framed by image start/end, tile and thumbnail ids as its processor does.

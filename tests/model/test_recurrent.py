@@ -17,7 +17,7 @@ from transformers import DynamicCache
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.storage.tiers import DISK
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 INTERVAL = 16
 PROMPT_LEN = 70  # snapshots at 16, 32, 48, 64, 69 (before the last token) and the answer's end
 NEW = 4

@@ -2,7 +2,7 @@
 
 Gemma 3n's vision tower is a timm model (MobileNetV5), and timm needs torchvision, which does not
 import beside the main environment's CPU torch: this module skips there (no timm), and
-`tests/test_gemma3n_env.py` runs it in the `.venv-timm` that `scripts/install` makes.
+`tests/media/test_gemma3n_env.py` runs it in the `.venv-timm` that `scripts/install` makes.
 
 The tiny model mirrors the real layout: a text vocabulary of 128 ids, then 16 vision ids (the
 first is the end-of-image id, the second the image placeholder) and 16 audio ids (end-of-audio,
@@ -28,15 +28,17 @@ import transformers
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_media_generic import Prompt, expected_reuse
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.testing.tiny_models import _finalize
 from hf_prefix_cache.testing.tiny_vlms import text
+from media.test_media_generic import Prompt, expected_reuse
 
-pytest.importorskip("timm", reason="Gemma 3n's vision tower needs timm; run in .venv-timm (tests/test_gemma3n_env.py)")
+pytest.importorskip(
+    "timm", reason="Gemma 3n's vision tower needs timm; run in .venv-timm (tests/media/test_gemma3n_env.py)"
+)
 
 BOI, EOI, IMG = 110, 128, 129  # end-of-image and image ids open the vision vocabulary (offset 128), as in Gemma 3n
 BOA, EOA, AUD = 112, 144, 145  # end-of-audio and audio ids open the audio vocabulary (offset 144)

@@ -19,7 +19,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.storage.tiers import DISK
 from hf_prefix_cache.testing.tiny_models import build
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 def _files(root: Path) -> list[Path]:

@@ -20,7 +20,7 @@ import transformers
 
 from hf_prefix_cache.testing.tiny_models import TINY_MODELS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import support_matrix  # noqa: E402
 import support_media  # noqa: E402

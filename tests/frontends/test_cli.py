@@ -15,7 +15,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import load_smollm2
 from hf_prefix_cache.frontends.cli import main, parse_ratios
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
 
 

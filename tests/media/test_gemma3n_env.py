@@ -1,7 +1,7 @@
 """Gemma 3n's media tests pass in `.venv-timm`, the venv with timm and torchvision that `scripts/install` makes.
 
 Gemma 3n's vision tower is a timm model, and timm imports torchvision, which does not import beside
-the main environment's CPU torch; so `tests/test_media_gemma3n.py` skips here and this test runs it
+the main environment's CPU torch; so `tests/media/test_media_gemma3n.py` skips here and this test runs it
 in the venv, on this checkout (`PYTHONPATH`), requiring every test to pass and none to skip.
 Without the venv it skips, except in CI (`CI` set), where a missing venv fails.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = ROOT / ".venv-timm" / "bin" / "python"
-TESTS = "tests/test_media_gemma3n.py"
+TESTS = "tests/media/test_media_gemma3n.py"
 
 
 def test_gemma3n_media_tests_pass_in_the_timm_venv(tmp_path: Path) -> None:

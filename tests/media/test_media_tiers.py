@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_media_exactness import Family
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.tiny_vlms import run, text
+from media.test_media_exactness import Family
 
 
 @pytest.mark.parametrize("name", ["llava", "qwen2_vl"])

@@ -12,7 +12,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need the jupyter extra")
 NotebookClient = pytest.importorskip("nbclient", reason="the notebook tests need the jupyter extra").NotebookClient
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 

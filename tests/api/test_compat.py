@@ -16,7 +16,7 @@ from conftest import LOGIT_TOL, cached_model, random_prompt
 from hf_prefix_cache import PrefixCache, _compat
 from hf_prefix_cache.errors import UnsupportedVersionError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import support_matrix  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 
 from hf_prefix_cache import ModelUnavailableError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
 SUMMARY = re.compile(r"^\| mapping \|.*?\n(?!\|)", flags=re.S | re.M)

@@ -76,8 +76,8 @@ def test_a_second_process_reuses_what_the_first_stored(server: RedisServer) -> N
         assert store.stats().remote_bytes_written > 0
         store.detach()
         stored[family] = out.sequences.tolist()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    worker = Path(__file__).parent / "support" / "remote_worker.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    worker = Path(__file__).parents[1] / "support" / "remote_worker.py"
     proc = subprocess.run(
         [sys.executable, str(worker), server.url, json.dumps(stored)],
         capture_output=True,

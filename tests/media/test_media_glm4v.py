@@ -17,11 +17,11 @@ import pytest
 import torch
 from conftest import Hits, assert_same_as_cold, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
-from test_media_property import _converse, requests
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import GLM, GLM_VIDEO, NEW, SPECIAL_IDS, Family
 from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, glm_marks, glm_video_tokens, qwen_pixels, run, text
+from media.test_media_property import _converse, requests
 
 SERVED = (*GLM, "paddleocr_vl")
 MEDIA = (*SERVED, GLM_VIDEO)

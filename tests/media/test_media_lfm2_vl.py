@@ -19,7 +19,6 @@ import pytest
 import torch
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
-from test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
@@ -36,6 +35,7 @@ from hf_prefix_cache.testing.media.generic import (
     lfm2_vl_medium,
 )
 from hf_prefix_cache.testing.tiny_vlms import text
+from media.test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
 
 
 @pytest.fixture
