@@ -28,7 +28,7 @@ def generate(model: Any, ids: torch.Tensor, new: int = 6, **kwargs: Any) -> Any:
 def max_logit_diff(a: Any, b: Any) -> float:
     """The largest absolute difference between the per-step logits of two `generate` outputs."""
     assert len(a.logits) == len(b.logits)
-    return max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits, strict=True))
+    return float(max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits, strict=True)))
 
 
 def assert_same_as_cold(model: Any, ids: torch.Tensor, store: Any, new: int = 6, **kwargs: Any) -> Any:
@@ -45,10 +45,10 @@ class Hits:
     """Hit tokens of a store's requests since the previous `last()` call."""
 
     def __init__(self, store: Any) -> None:
-        self.store, self.seen = store, store.stats().hit_tokens
+        self.store, self.seen = store, int(store.stats().hit_tokens)
 
     def last(self) -> int:
         """Hit tokens since the previous call (or since this counter was made)."""
-        now: int = self.store.stats().hit_tokens
+        now = int(self.store.stats().hit_tokens)
         hit, self.seen = now - self.seen, now
         return hit

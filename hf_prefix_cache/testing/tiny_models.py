@@ -77,7 +77,7 @@ _MAMBA2: dict[str, Any] = {
 
 def _finalize(model: PreTrainedModel) -> PreTrainedModel:
     """Put ``model`` in eval/float32 mode and make greedy generation run to ``max_new_tokens``."""
-    model = model.to(torch.float32).eval()
+    model = model.to(torch.float32).eval()  # type: ignore[arg-type]
     gen = model.generation_config
     gen.eos_token_id = None
     gen.pad_token_id = PAD_ID
@@ -95,7 +95,7 @@ def _make(config_cls: type[PreTrainedConfig], model_cls_name: str, **kwargs: obj
     """Seed, build ``model_cls_name`` from ``config_cls(**_COMMON, **kwargs)`` and finalize it."""
     torch.manual_seed(0)
     config = config_cls(**{**_COMMON, **kwargs})
-    model = transformers.AutoModelForCausalLM.from_config(
+    model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
         config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
     )
     if type(model).__name__ != model_cls_name:

@@ -42,7 +42,7 @@ POSITION_ID_PER_SECONDS, SECONDS_PER_CHUNK = 2, 1
 
 def tiny_qwen2_5_omni_thinker() -> Any:
     """Qwen2.5-Omni thinker: audio, image and video encoders feeding an M-RoPE text model."""
-    config = transformers.Qwen2_5OmniThinkerConfig(
+    config = transformers.Qwen2_5OmniThinkerConfig(  # type: ignore[call-arg]
         text_config={
             **_TEXT,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
@@ -167,7 +167,7 @@ def omni_audio_in_video_tokens(grid: tuple[int, int, int], seconds: float, frame
     audio_times = np.arange(audio_tokens(frames))
     per_chunk = int(POSITION_ID_PER_SECONDS * SECONDS_PER_CHUNK)
     chunked = transformers.Qwen2_5OmniProcessor.get_chunked_index
-    video_chunks, audio_chunks = chunked(None, video_times, per_chunk), chunked(None, audio_times, per_chunk)
+    video_chunks, audio_chunks = chunked(None, video_times, per_chunk), chunked(None, audio_times, per_chunk)  # type: ignore[arg-type]
     ids = [VISION_START_ID, AUDIO_START_ID]
     for j in range(max(len(video_chunks), len(audio_chunks))):
         if j < len(video_chunks):

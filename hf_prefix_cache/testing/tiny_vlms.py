@@ -525,7 +525,7 @@ def tiny_tokenizer(media_tokens: list[str]) -> Any:
     tok.add_special_tokens([f"<extra_{i}>" for i in range(IMAGE_ID - tok.get_vocab_size())])
     tok.add_special_tokens([*media_tokens, *CHAT_TOKENS])
     assert tok.token_to_id(media_tokens[0]) == IMAGE_ID, tok.token_to_id(media_tokens[0])
-    return transformers.PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
     )
 
@@ -544,7 +544,7 @@ def llava_processor() -> Any:
     image_processor = transformers.LlavaImageProcessorPil(
         size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
     )
-    return transformers.LlavaProcessor(
+    return transformers.LlavaProcessor(  # type: ignore[no-untyped-call]
         image_processor=image_processor,
         tokenizer=tiny_tokenizer(["<image>"]),
         patch_size=8,
@@ -555,7 +555,7 @@ def llava_processor() -> Any:
     )
 
 
-class _ImageOnlyQwen2VLProcessor(transformers.Qwen2VLProcessor):  # type: ignore[misc]
+class _ImageOnlyQwen2VLProcessor(transformers.Qwen2VLProcessor):
     """`Qwen2VLProcessor` without its video processor, which needs torchvision (not installed here)."""
 
     def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any):
@@ -564,7 +564,7 @@ class _ImageOnlyQwen2VLProcessor(transformers.Qwen2VLProcessor):  # type: ignore
         self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
         self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
         self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)  # type: ignore[no-untyped-call]
 
 
 @functools.cache

@@ -35,7 +35,7 @@ _GEMMA4_TEXT: dict[str, Any] = {
     "layer_types": ["sliding_attention", "full_attention"],
     "use_bidirectional_attention": "vision",
 }
-_IDS = {
+_IDS: dict[str, Any] = {
     "image_token_id": IMG,
     "video_token_id": VID,
     "audio_token_id": AUD,

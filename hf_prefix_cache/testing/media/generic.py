@@ -32,7 +32,7 @@ import functools
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import transformers
@@ -69,7 +69,7 @@ def tiny_mistral3() -> Any:
     return _build(transformers.Mistral3ForConditionalGeneration, config)
 
 
-def tiny_llava_pixtral(strategy: str = "full") -> Any:
+def tiny_llava_pixtral(strategy: Literal["default", "full"] = "full") -> Any:
     """LLaVA with a Pixtral tower: one placeholder per 8x8 patch."""
     config = transformers.LlavaConfig(
         text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
@@ -168,7 +168,7 @@ def tiny_llama4() -> Any:
     torch.manual_seed(0)
     config._attn_implementation = "eager"
     # Not `_build`: its float32 cast would drop the imaginary part of the vision tower's complex rotary buffer.
-    return _finalize_in_place(transformers.Llama4ForConditionalGeneration(config).eval())
+    return _finalize_in_place(transformers.Llama4ForConditionalGeneration(config).eval())  # type: ignore[no-untyped-call]
 
 
 def _finalize_in_place(model: Any) -> Any:
@@ -332,7 +332,7 @@ def tiny_mistral_large4() -> Any:
 
 def tiny_vipllava() -> Any:
     """VipLLaVA (LLaVA with multi-layer vision features): 16 placeholders per 32x32 image (CLS dropped)."""
-    config = transformers.VipLlavaConfig(
+    config = transformers.VipLlavaConfig(  # type: ignore[call-arg]
         text_config={**_TEXT, "model_type": "llama"},
         vision_config=_CLIP,
         image_token_index=IMG,
@@ -496,9 +496,9 @@ class GenericFamily:
         if self.name == "video_llava":
             out: dict[str, Any] = {}
             for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
-                rows = [m.rows[0] for m in media if m.kind == kind]
-                if rows:
-                    out[name] = torch.stack(rows)
+                firsts = [m.rows[0] for m in media if m.kind == kind]
+                if firsts:
+                    out[name] = torch.stack(firsts)
             return out
         if self.name == "lfm2_vl":
             return lfm2_vl_kwargs([row for m in media for row in m.rows])

@@ -29,7 +29,12 @@ from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3", "exaone4_5")
-_IDS = {"image_token_id": IMG, "video_token_id": VID, "vision_start_token_id": 122, "vision_end_token_id": 123}
+_IDS: dict[str, Any] = {
+    "image_token_id": IMG,
+    "video_token_id": VID,
+    "vision_start_token_id": 122,
+    "vision_end_token_id": 123,
+}
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
     "num_key_value_heads": 4,

@@ -38,7 +38,7 @@ _VISION: dict[str, Any] = {
     "temporal_patch_size": 2,
     "num_position_embeddings": 64,
 }
-_IDS = {
+_IDS: dict[str, Any] = {
     "image_token_id": IMAGE_ID,
     "video_token_id": VIDEO_ID,
     "vision_start_token_id": VISION_START_ID,
