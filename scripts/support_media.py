@@ -11,8 +11,7 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 4. repeat: step 2 again, exactly.
 
 The models and media are the test suite's (`hf_prefix_cache.testing`: `tiny_vlms`, `tiny_qwen_media` and
-the family tables of `testing/media/`; and the Mllama and OneVision test modules), so tests/ goes on
-`sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
+the family tables of `testing/media/`, Mllama and OneVision included). `MEDIA_CASES` maps an adapter key (a model
 type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
 its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
 sweep, its workers or the document.
@@ -20,15 +19,9 @@ sweep, its workers or the document.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
 
 #: Prompt ids 100-127 are media and framing ids in every fixture: answers never hold them.
 SUPPRESS = list(range(100, 128))
@@ -100,8 +93,8 @@ def _generic(name: str) -> MediaCase:
 
 
 def _onevision() -> MediaCase:
-    """LLaVA-OneVision (anyres, images as a flat list), as `tests/media/test_media_onevision.py` builds it."""
-    from media.test_media_onevision import OneVision
+    """LLaVA-OneVision (anyres, images as a flat list), as `testing/media/onevision.py` builds it."""
+    from hf_prefix_cache.testing.media.onevision import OneVision
 
     fam = OneVision("tiled")
     media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
@@ -126,8 +119,8 @@ def _paligemma() -> MediaCase:
 
 
 def _mllama() -> MediaCase:
-    """Mllama (cross-attention) as `tests/media/test_media_mllama.py` builds it; a new image reuses nothing: no "c"."""
-    from media.test_media_mllama import IMAGE, media, picture, tiny_mllama
+    """Mllama (cross-attention) as `testing/media/mllama.py` builds it; a new image reuses nothing: no "c"."""
+    from hf_prefix_cache.testing.media.mllama import IMAGE, media, picture, tiny_mllama
 
     seeds = {"a": SEED_A, "b": SEED_B}
     return MediaCase(

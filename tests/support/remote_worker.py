@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: conftest and the Mllama test module
-
-from conftest import generate, max_logit_diff  # noqa: E402
-from media.test_media_mllama import IMAGE, SUPPRESS, media, picture, tiny_mllama  # noqa: E402
-
-from hf_prefix_cache import PrefixCache  # noqa: E402
-from hf_prefix_cache.testing.tiny_models import build, random_prompt  # noqa: E402
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.compare import generate, max_logit_diff
+from hf_prefix_cache.testing.media.mllama import IMAGE, SUPPRESS, media, picture, tiny_mllama
+from hf_prefix_cache.testing.tiny_models import build, random_prompt
 
 CHUNK = 8
 NEW = 5
