@@ -40,6 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_prefix_cache import PrefixCache, _compat
+from hf_prefix_cache.testing.tiny_vlms import _CLIP
 
 PREFIX_LEN, SUFFIX_LEN = 200, 16
 _CACHE_ARG = "cache" if _compat.CACHE_RENAMED else "past_key_values"
@@ -211,15 +212,7 @@ def build(kind: str, num_layers: int, hidden_size: int = 32) -> Any:
     assert kind == "vlm", kind
     config = transformers.LlavaConfig(
         text_config={**_ATTN, "model_type": "llama", "num_hidden_layers": num_layers},
-        vision_config={
-            "model_type": "clip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "image_size": 32,
-            "patch_size": 8,
-        },
+        vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
     )

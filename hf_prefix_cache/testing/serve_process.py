@@ -112,7 +112,7 @@ class ServeProcess:
 
 def tiny_vlm_folder(path: Path) -> str:
     """The front ends' tiny random-weight LLaVA and its real processor (SmolLM2's tokenizer), saved to `path`."""
-    from hf_prefix_cache.frontends.tiny_vlm import load_tiny_vlm
+    from hf_prefix_cache.testing.chat_models import load_tiny_vlm
 
     model, processor = load_tiny_vlm()
     model.save_pretrained(path)
