@@ -31,10 +31,15 @@ def max_logit_diff(a: Any, b: Any) -> float:
     return float(max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits, strict=True)))
 
 
-def assert_same_as_cold(model: Any, ids: torch.Tensor, store: Any, new: int = 6, **kwargs: Any) -> Any:
-    """Run cold and through `store`; assert equal tokens and logits within LOGIT_TOL. Returns the cached output."""
+def assert_same_as_cold(
+    model: Any, ids: torch.Tensor, store: Any, new: int = 6, *, cache_argument: str = CACHE_NAME, **kwargs: Any
+) -> Any:
+    """Run cold and through `store`; assert equal tokens and logits within LOGIT_TOL. Returns the cached output.
+
+    The store goes to `generate` under `cache_argument` (this release's documented name by default).
+    """
     cold = generate(model, ids, new, **kwargs)
-    warm = generate(model, ids, new, **{CACHE_NAME: store}, **kwargs)
+    warm = generate(model, ids, new, **{cache_argument: store}, **kwargs)
     assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
     diff = max_logit_diff(cold, warm)
     assert diff < LOGIT_TOL, f"logits differ by {diff}"

@@ -23,6 +23,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.tiny_vlms import (
+    _QWEN_TOWER,
     _TEXT,
     AUDIO_ID,
     IMAGE_ID,
@@ -49,13 +50,7 @@ def tiny_qwen2_5_omni_thinker() -> Any:
         },
         vision_config={
             "depth": 1,
-            "hidden_size": 32,
-            "out_hidden_size": 64,
-            "intermediate_size": 64,
-            "num_heads": 4,
-            "patch_size": 2,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            **_QWEN_TOWER,
             "window_size": 8,
             "fullatt_block_indexes": [0],
         },

@@ -52,6 +52,24 @@ _CLIP: dict[str, Any] = {
     "patch_size": 8,
 }
 
+#: The Qwen2.5-VL / Qwen3-VL-style vision tower's shape; each family adds its depth and its own keys.
+_QWEN_TOWER: dict[str, Any] = {
+    "hidden_size": 32,
+    "out_hidden_size": 64,
+    "intermediate_size": 64,
+    "num_heads": 4,
+    "patch_size": 2,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
+#: The placeholder and framing ids of the Qwen-VL families.
+_QWEN_IDS: dict[str, Any] = {
+    "image_token_id": IMAGE_ID,
+    "video_token_id": VIDEO_ID,
+    "vision_start_token_id": VISION_START_ID,
+    "vision_end_token_id": VISION_END_ID,
+}
+
 
 def _build(model_cls: type, config: Any) -> Any:
     torch.manual_seed(0)
@@ -151,20 +169,11 @@ def tiny_qwen2_5_vl() -> Any:
         },
         vision_config={
             "depth": 1,
-            "hidden_size": 32,
-            "out_hidden_size": 64,
-            "intermediate_size": 64,
-            "num_heads": 4,
-            "patch_size": 2,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            **_QWEN_TOWER,
             "window_size": 8,
             "fullatt_block_indexes": [0],
         },
-        image_token_id=IMAGE_ID,
-        video_token_id=VIDEO_ID,
-        vision_start_token_id=VISION_START_ID,
-        vision_end_token_id=VISION_END_ID,
+        **_QWEN_IDS,
     )
     return _build(transformers.Qwen2_5_VLForConditionalGeneration, config)
 
@@ -255,20 +264,11 @@ def tiny_qwen3_vl() -> Any:
         },
         vision_config={
             "depth": 2,
-            "hidden_size": 32,
-            "out_hidden_size": 64,
-            "intermediate_size": 64,
-            "num_heads": 4,
-            "patch_size": 2,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            **_QWEN_TOWER,
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": [0],
         },
-        image_token_id=IMAGE_ID,
-        video_token_id=VIDEO_ID,
-        vision_start_token_id=VISION_START_ID,
-        vision_end_token_id=VISION_END_ID,
+        **_QWEN_IDS,
     )
     return _build(transformers.Qwen3VLForConditionalGeneration, config)
 
@@ -276,17 +276,7 @@ def tiny_qwen3_vl() -> Any:
 #: GLM-4V's video start/end ids: a video's frames are image placeholders between them.
 VIDEO_START_ID, VIDEO_END_ID = 110, 111
 _MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
-_GLM_VISION: dict[str, Any] = {
-    "depth": 1,
-    "hidden_size": 32,
-    "out_hidden_size": 64,
-    "intermediate_size": 64,
-    "num_heads": 4,
-    "patch_size": 2,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "image_size": 8,
-}
+_GLM_VISION: dict[str, Any] = {"depth": 1, **_QWEN_TOWER, "image_size": 8}
 _GLM_IDS = {
     "image_token_id": IMAGE_ID,
     "video_token_id": VIDEO_ID,

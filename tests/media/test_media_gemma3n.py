@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold, generate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -157,15 +157,10 @@ def media_kwargs(ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
 
 
 def check(ids: torch.Tensor, media: list[Medium], store: PrefixCache, **kwargs: Any) -> Any:
-    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
+    """Run `ids` cold and through `store` (`assert_same_as_cold`); return the cached run."""
     model = tiny_gemma3n()
     kwargs = {**(kwargs or media_kwargs(ids, media)), "suppress_tokens": SPECIAL_IDS}
-    cold = generate(model, ids, NEW, **kwargs)
-    warm = generate(model, ids, NEW, past_key_values=store, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return assert_same_as_cold(model, ids, store, NEW, cache_argument="past_key_values", **kwargs)
 
 
 def encoded(ids: torch.Tensor, media: list[Medium], store: PrefixCache | None = None) -> dict[str, int]:

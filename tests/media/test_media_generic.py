@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from conftest import LOGIT_TOL, Hits, assert_same_as_cold, generate, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,14 +46,9 @@ POOL_SIZE = 3
 
 
 def check(family: GenericFamily, ids: torch.Tensor, media: list[Medium], store: PrefixCache, **extra: Any) -> Any:
-    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
+    """Run `ids` cold and through `store` (`assert_same_as_cold`); return the cached run."""
     kwargs = {**family.kwargs(media), "suppress_tokens": SPECIAL_IDS, **extra}
-    cold = generate(family.model, ids, NEW, **kwargs)
-    warm = generate(family.model, ids, NEW, past_key_values=store, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return assert_same_as_cold(family.model, ids, store, NEW, cache_argument="past_key_values", **kwargs)
 
 
 #: Families transformers itself cannot run on the installed release: even a cold `generate` raises.

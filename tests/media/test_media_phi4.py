@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
@@ -25,15 +25,10 @@ SPECIAL_IDS = list(range(100, 128))
 
 
 def check(ids: torch.Tensor, media: list[Medium], store: PrefixCache) -> Any:
-    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
+    """Run `ids` cold and through `store` (`assert_same_as_cold`); return the cached run."""
     model = cached_phi4()
     extra = {**kwargs(media), "suppress_tokens": SPECIAL_IDS}
-    cold = generate(model, ids, NEW, **extra)
-    warm = generate(model, ids, NEW, past_key_values=store, **extra)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return assert_same_as_cold(model, ids, store, NEW, cache_argument="past_key_values", **extra)
 
 
 @pytest.fixture

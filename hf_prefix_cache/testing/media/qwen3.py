@@ -18,7 +18,14 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
-from hf_prefix_cache.testing.tiny_vlms import _TEXT, IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID, _build
+from hf_prefix_cache.testing.tiny_vlms import (
+    _QWEN_IDS,
+    _QWEN_TOWER,
+    _TEXT,
+    IMAGE_ID,
+    VIDEO_ID,
+    _build,
+)
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
 #: Families whose text layers hold recurrent states.
@@ -27,23 +34,8 @@ GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
 VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (3, 2, 2)]
 
 _ROPE = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
-_VISION: dict[str, Any] = {
-    "depth": 2,
-    "hidden_size": 32,
-    "out_hidden_size": 64,
-    "intermediate_size": 64,
-    "num_heads": 4,
-    "patch_size": 2,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "num_position_embeddings": 64,
-}
-_IDS: dict[str, Any] = {
-    "image_token_id": IMAGE_ID,
-    "video_token_id": VIDEO_ID,
-    "vision_start_token_id": VISION_START_ID,
-    "vision_end_token_id": VISION_END_ID,
-}
+_VISION: dict[str, Any] = {"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64}
+_IDS = _QWEN_IDS
 _HYBRID_TEXT: dict[str, Any] = {
     **_TEXT,
     "head_dim": 16,
