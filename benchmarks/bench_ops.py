@@ -17,7 +17,7 @@ Mamba-2 elsewhere, with and without `prompt_snapshot`; VLM: LLaVA with an image 
 and layer count: the extra
 launching ops and syncs of the hit over the ideal per phase, the largest extra ops, and
 whether the ``before`` phase is within budget (at most 2 launches per layer + 20, at most 1
-sync). `tests/test_hit_ops.py` runs `count_hit` on a few of these and fails past the budget.
+sync). `tests/integration/test_hit_ops.py` runs `count_hit` on a few of these and fails past the budget.
 
 Run: ``PYTHONPATH=. python benchmarks/bench_ops.py`` (about a minute on 2 cores), or
 ``--kinds text --layers 16`` for one row.
@@ -40,6 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_prefix_cache import PrefixCache, _compat
+from hf_prefix_cache.testing.tiny_vlms import _CLIP
 
 PREFIX_LEN, SUFFIX_LEN = 200, 16
 _CACHE_ARG = "cache" if _compat.CACHE_RENAMED else "past_key_values"
@@ -211,15 +212,7 @@ def build(kind: str, num_layers: int, hidden_size: int = 32) -> Any:
     assert kind == "vlm", kind
     config = transformers.LlavaConfig(
         text_config={**_ATTN, "model_type": "llama", "num_hidden_layers": num_layers},
-        vision_config={
-            "model_type": "clip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "image_size": 32,
-            "patch_size": 8,
-        },
+        vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
     )

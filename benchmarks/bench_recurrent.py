@@ -259,7 +259,7 @@ def nbytes(name: str, args: argparse.Namespace) -> None:
                 f"{stored / n / 1e3:>10.1f}"
             )
     if name == "gemma3":
-        # Longer prompts, computed from the shapes (the formula tests/test_sliding_window.py checks exactly).
+        # Longer prompts, computed from the shapes (the formula tests/model/test_sliding_window.py checks exactly).
         c = model.config
         per_position = 2 * c.num_key_value_heads * c.head_dim * 4
         num_sliding = sum(t == "sliding_attention" for t in c.layer_types)

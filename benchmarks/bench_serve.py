@@ -24,14 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,66 +33,33 @@ from _common import print_end, print_environment, start_run
 
 from hf_prefix_cache.api.models import smollm2_folder
 from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.testing.serve_process import ServeProcess
 
-ROOT = Path(__file__).resolve().parents[1]
-_TRANSFORMERS_CLI = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
-SERVERS = {
-    "shipped": ["-c", _TRANSFORMERS_CLI, "serve"],
-    "cb": ["-c", _TRANSFORMERS_CLI, "serve", "--continuous-batching"],
-    "ours": ["-m", "hf_prefix_cache", "serve"],
-}
+#: Each server: whether it is ours, and the arguments after the model.
+SERVERS = {"shipped": (False, ()), "cb": (False, ("--continuous-batching",)), "ours": (True, ())}
 
 
 class Server:
     """One server process on a free loopback port; `error` says why it is unusable, if it is."""
 
     def __init__(self, name: str, model: str, threads: int) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        ours, args = SERVERS[name]
         self.name = name
         self.error: str | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-serve-{name}-", suffix=".log", delete=False)  # noqa: SIM115
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        command = [sys.executable, *SERVERS[name], model, "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.process = ServeProcess(model, *args, ours=ours, env=env, name=f"bench-serve-{name}")
 
     def wait(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        self.error = f"did not start ({self.tail()})"
+        try:
+            self.process.wait(timeout)
+        except RuntimeError:
+            self.error = f"did not start ({self.process.tail(600).replace(chr(10), ' | ')})"
 
     def client(self) -> Any:
-        from openai import OpenAI
-
-        return OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, timeout=600)
-
-    def tail(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text(errors="replace")[-600:].replace("\n", " | ")
+        return self.process.client(timeout=600)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
+        self.process.stop()
 
 
 def system_prompt(tokens: int, tokenizer: Any) -> str:

@@ -1,6 +1,6 @@
 """Soak: many simulated users chatting (text and images) with one store from several threads.
 
-Model: the tests' tiny random-weight LLaVA (`tests/tiny_vlms.py`: Llama text model with 2
+Model: the tests' tiny random-weight LLaVA (`hf_prefix_cache/testing/tiny_vlms.py`: Llama text model with 2
 layers, CLIP tower, 16 placeholders per 32x32 image), float32, one store with all three tiers
 under tight budgets (`--device-kb`, `--host-kb`, `--disk-kb`; the disk tier in a temporary
 folder). Each of `--threads` threads plays `--users` users in turn; a user's conversation
@@ -23,23 +23,18 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import threading
 import time
 import traceback
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import torch
 from _common import print_end, print_environment, start_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from tiny_vlms import IMAGE_ID, llava_pixels, tiny_llava  # noqa: E402
-
 from hf_prefix_cache import PrefixCache  # noqa: E402
+from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, llava_pixels, tiny_llava  # noqa: E402
 
 SPECIAL_IDS = list(range(100, 128))
 TOL = 1e-4

@@ -45,7 +45,7 @@ logger = logging.getLogger("hf_prefix_cache")
 #: The oldest and newest transformers releases the whole suite runs on (scripts/install, scripts/test).
 OLDEST_TESTED = "5.23"
 NEWEST_TESTED = "5.24"
-#: What pyproject.toml allows: exactly the tested releases (tests/test_compat.py keeps them equal).
+#: What pyproject.toml allows: exactly the tested releases (tests/api/test_compat.py keeps them equal).
 SUPPORTED = f">={OLDEST_TESTED},<5.25"
 INSTALLED = Version(transformers.__version__)
 #: 5.24 renamed `past_key_values` / `cache_params` to `cache` in forwards, `generate` and outputs.

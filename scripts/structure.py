@@ -3,7 +3,7 @@
 The job is the first sentence of the module's docstring; the imports are the package modules it
 imports (at any level, type-only imports included), written relative to the package. The table
 sits between two marker lines in docs/structure.md; everything else there is prose kept by hand.
-`tests/test_structure_doc.py` fails when the table is out of date.
+`tests/project/test_structure_doc.py` fails when the table is out of date.
 
 Run: ``python scripts/structure.py`` (``--check`` to only compare).
 """

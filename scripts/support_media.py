@@ -10,10 +10,8 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
    reuse must stop at or before A's first placeholder;
 4. repeat: step 2 again, exactly.
 
-The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
-`tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
-`tests/grid_media_families.py`, `tests/phi4_media.py` and the Mllama and OneVision test modules), so tests/ goes on
-`sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
+The models and media are the test suite's (`hf_prefix_cache.testing`: `tiny_vlms`, `tiny_qwen_media` and
+the family tables of `testing/media/`, Mllama and OneVision included). `MEDIA_CASES` maps an adapter key (a model
 type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
 its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
 sweep, its workers or the document.
@@ -21,15 +19,9 @@ sweep, its workers or the document.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
 
 #: Prompt ids 100-127 are media and framing ids in every fixture: answers never hold them.
 SUPPRESS = list(range(100, 128))
@@ -77,8 +69,8 @@ def _cat(*parts: Any) -> Any:
 
 
 def _family(name: str) -> MediaCase:
-    """A family of `tests/media_families.py` (hand-written adapters)."""
-    from media_families import FRAMED, Family
+    """A family of `hf_prefix_cache/testing/media/families.py` (hand-written adapters)."""
+    from hf_prefix_cache.testing.media.families import FRAMED, Family
 
     fam = Family(name)
     media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
@@ -89,8 +81,8 @@ def _family(name: str) -> MediaCase:
 
 
 def _generic(name: str) -> MediaCase:
-    """A family of `tests/generic_media_families.py` (the generic table)."""
-    from generic_media_families import GenericFamily
+    """A family of `hf_prefix_cache/testing/media/generic.py` (the generic table)."""
+    from hf_prefix_cache.testing.media.generic import GenericFamily
 
     fam = GenericFamily(name)
     media = {"a": fam.medium(SEED_A), "b": fam.medium(SEED_B), "c": fam.medium(SEED_C)}
@@ -101,8 +93,8 @@ def _generic(name: str) -> MediaCase:
 
 
 def _onevision() -> MediaCase:
-    """LLaVA-OneVision (anyres, images as a flat list), as `tests/test_media_onevision.py` builds it."""
-    from test_media_onevision import OneVision
+    """LLaVA-OneVision (anyres, images as a flat list), as `testing/media/onevision.py` builds it."""
+    from hf_prefix_cache.testing.media.onevision import OneVision
 
     fam = OneVision("tiled")
     media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
@@ -113,7 +105,8 @@ def _onevision() -> MediaCase:
 def _paligemma() -> MediaCase:
     """PaliGemma (prefix-LM): images lead the prompt, then BOS; only an identical prompt is reused."""
     import torch
-    from tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run
+
+    from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run
 
     seeds = {"a": SEED_A, "b": SEED_B}
     tokens = {k: _cat(run(IMAGE_ID, 16), run(1, 1)) for k in seeds}
@@ -126,8 +119,8 @@ def _paligemma() -> MediaCase:
 
 
 def _mllama() -> MediaCase:
-    """Mllama (cross-attention), as `tests/test_media_mllama.py` builds it; a new image reuses nothing, so no "c"."""
-    from test_media_mllama import IMAGE, media, picture, tiny_mllama
+    """Mllama (cross-attention) as `testing/media/mllama.py` builds it; a new image reuses nothing: no "c"."""
+    from hf_prefix_cache.testing.media.mllama import IMAGE, media, picture, tiny_mllama
 
     seeds = {"a": SEED_A, "b": SEED_B}
     return MediaCase(
@@ -137,7 +130,7 @@ def _mllama() -> MediaCase:
 
 def _omni() -> MediaCase:
     """Qwen2.5-Omni thinker: medium A an audio clip (after an audio-start id), C an image."""
-    from tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
+    from hf_prefix_cache.testing.tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
 
     frames, grid = 60, (1, 4, 6)
     seeds = {"a": SEED_A, "b": SEED_B}
@@ -152,8 +145,8 @@ def _omni() -> MediaCase:
 
 
 def _gemma4(name: str) -> MediaCase:
-    """Gemma 4 / Gemma 4 Unified (`tests/gemma4_media.py`): A an image; C an audio clip, text, then a video."""
-    from gemma4_media import Gemma4Family
+    """Gemma 4 / Gemma 4 Unified (`testing/media/gemma4.py`): A an image; C an audio clip, text, then a video."""
+    from hf_prefix_cache.testing.media.gemma4 import Gemma4Family
 
     fam = Gemma4Family(name)
     clip, video = fam.clip(SEED_C), fam.video(SEED_C)
@@ -166,8 +159,8 @@ def _gemma4(name: str) -> MediaCase:
 
 
 def _qwen3(name: str) -> MediaCase:
-    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`tests/qwen3_media.py`): A an image; C an image, text, then a video."""
-    from qwen3_media import Qwen3Family
+    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`testing/media/qwen3.py`): A an image; C an image, text, then a video."""
+    from hf_prefix_cache.testing.media.qwen3 import Qwen3Family
 
     fam = Qwen3Family(name)
     image, video = fam.image(SEED_C), fam.video(SEED_C)
@@ -181,8 +174,8 @@ def _qwen3(name: str) -> MediaCase:
 
 
 def _grid(name: str) -> MediaCase:
-    """A ``"thw"`` table family (`tests/grid_media_families.py`): A an image; C an image, text, then a video."""
-    from grid_media_families import GridFamily
+    """A ``"thw"`` table family (`testing/media/grid.py`): A an image; C an image, text, then a video."""
+    from hf_prefix_cache.testing.media.grid import GridFamily
 
     fam = GridFamily(name)
     image, video = fam.image(SEED_C), fam.video(SEED_C)
@@ -195,8 +188,8 @@ def _grid(name: str) -> MediaCase:
 
 
 def _phi4() -> MediaCase:
-    """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
-    import phi4_media as phi4
+    """Phi-4-multimodal (`testing/media/phi4.py`): A an image; C an audio clip, text, then an image."""
+    import hf_prefix_cache.testing.media.phi4 as phi4
 
     media = {"a": [phi4.image(SEED_A)], "b": [phi4.image(SEED_B)], "c": [phi4.clip(SEED_C), phi4.image(SEED_C)]}
     tokens = {k: phi4.placeholders(m[0]) for k, m in media.items() if k != "c"}
@@ -205,7 +198,7 @@ def _phi4() -> MediaCase:
 
 
 def _text_ids(n: int, seed: int) -> Any:
-    from tiny_vlms import text
+    from hf_prefix_cache.testing.tiny_vlms import text
 
     return text(n, seed)
 
@@ -268,7 +261,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
 #: Adapter keys without a media case, and why.
 NO_MEDIA_CASE: dict[str, str] = {
     # Its timm vision tower needs torchvision, which the sweep's environment lacks; its media are
-    # proven in `.venv-timm` by tests/test_media_gemma3n.py (run by tests/test_gemma3n_env.py).
+    # proven in `.venv-timm` by tests/media/test_media_gemma3n.py (run by tests/media/test_gemma3n_env.py).
     "gemma3n": "timm vision tower: tested in .venv-timm, not in the sweep's environment",
 }
 
@@ -287,9 +280,9 @@ class _Stop(Exception):
 def scenario(case: MediaCase, tol: float) -> MediaResult:
     """Cold / hit / changed / repeat of `case` through a fresh store, each against a cold run."""
     import torch
-    from tiny_vlms import text
 
     from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.testing.tiny_vlms import text
 
     if not torch.equal(case.tokens["a"], case.tokens["b"]):
         return MediaResult("error", "fixture: media A and B have different placeholders")
@@ -321,7 +314,8 @@ def scenario(case: MediaCase, tol: float) -> MediaResult:
 def _step(case: MediaCase, store: Any, ids: Any, names: Sequence[str], step: str, tol: float) -> tuple[Any, int]:
     """Run `ids` with media `names` cold and through `store`: (the cached run's sequences, its hit tokens)."""
     import torch
-    from conftest import generate, max_logit_diff
+
+    from hf_prefix_cache.testing.compare import generate, max_logit_diff
 
     kwargs = {**case.kwargs(ids, names), "suppress_tokens": SUPPRESS}
     before = store.stats().hit_tokens

@@ -1,6 +1,7 @@
 """Front ends: the CLI, the Gradio chat and what they share. The package core never imports these.
 
 `chat.py` runs one chat turn through a store and reports what the cache did (no UI library);
-`gradio_app.py` is the Gradio UI over it; `tiny_vlm.py` builds the random-weight VLM with a
-real processor the app offers for images; `cli.py` is the `hf-prefix-cache` command.
+`gradio_app.py` is the Gradio UI over it; `tiny_vlm.py` names the random-weight VLM with a
+real processor the app offers for images (built in `hf_prefix_cache.testing`); `cli.py` is the
+`hf-prefix-cache` command.
 """

@@ -1,0 +1,586 @@
+"""Tiny models and media of the families `GenericMedia` serves, as the generic media tests build them.
+
+Each family builds a tiny random-weight model from its config classes (float32, eager, seed 0)
+and, per pool seed, one medium: its rows (one per media item the adapter keys: an image, a
+tile, a video, an audio chunk), its placeholder tokens with the family's framing ids, and the
+span of every row's placeholders within them. Framing ids are 110-119, placeholders 120-126;
+generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
+
+* ``mistral3`` / ``lighton_ocr`` / ``llava_pixtral``: Pixtral tower (8x8 patches), images of
+  several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
+  split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
+* ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
+* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing.
+* ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
+* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
+  one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
+  (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
+* ``lfm2_vl``: LFM2-VL (conv + attention text layers; kept out of `GENERIC_FAMILIES`, whose hit
+  counts assume attention-only models: `tests/media/test_media_lfm2_vl.py` tests it): a SigLIP 2
+  NaFlex tower on 4x4-pixel patches, rows of patches padded to 24 as its processor pads them,
+  2x2 patches per placeholder; one tile of 4x6 patches (6 placeholders), or two 4x4 tiles and a
+  2x4 thumbnail (4 + 4 + 2), framed by image start/end, tile and thumbnail ids as its processor does.
+* ``smolvlm_video``: SmolVLM (Idefics3's adapter) fed one video per prompt as its processors
+  do: frames as rows of `pixel_values` with their `pixel_attention_mask`, each frame after its
+  timestamp text and framed like an image. (Several videos of one prompt are padded to one
+  frame count; that adapter runs such prompts cold.)
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import transformers
+
+from hf_prefix_cache.testing.compare import generate
+from hf_prefix_cache.testing.tiny_models import _finalize
+from hf_prefix_cache.testing.tiny_vlms import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build, cached_vlm, tiny_tokenizer
+
+IMG, VID, AUD = 120, 121, 126
+BREAK, END = 112, 113
+SPECIAL_IDS = list(range(100, 128))
+NEW = 5
+
+_PIXTRAL = {
+    "model_type": "pixtral",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "image_size": 64,
+    "patch_size": 8,
+}
+
+
+def tiny_mistral3() -> Any:
+    """Mistral 3: Pixtral tower, 2x2 patch merger: one placeholder per 16x16 pixels."""
+    config = transformers.Mistral3Config(
+        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+        vision_config=_PIXTRAL,
+        image_token_index=IMG,
+        spatial_merge_size=2,
+    )
+    return _build(transformers.Mistral3ForConditionalGeneration, config)
+
+
+def tiny_llava_pixtral(strategy: Literal["default", "full"] = "full") -> Any:
+    """LLaVA with a Pixtral tower: one placeholder per 8x8 patch."""
+    config = transformers.LlavaConfig(
+        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+        vision_config=_PIXTRAL,
+        image_token_index=IMG,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy=strategy,
+    )
+    return _build(transformers.LlavaForConditionalGeneration, config)
+
+
+def tiny_video_llava() -> Any:
+    """Video-LLaVA: CLIP towers; 16 placeholders per image (CLS dropped), 17 per video frame."""
+    config = transformers.VideoLlavaConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMG,
+        video_token_index=VID,
+        vision_feature_layer=-1,
+    )
+    return _build(transformers.VideoLlavaForConditionalGeneration, config)
+
+
+def tiny_voxtral() -> Any:
+    """Voxtral: 40-frame chunks of 16 mel bins, 5 placeholders per chunk."""
+    audio = {
+        "hidden_size": 32,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_mel_bins": 16,
+        "max_source_positions": 20,
+        "vocab_size": 128,
+    }
+    config = transformers.VoxtralConfig(
+        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
+    )
+    return _build(transformers.VoxtralForConditionalGeneration, config)
+
+
+def tiny_internvl() -> Any:
+    """InternVL: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile."""
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": [32, 32],
+        "patch_size": [8, 8],
+    }
+    config = transformers.InternVLConfig(
+        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_id=IMG, image_seq_length=4
+    )
+    return _build(transformers.InternVLForConditionalGeneration, config)
+
+
+def tiny_aya_vision() -> Any:
+    """Aya Vision: SigLIP tower on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile; Cohere 2 text (sliding + full)."""
+    text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    config = transformers.AyaVisionConfig(
+        text_config=text, vision_config=_SIGLIP, image_token_index=IMG, downsample_factor=2
+    )
+    return _build(transformers.AyaVisionForConditionalGeneration, config)
+
+
+def tiny_llama4() -> Any:
+    """Llama 4: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile; chunked (8) + full text layers, MoE."""
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    text = {
+        **_TEXT,
+        "head_dim": 16,
+        "intermediate_size_mlp": 128,
+        "num_local_experts": 2,
+        "interleave_moe_layer_step": 2,
+        "attention_chunk_size": 8,
+        "no_rope_layer_interval": 2,
+        "floor_scale": 4,
+        "rope_parameters": rope,
+    }
+    vision = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vision_output_dim": 64,
+        "image_size": 32,
+        "patch_size": 8,
+        "projector_input_dim": 64,
+        "projector_output_dim": 64,
+        "rope_parameters": rope,
+    }
+    config = transformers.Llama4Config(
+        text_config=text, vision_config=vision, image_token_index=IMG, boi_token_index=110, eoi_token_index=111
+    )
+    torch.manual_seed(0)
+    config._attn_implementation = "eager"
+    # Not `_build`: its float32 cast would drop the imaginary part of the vision tower's complex rotary buffer.
+    return _finalize_in_place(transformers.Llama4ForConditionalGeneration(config).eval())  # type: ignore[no-untyped-call]
+
+
+def _finalize_in_place(model: Any) -> Any:
+    """`tiny_models._finalize` without the dtype cast (the model is built in float32 already)."""
+    buffers = {name: b.clone() for name, b in model.named_buffers() if b.is_complex()}
+    model = _finalize(model)
+    for name, buffer in buffers.items():
+        module_name, _, leaf = name.rpartition(".")
+        model.get_submodule(module_name)._buffers[leaf] = buffer
+    return model
+
+
+def tiny_lighton_ocr() -> Any:
+    """LightOnOCR: Mistral 3's Pixtral tower and 2x2 patch merger, Qwen 3 text."""
+    config = transformers.LightOnOcrConfig(
+        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=_PIXTRAL, image_token_id=IMG
+    )
+    return _build(transformers.LightOnOcrForConditionalGeneration, config)
+
+
+def tiny_cohere2_vision() -> Any:
+    """Cohere 2 Vision: SigLIP on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile."""
+    text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    config = transformers.Cohere2VisionConfig(
+        text_config=text, vision_config=_SIGLIP, image_token_id=IMG, alignment_intermediate_size=64
+    )
+    return _build(transformers.Cohere2VisionForConditionalGeneration, config)
+
+
+def tiny_got_ocr2() -> Any:
+    """GOT-OCR 2: a SAM-style tower (windowed and global attention) on 64x64 images: 4 placeholders each."""
+    vision = {
+        "hidden_size": 32,
+        "output_channels": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 64,
+        "patch_size": 8,
+        "window_size": 4,
+        "global_attn_indexes": [1],
+        "mlp_dim": 64,
+    }
+    config = transformers.GotOcr2Config(
+        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_index=IMG
+    )
+    return _build(transformers.GotOcr2ForConditionalGeneration, config)
+
+
+def tiny_deepseek_vl() -> Any:
+    """DeepSeek-VL: SigLIP tower, 16 placeholders per 32x32 image."""
+    config = transformers.DeepseekVLConfig(
+        text_config={**_TEXT, "model_type": "llama"}, vision_config=_SIGLIP, image_token_id=IMG
+    )
+    return _build(transformers.DeepseekVLForConditionalGeneration, config)
+
+
+def tiny_qianfan_ocr() -> Any:
+    """Qianfan-OCR: InternVL's layout, Qwen 3 text: 4 placeholders per tile."""
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": [32, 32],
+        "patch_size": [8, 8],
+    }
+    config = transformers.QianfanOCRConfig(
+        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+        vision_config=vision,
+        image_token_id=IMG,
+        image_seq_length=4,
+    )
+    return _build(transformers.QianfanOCRForConditionalGeneration, config)
+
+
+def tiny_aria() -> Any:
+    """Aria: Idefics3-style tower on 32x32 crops with a pixel mask, 4 queries per crop; MoE text."""
+    vision = {**_CLIP, "model_type": "idefics3_vision"}
+    text = {**_TEXT, "model_type": "aria_text", "head_dim": 16}
+    text.update(moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1)
+    config = transformers.AriaConfig(
+        vision_config=vision, text_config=text, image_token_index=IMG, projector_patch_to_query_dict={16: 4}
+    )
+    return _build(transformers.AriaForConditionalGeneration, config)
+
+
+def tiny_janus() -> Any:
+    """Janus: SigLIP-style tower on 32x32 images, 16 placeholders each; a tiny VQ-VAE for its image-generation head."""
+    vision = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+        "projection_dim": 64,
+        "num_image_tokens": 16,
+        "mlp_ratio": 2,
+    }
+    vq = {
+        "embed_dim": 8,
+        "num_embeddings": 32,
+        "latent_channels": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1],
+        "num_res_blocks": 1,
+        "num_patches": 4,
+        "projection_dim": 64,
+        "image_token_embed_dim": 64,
+    }
+    config = transformers.JanusConfig(
+        text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
+    )
+    return _build(transformers.JanusForConditionalGeneration, config)
+
+
+def tiny_lfm2_vl() -> Any:
+    """LFM2-VL: SigLIP 2 NaFlex tower (4x4-pixel patches), 2x2 patches per placeholder; LFM2 text [conv, attn] x 2."""
+    text = {**_TEXT, "model_type": "lfm2", "num_hidden_layers": 4, "conv_L_cache": 3, "block_auto_adjust_ff_dim": False}
+    text["layer_types"] = ["conv", "full_attention", "conv", "full_attention"]
+    vision = {
+        "model_type": "siglip2_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "patch_size": LFM2_PATCH,
+        "num_patches": 16,
+        "vision_use_head": False,
+    }
+    config = transformers.Lfm2VlConfig(
+        text_config=text, vision_config=vision, image_token_id=IMG, downsample_factor=2, projector_hidden_size=64
+    )
+    return _build(transformers.Lfm2VlForConditionalGeneration, config)
+
+
+def tiny_mistral_large4() -> Any:
+    """Mistral Large 4: Mistral 3's Pixtral tower and 2x2 patch merger; MLA text with an indexer (sparse attention) and experts."""
+    text = {
+        **_TEXT,
+        "model_type": "mistral_large4_text",
+        "num_key_value_heads": 4,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "head_dim": 8,
+        "index_topk": 256,  # every key of the media prompts: past it a store runs cold (`indexer_top_k`)
+        "index_n_heads": 8,
+        "index_head_dim": 16,
+    }
+    config = transformers.MistralLarge4Config(
+        text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2
+    )
+    return _build(transformers.MistralLarge4ForConditionalGeneration, config)
+
+
+def tiny_vipllava() -> Any:
+    """VipLLaVA (LLaVA with multi-layer vision features): 16 placeholders per 32x32 image (CLS dropped)."""
+    config = transformers.VipLlavaConfig(  # type: ignore[call-arg]
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_CLIP,
+        image_token_index=IMG,
+        vision_feature_layers=[-2, -1],
+    )
+    return _build(transformers.VipLlavaForConditionalGeneration, config)
+
+
+#: LFM2-VL rows: patches of 4x4 pixels (3 channels), padded to 24 patches per row.
+LFM2_PATCH, LFM2_ROW_LEN = 4, 24
+
+_BUILDERS = {
+    "mistral3": tiny_mistral3,
+    "llava_pixtral": tiny_llava_pixtral,
+    "video_llava": tiny_video_llava,
+    "voxtral": tiny_voxtral,
+    "internvl": tiny_internvl,
+    "aya_vision": tiny_aya_vision,
+    "llama4": tiny_llama4,
+    "lighton_ocr": tiny_lighton_ocr,
+    "cohere2_vision": tiny_cohere2_vision,
+    "got_ocr2": tiny_got_ocr2,
+    "deepseek_vl": tiny_deepseek_vl,
+    "qianfan_ocr": tiny_qianfan_ocr,
+    "aria": tiny_aria,
+    "janus": tiny_janus,
+    "lfm2_vl": tiny_lfm2_vl,
+    "mistral_large4": tiny_mistral_large4,
+    "vipllava": tiny_vipllava,
+}
+#: Generic families whose text layers hold states: each prefix restores only at a snapshot.
+STATE_FAMILIES = ("lfm2_vl",)
+#: Attention-only families served by `GenericMedia`, plus SmolVLM's videos through its own adapter.
+GENERIC_FAMILIES = (*(name for name in _BUILDERS if name not in STATE_FAMILIES), "smolvlm_video")
+#: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
+PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr", "mistral_large4")
+#: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
+PLAIN = ("deepseek_vl", "janus", "vipllava")
+#: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
+FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "aria")
+
+
+@functools.cache
+def pixtral_processor(spatial_merge_size: int) -> Any:
+    """The real `PixtralProcessor` (PIL image processor, images up to 64x64) with the tiny tokenizer: [IMG] is 120.
+
+    Its module imports one size helper from the torchvision image processor (torchvision is not
+    installed here); the PIL module's identical helper stands in for it.
+    """
+    from transformers.models.pixtral import image_processing_pil_pixtral
+
+    shim = types.ModuleType("transformers.models.pixtral.image_processing_pixtral")
+    shim.get_resize_output_image_size = image_processing_pil_pixtral.get_resize_output_image_size  # type: ignore[attr-defined]
+    sys.modules.setdefault(shim.__name__, shim)
+    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+
+    image_processor = transformers.PixtralImageProcessorPil(patch_size=8, size={"longest_edge": 64})
+    return PixtralProcessor(
+        image_processor=image_processor,
+        tokenizer=tiny_tokenizer(["[IMG]", "[IMG_BREAK]", "[IMG_END]"]),
+        patch_size=8,
+        spatial_merge_size=spatial_merge_size,
+    )
+
+
+@functools.cache
+def cached_generic(name: str) -> Any:
+    """One model per family per session."""
+    return cached_vlm("smolvlm") if name == "smolvlm_video" else _BUILDERS[name]()
+
+
+def _rand(seed: int, *shape: int) -> torch.Tensor:
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One medium: its kind, its rows (one per keyed item), its placeholder tokens and each row's span in them."""
+
+    kind: str
+    rows: tuple[torch.Tensor, ...]
+    tokens: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+
+
+def _grid_tokens(rows: int, cols: int) -> tuple[list[int], tuple[int, int]]:
+    """Pixtral placeholders: `rows` runs of `cols` [IMG], [IMG_BREAK] between, [IMG_END] last; span of the item."""
+    tokens: list[int] = []
+    for _ in range(rows):
+        tokens += [IMG] * cols + [BREAK]
+    tokens[-1] = END
+    return tokens, (0, len(tokens) - 1)
+
+
+class GenericFamily:
+    """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = cached_generic(name)
+
+    def medium(self, seed: int) -> Medium:
+        """Pool medium `seed`: sizes, tile or chunk counts and kinds vary with the seed (seeds 1 and 13 agree)."""
+        name, shape = self.name, seed % 3
+        if name in PIXTRAL:
+            stride = 8 if name == "llava_pixtral" else 16
+            height, width = [(2, 3), (2, 3), (3, 2)][shape]  # seeds 0 and 1: one layout, other pixels
+            tokens, span = _grid_tokens(height, width)
+            return Medium("image", (_rand(seed, 3, height * stride, width * stride),), tuple(tokens), (span,))
+        if name in PLAIN:
+            return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
+        if name == "video_llava":
+            if seed % 2:
+                return Medium("video", (_rand(seed, 2, 3, 32, 32),), (VID,) * 34, ((0, 34),))
+            return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
+        if name == "lfm2_vl":
+            return lfm2_vl_medium(seed, framed=True)
+        count = 2 if shape == 2 else 1  # tiles, chunks or frames
+        if name == "voxtral":
+            rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
+            return Medium("audio", rows, (110, *[AUD] * 5 * count), tuple((1 + 5 * i, 6 + 5 * i) for i in range(count)))
+        side = 64 if name == "got_ocr2" else 32
+        tiles = tuple(_rand(seed * 7 + i, 3, side, side) for i in range(count))
+        if name in FRAMED_TILES:
+            return Medium(
+                "image", tiles, (110, *[IMG] * 4 * count, 111), tuple((1 + 4 * i, 5 + 4 * i) for i in range(count))
+            )
+        if name == "aya_vision":
+            tokens = [110, *[t for _ in range(count) for t in (111, *[IMG] * 4)], 112]
+            return Medium("image", tiles, tuple(tokens), tuple((2 + 5 * i, 6 + 5 * i) for i in range(count)))
+        if name == "llama4":
+            # Local tiles (x-separated, then a y-separator), then <|image|> and the global tile.
+            local = [t for _ in range(count - 1) for t in (*[IMG] * 4, 111)] + ([112] if count > 1 else [])
+            tokens = [110, *local, 113, *[IMG] * 4, 114]
+            starts = [1 + 5 * i for i in range(count - 1)] + [len(tokens) - 5]
+            return Medium("image", tiles, tuple(tokens), tuple((s, s + 4) for s in starts))
+        # SmolVLM video: each frame after its timestamp text, framed by fake-image ids.
+        frames = (*tiles, _rand(seed * 7 + 5, 3, 32, 32))
+        tokens, spans = [], []
+        for f in range(len(frames)):
+            tokens += [9, 10 + f, FAKE_IMAGE_ID, 111]  # timestamp text, fake-image and global-image ids
+            spans.append((len(tokens), len(tokens) + 4))
+            tokens += [IMG] * 4 + [FAKE_IMAGE_ID]
+        return Medium("video", frames, tuple(tokens), tuple(spans))
+
+    def placeholders(self, medium: Medium) -> torch.Tensor:
+        return torch.tensor([list(medium.tokens)])
+
+    def kwargs(self, media: list[Medium]) -> dict[str, Any]:
+        """What the family's processor hands `generate` for `media` in prompt order."""
+        if not media:
+            return {}
+        if self.name in PIXTRAL:
+            images = [m.rows[0] for m in media]
+            height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
+            padded = torch.zeros(len(images), 3, height, width)
+            for k, image in enumerate(images):
+                padded[k, :, : image.shape[1], : image.shape[2]] = image
+            sizes = torch.tensor([list(i.shape[1:]) for i in images])
+            return {"pixel_values": padded, "image_sizes": sizes}
+        if self.name == "video_llava":
+            out: dict[str, Any] = {}
+            for kind, name in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+                firsts = [m.rows[0] for m in media if m.kind == kind]
+                if firsts:
+                    out[name] = torch.stack(firsts)
+            return out
+        if self.name == "lfm2_vl":
+            return lfm2_vl_kwargs([row for m in media for row in m.rows])
+        rows = torch.stack([row for m in media for row in m.rows])
+        if self.name == "voxtral":
+            return {"input_features": rows}
+        if self.name == "aria":
+            # The processor pads each crop to a square; its mask marks the valid pixels (here: the right
+            # quarter of a medium's second crop is padding).
+            masks = [torch.ones(32, 32, dtype=torch.bool) for m in media for _ in m.rows]
+            seconds = [i for i, j in enumerate(j for m in media for j in range(len(m.rows))) if j == 1]
+            for i in seconds:
+                masks[i][:, 24:] = False
+            mask = torch.stack(masks)
+            return {"pixel_values": rows * mask[:, None], "pixel_mask": mask}
+        if self.name == "smolvlm_video":
+            # The video processor's frames of one video, and its padding mask (all valid: one video per prompt).
+            mask = torch.ones(1, rows.shape[0], *rows.shape[2:], dtype=torch.bool)
+            return {"pixel_values": rows[None], "pixel_attention_mask": mask}
+        return {"pixel_values": rows}
+
+    def towers(self) -> list[Any]:
+        if self.name == "llama4":
+            return [self.model.vision_model]
+        inner = self.model.model
+        names = {
+            "video_llava": ["image_tower", "video_tower"],
+            "voxtral": ["audio_tower"],
+            "smolvlm_video": ["vision_model"],
+            "deepseek_vl": ["vision_model"],
+            "janus": ["vision_model"],
+            "lighton_ocr": ["vision_encoder"],
+        }
+        return [getattr(inner, n) for n in names.get(self.name, ["vision_tower"])]
+
+    def encoded(self, ids: torch.Tensor, media: list[Medium], store: Any = None) -> int:
+        """Run `ids` (through `store` if given); return how many rows (images, tiles, frames, chunks) the towers saw."""
+        seen: list[int] = []
+
+        def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
+            first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+            seen.append(int(first.shape[0]))
+
+        handles = [tower.register_forward_hook(record, with_kwargs=True) for tower in self.towers()]
+        extra = {"past_key_values": store} if store is not None else {}
+        try:
+            generate(self.model, ids, NEW, suppress_tokens=SPECIAL_IDS, **extra, **self.kwargs(media))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return sum(seen)
+
+
+def lfm2_vl_medium(seed: int, framed: bool = True) -> Medium:
+    """LFM2-VL pool medium `seed` (seeds 1 and 13 agree in shape): rows ``[h, w, 48]`` of patches.
+
+    Shape 0: one 4x6-patch tile, 6 placeholders. Shape 2: two 4x4 tiles (a 1x2 grid) and a 2x4
+    thumbnail, 4 + 4 + 2 placeholders. `framed` adds the processor's image start/end (110/111),
+    tile (112, 113) and thumbnail (114) ids; without them the placeholders of all rows form one run.
+    """
+    dim = 3 * LFM2_PATCH * LFM2_PATCH
+    shapes = [(4, 4), (4, 4), (2, 4)] if seed % 3 == 2 else [(4, 6)]
+    rows = tuple(_rand(seed * 7 + i, h, w, dim) for i, (h, w) in enumerate(shapes))
+    counts = [h * w // 4 for h, w in shapes]
+    tokens: list[int] = [110] if framed else []
+    spans = []
+    for i, count in enumerate(counts):
+        if framed and len(counts) > 1:
+            tokens.append(114 if i == len(counts) - 1 else 112 + i)  # the tile's position, or the thumbnail's mark
+        spans.append((len(tokens), len(tokens) + count))
+        tokens += [IMG] * count
+    tokens += [111] if framed else []
+    return Medium("image", rows, tuple(tokens), tuple(spans))
+
+
+def lfm2_vl_kwargs(rows: list[torch.Tensor]) -> dict[str, Any]:
+    """What LFM2-VL's processor hands `generate`: patch rows padded to 24, their int32 mask and h x w patches."""
+    pixel_values = torch.zeros(len(rows), LFM2_ROW_LEN, rows[0].shape[-1])
+    mask = torch.zeros(len(rows), LFM2_ROW_LEN, dtype=torch.int32)
+    for i, row in enumerate(rows):
+        n = row.shape[0] * row.shape[1]
+        pixel_values[i, :n] = row.reshape(n, -1)
+        mask[i, :n] = 1
+    shapes = torch.tensor([list(row.shape[:2]) for row in rows])
+    return {"pixel_values": pixel_values, "pixel_attention_mask": mask, "spatial_shapes": shapes}

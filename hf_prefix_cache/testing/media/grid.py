@@ -1,0 +1,263 @@
+"""Tiny models and media of the generic table's ``"thw"`` families: flattened patch rows keyed by a ``(t, h, w)`` grid.
+
+Each item is ``t * h * w`` rows of patch values (one row per patch) with its grid row; its
+placeholders follow the family's merge (and, where the tower averages a video's frames, one
+frame's worth). Framing ids 110/111 around each item; placeholders: image 120, video 121.
+Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
+
+* ``kimi_k25``: Kimi-K2.5 (MoonViT-style tower, 2x2 merge kernel, frames averaged; DeepSeek-V3
+  text with MLA and experts): rows ``[3, 4, 4]`` pixels per patch.
+* ``minimax_m3_vl``: MiniMax-M3-VL: rows of ``3 * 2 * 4 * 4`` values (2 frames of 4x4 pixels), 2x2 merge;
+  every frame counts (``t * h * w / 4`` placeholders).
+* ``lfm3_vl``: LFM3-VL: MiniMax-M3-VL's rows and counts; its LFM3 text layers hold conv states.
+* ``exaone4_5``: EXAONE 4.5: rows of ``3 * 2 * 2 * 2`` values, 2x2 merge, 1D positions.
+* ``video_llama_3``: Video-LLaMA 3: rows of ``3 * 4 * 4`` pixels, each item's merge size (2) in
+  `image_merge_sizes` / `video_merge_sizes`; no video compression mask.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+
+from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
+
+IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
+FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3", "exaone4_5")
+_IDS: dict[str, Any] = {
+    "image_token_id": IMG,
+    "video_token_id": VID,
+    "vision_start_token_id": 122,
+    "vision_end_token_id": 123,
+}
+_MLA_MOE: dict[str, Any] = {
+    "model_type": "deepseek_v3",
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 8,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+}
+
+
+def tiny_kimi_k25() -> Any:
+    """Kimi-K2.5: 4x4-pixel patches, 2x2 merge kernel; a video's frames are averaged into one frame's placeholders."""
+    vision = {
+        "patch_size": 4,
+        "pos_emb_height": 8,
+        "pos_emb_width": 8,
+        "pos_emb_time": 4,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "merge_kernel_size": [2, 2],
+    }
+    config = transformers.Kimi_K25Config(
+        text_config={**_TEXT, **_MLA_MOE}, vision_config=vision, projection_hidden_size=32, **_IDS
+    )
+    return _build(transformers.Kimi_K25ForConditionalGeneration, config)
+
+
+def tiny_minimax_m3_vl() -> Any:
+    """MiniMax-M3-VL: a CLIP-like tower (Conv3d patches of 2 frames x 4x4 pixels, 3D RoPE), 2x2 merge; MoE text."""
+    text = {
+        **_TEXT,
+        "model_type": "minimax_m3_vl_text",
+        "head_dim": 16,
+        "rotary_dim": 16,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 4,
+        "dense_intermediate_size": 128,
+        "shared_intermediate_size": 64,
+        "index_n_heads": 8,
+        "index_head_dim": 16,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 4,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+    }
+    config = transformers.MiniMaxM3VLConfig(
+        text_config=text, vision_config=vision, projector_hidden_size=64, image_token_index=IMG, video_token_index=VID
+    )
+    return _build(transformers.MiniMaxM3SparseForConditionalGeneration, config)
+
+
+def tiny_lfm3_vl() -> Any:
+    """LFM3-VL: a conv + attention tower on flattened patch rows (2 frames x 4x4 pixels), 2x2 merge; LFM3 text
+    [conv, full, sliding, conv] (conv states: the hook prefills media prompts itself)."""
+    text = {
+        **_TEXT,
+        "model_type": "lfm3",
+        "head_dim": 16,
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention", "sliding_attention", "conv"],
+        "sliding_window": 8,
+        "conv_L_cache": 3,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "layer_types": ["conv", "full_attention"],
+    }
+    config = transformers.Lfm3VlConfig(text_config=text, vision_config=vision, projector_hidden_size=64, **_IDS)
+    return _build(transformers.Lfm3VlForConditionalGeneration, config)
+
+
+def tiny_video_llama_3() -> Any:
+    """Video-LLaMA 3: a SigLIP-style tower on flattened 4x4-pixel patch rows; images merge 2x2, videos 2x2 too here."""
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "patch_size": 4,
+    }
+    config = transformers.VideoLlama3Config(
+        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config=vision,
+        image_token_id=IMG,
+        video_token_id=VID,
+    )
+    return _build(transformers.VideoLlama3ForConditionalGeneration, config)
+
+
+def tiny_exaone4_5() -> Any:
+    """EXAONE 4.5: a Qwen2.5-VL-style tower (window + full blocks) on flattened 2x2x2 patch rows, 2x2 merge;
+    EXAONE 4 text [sliding, full] with 1D positions."""
+    text = {**_TEXT, "model_type": "exaone4", "head_dim": 16, "sliding_window": 8}
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 4,
+        "num_key_value_heads": 4,
+        "patch_size": 2,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 8,
+        "out_hidden_size": 64,
+        "fullatt_block_indexes": [1],
+    }
+    config = transformers.Exaone4_5_Config(
+        text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID
+    )
+    return _build(transformers.Exaone4_5_ForConditionalGeneration, config)
+
+
+_BUILDERS = {
+    "exaone4_5": tiny_exaone4_5,
+    "kimi_k25": tiny_kimi_k25,
+    "minimax_m3_vl": tiny_minimax_m3_vl,
+    "lfm3_vl": tiny_lfm3_vl,
+    "video_llama_3": tiny_video_llama_3,
+}
+#: Per family: the shape of one patch row.
+_ROW = {
+    "kimi_k25": (3, 4, 4),
+    "minimax_m3_vl": (3 * 2 * 4 * 4,),
+    "lfm3_vl": (3 * 2 * 4 * 4,),
+    "video_llama_3": (3 * 4 * 4,),
+    "exaone4_5": (3 * 2 * 2 * 2,),
+}
+#: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
+_MERGE = {
+    "kimi_k25": (4, True),
+    "minimax_m3_vl": (4, False),
+    "lfm3_vl": (4, False),
+    "video_llama_3": (4, False),
+    "exaone4_5": (4, False),
+}
+#: Families that take each item's merge size as a kwarg (`*_merge_sizes`), all 2 here.
+_OWN_MERGES = ("video_llama_3",)
+#: Families whose text layers hold states: a prefix restores only at a snapshot.
+STATE_FAMILIES = ("lfm3_vl",)
+GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
+VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
+#: transformers 5.23's Kimi-K2.5 splits its frame-averaged video features by ``t * h * w`` (a cold
+#: run fails for ``t > 1``): there its videos have one frame.
+_ONE_FRAME = {"kimi_k25"} if Version(transformers.__version__) < Version("5.24") else set()
+
+
+@functools.cache
+def cached_grid(name: str) -> Any:
+    return _BUILDERS[name]()
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One image or video: its kind, seed and ``(t, h, w)`` grid."""
+
+    kind: str
+    seed: int
+    grid: tuple[int, int, int]
+
+
+class GridFamily:
+    """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = cached_grid(name)
+
+    def image(self, seed: int) -> Medium:
+        return Medium("image", seed, GRIDS[seed % 3])
+
+    def video(self, seed: int) -> Medium:
+        t, h, w = VIDEO_GRIDS[seed % 3]
+        return Medium("video", seed, (1 if self.name in _ONE_FRAME else t, h, w))
+
+    def count(self, medium: Medium) -> int:
+        merge, pooled = _MERGE[self.name]
+        t, h, w = medium.grid
+        return (1 if pooled else t) * h * w // merge
+
+    def placeholders(self, medium: Medium) -> torch.Tensor:
+        token = IMG if medium.kind == "image" else VID
+        return torch.tensor([[OPEN, *[token] * self.count(medium), CLOSE]])
+
+    def rows(self, medium: Medium) -> torch.Tensor:
+        t, h, w = medium.grid
+        return torch.rand(t * h * w, *_ROW[self.name], generator=torch.Generator().manual_seed(medium.seed))
+
+    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
+        """What the processor hands `generate` for `media` in prompt order."""
+        out: dict[str, Any] = {}
+        for kind, data, grid in (
+            ("image", "pixel_values", "image_grid_thw"),
+            ("video", "pixel_values_videos", "video_grid_thw"),
+        ):
+            mine = [m for m in media if m.kind == kind]
+            if mine:
+                out[data] = torch.cat([self.rows(m) for m in mine])
+                out[grid] = torch.tensor([list(m.grid) for m in mine])
+                if self.name in _OWN_MERGES:
+                    out[f"{kind}_merge_sizes"] = torch.tensor([2] * len(mine))
+        return out

@@ -1,0 +1,120 @@
+"""Tiny Qwen3.5 (dense, MoE) and Qwen3-VL-MoE models and their media, as their media tests and the sweep build them.
+
+All three take Qwen2-VL's patch layout (``t*h*w`` flattened rows of ``3*2*2*2`` values per item,
+2x2 merge: ``t*h*w/4`` placeholders) and write a video as Qwen3-VL does: per frame its
+timestamp text, vision start, ``h*w/4`` placeholders, vision end (`tiny_qwen_media`). Qwen3.5's
+text layers alternate gated delta-net (recurrent state) and full attention, with interleaved
+M-RoPE; Qwen3-VL-MoE is Qwen3-VL (deepstack) with expert layers. Ids as `tiny_vlms`: images
+120, videos 121, vision start/end 122/123. Pool seeds 1 and 13 give one layout, other content.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+
+from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
+from hf_prefix_cache.testing.tiny_vlms import (
+    _QWEN_IDS,
+    _QWEN_TOWER,
+    _TEXT,
+    IMAGE_ID,
+    VIDEO_ID,
+    _build,
+)
+
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
+#: Families whose text layers hold recurrent states.
+HYBRID = ("qwen3_5", "qwen3_5_moe")
+GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
+VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (3, 2, 2)]
+
+_ROPE = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+_VISION: dict[str, Any] = {"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64}
+_IDS = _QWEN_IDS
+_HYBRID_TEXT: dict[str, Any] = {
+    **_TEXT,
+    "head_dim": 16,
+    "rope_parameters": {**_ROPE, "partial_rotary_factor": 1.0},
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+_MOE = {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
+
+
+def tiny_qwen3_5() -> Any:
+    """Qwen3.5: [gated delta-net, full attention] x 2 text layers, Qwen3-VL-style tower without deepstack."""
+    config = transformers.Qwen3_5Config(text_config=_HYBRID_TEXT, vision_config=_VISION, **_IDS)
+    return _build(transformers.Qwen3_5ForConditionalGeneration, config)
+
+
+def tiny_qwen3_5_moe() -> Any:
+    """Qwen3.5-MoE: Qwen3.5 with expert MLPs."""
+    config = transformers.Qwen3_5MoeConfig(text_config={**_HYBRID_TEXT, **_MOE}, vision_config=_VISION, **_IDS)
+    return _build(transformers.Qwen3_5MoeForConditionalGeneration, config)
+
+
+def tiny_qwen3_vl_moe() -> Any:
+    """Qwen3-VL-MoE: Qwen3-VL (interleaved M-RoPE, deepstack) with expert MLPs."""
+    text = {**_TEXT, "head_dim": 16, "rope_parameters": _ROPE, **_MOE, "decoder_sparse_step": 1}
+    text.pop("shared_expert_intermediate_size")
+    vision = {**_VISION, "deepstack_visual_indexes": [0]}
+    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision, **_IDS)
+    return _build(transformers.Qwen3VLMoeForConditionalGeneration, config)
+
+
+@functools.cache
+def cached_qwen3(name: str) -> Any:
+    return {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "qwen3_vl_moe": tiny_qwen3_vl_moe}[name]()
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One image or video: its kind, seed and grid."""
+
+    kind: str
+    seed: int
+    grid: tuple[int, int, int]
+
+
+class Qwen3Family:
+    """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = cached_qwen3(name)
+
+    def image(self, seed: int) -> Medium:
+        return Medium("image", seed, GRIDS[seed % 3])
+
+    def video(self, seed: int) -> Medium:
+        return Medium("video", seed, VIDEO_GRIDS[seed % 3])
+
+    def placeholders(self, medium: Medium) -> torch.Tensor:
+        return image_tokens(medium.grid) if medium.kind == "image" else qwen3_video_tokens(medium.grid)
+
+    def first(self, medium: Medium) -> int:
+        """Offset of the medium's first placeholder in its tokens."""
+        return int((self.placeholders(medium)[0] == (IMAGE_ID if medium.kind == "image" else VIDEO_ID)).nonzero()[0])
+
+    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
+        """What the processor hands `generate` for `ids` holding `media` in prompt order."""
+        out: dict[str, Any] = {"mm_token_type_ids": (ids == IMAGE_ID).int() + 2 * (ids == VIDEO_ID).int()}
+        for kind, pixels, grid in (
+            ("image", "pixel_values", "image_grid_thw"),
+            ("video", "pixel_values_videos", "video_grid_thw"),
+        ):
+            mine = [m for m in media if m.kind == kind]
+            if mine:
+                out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
+                out[grid] = torch.tensor([list(m.grid) for m in mine])
+        return out

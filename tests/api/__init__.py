@@ -1,0 +1,1 @@
+"""PrefixCache's public surface, the supported releases, real models and real shapes (hf_prefix_cache/api)."""

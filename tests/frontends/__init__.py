@@ -1,0 +1,1 @@
+"""The CLI, the demo, the Gradio chat, the server and the notebooks (hf_prefix_cache/frontends)."""

@@ -1,0 +1,158 @@
+"""`PrefixCache(model, attach="all")`: calls that name no cache use the store; request scopes salt and report them."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import LOGIT_TOL, build, distinct_prompt, generate, max_logit_diff
+from transformers import DynamicCache
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.store.scope import RequestScope, active, current
+
+
+def test_uncached_calls_reuse_exactly() -> None:
+    """With attach="all", `generate` without a cache argument reuses the stored prompt and equals a cold run."""
+    model = build("llama")
+    ids = distinct_prompt(1, 40)
+    longer = torch.cat([ids, distinct_prompt(2, 9)], dim=1)
+    cold = [generate(model, ids), generate(model, longer)]
+    store = PrefixCache(model, attach="all")
+    try:
+        warm = [generate(model, ids), generate(model, longer)]
+        for a, b in zip(cold, warm, strict=True):
+            assert torch.equal(a.sequences, b.sequences)
+            assert max_logit_diff(a, b) < LOGIT_TOL
+        stats = store.stats()
+        assert stats.requests == 2
+        assert stats.hit_tokens == ids.shape[1]  # the second prompt extends the first one
+    finally:
+        store.detach()
+
+
+def test_a_call_with_its_own_cache_is_left_alone() -> None:
+    """A call that passes its own DynamicCache runs untouched: the store neither serves nor counts it."""
+    model = build("llama")
+    ids = distinct_prompt(3, 30)
+    cold = generate(model, ids)
+    store = PrefixCache(model, attach="all")
+    try:
+        own = DynamicCache(config=model.config)
+        out = generate(model, ids, past_key_values=own)
+        assert torch.equal(out.sequences, cold.sequences)
+        assert own.get_seq_length() == ids.shape[1] + 5
+        assert store.stats().requests == 0 and store.stats().entries == 0
+    finally:
+        store.detach()
+
+
+def test_off_by_default() -> None:
+    """A plain `PrefixCache(model)` serves only calls that pass it: an uncached call is not counted."""
+    model = build("llama")
+    store = PrefixCache(model)
+    try:
+        generate(model, distinct_prompt(4, 20))
+        assert store.stats().requests == 0 and store.stats().entries == 0
+    finally:
+        store.detach()
+
+
+def test_detach_restores_the_model_exactly() -> None:
+    """After `detach`, the model's attributes are what they were and uncached calls are no longer served."""
+    model = build("llama")
+    before = dict(vars(model))
+    store = PrefixCache(model, attach="all")
+    assert vars(model)["generate"] is not before.get("generate")
+    store.detach()
+    assert dict(vars(model)).keys() == before.keys()
+    assert all(vars(model)[k] is v for k, v in before.items())
+    assert model.generate.__func__ is type(model).generate
+    generate(model, distinct_prompt(5, 20))
+    assert store.stats().requests == 0
+
+
+def test_attach_rejects_other_values() -> None:
+    """`attach` is True, False or "all"; anything else is a ValueError that lists them."""
+    with pytest.raises(ValueError, match='"all"'):
+        PrefixCache(build("llama"), attach="everything")  # type: ignore[arg-type]
+
+
+def test_request_scope_salts_and_reports() -> None:
+    """A scope's salt keeps its entries apart from other salts' and unsalted ones; the scope receives the hit."""
+    model = build("llama")
+    ids = distinct_prompt(6, 32)
+    store = PrefixCache(model, attach="all")
+    try:
+        with active(RequestScope(salt="a")) as first:
+            generate(model, ids)
+        assert first is not None and first.cached_len == 0 and first.num_calls == 1
+        with active(RequestScope(salt="a")) as again:
+            hit = generate(model, ids)
+        assert again is not None and again.cached_len == ids.shape[1] - 1
+        with active(RequestScope(salt="b")) as other:
+            miss = generate(model, ids)
+        assert other is not None and other.cached_len == 0
+        unsalted = RequestScope()
+        with active(unsalted):
+            generate(model, ids)
+        assert unsalted.cached_len == 0  # nothing stored without a salt yet
+        assert torch.equal(hit.sequences, miss.sequences)
+        assert store.stats().hit_tokens == ids.shape[1] - 1
+        store.check_integrity()
+    finally:
+        store.detach()
+
+
+def test_request_scope_of_a_cold_run_reports_nothing() -> None:
+    """A call the store runs cold (beam search) leaves the scope at zero calls and zero cached tokens."""
+    model = build("llama")
+    ids = distinct_prompt(7, 24)
+    store = PrefixCache(model, attach="all")
+    try:
+        generate(model, ids)
+        scope = RequestScope()
+        with active(scope):
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, num_beams=2, do_sample=False)
+        assert scope.num_calls == 0 and scope.cached_len == 0
+        assert sum(store.stats().fallbacks.values()) == 1
+    finally:
+        store.detach()
+
+
+def test_scopes_are_per_thread() -> None:
+    """A scope active in one thread is not seen by another, and is gone after its block."""
+    seen: list[RequestScope | None] = []
+    with active(RequestScope(salt="x")):
+        thread = threading.Thread(target=lambda: seen.append(current()))
+        thread.start()
+        thread.join()
+    assert seen == [None] and current() is None
+
+
+@pytest.mark.parametrize("salt", ["", 3])
+def test_request_scope_rejects_bad_salts(salt: object) -> None:
+    """A salt is a non-empty string."""
+    with pytest.raises(ValueError, match="non-empty string"):
+        RequestScope(salt=salt)  # type: ignore[arg-type]
+
+
+def test_encoder_decoder_uncached_calls_reuse_exactly() -> None:
+    """An encoder-decoder model (BART) attached with "all" serves uncached calls too: exact, decoder prefix and encoder reused."""
+    from integration.test_seq2seq import decoder_prompt, encoder_input, run, tiny
+
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=11)
+    prompt = decoder_prompt(model, 7, 8, 9)
+    cold = run(model, inputs, decoder_input_ids=prompt)
+    store = PrefixCache(model, attach="all")
+    try:
+        for _ in range(2):
+            warm = run(model, inputs, decoder_input_ids=prompt)
+            assert torch.equal(warm.sequences, cold.sequences)
+            assert max_logit_diff(warm, cold) < LOGIT_TOL
+        stats = store.stats()
+        assert stats.requests == 2 and stats.hit_tokens == prompt.shape[1] - 1 and stats.encoder_hits == 1
+    finally:
+        store.detach()

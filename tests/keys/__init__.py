@@ -1,0 +1,1 @@
+"""Namespaces and the weights probe (hf_prefix_cache/keys)."""
