@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 from conftest import CACHE_NAME, LOGIT_TOL, Hits, assert_same_as_cold, generate, max_logit_diff
-from generic_media_families import GenericFamily
-from tiny_models import build
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.profile import profile_model
+from hf_prefix_cache.testing.media.generic import GenericFamily
+from hf_prefix_cache.testing.tiny_models import build
 
 #: Found by test_media_generic's random conversations: Mistral Large 4's tiny indexer ties on the repeated 4s.
 TIED = torch.tensor([[6, 4, 6, 6, 42, 84, 2, 54, 0, 4, 33, 29, 81, 51, 59, 4, 4, 4]])
