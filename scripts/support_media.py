@@ -221,6 +221,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "qwen2_5_vl": lambda: _family("qwen2_5_vl"),
     "qwen3_vl": lambda: _family("qwen3_vl"),
     "gemma3": lambda: _family("gemma3"),
+    "shieldgemma2": lambda: _family("shieldgemma2"),
     "paligemma": _paligemma,
     "idefics3": lambda: _family("idefics3"),
     "smolvlm": lambda: _family("smolvlm"),
@@ -251,6 +252,8 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "cohere2_vision": lambda: _generic("cohere2_vision"),
     "qianfan_ocr": lambda: _generic("qianfan_ocr"),
     "got_ocr2": lambda: _generic("got_ocr2"),
+    "pp_chart2table": lambda: _generic("pp_chart2table"),
+    "deepseek_vl_hybrid": lambda: _generic("deepseek_vl_hybrid"),
     "deepseek_vl": lambda: _generic("deepseek_vl"),
     "janus": lambda: _generic("janus"),
     "vipllava": lambda: _generic("vipllava"),
@@ -263,6 +266,8 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "lfm3_vl": lambda: _grid("lfm3_vl"),
     "video_llama_3": lambda: _grid("video_llama_3"),
     "exaone4_5": lambda: _grid("exaone4_5"),
+    "hyperclovax_vision_v2": lambda: _grid("hyperclovax_vision_v2"),
+    "muse_glimmer": lambda: _grid("muse_glimmer"),
 }
 
 #: Adapter keys without a media case, and why.

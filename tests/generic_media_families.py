@@ -10,10 +10,11 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
   split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
-* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing.
+* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing;
+  ``deepseek_vl_hybrid`` the same, each image with a 64x64 high-resolution version (a second row).
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
-* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
-  one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
+* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``pp_chart2table`` / ``aria`` /
+  ``aya_vision`` / ``llama4``: one or two tiles (GOT-OCR 2 and PP-Chart2Table: 64x64 images) of 4 placeholders each, framed by begin/end ids
   (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
 * ``lfm2_vl``: LFM2-VL (conv + attention text layers; kept out of `GENERIC_FAMILIES`, whose hit
   counts assume attention-only models: `tests/test_media_lfm2_vl.py` tests it): a SigLIP 2
@@ -198,23 +199,39 @@ def tiny_cohere2_vision() -> Any:
     return _build(transformers.Cohere2VisionForConditionalGeneration, config)
 
 
-def tiny_got_ocr2() -> Any:
-    """GOT-OCR 2: a SAM-style tower (windowed and global attention) on 64x64 images: 4 placeholders each."""
-    vision = {
-        "hidden_size": 32,
-        "output_channels": 16,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 64,
-        "patch_size": 8,
-        "window_size": 4,
-        "global_attn_indexes": [1],
-        "mlp_dim": 64,
-    }
-    config = transformers.GotOcr2Config(
-        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_index=IMG
-    )
+#: A SAM-style tower (windowed and global attention) on 64x64 images.
+_SAM = {
+    "hidden_size": 32,
+    "output_channels": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 64,
+    "patch_size": 8,
+    "window_size": 4,
+    "global_attn_indexes": [1],
+    "mlp_dim": 64,
+}
+
+
+def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
+    """GOT-OCR 2: a SAM-style tower on 64x64 images: 4 placeholders each.
+
+    `config_cls` PPChart2TableConfig builds PP-Chart2Table (GOT-OCR 2's class, its own model type).
+    """
+    config = config_cls(text_config={**_TEXT, "model_type": "qwen2"}, vision_config=_SAM, image_token_index=IMG)
     return _build(transformers.GotOcr2ForConditionalGeneration, config)
+
+
+def tiny_deepseek_vl_hybrid() -> Any:
+    """DeepSeek-VL hybrid: a SigLIP tower on 32x32 images and a SAM-style tower on their 64x64 versions, 16
+    placeholders per image."""
+    config = transformers.DeepseekVLHybridConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_SIGLIP,
+        high_res_vision_config=_SAM,
+        image_token_id=IMG,
+    )
+    return _build(transformers.DeepseekVLHybridForConditionalGeneration, config)
 
 
 def tiny_deepseek_vl() -> Any:
@@ -354,6 +371,8 @@ _BUILDERS = {
     "lighton_ocr": tiny_lighton_ocr,
     "cohere2_vision": tiny_cohere2_vision,
     "got_ocr2": tiny_got_ocr2,
+    "pp_chart2table": lambda: tiny_got_ocr2(transformers.PPChart2TableConfig),
+    "deepseek_vl_hybrid": tiny_deepseek_vl_hybrid,
     "deepseek_vl": tiny_deepseek_vl,
     "qianfan_ocr": tiny_qianfan_ocr,
     "aria": tiny_aria,
@@ -369,9 +388,11 @@ GENERIC_FAMILIES = (*(name for name in _BUILDERS if name not in STATE_FAMILIES),
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
 PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr", "mistral_large4")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
-PLAIN = ("deepseek_vl", "janus", "vipllava")
+PLAIN = ("deepseek_vl", "janus", "vipllava", "deepseek_vl_hybrid")
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
-FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "aria")
+FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "pp_chart2table", "aria")
+#: Families whose image rows come with a high-resolution version of each image (64x64).
+HIGH_RES = ("deepseek_vl_hybrid",)
 
 
 @functools.cache
@@ -441,6 +462,9 @@ class GenericFamily:
             height, width = [(2, 3), (2, 3), (3, 2)][shape]  # seeds 0 and 1: one layout, other pixels
             tokens, span = _grid_tokens(height, width)
             return Medium("image", (_rand(seed, 3, height * stride, width * stride),), tuple(tokens), (span,))
+        if name in HIGH_RES:
+            # The processor's two versions of one picture: here the 32x32 rows and unrelated 64x64 ones.
+            return Medium("image", (_rand(seed, 3, 32, 32), _rand(seed + 100, 3, 64, 64)), (IMG,) * 16, ((0, 16),))
         if name in PLAIN:
             return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
         if name == "video_llava":
@@ -453,7 +477,7 @@ class GenericFamily:
         if name == "voxtral":
             rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
             return Medium("audio", rows, (110, *[AUD] * 5 * count), tuple((1 + 5 * i, 6 + 5 * i) for i in range(count)))
-        side = 64 if name == "got_ocr2" else 32
+        side = 64 if name in ("got_ocr2", "pp_chart2table") else 32
         tiles = tuple(_rand(seed * 7 + i, 3, side, side) for i in range(count))
         if name in FRAMED_TILES:
             return Medium(
@@ -501,6 +525,11 @@ class GenericFamily:
             return out
         if self.name == "lfm2_vl":
             return lfm2_vl_kwargs([row for m in media for row in m.rows])
+        if self.name in HIGH_RES:
+            return {
+                "pixel_values": torch.stack([m.rows[0] for m in media]),
+                "high_res_pixel_values": torch.stack([m.rows[1] for m in media]),
+            }
         rows = torch.stack([row for m in media for row in m.rows])
         if self.name == "voxtral":
             return {"input_features": rows}
@@ -528,6 +557,7 @@ class GenericFamily:
             "voxtral": ["audio_tower"],
             "smolvlm_video": ["vision_model"],
             "deepseek_vl": ["vision_model"],
+            "deepseek_vl_hybrid": ["vision_model"],
             "janus": ["vision_model"],
             "lighton_ocr": ["vision_encoder"],
         }

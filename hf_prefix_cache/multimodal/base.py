@@ -27,6 +27,7 @@ MEDIA_KWARGS = (
     "pixel_values",
     "pixel_values_videos",
     "pixel_values_images",
+    "high_res_pixel_values",
     "image_sizes",
     "image_grid_thw",
     "video_grid_thw",

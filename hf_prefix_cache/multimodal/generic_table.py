@@ -115,8 +115,15 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     "qianfan_ocr": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
     # GOT-OCR 2: a SAM-style tower per image, a fixed number of placeholders each.
     "got_ocr2": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # PP-Chart2Table: GOT-OCR 2's model under its own config.
+    "pp_chart2table": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
     # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
     "deepseek_vl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
+    # DeepSeek-VL hybrid: each image twice, a SigLIP tower on `pixel_values` and a SAM-style tower on its
+    # `high_res_pixel_values` row, their features joined per image: a fixed number of placeholders each.
+    "deepseek_vl_hybrid": FamilyRule(
+        kinds=(KindRule("image", _IMAGE_ID, "pixel_values", extras=("high_res_pixel_values",)),)
+    ),
     # Janus (text generation; its image-generation mode runs cold: `model_kwarg:generation_mode`): a
     # SigLIP-style tower per image, a fixed number of placeholders each.
     "janus": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),)),
@@ -199,6 +206,50 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
                 count="thw",
                 sizes="video_grid_thw",
                 stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
+    # HyperCLOVA X Vision V2: a Qwen2.5-VL tower (windows within each item) on flattened patch rows, 2x2 merge;
+    # 1D positions (its generate drops position ids, its text model counts them); a video is one run of all its frames.
+    "hyperclovax_vision_v2": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
+    # Muse Glimmer: a windowed tower (windows and attention within each item) on flattened patch rows, a 2x2
+    # pixel shuffle (`merge_size`); 1D positions; videos go through the image tower.
+    "muse_glimmer": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.merge_size", "vision_config.merge_size"),
+            ),
+            KindRule(
+                "video",
+                _VIDEO_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.merge_size", "vision_config.merge_size"),
             ),
         ),
     ),
