@@ -12,11 +12,11 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
 `tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
-`tests/grid_media_families.py`, `tests/phi4_media.py` and the Mllama and OneVision test modules), so tests/ goes on
-`sys.path` (a dev tool, run from the repository). `MEDIA_CASES` maps an adapter key (a model
-type, or ``"<model type>/<vision tower>"`` as `generic_table` keys a tower) to a function giving
-its `MediaCase`; adding a family the fixtures build is one line there. Knows nothing about the text
-sweep, its workers or the document.
+`tests/grid_media_families.py`, `tests/packed_media_families.py`, `tests/phi4_media.py` and the Mllama
+and OneVision test modules), so tests/ goes on `sys.path` (a dev tool, run from the repository).
+`MEDIA_CASES` maps an adapter key (a model type, or ``"<model type>/<vision tower>"`` as
+`generic_table` keys a tower) to a function giving its `MediaCase`; adding a family the fixtures
+build is one line there. Knows nothing about the text sweep, its workers or the document.
 """
 
 from __future__ import annotations
@@ -194,6 +194,16 @@ def _grid(name: str) -> MediaCase:
     )
 
 
+def _packed(name: str) -> MediaCase:
+    """A ``"packed"`` table family (`tests/packed_media_families.py`): A an image; C another image."""
+    from packed_media_families import PackedFamily
+
+    fam = PackedFamily(name)
+    media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return MediaCase(fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]), first=1)
+
+
 def _phi4() -> MediaCase:
     """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
     import phi4_media as phi4
@@ -268,6 +278,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "exaone4_5": lambda: _grid("exaone4_5"),
     "hyperclovax_vision_v2": lambda: _grid("hyperclovax_vision_v2"),
     "muse_glimmer": lambda: _grid("muse_glimmer"),
+    "minicpm_ocr": lambda: _packed("minicpm_ocr"),
 }
 
 #: Adapter keys without a media case, and why.

@@ -28,6 +28,8 @@ MEDIA_KWARGS = (
     "pixel_values_videos",
     "pixel_values_images",
     "high_res_pixel_values",
+    "target_sizes",
+    "target_sizes_videos",
     "image_sizes",
     "image_grid_thw",
     "video_grid_thw",

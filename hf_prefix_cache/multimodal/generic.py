@@ -23,6 +23,11 @@ rows of its own items. What differs between families is data, declared per famil
   and has ``t * h * w // m`` placeholders (``h * w // m`` when `KindRule.pooled_time`: the
   tower averages a video's frames), ``m`` the product of `KindRule.stride` (the merge area;
   a list value counts as the product of its elements); adjacent items may share a run;
+  ``"packed"``: NaViT-packed rows (MiniCPM-V), `KindRule.data` one ``[1, channels, p, L]`` row of
+  all items' patches side by side along its last axis (``p``: `KindRule.patch`, the pixels per
+  patch side), `KindRule.sizes` one ``(h, w)`` patch grid per item: an item is the next
+  ``h * w * p`` columns and has ``h * w // m`` placeholders (``m``: `KindRule.stride`'s
+  product); adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), and which kwargs its processor returns that the model never reads
@@ -52,7 +57,7 @@ from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_toke
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
 #: Placeholder layouts a `KindRule` may declare.
-COUNTS = ("equal", "grid", "area", "thw")
+COUNTS = ("equal", "grid", "area", "thw", "packed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +188,8 @@ class GenericMedia(MediaAdapter):
                 out.append(self._area_items(rule, kwargs))
             elif rule.count == "thw":
                 out.append(self._thw_items(rule, kwargs))
+            elif rule.count == "packed":
+                out.append(self._packed_items(rule, kwargs))
             else:
                 out.append(self._equal_items(rule, tokens, kwargs))
         return out
@@ -248,6 +255,29 @@ class GenericMedia(MediaAdapter):
                 return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
             counts.append(frame // merge)
         return (rule.kind, token_id, parts, counts)
+
+    def _packed_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every ``(h, w)`` row of the sizes kwarg one item: its ``h * w * p`` columns of the packed row, its size."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data, sizes = kwargs.get(rule.data), kwargs.get(rule.sizes or "")
+        if data is None and sizes is None:
+            return (rule.kind, token_id, [], [])
+        if data is not None and not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        patch, merge = self._product(rule.patch), self._product(rule.stride)
+        if not isinstance(data, torch.Tensor) or not isinstance(sizes, torch.Tensor) or patch is None or merge is None:
+            return (rule.kind, None, [], None)
+        if sizes.dim() != 2 or sizes.shape[-1] != 2 or sizes.is_floating_point() or bool((sizes <= 0).any()):
+            return (rule.kind, None, [], None)
+        # One packed row (the model reads row 0 only), patches `patch` pixels high, side by side.
+        if data.dim() != 4 or data.shape[0] != 1 or data.shape[-2] != patch:
+            return (rule.kind, None, [], None)
+        areas = sizes.prod(-1).tolist()
+        if sum(areas) * patch != data.shape[-1] or any(a % merge for a in areas):
+            return (rule.kind, None, [], None)
+        offsets = [0, *(torch.tensor(areas).cumsum(0) * patch).tolist()]
+        parts = [(data[..., offsets[i] : offsets[i + 1]], sizes[i]) for i in range(len(areas))]
+        return (rule.kind, token_id, parts, [a // merge for a in areas])
 
     def _merges(self, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
         """Each item's merge area: its own merge size squared (`rule.merges`), else `rule.stride`'s product."""
@@ -372,6 +402,13 @@ class GenericMedia(MediaAdapter):
                 set_or_drop(kwargs, rule.sizes or "", grid[k:], keep)
                 if rule.merges is not None and kwargs.get(rule.merges) is not None:
                     set_or_drop(kwargs, rule.merges, kwargs[rule.merges][k:], keep)
+                continue
+            if rule.count == "packed":
+                sizes = kwargs[rule.sizes or ""]
+                keep = k < sizes.shape[0]
+                skip = int(sizes[:k].prod(-1).sum()) * data.shape[-2] if k else 0  # the cached items' columns
+                set_or_drop(kwargs, rule.data, data[..., skip:], keep)
+                set_or_drop(kwargs, rule.sizes or "", sizes[k:], keep)
                 continue
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
