@@ -13,6 +13,8 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 * ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing;
   ``deepseek_vl_hybrid`` the same, each image with a 64x64 high-resolution version (a second row).
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
+* ``glmasr``: clips of 16 mel bins padded to 40 frames with their mask, 40 or 24 valid frames
+  (5 or 3 placeholders), framed by begin/end-audio ids.
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``pp_chart2table`` / ``aria`` /
   ``aya_vision`` / ``llama4``: one or two tiles (GOT-OCR 2 and PP-Chart2Table: 64x64 images) of 4 placeholders each, framed by begin/end ids
   (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
@@ -108,6 +110,23 @@ def tiny_voxtral() -> Any:
         text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
     )
     return _build(transformers.VoxtralForConditionalGeneration, config)
+
+
+def tiny_glmasr() -> Any:
+    """GLM-ASR: clips of 16 mel bins padded to 40 frames; 40 valid frames give 5 placeholders, 24 give 3."""
+    audio = {
+        "hidden_size": 32,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_mel_bins": 16,
+        "max_position_embeddings": 64,
+    }
+    config = transformers.GlmAsrConfig(
+        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
+    )
+    return _build(transformers.GlmAsrForConditionalGeneration, config)
 
 
 def tiny_internvl() -> Any:
@@ -365,6 +384,7 @@ _BUILDERS = {
     "llava_pixtral": tiny_llava_pixtral,
     "video_llava": tiny_video_llava,
     "voxtral": tiny_voxtral,
+    "glmasr": tiny_glmasr,
     "internvl": tiny_internvl,
     "aya_vision": tiny_aya_vision,
     "llama4": tiny_llama4,
@@ -473,6 +493,13 @@ class GenericFamily:
             return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
         if name == "lfm2_vl":
             return lfm2_vl_medium(seed, framed=True)
+        if name == "glmasr":
+            # One clip padded to 40 frames (zeros past its valid frames), its mask; framed by begin/end-audio ids.
+            valid = [40, 40, 24][shape]
+            clip, mask = _rand(seed, 16, 40), torch.zeros(40, dtype=torch.long)
+            clip[:, valid:], mask[:valid] = 0, 1
+            count = {40: 5, 24: 3}[valid]
+            return Medium("audio", (clip, mask), (110, *[AUD] * count, 111), ((1, 1 + count),))
         count = 2 if shape == 2 else 1  # tiles, chunks or frames
         if name == "voxtral":
             rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
@@ -525,6 +552,11 @@ class GenericFamily:
             return out
         if self.name == "lfm2_vl":
             return lfm2_vl_kwargs([row for m in media for row in m.rows])
+        if self.name == "glmasr":
+            return {
+                "input_features": torch.stack([m.rows[0] for m in media]),
+                "input_features_mask": torch.stack([m.rows[1] for m in media]),
+            }
         if self.name in HIGH_RES:
             return {
                 "pixel_values": torch.stack([m.rows[0] for m in media]),
@@ -555,6 +587,7 @@ class GenericFamily:
         names = {
             "video_llava": ["image_tower", "video_tower"],
             "voxtral": ["audio_tower"],
+            "glmasr": ["audio_tower"],
             "smolvlm_video": ["vision_model"],
             "deepseek_vl": ["vision_model"],
             "deepseek_vl_hybrid": ["vision_model"],

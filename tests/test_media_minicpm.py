@@ -1,4 +1,4 @@
-"""MiniCPM-o OCR and MiniCPM-V 4.6 (the generic table's ``"packed"`` rows) serve images exactly.
+"""MiniCPM-o OCR (the generic table's ``"packed"`` row) serves images exactly; MiniCPM-V 4.6's 16x mode runs cold.
 
 Their images reach the model as one NaViT-packed row with a patch grid per image, and their
 Qwen3.5 text layers hold recurrent states, so the hook prefills media prompts itself from
@@ -136,7 +136,7 @@ def test_other_downsample_mode_runs_cold(family: tuple[PackedFamily, PrefixCache
 def test_16x_mode_keeps_no_adapter() -> None:
     """In "16x" mode an image's features depend on the images packed before it: such a model runs media cold."""
     model = cached_packed("minicpmv4_6", "16x")
-    fam = PackedFamily("minicpmv4_6")
+    fam = PackedFamily("minicpm_ocr")  # its images and kwargs (the same layout)
     first, later = Image(1, (8, 8)), Image(2, (4, 8))
     with torch.no_grad():
         (alone,) = model.model.get_image_features(**fam.kwargs([later])).pooler_output

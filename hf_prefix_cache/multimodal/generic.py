@@ -28,6 +28,11 @@ rows of its own items. What differs between families is data, declared per famil
   patch side), `KindRule.sizes` one ``(h, w)`` patch grid per item: an item is the next
   ``h * w * p`` columns and has ``h * w // m`` placeholders (``m``: `KindRule.stride`'s
   product); adjacent items may share a run;
+  ``"conv"``: audio clips as rows of frames padded to one length, `KindRule.mask` each row's
+  valid frames: a row of ``n`` valid frames has the placeholders left after the convolutions
+  `KindRule.convs` (each ``(padding, kernel, stride)`` maps ``n`` to
+  ``(n + 2 * padding - kernel) // stride + 1``); the tower reads the padding too, so an item is
+  its whole row and mask row; adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), and which kwargs its processor returns that the model never reads
@@ -57,7 +62,7 @@ from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_toke
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
 #: Placeholder layouts a `KindRule` may declare.
-COUNTS = ("equal", "grid", "area", "thw", "packed")
+COUNTS = ("equal", "grid", "area", "thw", "packed", "conv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +82,8 @@ class KindRule:
     required to mark exactly the row's first ``height * width`` patches. `pooled_time` (``"thw"``
     kinds) marks towers that average an item's frames into one frame's placeholders; `merges`
     (``"thw"`` kinds) names a kwarg of each item's own spatial merge size ``s`` (Video-LLaMA 3),
-    which then makes the merge area ``s * s`` instead of `stride`'s product.
+    which then makes the merge area ``s * s`` instead of `stride`'s product. `convs` (``"conv"``
+    kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders.
     """
 
     kind: str
@@ -91,6 +97,7 @@ class KindRule:
     mask: str | None = None
     pooled_time: bool = False
     merges: str | None = None
+    convs: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +197,8 @@ class GenericMedia(MediaAdapter):
                 out.append(self._thw_items(rule, kwargs))
             elif rule.count == "packed":
                 out.append(self._packed_items(rule, kwargs))
+            elif rule.count == "conv":
+                out.append(self._conv_items(rule, kwargs))
             else:
                 out.append(self._equal_items(rule, tokens, kwargs))
         return out
@@ -278,6 +287,27 @@ class GenericMedia(MediaAdapter):
         offsets = [0, *(torch.tensor(areas).cumsum(0) * patch).tolist()]
         parts = [(data[..., offsets[i] : offsets[i + 1]], sizes[i]) for i in range(len(areas))]
         return (rule.kind, token_id, parts, [a // merge for a in areas])
+
+    def _conv_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every row of `rule.data` one item (hashed whole, with its mask row), its count from its valid frames."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data, mask = kwargs.get(rule.data), kwargs.get(rule.mask or "")
+        if data is None:
+            return (rule.kind, token_id, [], [])
+        if not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        if not isinstance(mask, torch.Tensor) or data.dim() < 2 or mask.dim() != 2:
+            return (rule.kind, None, [], None)
+        if mask.shape != (data.shape[0], data.shape[-1]) or mask.is_floating_point() or mask.is_complex():
+            return (rule.kind, None, [], None)
+        counts = []
+        for n in mask.sum(-1).tolist():
+            for padding, kernel, stride in rule.convs:
+                n = (n + 2 * padding - kernel) // stride + 1
+            if n <= 0:
+                return (rule.kind, None, [], None)
+            counts.append(int(n))
+        return (rule.kind, token_id, [(data[i], mask[i]) for i in range(data.shape[0])], counts)
 
     def _merges(self, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
         """Each item's merge area: its own merge size squared (`rule.merges`), else `rule.stride`'s product."""

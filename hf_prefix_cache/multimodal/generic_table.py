@@ -27,24 +27,6 @@ _LLAVA_SETTINGS = ("vision_feature_layer", "vision_feature_select_strategy")
 _PIXTRAL_PATCH = ("vision_config.patch_size",)
 
 
-#: MiniCPM-V's images in "4x" mode: NaViT-packed patches, `target_sizes` their grids, one 2x2 merger.
-_MINICPM = FamilyRule(
-    kinds=(
-        KindRule(
-            "image",
-            _IMAGE_ID,
-            "pixel_values",
-            count="packed",
-            sizes="target_sizes",
-            stride=("merge_kernel_size",),
-            patch=("vision_config.patch_size",),
-        ),
-    ),
-    settings=("downsample_mode",),
-    requires=(("downsample_mode", "4x"), ("merger_times", 1)),
-    embeds_suffix=True,
-)
-
 GENERIC_FAMILIES: dict[str, FamilyRule] = {
     # Mistral 3 (Mistral Small 3.x): Pixtral tower, 2x2 patch merger; [IMG] rows split by [IMG_BREAK].
     "mistral3": FamilyRule(
@@ -124,6 +106,21 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
     ),
     # Voxtral: each row of `input_features` is one 30 s chunk of mel frames, a fixed number of placeholders.
     "voxtral": FamilyRule(kinds=(KindRule("audio", ("audio_token_id", "audio_token_index"), "input_features"),)),
+    # GLM-ASR: each row of `input_features` one clip of mel frames, padded to the prompt's longest; its
+    # tower attends over the padding too, then keeps the valid frames' features after two convolutions
+    # and a 4-frame merge: a clip is its whole row with its mask row.
+    "glmasr": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                convs=((1, 3, 1), (1, 3, 2), (0, 4, 4)),
+            ),
+        ),
+    ),
     # InternVL: each row one tile (or video frame) of `image_seq_length` placeholders, pixel-shuffled.
     "internvl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
     # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.
@@ -316,15 +313,29 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         ),
         embeds_suffix=True,
     ),
-    # MiniCPM-o OCR and MiniCPM-V 4.6: a NaViT tower (attention within each image) on one packed row of all
-    # images' patches, `target_sizes` each image's patch grid, a 2x2 merger. Only their "4x" mode (MiniCPM-o
-    # OCR's default): in "16x" mode (MiniCPM-V 4.6's default) a window merger inside the tower makes an
-    # image's features depend on the images packed before it, so such models keep no adapter (see
-    # `COLD_FAMILIES`), and a call overriding `downsample_mode` runs cold. Their Qwen3.5 text layers hold
-    # recurrent states, so the hook prefills media prompts itself (suffix embeddings). Videos (frames packed
-    # per video, one size for all) are not served: such calls run cold (`media_inputs:pixel_values_videos`).
-    "minicpm_ocr": _MINICPM,
-    "minicpmv4_6": _MINICPM,
+    # MiniCPM-o OCR: a NaViT tower (attention within each image) on one packed row of all images' patches,
+    # `target_sizes` each image's patch grid, a 2x2 merger: its "4x" mode, the default. In "16x" mode a window
+    # merger inside the tower makes an image's features depend on the images packed before it (MiniCPM-V
+    # 4.6's default: see `COLD_FAMILIES`): such a model keeps no adapter, and a call overriding
+    # `downsample_mode` runs cold. Its Qwen3.5 text layers hold recurrent states, so the hook prefills media
+    # prompts itself (suffix embeddings). Videos (frames packed per video, one size for all) are not served:
+    # such calls run cold (`media_inputs:pixel_values_videos`).
+    "minicpm_ocr": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                _IMAGE_ID,
+                "pixel_values",
+                count="packed",
+                sizes="target_sizes",
+                stride=("merge_kernel_size",),
+                patch=("vision_config.patch_size",),
+            ),
+        ),
+        settings=("downsample_mode",),
+        requires=(("downsample_mode", "4x"), ("merger_times", 1)),
+        embeds_suffix=True,
+    ),
     # Video-LLaMA 3: a SigLIP-style tower on flattened patch rows, attention within each item; each item merges
     # by its own `*_merge_sizes` entry. Videos with a token-compression mask (features dropped by content)
     # are not this pattern: such calls run cold on `media_inputs:video_compression_mask`.
@@ -356,8 +367,9 @@ COLD_FAMILIES: dict[str, str] = {
     # Nemotron-H Omni: Mamba-2 hybrid text (a recurrent prefill needs suffix embeddings through its own
     # forward for images, videos and audio), videos on the image placeholder id, and EVS video pruning
     # (`video_pruning_rate` > 0) drops placeholder tokens by feature content inside the forward.
-    # In "16x" mode (its default) the tower's window merger runs over all images of a call packed together:
-    # an image's features depend on the images before it (`tests/test_media_minicpm.py`). "4x" mode is served.
+    # MiniCPM-V 4.6: MiniCPM-o OCR's model, in "16x" mode by default: the tower's window merger runs over all
+    # images of a call packed together, so an image's features depend on the images before it
+    # (`tests/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
     "minicpmv4_6": "16x mode (the default): an image's features depend on the images packed before it",
     "nemotron_h_omni": "needs suffix embeddings for its Mamba-2 prefill; videos share the image id; EVS pruning",
 }
