@@ -12,8 +12,8 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
 `tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
-`tests/grid_media_families.py`, `tests/packed_media_families.py`, `tests/phi4_media.py` and the Mllama
-and OneVision test modules), so tests/ goes on `sys.path` (a dev tool, run from the repository).
+`tests/grid_media_families.py`, `tests/packed_media_families.py`, `tests/phi4_media.py` and the Mllama,
+OneVision and Nemotron-H Omni test modules), so tests/ goes on `sys.path` (a dev tool, run from the repository).
 `MEDIA_CASES` maps an adapter key (a model type, or ``"<model type>/<vision tower>"`` as
 `generic_table` keys a tower) to a function giving its `MediaCase`; adding a family the fixtures
 build is one line there. Knows nothing about the text sweep, its workers or the document.
@@ -204,6 +204,17 @@ def _packed(name: str) -> MediaCase:
     return MediaCase(fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]), first=1)
 
 
+def _nemotron_h_omni() -> MediaCase:
+    """Nemotron-H Omni's images (`tests/test_media_nemotron_h_omni.py`): A an image; C another image."""
+    import test_media_nemotron_h_omni as nemotron
+
+    media = {"a": nemotron.image(SEED_A), "b": nemotron.image(SEED_B), "c": nemotron.image(SEED_C)}
+    tokens = {k: nemotron.placeholders(m) for k, m in media.items()}
+    return MediaCase(
+        nemotron.tiny_nemotron_h_omni(), tokens, lambda _ids, names: nemotron.media_kwargs([media[n] for n in names]), 1
+    )
+
+
 def _phi4() -> MediaCase:
     """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
     import phi4_media as phi4
@@ -280,6 +291,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "hyperclovax_vision_v2": lambda: _grid("hyperclovax_vision_v2"),
     "muse_glimmer": lambda: _grid("muse_glimmer"),
     "minicpm_ocr": lambda: _packed("minicpm_ocr"),
+    "nemotron_h_omni": _nemotron_h_omni,
 }
 
 #: Adapter keys without a media case, and why.

@@ -32,6 +32,7 @@ MEDIA_KWARGS = (
     "target_sizes_videos",
     "image_sizes",
     "image_grid_thw",
+    "image_grid_hw",
     "video_grid_thw",
     "second_per_grid_ts",
     "video_second_per_grid",

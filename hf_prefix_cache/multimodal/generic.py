@@ -19,7 +19,7 @@ rows of its own items. What differs between families is data, declared per famil
   those marked by `KindRule.mask`, and has ``(h // s) * (w // s)`` placeholders in one run
   (``s``: `KindRule.stride`; adjacent items may share a run);
   ``"thw"``: Qwen-VL-style flattened patch rows, `KindRule.sizes` a grid kwarg of one
-  ``(t, h, w)`` row per item: an item is ``t * h * w`` consecutive rows of `KindRule.data`
+  ``(t, h, w)`` row per item (or ``(h, w)``, one frame): an item is ``t * h * w`` consecutive rows of `KindRule.data`
   and has ``t * h * w // m`` placeholders (``h * w // m`` when `KindRule.pooled_time`: the
   tower averages a video's frames), ``m`` the product of `KindRule.stride` (the merge area;
   a list value counts as the product of its elements); adjacent items may share a run;
@@ -82,7 +82,9 @@ class KindRule:
     required to mark exactly the row's first ``height * width`` patches. `pooled_time` (``"thw"``
     kinds) marks towers that average an item's frames into one frame's placeholders; `merges`
     (``"thw"`` kinds) names a kwarg of each item's own spatial merge size ``s`` (Video-LLaMA 3),
-    which then makes the merge area ``s * s`` instead of `stride`'s product. `convs` (``"conv"``
+    which then makes the merge area ``s * s`` instead of `stride`'s product; `merge_area`
+    (``"thw"`` kinds) is a merge area the model hardcodes (Nemotron-H Omni's 2x2 pixel shuffle),
+    used when `stride` is empty. `convs` (``"conv"``
     kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders.
     """
 
@@ -97,6 +99,7 @@ class KindRule:
     mask: str | None = None
     pooled_time: bool = False
     merges: str | None = None
+    merge_area: int = 0
     convs: tuple[tuple[int, int, int], ...] = ()
 
 
@@ -245,7 +248,7 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
         if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor):
             return (rule.kind, None, [], None)
-        if grid.dim() != 2 or grid.shape[-1] != 3 or grid.is_floating_point() or data.dim() < 1:
+        if grid.dim() != 2 or grid.shape[-1] not in (2, 3) or grid.is_floating_point() or data.dim() < 1:
             return (rule.kind, None, [], None)
         merges = self._merges(rule, kwargs, grid.shape[0])
         sizes = grid.prod(-1).tolist()
@@ -258,7 +261,8 @@ class GenericMedia(MediaAdapter):
             for i in range(len(sizes))
         ]
         counts = []
-        for (t, h, w), merge in zip(grid.tolist(), merges, strict=True):
+        for row, merge in zip(grid.tolist(), merges, strict=True):
+            t, h, w = row if len(row) == 3 else (1, *row)
             frame = (1 if rule.pooled_time else t) * h * w
             if frame % merge:
                 return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
@@ -312,7 +316,7 @@ class GenericMedia(MediaAdapter):
     def _merges(self, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
         """Each item's merge area: its own merge size squared (`rule.merges`), else `rule.stride`'s product."""
         if rule.merges is None:
-            merge = self._product(rule.stride)
+            merge = self._product(rule.stride) if rule.stride or not rule.merge_area else rule.merge_area
             return None if merge is None else [merge] * num_items
         own = kwargs.get(rule.merges)
         if not isinstance(own, torch.Tensor) or tuple(own.shape) != (num_items,) or own.is_floating_point():

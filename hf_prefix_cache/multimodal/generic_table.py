@@ -336,6 +336,18 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         requires=(("downsample_mode", "4x"), ("merger_times", 1)),
         embeds_suffix=True,
     ),
+    # Nemotron-H Omni, images: a RADIO tower (attention within each image) on flattened patch rows,
+    # `image_grid_hw` each image's patch grid, a 2x2 pixel shuffle the model hardcodes (so `downsample_ratio`
+    # must be 0.5). Its Nemotron-H text layers hold Mamba-2 states, so the hook prefills media prompts itself
+    # (suffix embeddings). Videos (on the image placeholder id, with EVS pruning by content) and audio clips
+    # are not served: such calls run cold (`media_inputs:pixel_values_videos`, `media_inputs:input_features`).
+    "nemotron_h_omni": FamilyRule(
+        kinds=(
+            KindRule("image", ("image_token_id",), "pixel_values", count="thw", sizes="image_grid_hw", merge_area=4),
+        ),
+        requires=(("downsample_ratio", 0.5),),
+        embeds_suffix=True,
+    ),
     # Video-LLaMA 3: a SigLIP-style tower on flattened patch rows, attention within each item; each item merges
     # by its own `*_merge_sizes` entry. Videos with a token-compression mask (features dropped by content)
     # are not this pattern: such calls run cold on `media_inputs:video_compression_mask`.
@@ -364,14 +376,10 @@ COLD_FAMILIES: dict[str, str] = {
     # embedding table only when pixels are passed: a suffix holding indicators whose images are all
     # cached would embed them as text. Not the generic pattern.
     "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
-    # Nemotron-H Omni: Mamba-2 hybrid text (a recurrent prefill needs suffix embeddings through its own
-    # forward for images, videos and audio), videos on the image placeholder id, and EVS video pruning
-    # (`video_pruning_rate` > 0) drops placeholder tokens by feature content inside the forward.
     # MiniCPM-V 4.6: MiniCPM-o OCR's model, in "16x" mode by default: the tower's window merger runs over all
     # images of a call packed together, so an image's features depend on the images before it
     # (`tests/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
     "minicpmv4_6": "16x mode (the default): an image's features depend on the images packed before it",
-    "nemotron_h_omni": "needs suffix embeddings for its Mamba-2 prefill; videos share the image id; EVS pruning",
 }
 
 
