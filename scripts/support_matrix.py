@@ -621,7 +621,7 @@ def render(rows: Iterable[Row]) -> str:
         "(`scripts/support_media.py`) on the test suite's tiny media model of its family (the",
         "conditional-generation class, built by `tests/tiny_vlms.py`, `tests/generic_media_families.py`,",
         "`tests/grid_media_families.py`, `tests/packed_media_families.py`, `tests/tiny_qwen_media.py` or",
-        "the Mllama / OneVision / Nemotron-H Omni tests; not the row's shrunk model): cold,",
+        "the Mllama / OneVision / Nemotron-H Omni / Inkling tests; not the row's shrunk model): cold,",
         "text + medium A + text; hit, that prompt + its answer + more text (+ a second medium, except",
         "for PaliGemma and Mllama); changed, the first prompt with medium B (same placeholders, other",
         "content) in place of A, which must reuse nothing past A's first placeholder; repeat, the hit",

@@ -13,7 +13,8 @@ media an adapter serves, a medium scenario, each step compared with a cold run o
 The models and media are the test suite's (`tests/tiny_vlms.py`, `tests/generic_media_families.py`,
 `tests/tiny_qwen_media.py`, `tests/gemma4_media.py`, `tests/qwen3_media.py`,
 `tests/grid_media_families.py`, `tests/packed_media_families.py`, `tests/phi4_media.py` and the Mllama,
-OneVision and Nemotron-H Omni test modules), so tests/ goes on `sys.path` (a dev tool, run from the repository).
+OneVision, Nemotron-H Omni and Inkling test modules), so tests/ goes on `sys.path` (a dev tool, run
+from the repository).
 `MEDIA_CASES` maps an adapter key (a model type, or ``"<model type>/<vision tower>"`` as
 `generic_table` keys a tower) to a function giving its `MediaCase`; adding a family the fixtures
 build is one line there. Knows nothing about the text sweep, its workers or the document.
@@ -215,6 +216,25 @@ def _nemotron_h_omni() -> MediaCase:
     )
 
 
+def _inkling() -> MediaCase:
+    """Inkling (`tests/test_media_inkling.py`): A an image; C an audio clip, text, then an image."""
+    import test_media_inkling as inkling
+
+    media = {
+        "a": [inkling.image(SEED_A)],
+        "b": [inkling.image(SEED_B)],
+        "c": [inkling.clip(SEED_C), inkling.image(SEED_C)],
+    }
+    tokens = {k: inkling.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(inkling.placeholders(media["c"][0]), _text_ids(2, 6), inkling.placeholders(media["c"][1]))
+    return MediaCase(
+        inkling.tiny_inkling(),
+        tokens,
+        lambda _ids, names: inkling.media_kwargs([m for n in names for m in media[n]]),
+        1,
+    )
+
+
 def _phi4() -> MediaCase:
     """Phi-4-multimodal (`tests/phi4_media.py`): A an image; C an audio clip, text, then an image."""
     import phi4_media as phi4
@@ -292,6 +312,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "muse_glimmer": lambda: _grid("muse_glimmer"),
     "minicpm_ocr": lambda: _packed("minicpm_ocr"),
     "nemotron_h_omni": _nemotron_h_omni,
+    "inkling_mm_model": _inkling,
 }
 
 #: Adapter keys without a media case, and why.

@@ -62,6 +62,8 @@ MEDIA_KWARGS = (
     "image_pixel_values",
     "image_attention_mask",
     "audio_input_features",
+    "audio_input_ids",
+    "audio_input_ids_mask",
     "audio_embed_sizes",
     "audio_attention_mask",
 )

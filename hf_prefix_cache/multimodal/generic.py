@@ -28,11 +28,12 @@ rows of its own items. What differs between families is data, declared per famil
   patch side), `KindRule.sizes` one ``(h, w)`` patch grid per item: an item is the next
   ``h * w * p`` columns and has ``h * w // m`` placeholders (``m``: `KindRule.stride`'s
   product); adjacent items may share a run;
-  ``"conv"``: audio clips as rows of frames padded to one length, `KindRule.mask` each row's
-  valid frames: a row of ``n`` valid frames has the placeholders left after the convolutions
-  `KindRule.convs` (each ``(padding, kernel, stride)`` maps ``n`` to
-  ``(n + 2 * padding - kernel) // stride + 1``); the tower reads the padding too, so an item is
-  its whole row and mask row; adjacent items may share a run;
+  ``"conv"``: audio clips as rows of frames padded to one length (frames along
+  `KindRule.frames_axis`), `KindRule.mask` each row's valid frames: a row of ``n`` valid
+  frames has the placeholders left after the convolutions `KindRule.convs` (each
+  ``(padding, kernel, stride)`` maps ``n`` to ``(n + 2 * padding - kernel) // stride + 1``;
+  none: one per frame); a tower may read the padding too, so an item is its whole row and mask
+  row; adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), and which kwargs its processor returns that the model never reads
@@ -50,6 +51,7 @@ feed a recurrent prefill (`suffix_embeds`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +87,8 @@ class KindRule:
     which then makes the merge area ``s * s`` instead of `stride`'s product; `merge_area`
     (``"thw"`` kinds) is a merge area the model hardcodes (Nemotron-H Omni's 2x2 pixel shuffle),
     used when `stride` is empty. `convs` (``"conv"``
-    kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders.
+    kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders
+    (none: one placeholder per valid frame), `frames_axis` the axis of the frames in `data`.
     """
 
     kind: str
@@ -101,6 +104,7 @@ class KindRule:
     merges: str | None = None
     merge_area: int = 0
     convs: tuple[tuple[int, int, int], ...] = ()
+    frames_axis: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +113,9 @@ class FamilyRule:
 
     `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
     gets no adapter, so its media run cold (`media_inputs:<model_type>`). `embeds_suffix`
-    (image and video kinds) declares that the model's forward embeds a prompt as its text
-    embeddings with each kind's ``torch.cat(get_{image,video}_features(**rows).pooler_output)``
-    scattered over its placeholder ids, so a suffix's embeddings may be computed the same way
+    declares that the model's forward embeds a prompt as its text embeddings with each kind's
+    features (``get_{image,video,audio}_features(**rows).pooler_output``, its items' rows
+    concatenated) scattered over its placeholder ids, so a suffix's embeddings may be computed the same way
     outside the forward: models with recurrent layers then prefill media prompts
     (`MediaAdapter.embeds_suffix`). `ignored`
     names media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
@@ -152,7 +156,7 @@ class GenericMedia(MediaAdapter):
         )
         self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
         self.settings = rule.settings
-        assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video"}, "images and videos only"
+        assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video", "audio"}, "no such encoder"
         self.embeds_suffix = rule.embeds_suffix
 
     # ------------------------------------------------------------------ layout
@@ -302,7 +306,7 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
         if not isinstance(mask, torch.Tensor) or data.dim() < 2 or mask.dim() != 2:
             return (rule.kind, None, [], None)
-        if mask.shape != (data.shape[0], data.shape[-1]) or mask.is_floating_point() or mask.is_complex():
+        if mask.shape != (data.shape[0], data.shape[rule.frames_axis]) or mask.is_floating_point() or mask.is_complex():
             return (rule.kind, None, [], None)
         counts = []
         for n in mask.sum(-1).tolist():
@@ -468,9 +472,17 @@ class GenericMedia(MediaAdapter):
             names = [
                 n for n in (rule.data, rule.sizes, rule.mask, rule.merges, *rule.extras) if n is not None and n in media
             ]
-            encode = self.model.get_image_features if rule.kind == "image" else self.model.get_video_features
-            output = encode(**{n: media[n] for n in names}, return_dict=True)
-            features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+            name = f"get_{rule.kind}_features"
+            # The model's own encoder, or its base model's where the head class does not forward it (Inkling's audio).
+            encode = getattr(self.model, name, None) or getattr(self.model.model, name)
+            params = inspect.signature(encode).parameters.values()
+            # Ask for an output object where the encoder takes the flag (Inkling's audio encoder returns one anyway).
+            takes_flag = any(p.kind is p.VAR_KEYWORD or p.name == "return_dict" for p in params)
+            flag = {"return_dict": True} if takes_flag else {}
+            pooled = encode(**{n: media[n] for n in names}, **flag).pooler_output
+            # One tensor of the items' rows, or one tensor per item: the rows the forward scatters, in order.
+            rows = pooled if isinstance(pooled, torch.Tensor) else torch.cat(list(pooled), dim=0)
+            features = rows.reshape(-1, embeds.shape[-1]).to(embeds.device, embeds.dtype)
             token_id = config_token_id(self.config, *rule.token_id)
             assert token_id is not None, f"{rule.kind} items were laid out without a placeholder id"
             mask = torch.eq(ids, token_id)[..., None].expand_as(embeds)

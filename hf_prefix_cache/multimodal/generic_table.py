@@ -348,6 +348,26 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         requires=(("downsample_ratio", 0.5),),
         embeds_suffix=True,
     ),
+    # Inkling: its vision tower encodes each patch row (`[patches, t, p, p, c]`) on its own into one
+    # placeholder, so every row is an item; an audio clip is a row of dMel bin ids (`[clips, frames, bins]`),
+    # one placeholder per valid frame (`audio_input_ids_mask`), each frame embedded on its own (hashed
+    # whole with its mask). Its hybrid text layers hold conv states, so the hook prefills media prompts
+    # itself (suffix embeddings). The processor's `token_type_ids` reach the model and are never read.
+    "inkling_mm_model": FamilyRule(
+        kinds=(
+            KindRule("image", ("image_token_id",), "pixel_values"),
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "audio_input_ids",
+                count="conv",
+                mask="audio_input_ids_mask",
+                frames_axis=1,
+            ),
+        ),
+        embeds_suffix=True,
+        ignored=("token_type_ids",),
+    ),
     # Video-LLaMA 3: a SigLIP-style tower on flattened patch rows, attention within each item; each item merges
     # by its own `*_merge_sizes` entry. Videos with a token-compression mask (features dropped by content)
     # are not this pattern: such calls run cold on `media_inputs:video_compression_mask`.
