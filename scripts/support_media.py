@@ -206,13 +206,21 @@ def _packed(name: str) -> MediaCase:
 
 
 def _nemotron_h_omni() -> MediaCase:
-    """Nemotron-H Omni's images (`tests/test_media_nemotron_h_omni.py`): A an image; C another image."""
+    """Nemotron-H Omni (`tests/test_media_nemotron_h_omni.py`): A an image; C an audio clip, text, then an image."""
     import test_media_nemotron_h_omni as nemotron
 
-    media = {"a": nemotron.image(SEED_A), "b": nemotron.image(SEED_B), "c": nemotron.image(SEED_C)}
-    tokens = {k: nemotron.placeholders(m) for k, m in media.items()}
+    media = {
+        "a": [nemotron.image(SEED_A)],
+        "b": [nemotron.image(SEED_B)],
+        "c": [nemotron.clip(SEED_C), nemotron.image(SEED_C)],
+    }
+    tokens = {k: nemotron.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(nemotron.placeholders(media["c"][0]), _text_ids(2, 6), nemotron.placeholders(media["c"][1]))
     return MediaCase(
-        nemotron.tiny_nemotron_h_omni(), tokens, lambda _ids, names: nemotron.media_kwargs([media[n] for n in names]), 1
+        nemotron.tiny_nemotron_h_omni(),
+        tokens,
+        lambda _ids, names: nemotron.media_kwargs([m for n in names for m in media[n]]),
+        1,
     )
 
 

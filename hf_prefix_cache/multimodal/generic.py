@@ -88,7 +88,10 @@ class KindRule:
     (``"thw"`` kinds) is a merge area the model hardcodes (Nemotron-H Omni's 2x2 pixel shuffle),
     used when `stride` is empty. `convs` (``"conv"``
     kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders
-    (none: one placeholder per valid frame), `frames_axis` the axis of the frames in `data`.
+    (none: one placeholder per valid frame), `frames_axis` the axis of the frames in `data`,
+    `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1).
+    `requires` holds ``(config attribute path, value)`` pairs this kind's layout relies on: a
+    call passing this kind's media to a model whose config differs runs cold (`media_placeholders`).
     """
 
     kind: str
@@ -105,6 +108,8 @@ class KindRule:
     merge_area: int = 0
     convs: tuple[tuple[int, int, int], ...] = ()
     frames_axis: int = -1
+    frames_offset: int = 0
+    requires: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +197,16 @@ class GenericMedia(MediaAdapter):
         return tuple(config_token_id(self.config, *rule.token_id) for rule in self.rule.kinds)
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
-        out = []
+        out: list[KindItems] = []
         for rule in self.rule.kinds:
             if rule.count == "grid":
                 continue
             if kwargs.get(rule.data) is None and config_token_id(self.config, *rule.token_id) is None:
                 continue  # no media of this kind and no placeholder id in the config: the prompt is text
+            if not all(config_path(self.config, path) == value for path, value in rule.requires):
+                if kwargs.get(rule.data) is not None:
+                    out.append((rule.kind, None, [], None))  # media the layout cannot count: the call runs cold
+                continue
             if rule.count == "area":
                 out.append(self._area_items(rule, kwargs))
             elif rule.count == "thw":
@@ -309,7 +318,7 @@ class GenericMedia(MediaAdapter):
         if mask.shape != (data.shape[0], data.shape[rule.frames_axis]) or mask.is_floating_point() or mask.is_complex():
             return (rule.kind, None, [], None)
         counts = []
-        for n in mask.sum(-1).tolist():
+        for n in (mask.sum(-1) + rule.frames_offset).tolist():
             for padding, kernel, stride in rule.convs:
                 n = (n + 2 * padding - kernel) // stride + 1
             if n <= 0:

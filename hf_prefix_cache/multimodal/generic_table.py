@@ -336,14 +336,31 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         requires=(("downsample_mode", "4x"), ("merger_times", 1)),
         embeds_suffix=True,
     ),
-    # Nemotron-H Omni, images: a RADIO tower (attention within each image) on flattened patch rows,
+    # Nemotron-H Omni: images by a RADIO tower (attention within each image) on flattened patch rows,
     # `image_grid_hw` each image's patch grid, a 2x2 pixel shuffle the model hardcodes (so `downsample_ratio`
-    # must be 0.5). Its Nemotron-H text layers hold Mamba-2 states, so the hook prefills media prompts itself
-    # (suffix embeddings). Videos (on the image placeholder id, with EVS pruning by content) and audio clips
-    # are not served: such calls run cold (`media_inputs:pixel_values_videos`, `media_inputs:input_features`).
+    # must be 0.5); audio clips by a Parakeet encoder (attention masked to the valid frames), padded to one
+    # length, each clip's placeholders its valid frames + 1 through three stride-2 convolutions (the
+    # subsampling the kind requires of `audio_config`). Its Nemotron-H text layers hold Mamba-2 states, so
+    # the hook prefills media prompts itself (suffix embeddings). Videos (on the image placeholder id, with
+    # EVS pruning by content) are not served: such calls run cold (`media_inputs:pixel_values_videos`).
     "nemotron_h_omni": FamilyRule(
         kinds=(
             KindRule("image", ("image_token_id",), "pixel_values", count="thw", sizes="image_grid_hw", merge_area=4),
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                convs=((1, 3, 2),) * 3,
+                frames_axis=1,
+                frames_offset=1,
+                requires=(
+                    ("audio_config.subsampling_conv_kernel_size", 3),
+                    ("audio_config.subsampling_conv_stride", 2),
+                    ("audio_config.subsampling_factor", 8),
+                ),
+            ),
         ),
         requires=(("downsample_ratio", 0.5),),
         embeds_suffix=True,
