@@ -297,6 +297,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "video_llava": lambda: _generic("video_llava"),
     "voxtral": lambda: _generic("voxtral"),
     "glmasr": lambda: _generic("glmasr"),
+    "fuyu": lambda: _generic("fuyu"),
     "internvl": lambda: _generic("internvl"),
     "aya_vision": lambda: _generic("aya_vision"),
     "cohere2_vision": lambda: _generic("cohere2_vision"),

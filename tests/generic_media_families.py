@@ -13,6 +13,8 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 * ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing;
   ``deepseek_vl_hybrid`` the same, each image with a 64x64 high-resolution version (a second row).
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
+* ``fuyu``: Fuyu, 2x3 or 3x2 patches of 4x4 pixels, each row of placeholders ended by an
+  image-newline id; every patch is an item (one placeholder, embedded on its own).
 * ``glmasr``: clips of 16 mel bins padded to 40 frames with their mask, 40 or 24 valid frames
   (5 or 3 placeholders), framed by begin/end-audio ids.
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``pp_chart2table`` / ``aria`` /
@@ -127,6 +129,19 @@ def tiny_glmasr() -> Any:
         text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
     )
     return _build(transformers.GlmAsrForConditionalGeneration, config)
+
+
+def tiny_fuyu() -> Any:
+    """Fuyu: 4x4-pixel patches (48 values) embedded one by one; Persimmon text."""
+    config = transformers.FuyuConfig(
+        text_config={**_TEXT, "model_type": "persimmon"},
+        patch_size=4,
+        num_channels=3,
+        image_token_id=IMG,
+        hidden_size=64,
+        vocab_size=128,
+    )
+    return _build(transformers.FuyuForCausalLM, config)
 
 
 def tiny_internvl() -> Any:
@@ -385,6 +400,7 @@ _BUILDERS = {
     "video_llava": tiny_video_llava,
     "voxtral": tiny_voxtral,
     "glmasr": tiny_glmasr,
+    "fuyu": tiny_fuyu,
     "internvl": tiny_internvl,
     "aya_vision": tiny_aya_vision,
     "llama4": tiny_llama4,
@@ -493,6 +509,13 @@ class GenericFamily:
             return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
         if name == "lfm2_vl":
             return lfm2_vl_medium(seed, framed=True)
+        if name == "fuyu":
+            # Rows of patches, each row ended by an image-newline id; every patch an item of one placeholder.
+            rows, cols = [(2, 3), (2, 3), (3, 2)][shape]
+            patches = tuple(_rand(seed * 7 + i, 48) for i in range(rows * cols))
+            tokens = [t for _ in range(rows) for t in (*[IMG] * cols, 111)]
+            spans = tuple((r * (cols + 1) + c, r * (cols + 1) + c + 1) for r in range(rows) for c in range(cols))
+            return Medium("image", patches, tuple(tokens), spans)
         if name == "glmasr":
             # One clip padded to 40 frames (zeros past its valid frames), its mask; framed by begin/end-audio ids.
             valid = [40, 40, 24][shape]
@@ -552,6 +575,8 @@ class GenericFamily:
             return out
         if self.name == "lfm2_vl":
             return lfm2_vl_kwargs([row for m in media for row in m.rows])
+        if self.name == "fuyu":
+            return {"pixel_values": torch.stack([row for m in media for row in m.rows])[None]}
         if self.name == "glmasr":
             return {
                 "input_features": torch.stack([m.rows[0] for m in media]),
@@ -583,6 +608,8 @@ class GenericFamily:
     def towers(self) -> list[Any]:
         if self.name == "llama4":
             return [self.model.vision_model]
+        if self.name == "fuyu":
+            return [self.model.model.vision_embed_tokens]
         inner = self.model.model
         names = {
             "video_llava": ["image_tower", "video_tower"],
@@ -602,7 +629,7 @@ class GenericFamily:
 
         def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
             first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-            seen.append(int(first.shape[0]))
+            seen.append(int(first.shape[1] if self.name == "fuyu" else first.shape[0]))  # Fuyu: [1, patches, ...]
 
         handles = [tower.register_forward_hook(record, with_kwargs=True) for tower in self.towers()]
         extra = {"past_key_values": store} if store is not None else {}

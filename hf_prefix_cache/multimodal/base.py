@@ -28,6 +28,7 @@ MEDIA_KWARGS = (
     "pixel_values_videos",
     "pixel_values_images",
     "high_res_pixel_values",
+    "image_patches",
     "target_sizes",
     "target_sizes_videos",
     "image_sizes",

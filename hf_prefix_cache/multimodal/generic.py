@@ -90,6 +90,8 @@ class KindRule:
     kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders
     (none: one placeholder per valid frame), `frames_axis` the axis of the frames in `data`,
     `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1).
+    `item_axis` 1 (``"equal"`` kinds) takes one prompt's items along the second axis of a
+    ``[1, items, ...]`` kwarg (Fuyu's patches) instead of its rows.
     `requires` holds ``(config attribute path, value)`` pairs this kind's layout relies on: a
     call passing this kind's media to a model whose config differs runs cold (`media_placeholders`).
     """
@@ -109,6 +111,7 @@ class KindRule:
     convs: tuple[tuple[int, int, int], ...] = ()
     frames_axis: int = -1
     frames_offset: int = 0
+    item_axis: int = 0
     requires: tuple[tuple[str, Any], ...] = ()
 
 
@@ -227,7 +230,11 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, token_id, [], [])
         if not isinstance(data, torch.Tensor):
             return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
-        rows = self._rows(rule, data, kwargs)
+        if rule.item_axis == 1:
+            # One prompt's items side by side: `[1, items, ...]`.
+            rows = [(data[0, i],) for i in range(data.shape[1])] if data.dim() >= 2 and data.shape[0] == 1 else None
+        else:
+            rows = self._rows(rule, data, kwargs)
         total = sum(b - a for a, b in find_runs(tokens, token_id)) if token_id is not None else 0
         if rows is None or not rows or total % len(rows):
             return (rule.kind, None, [], None)
@@ -456,6 +463,9 @@ class GenericMedia(MediaAdapter):
                 skip = int(sizes[:k].prod(-1).sum()) * data.shape[-2] if k else 0  # the cached items' columns
                 set_or_drop(kwargs, rule.data, data[..., skip:], keep)
                 set_or_drop(kwargs, rule.sizes or "", sizes[k:], keep)
+                continue
+            if rule.item_axis == 1:
+                set_or_drop(kwargs, rule.data, data[:, k:], k < data.shape[1])
                 continue
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)

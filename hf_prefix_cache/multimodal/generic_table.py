@@ -121,6 +121,13 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # Fuyu: each image patch is embedded on its own (one linear layer) into one placeholder; a prompt's
+    # patches are `pixel_values[0]` (rows of an image split by image-newline text ids): every patch an item.
+    # Its processor's older name for them, `image_patches`, is read as `pixel_values`.
+    "fuyu": FamilyRule(
+        kinds=(KindRule("image", _IMAGE_ID, "pixel_values", item_axis=1),),
+        aliases=(("image_patches", "pixel_values"),),
+    ),
     # InternVL: each row one tile (or video frame) of `image_seq_length` placeholders, pixel-shuffled.
     "internvl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
     # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.
