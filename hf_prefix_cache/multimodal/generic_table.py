@@ -424,6 +424,24 @@ COLD_FAMILIES: dict[str, str] = {
     # images of a call packed together, so an image's features depend on the images before it
     # (`tests/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
     "minicpmv4_6": "16x mode (the default): an image's features depend on the images packed before it",
+    # Emu3: a VQ-VAE turns each image into code ids embedded as text, one run of (h / f) x (w / f + 1)
+    # placeholders (codes and row ends) counted from `image_sizes`; needs a layout counting code grids.
+    "emu3": "VQ code grids with row ends: no layout counts an image's codes from its size yet",
+    # GIT: the image's features are prepended before the prompt's embeddings (no placeholder ids; the
+    # cache holds positions the prompt has no ids for) and attend both ways.
+    "git": "image tokens are prepended outside input_ids (the cache is longer than the prompt)",
+    # Kosmos-2.5: features go where `image_embeds_position_mask` says (a per-position kwarg that also adds
+    # segment embeddings), not onto placeholder ids.
+    "kosmos-2.5": "features placed by image_embeds_position_mask, not placeholder ids: no such layout",
+    # MOSS Transcribe-Diarize: a clip's raw audio is cut into `audio_chunk_size` chunks mapped back through
+    # `padding_mask`, each chunk padded and merged on its own; needs a per-clip layout of chunks.
+    "moss_transcribe_diarize": "clips are cut into chunks mapped through padding_mask: no layout of chunks yet",
+    # OmniASR: a wav2vec-style tower on raw `input_values` with a sample `padding_mask`; a clip's
+    # placeholders follow its convolution stack, which a `"conv"` row with per-config steps could count.
+    "omniasr": "raw-sample clips through a configurable conv stack: no row for its steps yet",
+    # VibeVoice ASR: its audio encoder adds Gaussian noise to the latents unless a call passes
+    # `sample=False`, so by default no cached run can equal a cold one; the deterministic path has no row.
+    "vibevoice_asr": "its audio encoder adds random noise (sample=True, the default): no exact cold run to match",
 }
 
 
