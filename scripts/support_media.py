@@ -298,6 +298,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "voxtral": lambda: _generic("voxtral"),
     "glmasr": lambda: _generic("glmasr"),
     "fuyu": lambda: _generic("fuyu"),
+    "omniasr": lambda: _generic("omniasr"),
     "internvl": lambda: _generic("internvl"),
     "aya_vision": lambda: _generic("aya_vision"),
     "cohere2_vision": lambda: _generic("cohere2_vision"),

@@ -15,6 +15,8 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
 * ``fuyu``: Fuyu, 2x3 or 3x2 patches of 4x4 pixels, each row of placeholders ended by an
   image-newline id; every patch is an item (one placeholder, embedded on its own).
+* ``omniasr`` (transformers 5.24 on): clips of raw samples padded to 100 with their mask, 100
+  or 60 valid samples (9 or 5 placeholders), framed by begin/end-audio ids.
 * ``glmasr``: clips of 16 mel bins padded to 40 frames with their mask, 40 or 24 valid frames
   (5 or 3 placeholders), framed by begin/end-audio ids.
 * ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``pp_chart2table`` / ``aria`` /
@@ -142,6 +144,29 @@ def tiny_fuyu() -> Any:
         vocab_size=128,
     )
     return _build(transformers.FuyuForCausalLM, config)
+
+
+def tiny_omniasr() -> Any:
+    """OmniASR (transformers 5.24 on): clips of raw samples padded to 100, a conv stack of kernels 10, 3 and
+    strides 5, 2: 100 valid samples give 9 placeholders, 60 give 5."""
+    audio = {
+        "hidden_size": 32,
+        "conv_dim": [8, 8],
+        "conv_kernel": [10, 3],
+        "conv_stride": [5, 2],
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "num_conv_pos_embeddings": 4,
+        "num_conv_pos_embedding_groups": 2,
+        "intermediate_size": 64,
+        "hidden_dropout": 0.0,
+        "layerdrop": 0.0,
+        "activation_dropout": 0.0,
+    }
+    config = transformers.OmniASRConfig(
+        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
+    )
+    return _build(transformers.OmniASRForConditionalGeneration, config)
 
 
 def tiny_internvl() -> Any:
@@ -401,6 +426,8 @@ _BUILDERS = {
     "voxtral": tiny_voxtral,
     "glmasr": tiny_glmasr,
     "fuyu": tiny_fuyu,
+    # OmniASR is new in transformers 5.24.
+    **({"omniasr": tiny_omniasr} if hasattr(transformers, "OmniASRConfig") else {}),
     "internvl": tiny_internvl,
     "aya_vision": tiny_aya_vision,
     "llama4": tiny_llama4,
@@ -516,6 +543,13 @@ class GenericFamily:
             tokens = [t for _ in range(rows) for t in (*[IMG] * cols, 111)]
             spans = tuple((r * (cols + 1) + c, r * (cols + 1) + c + 1) for r in range(rows) for c in range(cols))
             return Medium("image", patches, tuple(tokens), spans)
+        if name == "omniasr":
+            # One clip of raw samples padded to 100 (zeros past its valid samples), its mask; framed by ids.
+            valid = [100, 100, 60][shape]
+            samples, mask = _rand(seed, 1, 100), torch.zeros(100, dtype=torch.long)
+            samples[:, valid:], mask[:valid] = 0, 1
+            count = {100: 9, 60: 5}[valid]
+            return Medium("audio", (samples, mask), (110, *[AUD] * count, 111), ((1, 1 + count),))
         if name == "glmasr":
             # One clip padded to 40 frames (zeros past its valid frames), its mask; framed by begin/end-audio ids.
             valid = [40, 40, 24][shape]
@@ -582,6 +616,11 @@ class GenericFamily:
                 "input_features": torch.stack([m.rows[0] for m in media]),
                 "input_features_mask": torch.stack([m.rows[1] for m in media]),
             }
+        if self.name == "omniasr":
+            return {
+                "input_values": torch.stack([m.rows[0] for m in media]),
+                "padding_mask": torch.stack([m.rows[1] for m in media]),
+            }
         if self.name in HIGH_RES:
             return {
                 "pixel_values": torch.stack([m.rows[0] for m in media]),
@@ -615,6 +654,7 @@ class GenericFamily:
             "video_llava": ["image_tower", "video_tower"],
             "voxtral": ["audio_tower"],
             "glmasr": ["audio_tower"],
+            "omniasr": ["audio_tower"],
             "smolvlm_video": ["vision_model"],
             "deepseek_vl": ["vision_model"],
             "deepseek_vl_hybrid": ["vision_model"],

@@ -40,6 +40,7 @@ MEDIA_KWARGS = (
     "use_audio_in_video",
     "input_features",
     "input_values",
+    "padding_mask",
     "feature_attention_mask",
     "audio_feature_lengths",
     "pixel_attention_mask",

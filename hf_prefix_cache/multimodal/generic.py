@@ -88,7 +88,9 @@ class KindRule:
     (``"thw"`` kinds) is a merge area the model hardcodes (Nemotron-H Omni's 2x2 pixel shuffle),
     used when `stride` is empty. `convs` (``"conv"``
     kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders
-    (none: one placeholder per valid frame), `frames_axis` the axis of the frames in `data`,
+    (none: one placeholder per valid frame), followed by unpadded ones of the kernel and stride
+    lists at the config paths `conv_paths` (a wav2vec-style feature encoder); `frames_axis` the
+    axis of the frames in `data`,
     `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1).
     `item_axis` 1 (``"equal"`` kinds) takes one prompt's items along the second axis of a
     ``[1, items, ...]`` kwarg (Fuyu's patches) instead of its rows.
@@ -111,6 +113,7 @@ class KindRule:
     convs: tuple[tuple[int, int, int], ...] = ()
     frames_axis: int = -1
     frames_offset: int = 0
+    conv_paths: tuple[str, ...] = ()
     item_axis: int = 0
     requires: tuple[tuple[str, Any], ...] = ()
 
@@ -324,9 +327,17 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, None, [], None)
         if mask.shape != (data.shape[0], data.shape[rule.frames_axis]) or mask.is_floating_point() or mask.is_complex():
             return (rule.kind, None, [], None)
+        steps = list(rule.convs)
+        if rule.conv_paths:
+            kernels, strides = (config_path(self.config, path) for path in rule.conv_paths)
+            if not isinstance(kernels, (list, tuple)) or not isinstance(strides, (list, tuple)):
+                return (rule.kind, None, [], None)
+            if len(kernels) != len(strides) or not all(isinstance(v, int) and v > 0 for v in (*kernels, *strides)):
+                return (rule.kind, None, [], None)
+            steps += [(0, kernel, stride) for kernel, stride in zip(kernels, strides, strict=True)]
         counts = []
         for n in (mask.sum(-1) + rule.frames_offset).tolist():
-            for padding, kernel, stride in rule.convs:
+            for padding, kernel, stride in steps:
                 n = (n + 2 * padding - kernel) // stride + 1
             if n <= 0:
                 return (rule.kind, None, [], None)

@@ -128,6 +128,21 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {
         kinds=(KindRule("image", _IMAGE_ID, "pixel_values", item_axis=1),),
         aliases=(("image_patches", "pixel_values"),),
     ),
+    # OmniASR: each row of `input_values` (`[clips, 1, samples]`) one clip of raw samples padded to one
+    # length, `padding_mask` its valid samples; a wav2vec-style conv stack (the config's kernels and strides,
+    # unpadded) gives its frames, one placeholder each: a clip is its whole row and mask row.
+    "omniasr": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_values",
+                count="conv",
+                mask="padding_mask",
+                conv_paths=("audio_config.conv_kernel", "audio_config.conv_stride"),
+            ),
+        ),
+    ),
     # InternVL: each row one tile (or video frame) of `image_seq_length` placeholders, pixel-shuffled.
     "internvl": FamilyRule(kinds=(KindRule("image", _IMAGE_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
     # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.
@@ -436,9 +451,6 @@ COLD_FAMILIES: dict[str, str] = {
     # MOSS Transcribe-Diarize: a clip's raw audio is cut into `audio_chunk_size` chunks mapped back through
     # `padding_mask`, each chunk padded and merged on its own; needs a per-clip layout of chunks.
     "moss_transcribe_diarize": "clips are cut into chunks mapped through padding_mask: no layout of chunks yet",
-    # OmniASR: a wav2vec-style tower on raw `input_values` with a sample `padding_mask`; a clip's
-    # placeholders follow its convolution stack, which a `"conv"` row with per-config steps could count.
-    "omniasr": "raw-sample clips through a configurable conv stack: no row for its steps yet",
     # VibeVoice ASR: its audio encoder adds Gaussian noise to the latents unless a call passes
     # `sample=False`, so by default no cached run can equal a cold one; the deterministic path has no row.
     "vibevoice_asr": "its audio encoder adds random noise (sample=True, the default): no exact cold run to match",
