@@ -2,11 +2,13 @@
 
 A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a family
 (LLaVA with a Pixtral tower); a plain ``"<model_type>"`` key covers the family otherwise.
-Each row was checked against transformers 5.23 (each row of the media kwarg is encoded on its
-own and its features fill its placeholders in order) and is proven exact by
-`tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
+Each row was checked against transformers 5.23 (each item is encoded on its own and its
+features fill its placeholders in order; OmniASR against 5.24, which added it) and is proven
+exact by `tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
 `tests/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/test_media_grid.py`;
-Gemma 3n, whose timm tower needs torchvision, by
+MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
+`tests/test_media_minicpm.py`, `tests/test_media_nemotron_h_omni.py` and
+`tests/test_media_inkling.py`; Gemma 3n, whose timm tower needs torchvision, by
 `tests/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`.
 """
