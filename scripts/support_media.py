@@ -187,6 +187,54 @@ def _grid(name: str) -> MediaCase:
     )
 
 
+def _packed(name: str) -> MediaCase:
+    """A ``"packed"`` table family (`testing/media/packed.py`): A an image; C another image."""
+    from hf_prefix_cache.testing.media.packed import PackedFamily
+
+    fam = PackedFamily(name)
+    media = {"a": fam.image(SEED_A), "b": fam.image(SEED_B), "c": fam.image(SEED_C)}
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return MediaCase(fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]), first=1)
+
+
+def _nemotron_h_omni() -> MediaCase:
+    """Nemotron-H Omni (`testing/media/nemotron_h_omni.py`): A an image; C an audio clip, text, then an image."""
+    import hf_prefix_cache.testing.media.nemotron_h_omni as nemotron
+
+    media = {
+        "a": [nemotron.image(SEED_A)],
+        "b": [nemotron.image(SEED_B)],
+        "c": [nemotron.clip(SEED_C), nemotron.image(SEED_C)],
+    }
+    tokens = {k: nemotron.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(nemotron.placeholders(media["c"][0]), _text_ids(2, 6), nemotron.placeholders(media["c"][1]))
+    return MediaCase(
+        nemotron.tiny_nemotron_h_omni(),
+        tokens,
+        lambda _ids, names: nemotron.media_kwargs([m for n in names for m in media[n]]),
+        1,
+    )
+
+
+def _inkling() -> MediaCase:
+    """Inkling (`testing/media/inkling.py`): A an image; C an audio clip, text, then an image."""
+    import hf_prefix_cache.testing.media.inkling as inkling
+
+    media = {
+        "a": [inkling.image(SEED_A)],
+        "b": [inkling.image(SEED_B)],
+        "c": [inkling.clip(SEED_C), inkling.image(SEED_C)],
+    }
+    tokens = {k: inkling.placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = _cat(inkling.placeholders(media["c"][0]), _text_ids(2, 6), inkling.placeholders(media["c"][1]))
+    return MediaCase(
+        inkling.tiny_inkling(),
+        tokens,
+        lambda _ids, names: inkling.media_kwargs([m for n in names for m in media[n]]),
+        1,
+    )
+
+
 def _phi4() -> MediaCase:
     """Phi-4-multimodal (`testing/media/phi4.py`): A an image; C an audio clip, text, then an image."""
     import hf_prefix_cache.testing.media.phi4 as phi4
@@ -214,6 +262,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "qwen2_5_vl": lambda: _family("qwen2_5_vl"),
     "qwen3_vl": lambda: _family("qwen3_vl"),
     "gemma3": lambda: _family("gemma3"),
+    "shieldgemma2": lambda: _family("shieldgemma2"),
     "paligemma": _paligemma,
     "idefics3": lambda: _family("idefics3"),
     "smolvlm": lambda: _family("smolvlm"),
@@ -239,11 +288,16 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "lighton_ocr": lambda: _generic("lighton_ocr"),
     "video_llava": lambda: _generic("video_llava"),
     "voxtral": lambda: _generic("voxtral"),
+    "glmasr": lambda: _generic("glmasr"),
+    "fuyu": lambda: _generic("fuyu"),
+    "omniasr": lambda: _generic("omniasr"),
     "internvl": lambda: _generic("internvl"),
     "aya_vision": lambda: _generic("aya_vision"),
     "cohere2_vision": lambda: _generic("cohere2_vision"),
     "qianfan_ocr": lambda: _generic("qianfan_ocr"),
     "got_ocr2": lambda: _generic("got_ocr2"),
+    "pp_chart2table": lambda: _generic("pp_chart2table"),
+    "deepseek_vl_hybrid": lambda: _generic("deepseek_vl_hybrid"),
     "deepseek_vl": lambda: _generic("deepseek_vl"),
     "janus": lambda: _generic("janus"),
     "vipllava": lambda: _generic("vipllava"),
@@ -256,6 +310,11 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "lfm3_vl": lambda: _grid("lfm3_vl"),
     "video_llama_3": lambda: _grid("video_llama_3"),
     "exaone4_5": lambda: _grid("exaone4_5"),
+    "hyperclovax_vision_v2": lambda: _grid("hyperclovax_vision_v2"),
+    "muse_glimmer": lambda: _grid("muse_glimmer"),
+    "minicpm_ocr": lambda: _packed("minicpm_ocr"),
+    "nemotron_h_omni": _nemotron_h_omni,
+    "inkling_mm_model": _inkling,
 }
 
 #: Adapter keys without a media case, and why.

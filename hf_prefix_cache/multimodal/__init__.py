@@ -32,6 +32,8 @@ __all__ = ["MEDIA_KWARGS", "MediaAdapter", "media_adapter_for"]
 _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "llava": LlavaMedia,
     "gemma3": Gemma3Media,
+    # ShieldGemma 2 generates with Gemma 3's class under its own config (its classifier wraps that model).
+    "shieldgemma2": Gemma3Media,
     "paligemma": PaliGemmaMedia,
     "llava_next": LlavaNextMedia,
     "llava_next_video": LlavaNextVideoMedia,

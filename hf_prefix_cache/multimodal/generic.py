@@ -19,10 +19,21 @@ rows of its own items. What differs between families is data, declared per famil
   those marked by `KindRule.mask`, and has ``(h // s) * (w // s)`` placeholders in one run
   (``s``: `KindRule.stride`; adjacent items may share a run);
   ``"thw"``: Qwen-VL-style flattened patch rows, `KindRule.sizes` a grid kwarg of one
-  ``(t, h, w)`` row per item: an item is ``t * h * w`` consecutive rows of `KindRule.data`
+  ``(t, h, w)`` row per item (or ``(h, w)``, one frame): an item is ``t * h * w`` consecutive rows of `KindRule.data`
   and has ``t * h * w // m`` placeholders (``h * w // m`` when `KindRule.pooled_time`: the
   tower averages a video's frames), ``m`` the product of `KindRule.stride` (the merge area;
   a list value counts as the product of its elements); adjacent items may share a run;
+  ``"packed"``: NaViT-packed rows (MiniCPM-V), `KindRule.data` one ``[1, channels, p, L]`` row of
+  all items' patches side by side along its last axis (``p``: `KindRule.patch`, the pixels per
+  patch side), `KindRule.sizes` one ``(h, w)`` patch grid per item: an item is the next
+  ``h * w * p`` columns and has ``h * w // m`` placeholders (``m``: `KindRule.stride`'s
+  product); adjacent items may share a run;
+  ``"conv"``: audio clips as rows of frames padded to one length (frames along
+  `KindRule.frames_axis`), `KindRule.mask` each row's valid frames: a row of ``n`` valid
+  frames has the placeholders left after the convolutions `KindRule.convs` (each
+  ``(padding, kernel, stride)`` maps ``n`` to ``(n + 2 * padding - kernel) // stride + 1``;
+  none: one per frame); a tower may read the padding too, so an item is its whole row and mask
+  row; adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), and which kwargs its processor returns that the model never reads
@@ -40,6 +51,7 @@ feed a recurrent prefill (`suffix_embeds`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,7 +64,7 @@ from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_toke
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 
 #: Placeholder layouts a `KindRule` may declare.
-COUNTS = ("equal", "grid", "area", "thw")
+COUNTS = ("equal", "grid", "area", "thw", "packed", "conv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +84,18 @@ class KindRule:
     required to mark exactly the row's first ``height * width`` patches. `pooled_time` (``"thw"``
     kinds) marks towers that average an item's frames into one frame's placeholders; `merges`
     (``"thw"`` kinds) names a kwarg of each item's own spatial merge size ``s`` (Video-LLaMA 3),
-    which then makes the merge area ``s * s`` instead of `stride`'s product.
+    which then makes the merge area ``s * s`` instead of `stride`'s product; `merge_area`
+    (``"thw"`` kinds) is a merge area the model hardcodes (Nemotron-H Omni's 2x2 pixel shuffle),
+    used when `stride` is empty. `convs` (``"conv"``
+    kinds) are the ``(padding, kernel, stride)`` steps from a row's valid frames to its placeholders
+    (none: one placeholder per valid frame), followed by unpadded ones of the kernel and stride
+    lists at the config paths `conv_paths` (a wav2vec-style feature encoder); `frames_axis` the
+    axis of the frames in `data`,
+    `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1).
+    `item_axis` 1 (``"equal"`` kinds) takes one prompt's items along the second axis of a
+    ``[1, items, ...]`` kwarg (Fuyu's patches) instead of its rows.
+    `requires` holds ``(config attribute path, value)`` pairs this kind's layout relies on: a
+    call passing this kind's media to a model whose config differs runs cold (`media_placeholders`).
     """
 
     kind: str
@@ -86,6 +109,13 @@ class KindRule:
     mask: str | None = None
     pooled_time: bool = False
     merges: str | None = None
+    merge_area: int = 0
+    convs: tuple[tuple[int, int, int], ...] = ()
+    frames_axis: int = -1
+    frames_offset: int = 0
+    conv_paths: tuple[str, ...] = ()
+    item_axis: int = 0
+    requires: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +124,9 @@ class FamilyRule:
 
     `requires` holds ``(config attribute path, value)`` pairs: a model whose config differs
     gets no adapter, so its media run cold (`media_inputs:<model_type>`). `embeds_suffix`
-    (image and video kinds) declares that the model's forward embeds a prompt as its text
-    embeddings with each kind's ``torch.cat(get_{image,video}_features(**rows).pooler_output)``
-    scattered over its placeholder ids, so a suffix's embeddings may be computed the same way
+    declares that the model's forward embeds a prompt as its text embeddings with each kind's
+    features (``get_{image,video,audio}_features(**rows).pooler_output``, its items' rows
+    concatenated) scattered over its placeholder ids, so a suffix's embeddings may be computed the same way
     outside the forward: models with recurrent layers then prefill media prompts
     (`MediaAdapter.embeds_suffix`). `ignored`
     names media kwargs the processor returns and the model accepts but never reads (Gemma 3n's
@@ -137,7 +167,7 @@ class GenericMedia(MediaAdapter):
         )
         self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
         self.settings = rule.settings
-        assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video"}, "images and videos only"
+        assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video", "audio"}, "no such encoder"
         self.embeds_suffix = rule.embeds_suffix
 
     # ------------------------------------------------------------------ layout
@@ -173,16 +203,24 @@ class GenericMedia(MediaAdapter):
         return tuple(config_token_id(self.config, *rule.token_id) for rule in self.rule.kinds)
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
-        out = []
+        out: list[KindItems] = []
         for rule in self.rule.kinds:
             if rule.count == "grid":
                 continue
             if kwargs.get(rule.data) is None and config_token_id(self.config, *rule.token_id) is None:
                 continue  # no media of this kind and no placeholder id in the config: the prompt is text
+            if not all(config_path(self.config, path) == value for path, value in rule.requires):
+                if kwargs.get(rule.data) is not None:
+                    out.append((rule.kind, None, [], None))  # media the layout cannot count: the call runs cold
+                continue
             if rule.count == "area":
                 out.append(self._area_items(rule, kwargs))
             elif rule.count == "thw":
                 out.append(self._thw_items(rule, kwargs))
+            elif rule.count == "packed":
+                out.append(self._packed_items(rule, kwargs))
+            elif rule.count == "conv":
+                out.append(self._conv_items(rule, kwargs))
             else:
                 out.append(self._equal_items(rule, tokens, kwargs))
         return out
@@ -195,7 +233,11 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, token_id, [], [])
         if not isinstance(data, torch.Tensor):
             return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
-        rows = self._rows(rule, data, kwargs)
+        if rule.item_axis == 1:
+            # One prompt's items side by side: `[1, items, ...]`.
+            rows = [(data[0, i],) for i in range(data.shape[1])] if data.dim() >= 2 and data.shape[0] == 1 else None
+        else:
+            rows = self._rows(rule, data, kwargs)
         total = sum(b - a for a, b in find_runs(tokens, token_id)) if token_id is not None else 0
         if rows is None or not rows or total % len(rows):
             return (rule.kind, None, [], None)
@@ -229,7 +271,7 @@ class GenericMedia(MediaAdapter):
             return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
         if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor):
             return (rule.kind, None, [], None)
-        if grid.dim() != 2 or grid.shape[-1] != 3 or grid.is_floating_point() or data.dim() < 1:
+        if grid.dim() != 2 or grid.shape[-1] not in (2, 3) or grid.is_floating_point() or data.dim() < 1:
             return (rule.kind, None, [], None)
         merges = self._merges(rule, kwargs, grid.shape[0])
         sizes = grid.prod(-1).tolist()
@@ -242,17 +284,70 @@ class GenericMedia(MediaAdapter):
             for i in range(len(sizes))
         ]
         counts = []
-        for (t, h, w), merge in zip(grid.tolist(), merges, strict=True):
+        for row, merge in zip(grid.tolist(), merges, strict=True):
+            t, h, w = row if len(row) == 3 else (1, *row)
             frame = (1 if rule.pooled_time else t) * h * w
             if frame % merge:
                 return (rule.kind, None, [], None)  # the model's own merge of patches fails on these
             counts.append(frame // merge)
         return (rule.kind, token_id, parts, counts)
 
+    def _packed_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every ``(h, w)`` row of the sizes kwarg one item: its ``h * w * p`` columns of the packed row, its size."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data, sizes = kwargs.get(rule.data), kwargs.get(rule.sizes or "")
+        if data is None and sizes is None:
+            return (rule.kind, token_id, [], [])
+        if data is not None and not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        patch, merge = self._product(rule.patch), self._product(rule.stride)
+        if not isinstance(data, torch.Tensor) or not isinstance(sizes, torch.Tensor) or patch is None or merge is None:
+            return (rule.kind, None, [], None)
+        if sizes.dim() != 2 or sizes.shape[-1] != 2 or sizes.is_floating_point() or bool((sizes <= 0).any()):
+            return (rule.kind, None, [], None)
+        # One packed row (the model reads row 0 only), patches `patch` pixels high, side by side.
+        if data.dim() != 4 or data.shape[0] != 1 or data.shape[-2] != patch:
+            return (rule.kind, None, [], None)
+        areas = sizes.prod(-1).tolist()
+        if sum(areas) * patch != data.shape[-1] or any(a % merge for a in areas):
+            return (rule.kind, None, [], None)
+        offsets = [0, *(torch.tensor(areas).cumsum(0) * patch).tolist()]
+        parts = [(data[..., offsets[i] : offsets[i + 1]], sizes[i]) for i in range(len(areas))]
+        return (rule.kind, token_id, parts, [a // merge for a in areas])
+
+    def _conv_items(self, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+        """Every row of `rule.data` one item (hashed whole, with its mask row), its count from its valid frames."""
+        token_id = config_token_id(self.config, *rule.token_id)
+        data, mask = kwargs.get(rule.data), kwargs.get(rule.mask or "")
+        if data is None:
+            return (rule.kind, token_id, [], [])
+        if not isinstance(data, torch.Tensor):
+            return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+        if not isinstance(mask, torch.Tensor) or data.dim() < 2 or mask.dim() != 2:
+            return (rule.kind, None, [], None)
+        if mask.shape != (data.shape[0], data.shape[rule.frames_axis]) or mask.is_floating_point() or mask.is_complex():
+            return (rule.kind, None, [], None)
+        steps = list(rule.convs)
+        if rule.conv_paths:
+            kernels, strides = (config_path(self.config, path) for path in rule.conv_paths)
+            if not isinstance(kernels, (list, tuple)) or not isinstance(strides, (list, tuple)):
+                return (rule.kind, None, [], None)
+            if len(kernels) != len(strides) or not all(isinstance(v, int) and v > 0 for v in (*kernels, *strides)):
+                return (rule.kind, None, [], None)
+            steps += [(0, kernel, stride) for kernel, stride in zip(kernels, strides, strict=True)]
+        counts = []
+        for n in (mask.sum(-1) + rule.frames_offset).tolist():
+            for padding, kernel, stride in steps:
+                n = (n + 2 * padding - kernel) // stride + 1
+            if n <= 0:
+                return (rule.kind, None, [], None)
+            counts.append(int(n))
+        return (rule.kind, token_id, [(data[i], mask[i]) for i in range(data.shape[0])], counts)
+
     def _merges(self, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
         """Each item's merge area: its own merge size squared (`rule.merges`), else `rule.stride`'s product."""
         if rule.merges is None:
-            merge = self._product(rule.stride)
+            merge = self._product(rule.stride) if rule.stride or not rule.merge_area else rule.merge_area
             return None if merge is None else [merge] * num_items
         own = kwargs.get(rule.merges)
         if not isinstance(own, torch.Tensor) or tuple(own.shape) != (num_items,) or own.is_floating_point():
@@ -373,6 +468,16 @@ class GenericMedia(MediaAdapter):
                 if rule.merges is not None and kwargs.get(rule.merges) is not None:
                     set_or_drop(kwargs, rule.merges, kwargs[rule.merges][k:], keep)
                 continue
+            if rule.count == "packed":
+                sizes = kwargs[rule.sizes or ""]
+                keep = k < sizes.shape[0]
+                skip = int(sizes[:k].prod(-1).sum()) * data.shape[-2] if k else 0  # the cached items' columns
+                set_or_drop(kwargs, rule.data, data[..., skip:], keep)
+                set_or_drop(kwargs, rule.sizes or "", sizes[k:], keep)
+                continue
+            if rule.item_axis == 1:
+                set_or_drop(kwargs, rule.data, data[:, k:], k < data.shape[1])
+                continue
             keep = k < data.shape[0]
             set_or_drop(kwargs, rule.data, data[k:], keep)
             for name in (rule.sizes, rule.mask, *rule.extras):
@@ -397,9 +502,17 @@ class GenericMedia(MediaAdapter):
             names = [
                 n for n in (rule.data, rule.sizes, rule.mask, rule.merges, *rule.extras) if n is not None and n in media
             ]
-            encode = self.model.get_image_features if rule.kind == "image" else self.model.get_video_features
-            output = encode(**{n: media[n] for n in names}, return_dict=True)
-            features = torch.cat(list(output.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+            name = f"get_{rule.kind}_features"
+            # The model's own encoder, or its base model's where the head class does not forward it (Inkling's audio).
+            encode = getattr(self.model, name, None) or getattr(self.model.model, name)
+            params = inspect.signature(encode).parameters.values()
+            # Ask for an output object where the encoder takes the flag (Inkling's audio encoder returns one anyway).
+            takes_flag = any(p.kind is p.VAR_KEYWORD or p.name == "return_dict" for p in params)
+            flag = {"return_dict": True} if takes_flag else {}
+            pooled = encode(**{n: media[n] for n in names}, **flag).pooler_output
+            # One tensor of the items' rows, or one tensor per item: the rows the forward scatters, in order.
+            rows = pooled if isinstance(pooled, torch.Tensor) else torch.cat(list(pooled), dim=0)
+            features = rows.reshape(-1, embeds.shape[-1]).to(embeds.device, embeds.dtype)
             token_id = config_token_id(self.config, *rule.token_id)
             assert token_id is not None, f"{rule.kind} items were laid out without a placeholder id"
             mask = torch.eq(ids, token_id)[..., None].expand_as(embeds)

@@ -182,9 +182,12 @@ _SIGLIP = {**_CLIP, "model_type": "siglip_vision_model"}
 BOI_ID, EOI_ID = 124, 125
 
 
-def tiny_gemma3() -> Any:
-    """Gemma 3: 4 placeholders per image between begin/end-of-image ids; sliding + full text layers."""
-    config = transformers.Gemma3Config(
+def tiny_gemma3(config_cls: Any = transformers.Gemma3Config) -> Any:
+    """Gemma 3: 4 placeholders per image between begin/end-of-image ids; sliding + full text layers.
+
+    `config_cls` ShieldGemma2Config builds ShieldGemma 2's generator (the same class, its own model type).
+    """
+    config = config_cls(
         text_config={
             **_TEXT,
             "model_type": "gemma3_text",
@@ -405,6 +408,7 @@ TINY_VLMS = {
     "paddleocr_vl": tiny_paddleocr_vl,
     "qwen2_audio": tiny_qwen2_audio,
     "gemma3": tiny_gemma3,
+    "shieldgemma2": lambda: tiny_gemma3(transformers.ShieldGemma2Config),
     "paligemma": tiny_paligemma,
     "llava": tiny_llava,
     "llava_next": tiny_llava_next,

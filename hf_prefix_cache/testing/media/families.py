@@ -38,6 +38,8 @@ GLM = ("glm4v", "glm4v_moe", "glm46v", "glmga", "glm_ocr")
 # GLM-4V with videos as its media: the model cannot take images and videos in one prompt.
 GLM_VIDEO = "glm4v/video"
 GRIDS = [(1, 4, 6), (1, 2, 4), (1, 4, 4)]
+#: Gemma 3's layout: ShieldGemma 2 generates with Gemma 3's class under its own model type.
+GEMMA3 = ("gemma3", "shieldgemma2")
 
 
 class Family:
@@ -50,7 +52,7 @@ class Family:
     def image(self, seed: int) -> Any:
         if self.name == "qwen2_audio":
             return audio_clip(seed, [60, 44, 80][seed % 3])
-        if self.name in ("llava", "gemma3", *IDEFICS):
+        if self.name in ("llava", *GEMMA3, *IDEFICS):
             return llava_pixels(seed)
         if self.name in ANYRES:
             sizes = [(30, 60), (50, 40), (32, 32), (64, 20)]
@@ -66,7 +68,7 @@ class Family:
             return run(AUDIO_ID, audio_tokens(int(image[1].sum())))
         if self.name == "llava":
             return run(IMAGE_ID, 16)
-        if self.name == "gemma3":
+        if self.name in GEMMA3:
             return torch.cat([run(BOI_ID, 1), run(IMAGE_ID, 4), run(EOI_ID, 1)], dim=1)
         if self.name in IDEFICS:
             return torch.cat([run(FAKE_IMAGE_ID, 1), run(IMAGE_ID, 4), run(FAKE_IMAGE_ID, 1)], dim=1)
@@ -87,7 +89,7 @@ class Family:
             }
         if self.name == "llava":
             return {"pixel_values": torch.stack(images)}
-        if self.name == "gemma3":
+        if self.name in GEMMA3:
             return {"pixel_values": torch.stack(images), "token_type_ids": (ids == IMAGE_ID).long()}
         if self.name in IDEFICS:
             return {"pixel_values": torch.stack(images)[None]}
@@ -143,6 +145,6 @@ class Family:
 
 
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
-FAMILIES = ("llava", *ANYRES, *QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, "qwen2_audio")
+FAMILIES = ("llava", *ANYRES, *QWEN_VL, "qwen3_vl", *GEMMA3, *IDEFICS, "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
-FRAMED = (*QWEN_VL, "qwen3_vl", "gemma3", *IDEFICS, *GLM, "paddleocr_vl")  # a start id before the placeholders
+FRAMED = (*QWEN_VL, "qwen3_vl", *GEMMA3, *IDEFICS, *GLM, "paddleocr_vl")  # a start id before the placeholders

@@ -10,10 +10,17 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
   split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
-* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing.
+* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing;
+  ``deepseek_vl_hybrid`` the same, each image with a 64x64 high-resolution version (a second row).
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
-* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``aria`` / ``aya_vision`` / ``llama4``:
-  one or two tiles (GOT-OCR 2: 64x64 images) of 4 placeholders each, framed by begin/end ids
+* ``fuyu``: Fuyu, 2x3 or 3x2 patches of 4x4 pixels, each row of placeholders ended by an
+  image-newline id; every patch is an item (one placeholder, embedded on its own).
+* ``omniasr`` (transformers 5.24 on): clips of raw samples padded to 100 with their mask, 100
+  or 60 valid samples (9 or 5 placeholders), framed by begin/end-audio ids.
+* ``glmasr``: clips of 16 mel bins padded to 40 frames with their mask, 40 or 24 valid frames
+  (5 or 3 placeholders), framed by begin/end-audio ids.
+* ``internvl`` / ``qianfan_ocr`` / ``cohere2_vision`` / ``got_ocr2`` / ``pp_chart2table`` / ``aria`` /
+  ``aya_vision`` / ``llama4``: one or two tiles (GOT-OCR 2 and PP-Chart2Table: 64x64 images) of 4 placeholders each, framed by begin/end ids
   (Aya Vision and Llama 4 as their processors frame tiles); Aria's crops come with a pixel mask.
 * ``lfm2_vl``: LFM2-VL (conv + attention text layers; kept out of `GENERIC_FAMILIES`, whose hit
   counts assume attention-only models: `tests/media/test_media_lfm2_vl.py` tests it): a SigLIP 2
@@ -110,6 +117,58 @@ def tiny_voxtral() -> Any:
     return _build(transformers.VoxtralForConditionalGeneration, config)
 
 
+def tiny_glmasr() -> Any:
+    """GLM-ASR: clips of 16 mel bins padded to 40 frames; 40 valid frames give 5 placeholders, 24 give 3."""
+    audio = {
+        "hidden_size": 32,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_mel_bins": 16,
+        "max_position_embeddings": 64,
+    }
+    config = transformers.GlmAsrConfig(
+        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
+    )
+    return _build(transformers.GlmAsrForConditionalGeneration, config)
+
+
+def tiny_fuyu() -> Any:
+    """Fuyu: 4x4-pixel patches (48 values) embedded one by one; Persimmon text."""
+    config = transformers.FuyuConfig(
+        text_config={**_TEXT, "model_type": "persimmon"},
+        patch_size=4,
+        num_channels=3,
+        image_token_id=IMG,
+    )
+    config.hidden_size, config.vocab_size = 64, 128  # read by its forward; not in the config's signature
+    return _build(transformers.FuyuForCausalLM, config)
+
+
+def tiny_omniasr() -> Any:
+    """OmniASR (transformers 5.24 on): clips of raw samples padded to 100, a conv stack of kernels 10, 3 and
+    strides 5, 2: 100 valid samples give 9 placeholders, 60 give 5."""
+    audio = {
+        "hidden_size": 32,
+        "conv_dim": [8, 8],
+        "conv_kernel": [10, 3],
+        "conv_stride": [5, 2],
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "num_conv_pos_embeddings": 4,
+        "num_conv_pos_embedding_groups": 2,
+        "intermediate_size": 64,
+        "hidden_dropout": 0.0,
+        "layerdrop": 0.0,
+        "activation_dropout": 0.0,
+    }
+    config = transformers.OmniASRConfig(
+        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
+    )
+    return _build(transformers.OmniASRForConditionalGeneration, config)
+
+
 def tiny_internvl() -> Any:
     """InternVL: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile."""
     vision = {
@@ -199,23 +258,39 @@ def tiny_cohere2_vision() -> Any:
     return _build(transformers.Cohere2VisionForConditionalGeneration, config)
 
 
-def tiny_got_ocr2() -> Any:
-    """GOT-OCR 2: a SAM-style tower (windowed and global attention) on 64x64 images: 4 placeholders each."""
-    vision = {
-        "hidden_size": 32,
-        "output_channels": 16,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 64,
-        "patch_size": 8,
-        "window_size": 4,
-        "global_attn_indexes": [1],
-        "mlp_dim": 64,
-    }
-    config = transformers.GotOcr2Config(
-        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_index=IMG
-    )
+#: A SAM-style tower (windowed and global attention) on 64x64 images.
+_SAM = {
+    "hidden_size": 32,
+    "output_channels": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 64,
+    "patch_size": 8,
+    "window_size": 4,
+    "global_attn_indexes": [1],
+    "mlp_dim": 64,
+}
+
+
+def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
+    """GOT-OCR 2: a SAM-style tower on 64x64 images: 4 placeholders each.
+
+    `config_cls` PPChart2TableConfig builds PP-Chart2Table (GOT-OCR 2's class, its own model type).
+    """
+    config = config_cls(text_config={**_TEXT, "model_type": "qwen2"}, vision_config=_SAM, image_token_index=IMG)
     return _build(transformers.GotOcr2ForConditionalGeneration, config)
+
+
+def tiny_deepseek_vl_hybrid() -> Any:
+    """DeepSeek-VL hybrid: a SigLIP tower on 32x32 images and a SAM-style tower on their 64x64 versions, 16
+    placeholders per image."""
+    config = transformers.DeepseekVLHybridConfig(
+        text_config={**_TEXT, "model_type": "llama"},
+        vision_config=_SIGLIP,
+        high_res_vision_config=_SAM,
+        image_token_id=IMG,
+    )
+    return _build(transformers.DeepseekVLHybridForConditionalGeneration, config)
 
 
 def tiny_deepseek_vl() -> Any:
@@ -349,12 +424,18 @@ _BUILDERS = {
     "llava_pixtral": tiny_llava_pixtral,
     "video_llava": tiny_video_llava,
     "voxtral": tiny_voxtral,
+    "glmasr": tiny_glmasr,
+    "fuyu": tiny_fuyu,
+    # OmniASR is new in transformers 5.24.
+    **({"omniasr": tiny_omniasr} if hasattr(transformers, "OmniASRConfig") else {}),
     "internvl": tiny_internvl,
     "aya_vision": tiny_aya_vision,
     "llama4": tiny_llama4,
     "lighton_ocr": tiny_lighton_ocr,
     "cohere2_vision": tiny_cohere2_vision,
     "got_ocr2": tiny_got_ocr2,
+    "pp_chart2table": lambda: tiny_got_ocr2(transformers.PPChart2TableConfig),
+    "deepseek_vl_hybrid": tiny_deepseek_vl_hybrid,
     "deepseek_vl": tiny_deepseek_vl,
     "qianfan_ocr": tiny_qianfan_ocr,
     "aria": tiny_aria,
@@ -370,9 +451,11 @@ GENERIC_FAMILIES = (*(name for name in _BUILDERS if name not in STATE_FAMILIES),
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
 PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr", "mistral_large4")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
-PLAIN = ("deepseek_vl", "janus", "vipllava")
+PLAIN = ("deepseek_vl", "janus", "vipllava", "deepseek_vl_hybrid")
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
-FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "aria")
+FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "pp_chart2table", "aria")
+#: Families whose image rows come with a high-resolution version of each image (64x64).
+HIGH_RES = ("deepseek_vl_hybrid",)
 
 
 @functools.cache
@@ -442,6 +525,9 @@ class GenericFamily:
             height, width = [(2, 3), (2, 3), (3, 2)][shape]  # seeds 0 and 1: one layout, other pixels
             tokens, span = _grid_tokens(height, width)
             return Medium("image", (_rand(seed, 3, height * stride, width * stride),), tuple(tokens), (span,))
+        if name in HIGH_RES:
+            # The processor's two versions of one picture: here the 32x32 rows and unrelated 64x64 ones.
+            return Medium("image", (_rand(seed, 3, 32, 32), _rand(seed + 100, 3, 64, 64)), (IMG,) * 16, ((0, 16),))
         if name in PLAIN:
             return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
         if name == "video_llava":
@@ -450,11 +536,32 @@ class GenericFamily:
             return Medium("image", (_rand(seed, 3, 32, 32),), (IMG,) * 16, ((0, 16),))
         if name == "lfm2_vl":
             return lfm2_vl_medium(seed, framed=True)
+        if name == "fuyu":
+            # Rows of patches, each row ended by an image-newline id; every patch an item of one placeholder.
+            lines, cols = [(2, 3), (2, 3), (3, 2)][shape]
+            patches = tuple(_rand(seed * 7 + i, 48) for i in range(lines * cols))
+            tokens = [t for _ in range(lines) for t in (*[IMG] * cols, 111)]
+            spans = tuple((r * (cols + 1) + c, r * (cols + 1) + c + 1) for r in range(lines) for c in range(cols))
+            return Medium("image", patches, tuple(tokens), spans)
+        if name == "omniasr":
+            # One clip of raw samples padded to 100 (zeros past its valid samples), its mask; framed by ids.
+            valid = [100, 100, 60][shape]
+            samples, mask = _rand(seed, 1, 100), torch.zeros(100, dtype=torch.long)
+            samples[:, valid:], mask[:valid] = 0, 1
+            count = {100: 9, 60: 5}[valid]
+            return Medium("audio", (samples, mask), (110, *[AUD] * count, 111), ((1, 1 + count),))
+        if name == "glmasr":
+            # One clip padded to 40 frames (zeros past its valid frames), its mask; framed by begin/end-audio ids.
+            valid = [40, 40, 24][shape]
+            clip, mask = _rand(seed, 16, 40), torch.zeros(40, dtype=torch.long)
+            clip[:, valid:], mask[:valid] = 0, 1
+            count = {40: 5, 24: 3}[valid]
+            return Medium("audio", (clip, mask), (110, *[AUD] * count, 111), ((1, 1 + count),))
         count = 2 if shape == 2 else 1  # tiles, chunks or frames
         if name == "voxtral":
             rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))
             return Medium("audio", rows, (110, *[AUD] * 5 * count), tuple((1 + 5 * i, 6 + 5 * i) for i in range(count)))
-        side = 64 if name == "got_ocr2" else 32
+        side = 64 if name in ("got_ocr2", "pp_chart2table") else 32
         tiles = tuple(_rand(seed * 7 + i, 3, side, side) for i in range(count))
         if name in FRAMED_TILES:
             return Medium(
@@ -471,12 +578,13 @@ class GenericFamily:
             return Medium("image", tiles, tuple(tokens), tuple((s, s + 4) for s in starts))
         # SmolVLM video: each frame after its timestamp text, framed by fake-image ids.
         frames = (*tiles, _rand(seed * 7 + 5, 3, 32, 32))
-        tokens, spans = [], []
+        frame_tokens: list[int] = []
+        frame_spans: list[tuple[int, int]] = []
         for f in range(len(frames)):
-            tokens += [9, 10 + f, FAKE_IMAGE_ID, 111]  # timestamp text, fake-image and global-image ids
-            spans.append((len(tokens), len(tokens) + 4))
-            tokens += [IMG] * 4 + [FAKE_IMAGE_ID]
-        return Medium("video", frames, tuple(tokens), tuple(spans))
+            frame_tokens += [9, 10 + f, FAKE_IMAGE_ID, 111]  # timestamp text, fake-image and global-image ids
+            frame_spans.append((len(frame_tokens), len(frame_tokens) + 4))
+            frame_tokens += [IMG] * 4 + [FAKE_IMAGE_ID]
+        return Medium("video", frames, tuple(frame_tokens), tuple(frame_spans))
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         return torch.tensor([list(medium.tokens)])
@@ -502,6 +610,23 @@ class GenericFamily:
             return out
         if self.name == "lfm2_vl":
             return lfm2_vl_kwargs([row for m in media for row in m.rows])
+        if self.name == "fuyu":
+            return {"pixel_values": torch.stack([row for m in media for row in m.rows])[None]}
+        if self.name == "glmasr":
+            return {
+                "input_features": torch.stack([m.rows[0] for m in media]),
+                "input_features_mask": torch.stack([m.rows[1] for m in media]),
+            }
+        if self.name == "omniasr":
+            return {
+                "input_values": torch.stack([m.rows[0] for m in media]),
+                "padding_mask": torch.stack([m.rows[1] for m in media]),
+            }
+        if self.name in HIGH_RES:
+            return {
+                "pixel_values": torch.stack([m.rows[0] for m in media]),
+                "high_res_pixel_values": torch.stack([m.rows[1] for m in media]),
+            }
         rows = torch.stack([row for m in media for row in m.rows])
         if self.name == "voxtral":
             return {"input_features": rows}
@@ -523,12 +648,17 @@ class GenericFamily:
     def towers(self) -> list[Any]:
         if self.name == "llama4":
             return [self.model.vision_model]
+        if self.name == "fuyu":
+            return [self.model.model.vision_embed_tokens]
         inner = self.model.model
         names = {
             "video_llava": ["image_tower", "video_tower"],
             "voxtral": ["audio_tower"],
+            "glmasr": ["audio_tower"],
+            "omniasr": ["audio_tower"],
             "smolvlm_video": ["vision_model"],
             "deepseek_vl": ["vision_model"],
+            "deepseek_vl_hybrid": ["vision_model"],
             "janus": ["vision_model"],
             "lighton_ocr": ["vision_encoder"],
         }
@@ -540,7 +670,7 @@ class GenericFamily:
 
         def record(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
             first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-            seen.append(int(first.shape[0]))
+            seen.append(int(first.shape[1] if self.name == "fuyu" else first.shape[0]))  # Fuyu: [1, patches, ...]
 
         handles = [tower.register_forward_hook(record, with_kwargs=True) for tower in self.towers()]
         extra = {"past_key_values": store} if store is not None else {}

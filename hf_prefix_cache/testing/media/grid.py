@@ -11,6 +11,8 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
   every frame counts (``t * h * w / 4`` placeholders).
 * ``lfm3_vl``: LFM3-VL: MiniMax-M3-VL's rows and counts; its LFM3 text layers hold conv states.
 * ``exaone4_5``: EXAONE 4.5: rows of ``3 * 2 * 2 * 2`` values, 2x2 merge, 1D positions.
+* ``hyperclovax_vision_v2``: HyperCLOVA X Vision V2: EXAONE 4.5's rows and counts.
+* ``muse_glimmer``: Muse Glimmer: rows of ``2 * 3 * 4 * 4`` values, 2x2 pixel shuffle, windows within each item.
 * ``video_llama_3``: Video-LLaMA 3: rows of ``3 * 4 * 4`` pixels, each item's merge size (2) in
   `image_merge_sizes` / `video_merge_sizes`; no video compression mask.
 """
@@ -28,7 +30,15 @@ from packaging.version import Version
 from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
-FAMILIES = ("kimi_k25", "minimax_m3_vl", "lfm3_vl", "video_llama_3", "exaone4_5")
+FAMILIES = (
+    "kimi_k25",
+    "minimax_m3_vl",
+    "lfm3_vl",
+    "video_llama_3",
+    "exaone4_5",
+    "hyperclovax_vision_v2",
+    "muse_glimmer",
+)
 _IDS: dict[str, Any] = {
     "image_token_id": IMG,
     "video_token_id": VID,
@@ -172,8 +182,59 @@ def tiny_exaone4_5() -> Any:
     return _build(transformers.Exaone4_5_ForConditionalGeneration, config)
 
 
+def tiny_hyperclovax_vision_v2() -> Any:
+    """HyperCLOVA X Vision V2: EXAONE 4.5's Qwen2.5-VL-style tower and rows, 2x2 merge; HyperCLOVA X text,
+    1D positions (its generate drops position ids)."""
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 4,
+        "patch_size": 2,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 8,
+        "out_hidden_size": 64,
+        "fullatt_block_indexes": [1],
+    }
+    config = transformers.HyperCLOVAXVisionV2Config(
+        text_config={**_TEXT, "model_type": "hyperclovax", "head_dim": 16},
+        vision_config=vision,
+        image_token_id=IMG,
+        video_token_id=VID,
+    )
+    return _build(transformers.HyperCLOVAXVisionV2ForConditionalGeneration, config)
+
+
+def tiny_muse_glimmer() -> Any:
+    """Muse Glimmer: a windowed tower (16-pixel windows within each item) on flattened 2-frame 4x4-pixel patch
+    rows, 2x2 pixel shuffle; text [sliding x 3, full] with NoPE full layers."""
+    vision = {
+        "patch_size": 4,
+        "pos_emb_height": 4,
+        "pos_emb_width": 4,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "merge_size": 2,
+    }
+    text = {**_TEXT, "model_type": "muse_glimmer_text", "head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4}
+    config = transformers.MuseGlimmerConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMG,
+        video_token_id=VID,
+        out_hidden_size=128,
+        projector_hidden_size=64,
+    )
+    return _build(transformers.MuseGlimmerForConditionalGeneration, config)
+
+
 _BUILDERS = {
     "exaone4_5": tiny_exaone4_5,
+    "hyperclovax_vision_v2": tiny_hyperclovax_vision_v2,
+    "muse_glimmer": tiny_muse_glimmer,
     "kimi_k25": tiny_kimi_k25,
     "minimax_m3_vl": tiny_minimax_m3_vl,
     "lfm3_vl": tiny_lfm3_vl,
@@ -186,6 +247,8 @@ _ROW = {
     "lfm3_vl": (3 * 2 * 4 * 4,),
     "video_llama_3": (3 * 4 * 4,),
     "exaone4_5": (3 * 2 * 2 * 2,),
+    "hyperclovax_vision_v2": (3 * 2 * 2 * 2,),
+    "muse_glimmer": (2 * 3 * 4 * 4,),
 }
 #: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
 _MERGE = {
@@ -194,6 +257,8 @@ _MERGE = {
     "lfm3_vl": (4, False),
     "video_llama_3": (4, False),
     "exaone4_5": (4, False),
+    "hyperclovax_vision_v2": (4, False),
+    "muse_glimmer": (4, False),
 }
 #: Families that take each item's merge size as a kwarg (`*_merge_sizes`), all 2 here.
 _OWN_MERGES = ("video_llama_3",)
