@@ -27,7 +27,7 @@ from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import is_out_of_memory
-from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.contract import Lease, Store, store_behind
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -49,11 +49,12 @@ def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | No
         if given.closed:
             raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
         session, given = given, given.store
-    if given is store:
+    behind = store_behind(given)
+    if behind is store:
         return True, session
-    if isinstance(given, Store) and given.model is not model:
+    if behind is not None and behind.model is not model:
         raise IncompatibleModelError(
-            f"this PrefixCache was built for another model object ({_describe(given.model)}; this one is "
+            f"this PrefixCache was built for another model object ({_describe(behind.model)}; this one is "
             f"{_describe(model)}): a store serves only the model it was made with, even among models "
             "of one class. Make one for this model: PrefixCache(model)"
         )
