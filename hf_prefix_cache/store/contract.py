@@ -67,6 +67,13 @@ class Store(Protocol):
         """The model's current namespace; re-reads the weights probe (mutates only the cached namespace)."""
         ...
 
+    def sub_namespace(self, namespace: str, *parts: Any) -> str:
+        """The namespace of states that depend on `parts` too (a whole prompt, its media, an encoder input).
+
+        Pure: the same arguments give the same namespace, in every process.
+        """
+        ...
+
     def has_entries(self, namespace: str) -> bool:
         """Whether anything is stored under `namespace` (reads only)."""
         ...

@@ -137,6 +137,10 @@ class TreeStore(Prefixes):
             namespace = fingerprint([namespace, "request salt", scope.salt])
         return namespace
 
+    def sub_namespace(self, namespace: str, *parts: Any) -> str:
+        """The namespace of states that depend on `parts` too (see `contract.Store.sub_namespace`)."""
+        return fingerprint([namespace, *parts])
+
     def has_entries(self, namespace: str) -> bool:
         """Whether the tree holds anything under `namespace` (disk files are not indexed for this)."""
         with self._lock.raw:
