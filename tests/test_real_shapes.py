@@ -159,7 +159,7 @@ def test_store_made_before_the_weights_are_loaded_fingerprints_them(how: str) ->
         spaces[name] = store._store.namespace()
         if name == "a":
             # The namespace of a store on the model built with these weights: their entries are shared.
-            assert spaces[name] == PrefixCache(real, attach=False).namespace()
+            assert spaces[name] == PrefixCache(real, attach=False)._store.namespace()
             cold = generate(model, ids, 4)
             generate(model, ids, 4, past_key_values=store)
             hits = Hits(store)

@@ -106,7 +106,7 @@ class DecoderOnlyHook:
             reason = self._key(call)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
-        restored = pipeline.restore_rows(store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans)
+        restored = pipeline.restore(store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans)
         if restored is None:
             return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
         lease, cache = restored

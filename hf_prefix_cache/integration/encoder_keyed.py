@@ -71,7 +71,7 @@ def restore_decoder(
     (what to store afterwards) and the `EncoderDecoderCache` to hand `generate`.
     """
     rows = decoder_ids.tolist()
-    restored = pipeline.restore_rows(store, namespace, rows, rows[0])
+    restored = pipeline.restore(store, namespace, rows, rows[0])
     if restored is None:
         return None
     lease, working = restored
