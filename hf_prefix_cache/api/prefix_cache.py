@@ -9,49 +9,23 @@ reaching a `Cache` method on it raises an error that says how to use it.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.api.display import CacheStats, shown, store_html
+from hf_prefix_cache.api.not_a_cache import not_a_cache_error
 from hf_prefix_cache.integration import Hook, family_of
 from hf_prefix_cache.integration import attach as attach_hook
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import stand_for
 from hf_prefix_cache.store.lookup import Lookup, as_token_list
 from hf_prefix_cache.store.observe import RequestCallback
-from hf_prefix_cache.store.options import Options, resolve
+from hf_prefix_cache.store.options import Options, keyword_signature, resolve
 from hf_prefix_cache.store.pressure import PressureCallback
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.tree_store import TreeStore
-
-# Cache methods transformers calls; reaching one means the store was passed where a Cache was expected.
-_CACHE_API = frozenset(
-    {
-        "get_seq_length",
-        "update",
-        "get_mask_sizes",
-        "layers",
-        "crop",
-        "reorder_cache",
-        "update_conv_state",
-        "update_recurrent_state",
-        "has_previous_state",
-        "get_max_length",
-        "is_initialized",
-        "get_query_offset",
-        "is_compileable",
-        "is_sliding",
-        "early_initialization",
-        "batch_size",
-    }
-)
-
-
-class _NotAWorkingCacheError(AttributeError):
-    """A store was used where transformers expected a Cache."""
 
 
 class PrefixCache:
@@ -70,10 +44,8 @@ class PrefixCache:
     Args:
         model: a transformers generative model. Its `generate` is wrapped; calls that do not
             pass this store behave exactly as before.
-        **options: the settings, each a field of `Options` (documented there): `max_bytes`,
-            `max_host_bytes`, `disk_dir`, `max_disk_bytes`, `policy`, `ttl`, `min_store_len`,
-            `max_entries`, `snapshot_interval`, `prompt_snapshot`, `salt`, `save_on_exit`, `attach`,
-            `max_encoder_bytes`, `sliding_window_mode`, `remote` and its `remote_*` settings.
+        **options: the settings (budgets, tiers, policy, ttl, ``attach``, ...): each is a field of
+            `store.options.Options`, documented there.
 
     Raises:
         ValueError: a setting out of range, or two that contradict each other (the message says which).
@@ -361,16 +333,8 @@ class PrefixCache:
         return store_html(store.model, store.namespace(), store.stats())
 
     def __getattr__(self, name: str) -> Any:
-        if name in _CACHE_API:
-            store = self.__dict__.get("_store")
-            model = store.model if store is not None else None
-            raise _NotAWorkingCacheError(
-                f"PrefixCache has no {name!r}: it is a store, not a transformers Cache. Pass it to the generate() "
-                f"of the model object it was built for ({type(model).__name__} at {id(model):#x}; another model, "
-                "even of the same class, needs its own PrefixCache(model)), or use store.lookup(ids).cache in a "
-                "custom forward loop."
-            )
-        raise AttributeError(name)
+        store = self.__dict__.get("_store")
+        raise not_a_cache_error(name, store.model if store is not None else None)
 
 
 def store_of(cache: PrefixCache) -> TreeStore:
@@ -383,14 +347,4 @@ def store_of(cache: PrefixCache) -> TreeStore:
     return cache._store
 
 
-def _signature() -> inspect.Signature:
-    """`PrefixCache(model, *, <each field of Options>)`, for `help()` and editors."""
-    params = [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Any),
-    ]
-    params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(Options).parameters.values()]
-    return inspect.Signature(params, return_annotation=None)
-
-
-PrefixCache.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+PrefixCache.__init__.__signature__ = keyword_signature("self", "model")  # type: ignore[attr-defined]

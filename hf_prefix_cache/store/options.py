@@ -8,6 +8,7 @@ disk folder.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,19 @@ def resolve(model: Any, options: Options) -> Resolved:
         max_encoder_bytes=parse_nbytes(o.max_encoder_bytes) if o.max_encoder_bytes is not None else None,
         remote=remote,
     )
+
+
+def keyword_signature(*leading: str) -> inspect.Signature:
+    """The signature `(*leading, *, <each field of Options>)`: what `help()` and editors show for a function
+    that takes the options as keyword arguments (`PrefixCache`).
+
+    Example:
+        >>> list(keyword_signature("model").parameters)[:3]
+        ['model', 'max_bytes', 'max_device_bytes']
+    """
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in leading]
+    params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(Options).parameters.values()]
+    return inspect.Signature(params, return_annotation=None)
 
 
 def _check_remote(o: Options) -> None:
