@@ -16,7 +16,7 @@ Methods, timed per lookup (median over ``--queries`` queries, after one warm-up 
   the common prefix with a per-token Python loop, keep the longest.
 * ``scan-np``: the same scan vectorised with numpy: entries in one ``[N, seq-len]`` int32
   array, ``(array == query)`` then the first mismatch per row, then the max.
-* ``store``: ``PrefixCache.acquire(namespace, tokens, cache)`` + ``PrefixCache.release(lease)`` on a
+* ``store``: ``TreeStore.acquire(namespace, tokens, cache)`` + ``TreeStore.release(lease)`` on a
   store (``attach=False``) holding the same entries, for a microscopic Llama (1 layer, 1 KV
   head of dim 2: 16 bytes per token), filled with ``insert_sequence`` from a working cache
   whose keys are views of one zero tensor. Includes pinning the path and gathering the
@@ -48,6 +48,7 @@ from _common import load_average
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.tree.radix import RadixTree
 
@@ -130,14 +131,14 @@ class StoreFiller:
 
     def __init__(self, store: PrefixCache, seq_len: int) -> None:
         self.store = store
-        self.namespace = store.namespace()
+        self.namespace = store_of(store).namespace()
         self._zeros = torch.zeros(1, 1, seq_len, 2)
 
     def insert(self, tokens: list[int]) -> None:
-        cache = self.store.new_cache()
+        cache = store_of(self.store).new_cache()
         kv = self._zeros[..., : len(tokens), :]
         cache.restore(len(tokens), [kv], [kv], None)
-        self.store.insert_sequence(self.namespace, tokens, cache, [])
+        store_of(self.store).insert_sequence(self.namespace, tokens, cache, [])
 
 
 def time_per_query(match: Callable[[Any], int], inputs: Sequence[Any], expected: list[int]) -> float:
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs; numpy {np.__version__}")
     header = f"{'entries':>8} {'radix us':>10} {'store us':>10} {'scan-np us':>11} {'scan-py us':>11}"
     header += f" {'insert us':>10} {'insert-full us':>15} {'tree nodes':>11}"
-    print("\nper-lookup median microseconds (2,000-token queries); insert columns: PrefixCache.insert_sequence")
+    print("\nper-lookup median microseconds (2,000-token queries); insert columns: TreeStore.insert_sequence")
     print(header)
     results: dict[int, dict[str, float]] = {}
     filled = 0
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
             "scan-py": time_per_query(scan.match_python, queries[: args.py_queries], expected),
         }
         if store is not None and filler is not None:
-            acquire = functools.partial(_acquire_release, store, filler.namespace, store.new_cache())
+            acquire = functools.partial(_acquire_release, store, filler.namespace, store_of(store).new_cache())
             row["store"] = time_per_query(acquire, queries, expected)
             row["insert"] = insert_us
             row["insert-full"] = _insert_full(store, filler, rng, entries[:size], args)
@@ -251,8 +252,8 @@ def _tree_match(tree: RadixTree[FakeValue], tokens: list[int]) -> int:
 
 
 def _acquire_release(store: PrefixCache, namespace: str, cache: WorkingCache, tokens: list[int]) -> int:
-    lease = store.acquire(namespace, tokens, cache)  # restores views into the one reused cache
-    store.release(lease)
+    lease = store_of(store).acquire(namespace, tokens, cache)  # restores views into the one reused cache
+    store_of(store).release(lease)
     return lease.matched_len
 
 
@@ -276,7 +277,7 @@ def _insert_full(
     finally:
         store.max_bytes = budget
     for tokens in stored:
-        if _acquire_release(store, filler.namespace, store.new_cache(), tokens) < len(tokens):
+        if _acquire_release(store, filler.namespace, store_of(store).new_cache(), tokens) < len(tokens):
             filler.insert(tokens)
     return statistics.median(samples) * 1e6
 

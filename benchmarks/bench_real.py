@@ -52,6 +52,7 @@ from _common import Timings, load_average, print_end, print_environment, start_r
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import load_smollm2
+from hf_prefix_cache.api.prefix_cache import store_of
 
 VARIANTS = ("cold", "hit", "ideal", "deepcopy", "cb cold", "cb warm")
 SYSTEM = "You answer questions about the Python language, using only the reference text below.\n\n"
@@ -116,7 +117,7 @@ def run_ours(model: Any, store: PrefixCache, chat: Chat, reps: int) -> tuple[Tim
     expected = None
     for rep in range(reps + 1):  # the first repetition is a warm-up
         store.clear()
-        primed = store.new_cache()
+        primed = store_of(store).new_cache()
         keys = [layer.keys for layer in prefix_cache.layers]
         values = [layer.values for layer in prefix_cache.layers]
         primed.restore(len(chat.prefix), keys, values, None)  # views: the store holds the first turn, no forward

@@ -53,6 +53,7 @@ from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import load_smollm2
+from hf_prefix_cache.api.prefix_cache import store_of
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], str]:
@@ -85,7 +86,7 @@ def prefill(model: Any, ids: torch.Tensor) -> DynamicCache:
 
 
 def insert(store: PrefixCache, ids: torch.Tensor, cache: DynamicCache) -> None:
-    working = store.new_cache()
+    working = store_of(store).new_cache()
     working.restore(ids.shape[1], [lay.keys for lay in cache.layers], [lay.values for lay in cache.layers], None)
     if store.insert(ids, working) != ids.shape[1]:
         raise RuntimeError("the store did not take the entry")

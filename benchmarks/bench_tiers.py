@@ -16,7 +16,7 @@ Table 1, one ``--prefix-len`` (2,000) token entry with keys/values from a real p
   the entry is inserted, then a filler entry is inserted so the entry is offloaded to the host
   tier (checked with ``stats()``). Timed: ``store.lookup(ids)`` + ``release`` (acquire: match,
   pin, bring the entry back to the device; then the working cache is built). Between
-  repetitions ``store.relieve_device()`` (untimed) moves it back off the device. Every timed
+  repetitions the store's ``relieve_device()`` (untimed) moves it back off the device. Every timed
   restore is checked: ``reloads`` rose by 1 and exactly the entry's bytes left the host tier
   for the device; the first restored keys/values are compared bitwise with the prefill's.
 * ``disk tier``: the same with ``disk_dir`` (a temporary folder) and ``max_host_bytes=0``, so
@@ -66,6 +66,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.storage.codec import checksum as _checksum
 
 # Token ids below this are left to special tokens; prompts never use them.
@@ -107,7 +108,7 @@ def kv_of(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 def store_entry(store: PrefixCache, ids: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
     """Insert `ids` with the given keys/values (by reference; the store never writes into them)."""
-    cache = store.new_cache()
+    cache = store_of(store).new_cache()
     cache.restore(ids.shape[1], keys, values, None)
     if store.insert(ids, cache) != ids.shape[1]:
         raise RuntimeError(f"the store did not take the {ids.shape[1]}-token entry (over its device budget?)")
@@ -142,7 +143,7 @@ class TierRestorer:
 
     def off_device(self) -> None:
         """Move every entry off the device (untimed, between repetitions)."""
-        self.store.relieve_device()
+        store_of(self.store).relieve_device()
 
     def restore(self, query: torch.Tensor, length: int, nbytes: int) -> tuple[float, Any]:
         """Seconds of one restore of the `length`-token entry that `query` continues; returns the lookup too."""
@@ -213,7 +214,7 @@ def run_bandwidth(model: Any, args: argparse.Namespace, ids: Ids, tmp: str) -> T
         on_tier = stats.host_nbytes if tier == "host" else stats.disk_nbytes
         if on_tier != nbytes or stats.offloads != 1 or stats.device_nbytes != nbytes:
             raise RuntimeError(f"inserting a filler did not offload the entry to the {tier} tier: {stats}")
-        store.relieve_device()  # the filler too: an empty device, so a restore moves nothing else
+        store_of(store).relieve_device()  # the filler too: an empty device, so a restore moves nothing else
     host = TierRestorer(host_store, "host")
     disk = TierRestorer(disk_store, "disk")
 
@@ -347,7 +348,7 @@ def run_break_even(model: Any, args: argparse.Namespace, ids: Ids, tmp: str) -> 
                     raise RuntimeError("bytes per token differ from 2 * layers * kv_heads * head_dim * 4")
                 for store in (host_store, disk_store):
                     store_entry(store, entry, keys, values)
-                    store.relieve_device()
+                    store_of(store).relieve_device()
                 continue
             timings.add(f"prefill {n}", seconds)
             order = ("host", "disk") if rep % 2 == 0 else ("disk", "host")
@@ -413,7 +414,7 @@ def check_exactness(model: Any, args: argparse.Namespace, ids: Ids, tmp: str) ->
     }
     for tier, store in stores.items():
         store_entry(store, prefix, keys, values)
-        store.relieve_device()
+        store_of(store).relieve_device()
         before = store.stats()
         out = model.generate(prompt, past_key_values=store, **kwargs)
         after = store.stats()

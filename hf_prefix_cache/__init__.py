@@ -16,6 +16,7 @@ from hf_prefix_cache._compat import check_transformers
 
 check_transformers()
 
+from hf_prefix_cache.api.display import CacheStats  # noqa: E402
 from hf_prefix_cache.api.models import ModelUnavailableError, load_model, load_smollm2  # noqa: E402
 from hf_prefix_cache.api.prefix_cache import PrefixCache  # noqa: E402
 from hf_prefix_cache.errors import (  # noqa: E402
@@ -28,7 +29,6 @@ from hf_prefix_cache.store.lookup import Lookup  # noqa: E402
 from hf_prefix_cache.store.observe import RequestEvent  # noqa: E402
 from hf_prefix_cache.store.pressure import PressureEvent  # noqa: E402
 from hf_prefix_cache.store.sessions import Session  # noqa: E402
-from hf_prefix_cache.store.stats import CacheStats  # noqa: E402
 
 __all__ = [
     "CacheStats",

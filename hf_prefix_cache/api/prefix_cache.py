@@ -1,53 +1,34 @@
 """PrefixCache: the store users make and pass to `model.generate`.
 
-A `TreeStore` (the store, which knows nothing of `generate`) plus what makes it usable from
-`generate`: its options as keyword arguments, the hook of the model's family attached to
-`model.generate` (`integration/`), `pin` (which may run the model) and a clear error when the
-store is mistaken for a transformers `Cache`.
+Made by composition: a private `TreeStore` (the store, which knows nothing of `generate`), the
+hook of the model's family attached to `model.generate` (`integration/`), and only the user's
+verbs, each implemented once by the store (`pin`, which may run the model, is the exception).
+Its keyword arguments are the fields of `store.options.Options`. Not a transformers `Cache`:
+reaching a `Cache` method on it raises an error that says how to use it.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from hf_prefix_cache.api.display import CacheStats, shown, store_html
+from hf_prefix_cache.api.not_a_cache import not_a_cache_error
 from hf_prefix_cache.integration import Hook, family_of
 from hf_prefix_cache.integration import attach as attach_hook
-from hf_prefix_cache.store.display import store_html
-from hf_prefix_cache.store.lookup import as_token_list
-from hf_prefix_cache.store.options import parse_options
+from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.store.contract import stand_for
+from hf_prefix_cache.store.lookup import Lookup, as_token_list
+from hf_prefix_cache.store.observe import RequestCallback
+from hf_prefix_cache.store.options import Options, keyword_signature, resolve
+from hf_prefix_cache.store.pressure import PressureCallback
+from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.tree_store import TreeStore
 
-# Cache methods transformers calls; reaching one means the store was passed where a Cache was expected.
-_CACHE_API = frozenset(
-    {
-        "get_seq_length",
-        "update",
-        "get_mask_sizes",
-        "layers",
-        "crop",
-        "reorder_cache",
-        "update_conv_state",
-        "update_recurrent_state",
-        "has_previous_state",
-        "get_max_length",
-        "is_initialized",
-        "get_query_offset",
-        "is_compileable",
-        "is_sliding",
-        "early_initialization",
-        "batch_size",
-    }
-)
 
-
-class _NotAWorkingCacheError(AttributeError):
-    """A store was used where transformers expected a Cache."""
-
-
-class PrefixCache(TreeStore):
+class PrefixCache:
     """A prefix store for one model: pass it as `cache` to `model.generate` (`past_key_values` works too).
 
     Each `generate` call through the store restores the longest usable cached prefix of the
@@ -63,52 +44,12 @@ class PrefixCache(TreeStore):
     Args:
         model: a transformers generative model. Its `generate` is wrapped; calls that do not
             pass this store behave exactly as before.
-        max_bytes: device budget for keys, values and snapshots (int or e.g. ``"2GB"``).
-            Default: 30% of the GPU memory free once the model is loaded (CUDA), else a quarter of the
-            host memory available when the store is made, up to 8 GiB. `stats()` shows the budgets.
-        max_device_bytes: the same as `max_bytes` (give one of them).
-        max_host_bytes: host-memory budget (pinned memory on CUDA). Default: a quarter of the host
-            memory available, up to 16 GiB, for a CUDA model; 0 (no host tier) for a CPU model, whose
-            device is the host.
-        disk_dir: folder for the disk tier (``~`` expanded, created if missing, checked writable
-            here); entries there survive a restart of the process.
-        max_disk_bytes: disk budget (default: half the free space of `disk_dir`'s file system, at most 20 GiB).
-        policy: ``"lru"`` (least recently used leaves first) or ``"cost"`` (keep what saves the
-            most prefill work per byte; see `policy.py`).
-        ttl: seconds (or a string like ``"30m"``, ``"1h"``) after which an unused entry is dropped (None: never).
-        min_store_len: sequences shorter than this many tokens are not stored.
-        max_entries: most entries (leaves) kept over all tiers (None: no limit).
-        snapshot_interval: for models with recurrent layers, also snapshot the state every
-            this many prompt tokens (None: only at prompt ends, answers ends and divergences).
-        prompt_snapshot: for models with recurrent layers, snapshot the state at each prompt's last
-            token but one (default), so that the same prompt again reuses all but its last token. It
-            costs a forward more per request (the prefill is split there); a chat, which reuses the
-            answer-end snapshots, does not need it (see `benchmarks/bench_prompt_snapshot.py`).
-        salt: isolates tenants: stores entries under a namespace no other salt shares.
-        save_on_exit: with `disk_dir`, move what is in memory to disk when the process exits.
-        attach: wrap `model.generate` (default True): calls that pass this store (or one of its
-            sessions) as their cache use it. ``"all"``: also every call that passes no cache at all
-            (a server's `model.generate(**inputs)`, a pipeline), while a call passing its own cache is
-            left alone; per-request salts and reports come from `store.scope.RequestScope`. False:
-            nothing is wrapped; use `lookup`/`insert` yourself. `detach` undoes either.
-        max_encoder_bytes: encoder-decoder models served keyed by their encoder input
-            (Whisper, BART, T5, ...): budget for stored encoder outputs, on the model's device and apart from
-            `max_bytes` (default: an eighth of the device budget; 0 stores none).
-        sliding_window_mode: how sliding-window layers are stored. ``"every_position"`` (default):
-            like full attention, so any length restores. ``"window"``: one window of keys/values
-            per snapshot point (prompt ends, answer ends, divergences; no interval snapshots), about
-            the model's own cache for long prompts; a prefix then restores only at those points,
-            and such a model runs batches and media prompts cold.
-        remote: a Redis or Valkey URL (``redis://[user:password@]host:6379/0``, ``rediss://`` for
-            TLS) for a tier shared by processes and machines, below the local ones (see `storage/remote.py`).
-            The server evicts: run it with `maxmemory` and ``maxmemory-policy allkeys-lru``.
-        max_remote_bytes: the most bytes one entry may write to the remote tier (None: no limit).
-        remote_write: ``"back"`` (default): entries are written when they leave the last local
-            tier; ``"through"``: every new entry is also written when stored.
-        remote_chunk_len: tokens per remote chunk (only whole chunks are shared). For recurrent
-            models make it a multiple of `snapshot_interval`, so chunk ends carry snapshots.
-        remote_ttl: seconds a written chunk lives on the server (None: until it is evicted).
-        remote_timeout: seconds any one call to the server may wait.
+        **options: the settings (budgets, tiers, policy, ttl, ``attach``, ...): each is a field of
+            `store.options.Options`, documented there.
+
+    Raises:
+        ValueError: a setting out of range, or two that contradict each other (the message says which).
+        TypeError: an unknown setting, or one of the wrong kind.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -122,81 +63,134 @@ class PrefixCache(TreeStore):
         35
     """
 
-    def __init__(
-        self,
-        model: Any,
-        *,
-        max_bytes: int | str | None = None,
-        max_device_bytes: int | str | None = None,
-        max_host_bytes: int | str | None = None,
-        disk_dir: str | os.PathLike[str] | None = None,
-        max_disk_bytes: int | str | None = None,
-        policy: str = "lru",
-        ttl: float | str | None = None,
-        min_store_len: int = 1,
-        max_entries: int | None = None,
-        snapshot_interval: int | None = 256,
-        prompt_snapshot: bool = True,
-        salt: str | None = None,
-        save_on_exit: bool = True,
-        attach: bool | Literal["all"] = True,
-        max_encoder_bytes: int | str | None = None,
-        sliding_window_mode: str = "every_position",
-        remote: str | None = None,
-        max_remote_bytes: int | str | None = None,
-        remote_write: str = "back",
-        remote_chunk_len: int = 256,
-        remote_ttl: float | None = None,
-        remote_timeout: float = 2.0,
-    ) -> None:
-        options = parse_options(
-            model,
-            max_bytes=max_bytes,
-            max_device_bytes=max_device_bytes,
-            max_host_bytes=max_host_bytes,
-            disk_dir=disk_dir,
-            max_disk_bytes=max_disk_bytes,
-            policy=policy,
-            ttl=ttl,
-            min_store_len=min_store_len,
-            max_entries=max_entries,
-            snapshot_interval=snapshot_interval,
-            prompt_snapshot=prompt_snapshot,
-            salt=salt,
-            save_on_exit=save_on_exit,
-            max_encoder_bytes=max_encoder_bytes,
-            sliding_window_mode=sliding_window_mode,
-            remote=remote,
-            max_remote_bytes=max_remote_bytes,
-            remote_write=remote_write,
-            remote_chunk_len=remote_chunk_len,
-            remote_ttl=remote_ttl,
-            remote_timeout=remote_timeout,
-        )
-        if attach not in (True, False, "all"):
-            raise ValueError(f'attach is True, False or "all" (serve calls that pass no cache too), got {attach!r}')
+    def __init__(self, model: Any, **options: Any) -> None:
+        settings = Options(**options)
         family = family_of(model)
-        super().__init__(model, options, family.name if family.encoder_keyed else None)
-        self.serves_uncached = attach == "all"
-        self._hook: Hook | None = attach_hook(self, model) if attach else None
+        self._store = TreeStore(model, resolve(model, settings), family.name if family.encoder_keyed else None)
+        stand_for(self, self._store)
+        self._store.serves_uncached = settings.attach == "all"
+        self._hook: Hook | None = attach_hook(self._store, model) if settings.attach else None
 
-    def detach(self) -> None:
-        """Unwrap `model.generate`; the store keeps its entries and its low-level API.
+    @property
+    def model(self) -> Any:
+        """The model this store serves (it serves no other, even of the same class)."""
+        return self._store.model
+
+    @property
+    def max_bytes(self) -> int:
+        """The device budget in bytes; settable (``store.max_bytes = "1GB"``: the store shrinks to it at once).
 
         Example:
-            >>> served = PrefixCache(model, attach="all")  # serves model.generate(ids) with no cache too
-            >>> _ = model.generate(ids, max_new_tokens=2, do_sample=False)
-            >>> served.stats().requests
-            1
-            >>> served.detach()
+            >>> store.max_bytes = "2MB"
+            >>> store.max_bytes, store.stats().max_bytes
+            (2000000, 2000000)
         """
-        if self._hook is not None:
-            self._hook.detach()
-            self._hook = None
-        self.serves_uncached = False
+        return self._store.max_bytes
 
-    def _repr_html_(self) -> str:
-        return store_html(self)
+    @max_bytes.setter
+    def max_bytes(self, value: int | str) -> None:
+        self._store.max_bytes = value
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        """Budget in bytes per tier (0: the tier is off).
+
+        Example:
+            >>> PrefixCache(model, max_bytes="1MB", max_host_bytes=0, attach=False).budgets
+            {'device': 1000000, 'host': 0, 'disk': 0}
+        """
+        return self._store.budgets
+
+    def stats(self) -> CacheStats:
+        """Counters and current size, as an immutable snapshot (Jupyter shows it as tables).
+
+        Example:
+            >>> before = store.stats().requests
+            >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
+            >>> store.stats().requests - before, store.stats().entries > 0
+            (1, True)
+        """
+        return shown(self._store.stats())
+
+    def reset_stats(self) -> None:
+        """Zero the request counters; stored entries stay.
+
+        Example:
+            >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
+            >>> store.reset_stats()
+            >>> store.stats().requests, store.stats().entries > 0
+            (0, True)
+        """
+        self._store.reset_stats()
+
+    def check_integrity(self) -> None:
+        """Raise `RuntimeError` when stored bytes, runs, files or snapshots disagree with the tree.
+
+        Example:
+            >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
+            >>> store.check_integrity()  # silent when all is well
+        """
+        self._store.check_integrity()
+
+    def clear(self) -> None:
+        """Drop every stored entry, on every tier (disk files included), stored encoder outputs, pins and sessions.
+
+        Example:
+            >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
+            >>> store.clear()
+            >>> store.stats().entries
+            0
+        """
+        self._store.clear()
+
+    def save(self) -> int:
+        """Move every unpinned entry in memory to the disk tier now; returns how many nodes moved.
+
+        Entries on disk are found again by a new process with the same model and `disk_dir`.
+        With `save_on_exit` (the default) this runs when the process exits.
+
+        Raises:
+            ValueError: when the store has no `disk_dir`.
+
+        Example:
+            >>> import tempfile
+            >>> on_disk = PrefixCache(model, disk_dir=tempfile.mkdtemp())
+            >>> _ = model.generate(ids, cache=on_disk, max_new_tokens=1)
+            >>> on_disk.save(), on_disk.stats().disk_nbytes > 0
+            (1, True)
+            >>> on_disk.detach()
+        """
+        return self._store.save()
+
+    def invalidate(self) -> None:
+        """Forget everything stored, after changing the weights in a way the store cannot see.
+
+        The store notices replaced parameters, in-place updates (`load_state_dict`, optimizer
+        steps), switched adapters, and `.data` edits that touch the elements it samples. An
+        in-place `.data` edit of only a few elements (one embedding row) can escape it: call
+        this after one. Reads the weights again and drops every entry on every tier.
+
+        Example:
+            >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
+            >>> model.model.embed_tokens.weight.data[7] += 1  # one row: the sampled elements may miss it
+            >>> store.invalidate()
+            >>> store.stats().entries
+            0
+        """
+        self._store.invalidate()
+
+    def session(self, name: str) -> Session:
+        """The open session called `name` (made on first use): pass it as `cache` (or `past_key_values`).
+
+        The conversation's latest entry stays pinned until `session.close()`.
+
+        Example:
+            >>> with store.session("alice") as chat:
+            ...     _ = model.generate(ids, cache=chat, max_new_tokens=2)
+            ...     chat.held_len
+            37
+        """
+        return self._store.session(name)
 
     def pin(self, token_ids: Any) -> int:
         """Keep the prefix `token_ids` (e.g. a system prompt) stored forever, never evicted or moved.
@@ -218,35 +212,139 @@ class PrefixCache(TreeStore):
             >>> store.unpin(ids)
             True
         """
+        store = self._store
         tokens = as_token_list(token_ids)
         if not tokens:
             raise ValueError("pin() needs at least one token id")
-        if self.profile.encoder_family is not None:
+        if store.profile.encoder_family is not None:
             raise ValueError("cannot pin on an encoder-decoder model: its prefixes are keyed by the encoder input too")
-        namespace = self.namespace()
-        stored = self.stored_len(namespace, tokens)
+        namespace = store.namespace()
+        stored = store.stored_len(namespace, tokens)
         if stored < len(tokens):
-            if self._hook is None or self.profile.unsupported is not None:
+            if self._hook is None or store.profile.unsupported is not None:
                 raise ValueError(
                     f"cannot pin: only {stored} of {len(tokens)} tokens are stored and this store cannot compute "
                     "the rest (attach=True and a supported model are needed); generate with the prefix first"
                 )
-            ids = torch.tensor([tokens], device=self.model.device)
-            self.model.generate(ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False)
-        if not self.pin_stored(namespace, tokens):
+            ids = torch.tensor([tokens], device=store.model.device)
+            store.model.generate(
+                ids, attention_mask=torch.ones_like(ids), cache=self, max_new_tokens=1, do_sample=False
+            )
+        if not store.pin_stored(namespace, tokens):
             raise ValueError(
                 f"could not store the {len(tokens)}-token prefix: it does not fit the budgets "
-                f"{self.budgets} (or ran cold: see stats().fallbacks); nothing pinned. Pin a shorter "
+                f"{store.budgets} (or ran cold: see stats().fallbacks); nothing pinned. Pin a shorter "
                 "prefix or raise max_bytes"
             )
         return len(tokens)
 
+    def unpin(self, token_ids: torch.Tensor | Sequence[int]) -> bool:
+        """Undo `pin`; returns whether that prefix was pinned.
+
+        Example:
+            >>> store.unpin(ids)  # never pinned
+            False
+        """
+        return self._store.unpin(token_ids)
+
+    def lookup(self, input_ids: torch.Tensor | Sequence[int]) -> Lookup:
+        """Restore the longest usable stored prefix of `input_ids` into a fresh working cache.
+
+        For custom forward loops: feed the model `input_ids[:, lookup.cached_len:]` with
+        `past_key_values=lookup.cache`, then call `insert` with the ids the cache now covers.
+
+        Raises:
+            ValueError: when the model cannot be served (reason in the message) or the ids are not one sequence.
+
+        Example:
+            >>> with store.lookup(ids) as hit:
+            ...     out = model(ids[:, hit.cached_len:], past_key_values=hit.cache, use_cache=True)
+            >>> store.insert(ids, hit.cache)  # new tokens stored
+            36
+        """
+        return self._store.lookup(input_ids)
+
+    def insert(self, token_ids: torch.Tensor | Sequence[int], cache: WorkingCache) -> int:
+        """Store `cache` (from `lookup`), which must hold exactly the states of `token_ids`; returns new tokens stored.
+
+        Raises:
+            ValueError: when the cache's length disagrees with the ids, or it is not a working cache of this store.
+
+        Example:
+            >>> with store.lookup(ids[:, :8]) as hit:  # nothing stored yet: an empty cache
+            ...     _ = model(ids[:, :8], past_key_values=hit.cache, use_cache=True)
+            >>> store.insert(ids[:, :8], hit.cache), store.insert(ids[:, :8], hit.cache)
+            (8, 0)
+        """
+        return self._store.insert(token_ids, cache)
+
+    def on_pressure(self, callback: PressureCallback, thresholds: Sequence[float] = (0.8, 0.95)) -> None:
+        """Call `callback(event)` when a tier's use rises past a fraction of its budget.
+
+        Each threshold fires once per crossing (again only after use fell below it). The
+        callback runs outside the store's lock, in the thread that stored the entry.
+
+        Example:
+            >>> events = []
+            >>> small = PrefixCache(model, max_bytes=2 * 36 * 2 * 2 * 2 * 8 * 4)
+            >>> small.on_pressure(events.append, thresholds=[0.5])
+            >>> _ = model.generate(ids, cache=small, max_new_tokens=1)
+            >>> [(e.tier, e.threshold) for e in events]
+            [('device', 0.5)]
+            >>> small.detach()
+        """
+        self._store.on_pressure(callback, thresholds)
+
+    def on_request(self, callback: RequestCallback) -> None:
+        """Call `callback(RequestEvent)` after every `generate` request through the store.
+
+        The event says what the request reused (per modality), the prefill it spared and why it
+        ran cold, if it did; the callback runs outside the store's lock, and an exception in it
+        is logged, never raised into `generate`. `hf_prefix_cache.frontends.prometheus` builds on
+        the stats instead, for scraping.
+
+        Example:
+            >>> events = []
+            >>> store.on_request(events.append)
+            >>> for _ in range(2):
+            ...     _ = model.generate(ids, cache=store, max_new_tokens=1)
+            >>> events[-1].hit_tokens_by_modality
+            {'text': 35}
+        """
+        self._store.on_request(callback)
+
+    def detach(self) -> None:
+        """Unwrap `model.generate`; the store keeps its entries and its low-level API.
+
+        Example:
+            >>> served = PrefixCache(model, attach="all")  # serves model.generate(ids) with no cache too
+            >>> _ = model.generate(ids, max_new_tokens=2, do_sample=False)
+            >>> served.stats().requests
+            1
+            >>> served.detach()
+        """
+        if self._hook is not None:
+            self._hook.detach()
+            self._hook = None
+        self._store.serves_uncached = False
+
+    def _repr_html_(self) -> str:
+        store = self._store
+        return store_html(store.model, store.namespace(), store.stats())
+
     def __getattr__(self, name: str) -> Any:
-        if name in _CACHE_API:
-            raise _NotAWorkingCacheError(
-                f"PrefixCache has no {name!r}: it is a store, not a transformers Cache. Pass it to the generate() "
-                f"of the model object it was built for ({type(self.__dict__.get('model')).__name__} at "
-                f"{id(self.__dict__.get('model')):#x}; another model, even of the same class, needs its own "
-                "PrefixCache(model)), or use store.lookup(ids).cache in a custom forward loop."
-            )
-        raise AttributeError(name)
+        store = self.__dict__.get("_store")
+        raise not_a_cache_error(name, store.model if store is not None else None)
+
+
+def store_of(cache: PrefixCache) -> TreeStore:
+    """The store inside `cache`, for the package's own front ends and tests (its internals carry no promise).
+
+    Example:
+        >>> store_of(store).num_pinned_nodes()
+        0
+    """
+    return cache._store
+
+
+PrefixCache.__init__.__signature__ = keyword_signature("self", "model")  # type: ignore[attr-defined]

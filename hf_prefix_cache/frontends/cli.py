@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_prefix_cache.store.display import format_nbytes
+from hf_prefix_cache.api.display import format_nbytes
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -231,7 +231,7 @@ def _load(model: str) -> tuple[Any, Any]:
 def _warm(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_prefix_cache.api.prefix_cache import PrefixCache
+    from hf_prefix_cache.api.prefix_cache import PrefixCache, store_of
 
     requests = read_requests(Path(args.file))
     model, tokenizer = _load(args.model)
@@ -257,7 +257,7 @@ def _warm(args: argparse.Namespace) -> int:
         print(
             f"warmed {stats.requests} requests ({stats.prompt_tokens} prompt tokens, {stats.hit_tokens} reused); "
             f"{stats.entries} entries, {moved} nodes written, {format_nbytes(stats.disk_nbytes)} on disk "
-            f"under {args.disk_dir}/{store.namespace()}"
+            f"under {args.disk_dir}/{store_of(store).namespace()}"
         )
     finally:
         store.detach()

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hf_prefix_cache.api.display import format_nbytes
+from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.multimodal.media import symbol_kind
 from hf_prefix_cache.storage.tiers import TIER_NAMES
-from hf_prefix_cache.store.display import format_nbytes
 
 if TYPE_CHECKING:
     from hf_prefix_cache.api.prefix_cache import PrefixCache
@@ -68,31 +69,30 @@ def tree_nodes(store: PrefixCache, tokenizer: Any = None) -> list[TreeNode]:
         store: the store to read.
         tokenizer: decodes text for the labels (default: labels count tokens).
     """
-    with store._lock:
-        nodes = list(store._tree.iter_nodes())
-        ids = {id(n): i for i, n in enumerate(nodes)}
-        rows = []
-        for i, n in enumerate(nodes):
-            media: dict[str, int] = {}
-            for s in n.key:
-                kind = symbol_kind(s)
-                if kind != "text":
-                    media[kind] = media.get(kind, 0) + 1
-            parent = ids.get(id(n.parent)) if n.parent is not None else None
-            rows.append(
-                TreeNode(
-                    i,
-                    parent,
-                    str(n.namespace),
-                    n.start,
-                    n.end,
-                    TIER_NAMES[n.tier],
-                    n.nbytes,
-                    media,
-                    n.lock_ref > 0,
-                    _label(n.key, tokenizer),
-                )
+    nodes = store_of(store).nodes()
+    ids = {id(n): i for i, n in enumerate(nodes)}
+    rows = []
+    for i, n in enumerate(nodes):
+        media: dict[str, int] = {}
+        for s in n.key:
+            kind = symbol_kind(s)
+            if kind != "text":
+                media[kind] = media.get(kind, 0) + 1
+        parent = ids.get(id(n.parent)) if n.parent is not None else None
+        rows.append(
+            TreeNode(
+                i,
+                parent,
+                str(n.namespace),
+                n.start,
+                n.end,
+                TIER_NAMES[n.tier],
+                n.nbytes,
+                media,
+                n.lock_ref > 0,
+                _label(n.key, tokenizer),
             )
+        )
     return rows
 
 

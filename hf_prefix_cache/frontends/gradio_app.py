@@ -22,9 +22,9 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("the Gradio app needs gradio: pip install 'hf-prefix-cache[gradio]'") from exc
 
+from hf_prefix_cache.api.display import format_nbytes
 from hf_prefix_cache.frontends.chat import ChatEngine, Conversation, TurnReport
 from hf_prefix_cache.frontends.speedup import speedup_text
-from hf_prefix_cache.store.display import format_nbytes
 
 DEFAULT_MODEL = "smollm2"
 TINY_VLM = "tiny-vlm"

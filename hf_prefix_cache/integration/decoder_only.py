@@ -19,35 +19,45 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
 
 from hf_prefix_cache import _compat, reasons
-from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.integration import pipeline, refusals
+from hf_prefix_cache.integration.decoder_checks import media_layout, why_cold
 from hf_prefix_cache.integration.patching import InstancePatch
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
-from hf_prefix_cache.keys.namespace import fingerprint
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.multimodal import MEDIA_KWARGS
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
 
-# Generation settings (they steer decoding, not the prompt's states).
-_GENERATION_FIELDS = frozenset(GenerationConfig().to_dict())  # type: ignore[no-untyped-call]
-# Other generate kwargs the key covers (ids, an all-ones mask) or that leave states alone.
-_KEYED_OR_HARMLESS = frozenset(
-    {"input_ids", "attention_mask", "logits_to_keep", "tokenizer", "assistant_tokenizer", "use_model_defaults"}
-)
-# Cache implementations served on the working cache (dropped from the call).
-_SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
+
+@dataclass(slots=True)
+class _Call:
+    """One `generate` call as the steps see it: what it passed, then what checking and keying found."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    input_ids: Any
+    prompt_len: int
+    session: Session | None
+    rows: list[list[int]] = field(default_factory=list)
+    drop_impl: bool = False  # drop the call's cache_implementation: the working cache serves it
+    layout: MediaLayout | None = None
+    symbols: Sequence[Hashable] = ()
+    namespace: str = ""
+    base_namespace: str = ""  # the model's, before the prompt and its media extended it
+    scope: list[Any] = field(default_factory=list)
+    spans: Sequence[tuple[int, int]] = ()
+    item_spans: Sequence[tuple[int, int]] = ()
 
 
 class DecoderOnlyHook:
@@ -85,121 +95,148 @@ class DecoderOnlyHook:
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """One `generate` call: check, key, restore, generate, store (each step below)."""
         store = self._store
-        profile = store.profile
         ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
         if not ours:
             return self._original(*args, **kwargs)
         _compat.pop_cache(kwargs)
-        # 1. check
+        call, reason = self._read_call(args, kwargs, session)
+        if reason is None:
+            reason = self._key(call)
+        if reason is not None:
+            return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
+        restored = pipeline.restore(store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans)
+        if restored is None:
+            return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
+        lease, cache = restored
+        try:
+            output, snapshots = self._run(call, lease, cache)
+        finally:
+            store.release(lease)
+        self._store_result(call, lease, cache, output, snapshots)
+        return output
+
+    def _read_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], session: Session | None
+    ) -> tuple[_Call, str | None]:
+        """Step 1, check: the call's ids and settings, or why it cannot reuse safely."""
         bound = self._signature.bind_partial(*args, **kwargs)
         input_ids = bound.arguments.get("inputs")
         if input_ids is None:
             input_ids = kwargs.get("input_ids")
-        reason = self._check(input_ids, bound.arguments, kwargs)
-        if reason is None:  # the one read of the device before the prefill: ids, mask and pad tokens
-            settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
-            assert isinstance(input_ids, torch.Tensor)
-            rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
+        prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
+        call = _Call(args, kwargs, input_ids, prompt_len, session)
+        reason = why_cold(self._store.profile, self._model, self._signature, input_ids, bound.arguments, kwargs)
         if reason is not None:
-            prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
-            return pipeline.run_cold(store, self._original, reason, prompt_len, args, kwargs)
+            return call, reason
         assert isinstance(input_ids, torch.Tensor)
+        # The one read of the device before the prefill: ids, mask and pad tokens.
+        settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
+        call.rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
-        drop_impl = bool(settings.cache_implementation)
-        # 2. key
-        layout, reason = self._media_layout(rows, kwargs)
+        call.drop_impl = bool(settings.cache_implementation)
+        return call, reason
+
+    def _key(self, call: _Call) -> str | None:
+        """Step 2, key: the prompt's tree symbols (media as symbols) and the store's namespace for them."""
+        store, media = self._store, self._store.profile.media
+        layout, reason = media_layout(store.profile, call.rows, call.kwargs)
         if reason is not None:
-            return pipeline.run_cold(store, self._original, reason, len(rows[0]), args, kwargs)
+            return reason
+        call.layout = layout
         # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
-        symbols: Sequence[Hashable] = layout.symbols(rows[0]) if layout is not None else rows[0]
-        namespace = base_namespace = store.namespace()
-        media = profile.media
+        call.symbols = layout.symbols(call.rows[0]) if layout is not None else call.rows[0]
+        call.namespace = call.base_namespace = store.namespace()
         if media is not None and media.whole_prompt_only:
             # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
-            namespace = fingerprint([namespace, [str(s) for s in symbols], media.prompt_parts(kwargs)])
-        scope = media.scope(layout.items) if media is not None and layout is not None else []
-        if scope:
+            prompt = [str(s) for s in call.symbols]
+            call.namespace = store.sub_namespace(call.namespace, prompt, media.prompt_parts(call.kwargs))
+        call.scope = media.scope(layout.items) if media is not None and layout is not None else []
+        if call.scope:
             # Every position sees every medium of the prompt: share only between prompts with the same media.
-            namespace = fingerprint([namespace, scope])
-        spans = layout.spans if layout is not None else ()
-        item_spans = spans if profile.item_layers else ()
-        # 3. restore
-        restored = pipeline.restore_rows(store, namespace, rows, symbols, spans, item_spans)
-        if restored is None:
-            return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, len(rows[0]), args, kwargs)
-        lease, cache = restored
-        # 4. generate
-        try:
-            if scope and lease.matched_len == 0 and layout is not None:
-                self._count_new_media(base_namespace, layout)
-            snapshots: list[Snapshot] = []
-            fed = lease.cached_len
-            if profile.has_state:
-                embeds = self._suffix_embeds(input_ids, kwargs, layout, lease.cached_len)
-                positions = media.prefill_positions(input_ids, kwargs) if media is not None else None
-                fed, snapshots = prefill_states(
-                    self._model,
-                    profile,
-                    cache,
-                    input_ids,
-                    lease,
-                    store.snapshot_interval,
-                    self._one_token_steps,
-                    embeds,
-                    spans,
-                    store.prompt_snapshot,
-                    positions,
-                )
-            if not profile.prompt_sliced:
-                cache.skip_len = fed
-            if media is not None and layout is not None and fed:
-                # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
-                kwargs = media.resume_kwargs(input_ids, kwargs, layout, fed)
-            kwargs[profile.cache_kwarg] = cache
-            if drop_impl:
-                kwargs[refusals.CACHE_IMPLEMENTATION] = None
-            output = self._original(*args, **kwargs)
-        finally:
-            store.release(lease)
-        # 5. store
-        has_media = layout is not None and bool(layout.items)
+            call.namespace = store.sub_namespace(call.namespace, call.scope)
+        call.spans = layout.spans if layout is not None else ()
+        call.item_spans = call.spans if store.profile.item_layers else ()
+        return None
+
+    def _run(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[Any, list[Snapshot]]:
+        """Step 4, generate: prefill recurrent states, then the original `generate` on the restored cache."""
+        profile, media, kwargs = self._store.profile, self._store.profile.media, call.kwargs
+        if call.scope and lease.matched_len == 0 and call.layout is not None:
+            self._count_new_media(call.base_namespace, call.layout)
+        snapshots: list[Snapshot] = []
+        fed = lease.cached_len
+        if profile.has_state:
+            fed, snapshots = self._prefill(call, lease, cache)
+        if not profile.prompt_sliced:
+            cache.skip_len = fed
+        if media is not None and call.layout is not None and fed:
+            # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
+            kwargs = media.resume_kwargs(call.input_ids, kwargs, call.layout, fed)
+        kwargs[profile.cache_kwarg] = cache
+        if call.drop_impl:
+            kwargs[refusals.CACHE_IMPLEMENTATION] = None
+        return self._original(*call.args, **kwargs), snapshots
+
+    def _prefill(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
+        """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
+        store, media = self._store, self._store.profile.media
+        embeds = self._suffix_embeds(call.input_ids, call.kwargs, call.layout, lease.cached_len)
+        positions = media.prefill_positions(call.input_ids, call.kwargs) if media is not None else None
+        return prefill_states(
+            self._model,
+            store.profile,
+            cache,
+            call.input_ids,
+            lease,
+            store.snapshot_interval,
+            self._one_token_steps,
+            embeds,
+            call.spans,
+            store.prompt_snapshot,
+            positions,
+        )
+
+    def _store_result(
+        self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]
+    ) -> None:
+        """Step 5, store: count the request, then store each finished row with its states."""
+        store, rows = self._store, call.rows
+        has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.count_request(len(rows[0]), lease.cached_len, num_rows=len(rows), symbols=symbols if has_media else None)
+        store.count_request(
+            len(rows[0]), lease.cached_len, num_rows=len(rows), symbols=call.symbols if has_media else None
+        )
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,
             len(rows[0]),
             f" (x{len(rows)} rows)" if len(rows) > 1 else "",
         )
-        logger.debug("matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, namespace)
+        logger.debug(
+            "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.namespace
+        )
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         # The cross-attention layers now hold every image; the restored ones are stored already.
-        items = cache.capture_items([end for _, end in item_spans], lease.num_items) if item_spans else []
-        if pipeline.is_exact_repeat(store, cache, lease) and not (items or session):
-            return output  # an exact repeat: all of it was matched (and marked used) when acquired
+        ends = [end for _, end in call.item_spans]
+        items = cache.capture_items(ends, lease.num_items) if call.item_spans else []
+        if pipeline.is_exact_repeat(store, cache, lease) and not (items or call.session):
+            return  # an exact repeat: all of it was matched (and marked used) when acquired
+        prompt = call.symbols if has_media else None  # media symbols replace a one-row prompt's placeholders
         pipeline.store_sequences(
-            store,
-            namespace,
-            sequences,
-            cache,
-            snapshots,
-            symbols if has_media else None,  # media symbols replace a one-row prompt's placeholders
-            session,
-            items,
-            lease.cached_len,
+            store, call.namespace, sequences, cache, snapshots, prompt, call.session, items, lease.cached_len
         )
-        return output
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
         """Count the adapter's event when this prompt's media extend those of a stored conversation."""
-        media = self._store.profile.media
+        store, media = self._store, self._store.profile.media
         assert media is not None
         if media.new_item_reason is None:
             return
         for j in range(len(layout.items) - 1, 0, -1):
-            if self._store.has_entries(fingerprint([base_namespace, media.scope(layout.items[:j])])):
-                self._store.count_reduced_reuse(media.new_item_reason)
+            if store.has_entries(store.sub_namespace(base_namespace, media.scope(layout.items[:j]))):
+                store.count_reduced_reuse(media.new_item_reason)
                 return
 
     def _suffix_embeds(
@@ -213,87 +250,6 @@ class DecoderOnlyHook:
             return None  # the suffix is text: its ids embed the same way
         with torch.no_grad():
             return media.suffix_embeds(input_ids, kwargs, layout, cached_len)
-
-    def _media_layout(self, rows: list[list[int]], kwargs: dict[str, Any]) -> tuple[MediaLayout | None, str | None]:
-        """The prompt's media items (None for a model without media handling), or why to run cold."""
-        media = self._store.profile.media
-        if media is None:
-            return None, None
-        reason = media.why_cold(rows[0], kwargs)
-        if reason is not None:
-            return None, reason
-        try:
-            layout = media.layout(rows[0], kwargs)
-        except UnhashableMediaError as err:
-            logger.debug("media not hashable: %s", err)
-            return None, reasons.UNHASHABLE_MEDIA
-        if layout is None:
-            return None, reasons.MEDIA_PLACEHOLDERS
-        if self._store.profile.has_state and layout.items and layout.items[-1].end >= len(rows[0]):
-            # The prefill stops before the last token and generate feeds it alone, with no media.
-            return None, reasons.MEDIA_PROMPT_END
-        return layout, None
-
-    def _check(self, input_ids: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
-        """Name the reason this call cannot reuse safely, or None."""
-        store, model = self._store, self._model
-        profile = store.profile
-        if profile.unsupported is not None:
-            return profile.unsupported
-        refused = refusals.refused_argument({**kwargs, **arguments})
-        if refused is not None:
-            return refused
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            return reasons.NO_INPUT_IDS
-        if input_ids.shape[0] != 1 and profile.has_state:
-            # Recurrent states would need one snapshot chain per row.
-            return reasons.BATCH_SIZE
-        if input_ids.shape[1] == 0:
-            return reasons.EMPTY_PROMPT
-        if profile.exact_prompt_len is not None and input_ids.shape[1] > profile.exact_prompt_len:
-            return reasons.with_detail(reasons.INDEXER_TOP_K, profile.exact_prompt_len)
-        media = profile.media
-        if input_ids.shape[0] != 1 and media is not None and (media.has_positions or media.whole_prompt_only):
-            # Positions and prompt-wide namespaces are computed for one row.
-            return reasons.MROPE_BATCH if media.has_positions else reasons.PREFIX_LM_BATCH
-        media_names = [name for name in MEDIA_KWARGS if kwargs.get(name) is not None]
-        if media is None and media_names == ["token_type_ids"]:
-            media_names = []  # a text model's segment ids (GPT-2): a model kwarg like any other, refused below
-        if media_names:
-            if media is None:
-                return reasons.with_detail(reasons.MEDIA_INPUTS, getattr(model.config, "model_type", None))
-            unknown = [name for name in media_names if name not in media.handled]
-            if unknown:
-                return reasons.with_detail(reasons.MEDIA_INPUTS, unknown[0])
-            if input_ids.shape[0] != 1:
-                return reasons.MEDIA_BATCH
-            if profile.has_state and not media.embeds_suffix:
-                return reasons.MEDIA_RECURRENT
-        passed = self._model_kwarg(kwargs)
-        if passed is not None:
-            # It reaches the model's forward and may change states the key does not cover (GPT-2's token_type_ids).
-            return reasons.with_detail(reasons.MODEL_KWARG, passed)
-        config = refusals.GenerationSettings(model, arguments.get("generation_config"), kwargs)
-        problem = refusals.decoding_problem(config) or refusals.cache_implementation_problem(
-            config, _SERVED_IMPLEMENTATIONS
-        )
-        if problem is not None:
-            return problem
-        if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
-            return problem
-        return None  # the mask and pad tokens are read with the ids (`refusals.read_prompt`)
-
-    def _model_kwarg(self, kwargs: dict[str, Any]) -> str | None:
-        """The first kwarg that `generate` would hand the model and the key does not cover, or None."""
-        media = self._store.profile.media
-        handled = media.handled | set(media.settings) if media is not None else frozenset()
-        for name, value in kwargs.items():
-            if value is None or name in _KEYED_OR_HARMLESS or name in handled or name in _GENERATION_FIELDS:
-                continue
-            if name in self._signature.parameters:
-                continue
-            return name
-        return None
 
 
 def _skip_cached_ids(model: Any) -> InstancePatch:

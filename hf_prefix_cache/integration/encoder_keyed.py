@@ -26,7 +26,6 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_prefix_cache.integration import pipeline
-from hf_prefix_cache.keys.namespace import fingerprint
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Lease, Store
 from hf_prefix_cache.store.sessions import Session
@@ -52,9 +51,9 @@ class DecoderRequest:
     counted: tuple[int, int] | None = field(default=None)  # (prompt_len, restore_len) to count when the call ends
 
 
-def encoder_namespace(namespace: str, digest: int) -> str:
-    """The tree namespace of decoder states computed over the encoder input hashed to `digest`."""
-    return fingerprint([namespace, "encoder_input", f"{digest:032x}"])
+def encoder_namespace(store: Store, namespace: str, digest: int) -> str:
+    """The store's tree namespace of decoder states computed over the encoder input hashed to `digest`."""
+    return store.sub_namespace(namespace, "encoder_input", f"{digest:032x}")
 
 
 def keep_encoder_output(store: Store, namespace: str, digest: int, hidden: torch.Tensor) -> None:
@@ -72,7 +71,7 @@ def restore_decoder(
     (what to store afterwards) and the `EncoderDecoderCache` to hand `generate`.
     """
     rows = decoder_ids.tolist()
-    restored = pipeline.restore_rows(store, namespace, rows, rows[0])
+    restored = pipeline.restore(store, namespace, rows, rows[0])
     if restored is None:
         return None
     lease, working = restored

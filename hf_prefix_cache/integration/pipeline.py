@@ -6,8 +6,8 @@ symbols); the functions here do the rest with the store's contract (`store/contr
 - `whose_call`: whether a call is for this hook's store (a `Session` counts as its store, and so
   does no cache at all when the store was attached with ``attach="all"``);
 - `run_cold`: the original `generate`, untouched, with the reason counted;
-- `restore`: a lease on the longest usable stored prefix, restored into a fresh working cache,
-  retried once after moving entries off the device when memory runs out;
+- `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
+  working cache, retried once after moving entries off the device when memory runs out;
 - `store_sequences`: the finished rows back into the store, prompt placeholders as media symbols.
 
 The lease is released by the hook in one `finally` around `generate`.
@@ -27,7 +27,7 @@ from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import is_out_of_memory
-from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.contract import Lease, Store, store_behind
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -49,11 +49,12 @@ def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | No
         if given.closed:
             raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
         session, given = given, given.store
-    if given is store:
+    behind = store_behind(given)
+    if behind is store:
         return True, session
-    if isinstance(given, Store) and given.model is not model:
+    if behind is not None and behind.model is not model:
         raise IncompatibleModelError(
-            f"this PrefixCache was built for another model object ({_describe(given.model)}; this one is "
+            f"this PrefixCache was built for another model object ({_describe(behind.model)}; this one is "
             f"{_describe(model)}): a store serves only the model it was made with, even among models "
             "of one class. Make one for this model: PrefixCache(model)"
         )
@@ -87,22 +88,29 @@ def run_cold(
 def restore(
     store: Store,
     namespace: str,
+    rows: list[list[int]],
     symbols: Sequence[Hashable],
-    limit: int,
     spans: Sequence[tuple[int, int]] = (),
     item_spans: Sequence[tuple[int, int]] = (),
-    batch_size: int = 1,
 ) -> tuple[Lease, WorkingCache] | None:
-    """A lease on the stored prefix of `symbols` (at most `limit`), restored; None when out of memory twice.
+    """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
-    After a first out-of-memory error the store moves its unpinned entries off the device and
-    it is tried once more. A failed attempt leaves nothing pinned and no half-restored cache.
+    `symbols` are the first row's tree symbols. None when memory ran out twice: after a first
+    out-of-memory error the store moves its unpinned entries off the device and it is tried once
+    more. A failed attempt leaves nothing pinned and no half-restored cache.
     """
+    shared = common_prefix_len(rows)
     for attempt in range(2):
         try:
             cache = store.new_cache()
             lease = store.acquire(
-                namespace, symbols, cache, limit=limit, spans=spans, item_spans=item_spans, batch_size=batch_size
+                namespace,
+                symbols[:shared],
+                cache,
+                limit=min(shared, len(rows[0]) - 1),
+                spans=spans,
+                item_spans=item_spans,
+                batch_size=len(rows),
             )
             return lease, cache
         except Exception as exc:
@@ -112,21 +120,6 @@ def restore(
             if attempt == 0:
                 store.relieve_device()
     return None
-
-
-def restore_rows(
-    store: Store,
-    namespace: str,
-    rows: list[list[int]],
-    symbols: Sequence[Hashable],
-    spans: Sequence[tuple[int, int]] = (),
-    item_spans: Sequence[tuple[int, int]] = (),
-) -> tuple[Lease, WorkingCache] | None:
-    """`restore` for the rows of a batch: only what all of them share, never their last token (fed for its logits)."""
-    shared = common_prefix_len(rows)
-    return restore(
-        store, namespace, symbols[:shared], min(shared, len(rows[0]) - 1), spans, item_spans, batch_size=len(rows)
-    )
 
 
 def store_sequences(

@@ -102,7 +102,7 @@ class Seq2SeqHook:
                 store, self._original, reason or reasons.UNHASHABLE_MEDIA, prompt_len, args, kwargs
             )
         namespace = store.namespace()
-        request = _Request(store, encoder_namespace(namespace, digest), session)
+        request = _Request(store, encoder_namespace(store, namespace, digest), session)
         hidden = store.encoder_outputs.get(namespace, digest)
         if hidden is None:
             request.encoder_key = (namespace, digest)  # generate runs the encoder; the inner step keeps its output

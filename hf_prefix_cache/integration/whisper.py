@@ -103,7 +103,7 @@ class WhisperHook:
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         # The decoder attends to the audio at every position: its states are only shared for the same audio.
-        request = DecoderRequest(store, encoder_namespace(namespace, digest), session)
+        request = DecoderRequest(store, encoder_namespace(store, namespace, digest), session)
         extra[store.profile.cache_kwarg] = request
         try:
             output = self._original(*bound.args, **bound.kwargs)

@@ -1,6 +1,8 @@
 """The store's contract with the code that runs the model: the verbs a generation hook uses and what they return.
 
-A hook (`integration/`) sees a store only through `Store`. Per request it asks for the
+A hook (`integration/`) sees a store only through `Store`; users pass the object made around
+it (`PrefixCache`, which `stand_for` registers) or a session of it as `generate`'s cache, and
+`store_behind` finds the store again. Per request the hook asks for the
 current `namespace`, takes a `Lease` on the longest usable stored prefix (restored into a
 fresh working cache), runs the model, gives the lease back with `release`, stores the
 finished sequence with `insert_sequence`, and counts what happened. Every verb is safe to
@@ -11,6 +13,7 @@ Modelled on mini-sglang's documented `BasePrefixCache`: match (and pin), insert,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -50,7 +53,7 @@ class InsertOutcome:
 
 @runtime_checkable
 class Store(Protocol):
-    """What a generation hook may ask of a store (implemented by `tree_store.TreeStore`)."""
+    """What a generation hook may ask of a store (implemented by `tree_store.TreeStore` alone)."""
 
     model: Any
     profile: ModelProfile
@@ -62,6 +65,13 @@ class Store(Protocol):
 
     def namespace(self) -> str:
         """The model's current namespace; re-reads the weights probe (mutates only the cached namespace)."""
+        ...
+
+    def sub_namespace(self, namespace: str, *parts: Any) -> str:
+        """The namespace of states that depend on `parts` too (a whole prompt, its media, an encoder input).
+
+        Pure: the same arguments give the same namespace, in every process.
+        """
         ...
 
     def has_entries(self, namespace: str) -> bool:
@@ -135,3 +145,22 @@ class Store(Protocol):
     def count_reduced_reuse(self, reason: str) -> None:
         """Count, under `reason`, a served request that reused less than it could have (mutates only counters)."""
         ...
+
+
+_FRONTS: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
+
+
+def stand_for(front: Any, store: Store) -> None:
+    """Let `front` (the user's object made around `store`) stand for `store` where `generate` takes a cache."""
+    _FRONTS[front] = store
+
+
+def store_behind(cache: Any) -> Store | None:
+    """The store that a `cache` argument stands for: a store itself or its user's object; None for anything else."""
+    try:
+        found = _FRONTS.get(cache)
+    except TypeError:  # an unhashable cache argument
+        return None
+    if found is not None:
+        return found
+    return cache if isinstance(cache, Store) else None

@@ -1,4 +1,4 @@
-"""CacheStats: what the store did, as an immutable snapshot for users and tests."""
+"""StoreStats: what the store did, as an immutable snapshot (users get it as `CacheStats`, which renders it)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class CacheStats:
+class StoreStats:
     """Counters since the store was made (or `reset_stats`), plus its current size.
 
     `hit_tokens` counts prompt tokens served from the store, cumulative; `fallbacks` maps a
@@ -84,20 +84,15 @@ class CacheStats:
         """Share of prompt tokens served from the store."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def _repr_html_(self) -> str:
-        from hf_prefix_cache.store.display import stats_html
-
-        return stats_html(self)
-
 
 def collect_stats(
     counts: Counts, tree: RadixTree[Segment], placement: Placement, encoder_outputs: EncoderOutputs
-) -> CacheStats:
-    """A `CacheStats` of the request `counts`, the tree's sizes and the placement's counters (under the lock)."""
+) -> StoreStats:
+    """A `StoreStats` of the request `counts`, the tree's sizes and the placement's counters (under the lock)."""
     c = counts
     p = placement.counters
     tier_nbytes = tree.tier_nbytes
-    return CacheStats(
+    return StoreStats(
         requests=c.requests,
         hit_requests=c.hit_requests,
         prompt_tokens=c.prompt_tokens,

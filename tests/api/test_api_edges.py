@@ -62,7 +62,7 @@ def test_lookup_of_no_tokens_says_so() -> None:
 @pytest.mark.parametrize(("ttl", "seconds"), [("1h", 3600.0), ("30m", 1800.0), ("90s", 90.0), (2.5, 2.5)])
 def test_ttl_takes_seconds_or_a_duration_string(ttl: Any, seconds: float) -> None:
     """ttl is a number of seconds or a string with a unit."""
-    assert PrefixCache(build("llama"), ttl=ttl, attach=False).ttl == seconds
+    assert PrefixCache(build("llama"), ttl=ttl, attach=False)._store.ttl == seconds
 
 
 @pytest.mark.parametrize(

@@ -86,9 +86,9 @@ def test_the_hooks_hand_generate_the_name_this_release_uses() -> None:
     mamba = PrefixCache(cached_model("mamba"))
     try:
         expected = ("cache", "cache") if _compat.CACHE_RENAMED else ("past_key_values", "cache_params")
-        assert (store.profile.cache_kwarg, mamba.profile.cache_kwarg) == expected
+        assert (store._store.profile.cache_kwarg, mamba._store.profile.cache_kwarg) == expected
         # generate slices the prompt by the cache for attention models; not for all-recurrent ones.
-        assert store.profile.prompt_sliced and not mamba.profile.prompt_sliced
+        assert store._store.profile.prompt_sliced and not mamba._store.profile.prompt_sliced
     finally:
         store.detach()
         mamba.detach()

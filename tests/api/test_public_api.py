@@ -47,3 +47,58 @@ def test_errors_share_one_base() -> None:
 def test_every_public_name_has_a_docstring() -> None:
     for name in hf_prefix_cache.__all__:
         assert (getattr(hf_prefix_cache, name).__doc__ or "").strip(), f"{name} has no docstring"
+
+
+PREFIX_CACHE_NAMES = {
+    # verbs
+    "stats",
+    "reset_stats",
+    "check_integrity",
+    "clear",
+    "save",
+    "invalidate",
+    "session",
+    "pin",
+    "unpin",
+    "lookup",
+    "insert",
+    "on_pressure",
+    "on_request",
+    "detach",
+    # properties
+    "budgets",
+    "max_bytes",
+    "model",
+}
+
+
+def test_prefix_cache_shows_only_the_user_verbs() -> None:
+    """`PrefixCache` is the user's object: its public names are exactly its verbs and properties."""
+    from tiny_models import build
+
+    from hf_prefix_cache import PrefixCache
+
+    assert {n for n in dir(PrefixCache) if not n.startswith("_")} == PREFIX_CACHE_NAMES
+    store = PrefixCache(build("llama"), attach=False)
+    assert {n for n in dir(store) if not n.startswith("_")} == PREFIX_CACHE_NAMES
+    for name in PREFIX_CACHE_NAMES:
+        assert (getattr(PrefixCache, name).__doc__ or "").strip(), f"PrefixCache.{name} has no docstring"
+    for hook_verb in ("acquire", "release", "insert_sequence", "count_fallback", "namespace", "new_cache"):
+        assert not hasattr(store, hook_verb)
+
+
+def test_prefix_cache_keyword_arguments_are_the_options() -> None:
+    """`PrefixCache(model, **options)` takes exactly the fields of `Options`, and rejects anything else."""
+    import dataclasses
+    import inspect
+
+    import pytest
+    from tiny_models import build
+
+    from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.store.options import Options
+
+    names = [f.name for f in dataclasses.fields(Options)]
+    assert list(inspect.signature(PrefixCache).parameters)[1:] == names
+    with pytest.raises(TypeError, match="max_byte"):
+        PrefixCache(build("llama"), max_byte=1)

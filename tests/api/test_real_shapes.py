@@ -45,7 +45,7 @@ def test_meta_store_builds_with_the_real_layer_layout(name: str, meta_models: di
     model = meta_models[name]
     store = PrefixCache(model)
     config = model.config
-    profile = store.profile
+    profile = store._store.profile
     assert profile.unsupported is None
     assert len(profile.adapters) == config.num_hidden_layers
     kinds = [type(a) for a in profile.adapters]
@@ -64,7 +64,7 @@ def test_meta_store_builds_with_the_real_layer_layout(name: str, meta_models: di
         }
     else:
         assert kinds == [FullAttentionAdapter] * config.num_hidden_layers and not profile.has_state
-    namespace = store.namespace()
+    namespace = store._store.namespace()
     assert len(namespace) == 32 and int(namespace, 16) >= 0
     store.detach()
 
@@ -74,12 +74,12 @@ def test_meta_namespaces_tell_sizes_and_dtypes_apart(meta_models: dict[str, Any]
     spaces = {}
     for name in ("llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b"):
         store = PrefixCache(meta_models[name], attach=False)
-        spaces[name] = store.namespace()
+        spaces[name] = store._store.namespace()
         again = PrefixCache(build_real(name, device="meta"), attach=False)
-        assert again.namespace() == spaces[name]
+        assert again._store.namespace() == spaces[name]
     assert len(set(spaces.values())) == 3
     f32 = PrefixCache(build_real("llama-3.1-8b", dtype=torch.float32, device="meta"), attach=False)
-    assert f32.namespace() != spaces["llama-3.1-8b"]
+    assert f32._store.namespace() != spaces["llama-3.1-8b"]
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.1-70b"])
@@ -98,7 +98,7 @@ def test_meta_budgets_at_real_sizes(name: str, meta_models: dict[str, Any], tmp_
 def _meta_cache(store: PrefixCache, length: int) -> Any:
     """A working cache holding `length` positions of meta keys/values in every layer."""
     config = store.model.config
-    cache = store.new_cache()
+    cache = store._store.new_cache()
     shape = (1, config.num_key_value_heads, length, config.hidden_size // config.num_attention_heads)
     for i in range(config.num_hidden_layers):
         k = torch.empty(shape, dtype=torch.bfloat16, device="meta")
@@ -156,10 +156,10 @@ def test_store_made_before_the_weights_are_loaded_fingerprints_them(how: str) ->
             model = LlamaForCausalLM(real.config).eval()
         store = PrefixCache(model)
         _load_into_empty(model, state, how)
-        spaces[name] = store.namespace()
+        spaces[name] = store._store.namespace()
         if name == "a":
             # The namespace of a store on the model built with these weights: their entries are shared.
-            assert spaces[name] == PrefixCache(real, attach=False).namespace()
+            assert spaces[name] == PrefixCache(real, attach=False)._store.namespace()
             cold = generate(model, ids, 4)
             generate(model, ids, 4, past_key_values=store)
             hits = Hits(store)
@@ -244,7 +244,7 @@ def test_random_weights_at_real_size_restore_and_hit(name: str) -> None:
         assert torch.equal(cold.sequences, warm.sequences), f"{name}: tokens differ from the cold run"
     # Bytes: the store against a DynamicCache that ran the stored tokens.
     with torch.no_grad():
-        kwarg = store.profile.cache_kwarg
+        kwarg = store._store.profile.cache_kwarg
         dyn = model(stored, **{kwarg: DynamicCache(config=model.config)}, use_cache=True)
     dyn_cache = dyn.cache_params if kwarg == "cache_params" else dyn.past_key_values
     dyn_nbytes = _dynamic_cache_nbytes(dyn_cache)

@@ -49,7 +49,7 @@ def test_warm_fills_a_disk_tier_that_a_new_store_hits_exactly(
         ]
         assert_same_as_cold(model, ids, store, new=4)
         assert store.stats().hit_tokens == ids.shape[1] - 1
-        namespace = store.namespace()
+        namespace = store._store.namespace()
     finally:
         store.detach()
 

@@ -141,7 +141,7 @@ def test_browser_chat_reports_reuse_and_gradio_client_shares_the_store(
     assert [row[6] for row in table["data"]] == ["-", "yes"]
     unchanged, *_ = client.predict({"text": "", "files": []}, history, False, api_name="/chat")
     assert len(unchanged) == len(history)  # an empty submit answers nothing
-    assert len(engine.store._sessions) == 2  # one store session per conversation
+    assert len(engine.store._store._pins.sessions) == 2  # one store session per conversation
     stats = engine.store.stats()
     assert stats.hit_tokens_by_modality.get("image", 0) >= 16 and not stats.fallbacks
 

@@ -178,7 +178,7 @@ def test_an_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder(name: s
     inputs = encoder_input(name, seed=1)
     prompt = decoder_prompt(model, 7, 8, 9)
     with attached(model) as store:
-        assert store.profile.encoder_family == "seq2seq"
+        assert store._store.profile.encoder_family == "seq2seq"
         with encoder_calls(model) as calls:
             same_as_cold(model, store, inputs, decoder_input_ids=prompt)
         assert len(calls) == 2  # the stored run and the cold one
@@ -385,7 +385,7 @@ def test_a_subclass_is_not_served() -> None:
 
     model = CustomBart(tiny("bart").config).eval()
     with attached(model) as store:
-        assert store.profile.unsupported == "encoder_decoder"
+        assert store._store.profile.unsupported == "encoder_decoder"
 
 
 def test_two_stores_on_one_model_each_serve_their_own_requests() -> None:

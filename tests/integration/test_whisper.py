@@ -362,7 +362,7 @@ def test_a_subclass_of_whisper_is_not_served() -> None:
 
     model = CustomWhisper(whisper().config).eval()
     with attached(model) as store:
-        assert store.profile.unsupported == "encoder_decoder"
+        assert store._store.profile.unsupported == "encoder_decoder"
 
 
 def test_low_level_api_refuses_whisper() -> None:
@@ -372,7 +372,7 @@ def test_low_level_api_refuses_whisper() -> None:
     with pytest.raises(ValueError, match="encoder-decoder"):
         store.lookup(ids)
     with pytest.raises(ValueError, match="encoder-decoder"):
-        store.insert(ids, store.new_cache())
+        store.insert(ids, store._store.new_cache())
     with pytest.raises(ValueError, match="encoder-decoder"):
         store.pin(ids)
 

@@ -34,18 +34,18 @@ def test_weights_changed_in_place_are_never_served_stale_states() -> None:
     try:
         ids = random_prompt(30, seed=1)
         generate(model, ids, past_key_values=store)
-        before = store.namespace()
+        before = store._store.namespace()
         weight = model.model.layers[0].self_attn.q_proj.weight
         saved = weight.detach().clone()
         with torch.no_grad():
             weight.add_(0.05)
-        assert store.namespace() != before
+        assert store._store.namespace() != before
         hits = store.stats().hit_tokens
         assert_same_as_cold(model, ids, store)
         assert store.stats().hit_tokens == hits  # nothing reused across the change
         with torch.no_grad():
             weight.copy_(saved)
-        assert store.namespace() == before
+        assert store._store.namespace() == before
         assert_same_as_cold(model, ids, store)
         assert store.stats().hit_tokens == hits + 29
     finally:
@@ -67,18 +67,18 @@ def test_lora_adapter_and_its_on_off_state_are_part_of_the_namespace() -> None:
     try:
         ids = random_prompt(30, seed=2)
         generate(model, ids, past_key_values=store)
-        base = store.namespace()
+        base = store._store.namespace()
         model.add_adapter(peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-        with_lora = store.namespace()
+        with_lora = store._store.namespace()
         assert with_lora != base
         hits = store.stats().hit_tokens
         assert_same_as_cold(model, ids, store)
         assert store.stats().hit_tokens == hits
         model.disable_adapters()
-        assert store.namespace() not in (base, with_lora)
+        assert store._store.namespace() not in (base, with_lora)
         assert_same_as_cold(model, ids, store)
         model.enable_adapters()
-        assert store.namespace() == with_lora
+        assert store._store.namespace() == with_lora
         hits = store.stats().hit_tokens
         assert_same_as_cold(model, ids, store)
         assert store.stats().hit_tokens == hits + 29  # its own earlier entry
@@ -90,7 +90,7 @@ def test_a_replaced_weight_tensor_changes_the_namespace() -> None:
     """Assigning a new Parameter object (not an in-place write) is noticed too."""
     model = build("llama")
     store = PrefixCache(model, attach=False)
-    before = store.namespace()
+    before = store._store.namespace()
     layer = model.model.layers[1].mlp.up_proj
     layer.weight = torch.nn.Parameter(layer.weight.detach() * 1.01)
-    assert store.namespace() != before
+    assert store._store.namespace() != before

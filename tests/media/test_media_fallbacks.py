@@ -192,7 +192,7 @@ def test_low_level_api_refuses_what_only_generate_keys_exactly(name: str, ids: t
     with pytest.raises(ValueError, match=problem):
         store.lookup(ids)
     with pytest.raises(ValueError, match=problem):
-        store.insert(ids, store.new_cache())
+        store.insert(ids, store._store.new_cache())
 
 
 def test_low_level_api_serves_text_on_llava() -> None:

@@ -451,7 +451,7 @@ def test_full_omni_model_is_refused_and_its_thinker_is_served() -> None:
     store = PrefixCache(full)
     try:
         # Every request through the wrapper then runs cold under this name (the profile's reason).
-        assert store.profile.unsupported == "thinker_talker"
+        assert store._store.profile.unsupported == "thinker_talker"
     finally:
         store.detach()
     ids = text(20, 3)

@@ -19,7 +19,7 @@ def test_dynamic_layer_tensors_are_never_written_in_place() -> None:
     model = cached_model("llama")
     store = PrefixCache(model, attach=False)
     with torch.no_grad():
-        cache = store.new_cache()
+        cache = store._store.new_cache()
         model(random_prompt(20, seed=1), past_key_values=cache, use_cache=True)
         keys = cache.layers[0].keys
         frozen = keys.clone()
@@ -32,9 +32,9 @@ def test_recurrent_states_are_written_in_place_so_snapshots_clone() -> None:
     """A linear-attention layer mutates its state tensor in place; a snapshot taken before is unaffected."""
     model = cached_model("bamba")
     store = PrefixCache(model, attach=False)
-    linear = store.profile.state_layers[0]
+    linear = store._store.profile.state_layers[0]
     with torch.no_grad():
-        cache = store.new_cache()
+        cache = store._store.new_cache()
         model(random_prompt(20, seed=1), past_key_values=cache, use_cache=True, position_ids=torch.arange(20)[None])
         live = cache.layers[linear].recurrent_states[0]
         before = live.clone()
@@ -50,7 +50,7 @@ def test_sliding_layers_keep_every_position_in_a_working_cache() -> None:
     model = cached_model("mistral")
     store = PrefixCache(model, attach=False)
     with torch.no_grad():
-        cache = store.new_cache()
+        cache = store._store.new_cache()
         model(random_prompt(30, seed=1), past_key_values=cache, use_cache=True)
     layer = cache.layers[0]
     assert layer.sliding_window < 30
@@ -65,7 +65,7 @@ def test_mamba_multi_token_continuation_is_wrong_in_transformers_but_served_exac
         prefix, suffix = random_prompt(30, seed=1), random_prompt(12, seed=2)
         full = torch.cat([prefix, suffix], 1)
         with torch.no_grad():
-            plain, ours = DynamicCache(config=model.config), store.new_cache()
+            plain, ours = DynamicCache(config=model.config), store._store.new_cache()
             at_once = []
             for cache in (plain, ours):
                 model(prefix, cache_params=cache, use_cache=True)

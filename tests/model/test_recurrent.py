@@ -26,14 +26,14 @@ NEW = 4
 def _snapshot_len(model: Any) -> int:
     """Bytes of one snapshot of `model`'s states (all its stateful layers)."""
     store = PrefixCache(model, attach=False)
-    cache = store.new_cache()
+    cache = store._store.new_cache()
     with torch.no_grad():
-        model(random_prompt(4, seed=9), **{store.profile.cache_kwarg: cache}, use_cache=True)
+        model(random_prompt(4, seed=9), **{store._store.profile.cache_kwarg: cache}, use_cache=True)
     return cache.snapshot(4).nbytes
 
 
 def _disk_snapshots(store: PrefixCache) -> list[int]:
-    return sorted(n for node in store._tree.iter_nodes() if node.tier == DISK for n in node.value.snapshots)
+    return sorted(n for node in store._store._tree.iter_nodes() if node.tier == DISK for n in node.value.snapshots)
 
 
 @pytest.mark.parametrize("name", ["mamba", "mamba2", "bamba", "jamba"])
@@ -130,12 +130,12 @@ def test_a_continued_scan_equals_the_models_own_one_token_steps(name: str) -> No
     """Several tokens on a working cache match the model's one-token steps and its cold run, unlike a plain cache."""
     model = cached_model(name)
     store = PrefixCache(model)
-    kwarg = store.profile.cache_kwarg
+    kwarg = store._store.profile.cache_kwarg
     ids = random_prompt(50, seed=57)
     cut = 23
 
     def positions(a: int, b: int) -> dict[str, Any]:
-        return {"position_ids": torch.arange(a, b)[None]} if store.profile.accepts_position_ids else {}
+        return {"position_ids": torch.arange(a, b)[None]} if store._store.profile.accepts_position_ids else {}
 
     def run(cache: Any, one_by_one: bool) -> torch.Tensor:
         first = model(ids[:, :cut], **{kwarg: cache}, use_cache=True, **positions(0, cut)).logits
@@ -151,8 +151,8 @@ def test_a_continued_scan_equals_the_models_own_one_token_steps(name: str) -> No
     try:
         with torch.no_grad():
             cold = model(ids).logits
-            steps = run(store.new_cache(), one_by_one=True)
-            continued = run(store.new_cache(), one_by_one=False)
+            steps = run(store._store.new_cache(), one_by_one=True)
+            continued = run(store._store.new_cache(), one_by_one=False)
             plain = run(DynamicCache(config=model.config), one_by_one=False)
         floor = (steps - cold).abs().max().item()  # the model's own split floor
         assert (continued - steps).abs().max().item() <= max(2 * floor, 1e-6)

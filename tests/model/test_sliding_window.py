@@ -107,7 +107,9 @@ def test_windows_far_apart_are_kept_apart() -> None:
         hits = Hits(store)
         ids = random_prompt(30, seed=78)
         out = assert_same_as_cold(model, ids, store, new=WINDOW + 4)
-        assert sorted((s.length, s.reach) for n in store._tree.iter_nodes() for s in n.value.snapshots.values()) == [
+        assert sorted(
+            (s.length, s.reach) for n in store._store._tree.iter_nodes() for s in n.value.snapshots.values()
+        ) == [
             (29, 0),
             (30 + WINDOW + 3, 0),
         ]

@@ -177,6 +177,6 @@ def test_a_config_without_a_readable_cache_layout_gives_a_cold_store_not_a_crash
 
     model = support_matrix.build("blt", "AutoModelForCausalLM")
     store = PrefixCache(model)
-    assert store.profile.unsupported == "unreadable_cache_layout:AttributeError"
+    assert store._store.profile.unsupported == "unreadable_cache_layout:AttributeError"
     row = support_matrix.run_row("blt", SWEPT["blt"])
     assert row.status == "error" and row.detail.startswith("cold generate: AttributeError"), row.line()

@@ -34,7 +34,7 @@ def _tensor_bytes(path: Path) -> int:
 
 
 def _snapshot_bytes(store: PrefixCache) -> int:
-    return sum(s.nbytes for n in store._tree.iter_nodes() if n.tier == DISK for s in n.value.snapshots.values())
+    return sum(s.nbytes for n in store._store._tree.iter_nodes() if n.tier == DISK for s in n.value.snapshots.values())
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_a_bad_file_is_skipped_and_nothing_else_is_lost(
         bad_file.write_bytes(b"not a safetensors file at all")
     else:
         header_len = int.from_bytes(raw[:8], "little")
-        text = raw[8 : 8 + header_len].decode().replace(store.namespace(), "0" * 32)
+        text = raw[8 : 8 + header_len].decode().replace(store._store.namespace(), "0" * 32)
         bad_file.write_bytes(len(text.encode()).to_bytes(8, "little") + text.encode() + raw[8 + header_len :])
     store = PrefixCache(llama, disk_dir=tmp_path, save_on_exit=False)
     try:
@@ -162,8 +162,8 @@ def test_a_bad_file_is_skipped_and_nothing_else_is_lost(
 
 
 def _leaf_nodes(store: PrefixCache, ids: torch.Tensor) -> list[Any]:
-    store._placement.index_disk(store.namespace())
-    return list(store._tree.match(store.namespace(), ids[0].tolist()).path)
+    store._store._placement.index_disk(store._store.namespace())
+    return list(store._store._tree.match(store._store.namespace(), ids[0].tolist()).path)
 
 
 def test_disk_budget_deletes_the_least_recently_used_files(llama: Any, tmp_path: Path) -> None:
@@ -195,10 +195,10 @@ def test_split_disk_entry_serves_both_halves_and_rewrites_on_drop(llama: Any, tm
         assert_same_as_cold(llama, branch, store)
         assert store.stats().hit_tokens == 20
         store.check_integrity()
-        tail = store._tree.match(store.namespace(), ids[0].tolist()).path[-1]
+        tail = store._store._tree.match(store._store.namespace(), ids[0].tolist()).path[-1]
         assert tail.tier == DISK
-        store._placement.drop(tail)
-        store._placement.disk.empty_trash()
+        store._store._placement.drop(tail)
+        store._store._placement.disk.empty_trash()
         store.check_integrity()
         assert store.stats().disk_nbytes == sum(_tensor_bytes(f) for f in _files(tmp_path))
         with store.lookup(ids) as hit:

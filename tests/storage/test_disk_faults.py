@@ -138,7 +138,7 @@ def _entry(round_: int, i: int, store: PrefixCache) -> tuple[list[int], Any, lis
     gen = torch.Generator().manual_seed(1000 * round_ + i)
     ids = [4 + (round_ * _ENTRIES + i) % 96, *torch.randint(4, 100, (_LEN - 1,), generator=gen).tolist()]
     ids[1] = 4 + round_  # rounds never share a two-token prefix
-    cache = store.new_cache()
+    cache = store._store.new_cache()
     keys = []
     for layer in range(2):
         k = torch.randn(1, 2, _LEN, 16, generator=gen)

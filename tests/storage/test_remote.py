@@ -186,7 +186,7 @@ def test_server_lru_eviction_shrinks_hits_and_nothing_is_wrong(server: RedisServ
     reader = _fresh(model, server.url)
     hits = []
     for ids in prompts:
-        keys = chunk_keys(reader.namespace(), ids[0].tolist(), CHUNK, 7)  # a 64-token prompt restores 7 chunks
+        keys = chunk_keys(reader._store.namespace(), ids[0].tolist(), CHUNK, 7)  # a 64-token prompt restores 7 chunks
         held = next((i for i, key in enumerate(keys) if not client.exists(key)), len(keys)) * CHUNK
         before = reader.stats().hit_tokens
         assert_same_as_cold(model, ids, reader, new=2)
@@ -292,7 +292,7 @@ def test_corrupt_chunk_is_dropped_and_the_hit_stops_before_it(
     writer = _store(model, server.url, remote_write="through")
     generate(model, ids, past_key_values=writer)
     writer.detach()
-    key = chunk_keys(writer.namespace(), ids[0].tolist(), CHUNK, 3)[2]
+    key = chunk_keys(writer._store.namespace(), ids[0].tolist(), CHUNK, 3)[2]
     client = server.client()
     blob = client.get(key)
     bad = {
@@ -318,7 +318,7 @@ def test_foreign_value_under_a_key_is_a_miss_not_a_wrong_hit(server: RedisServer
     generate(model, ids, past_key_values=writer)
     generate(model, other, past_key_values=writer)
     writer.detach()
-    ns = writer.namespace()
+    ns = writer._store.namespace()
     client = server.client()
     own = chunk_keys(ns, ids[0].tolist(), CHUNK, 2)
     foreign = chunk_keys(ns, other[0].tolist(), CHUNK, 2)
@@ -468,7 +468,7 @@ def test_gpu_entries_travel_through_the_server(server: RedisServer, name: str) -
             assert_same_as_cold(model, ids, reader)
         assert reader.stats().remote_hit_tokens == 64
         reader.check_integrity()
-        seg = next(n.value for n in reader._tree.iter_nodes() if n.value is not None and n.value.run is not None)
+        seg = next(n.value for n in reader._store._tree.iter_nodes() if n.value is not None and n.value.run is not None)
         assert seg.run is not None and all(k is None or k.is_cuda for k in seg.run.keys)
         reader.detach()
     finally:

@@ -17,7 +17,7 @@ def _tier_held_bytes(store: PrefixCache, tier: int) -> int:
     """Bytes of distinct tensor storages behind nodes of `tier`, plus their snapshots."""
     storages: dict[int, int] = {}
     snaps = 0
-    for node in store._tree.iter_nodes():
+    for node in store._store._tree.iter_nodes():
         if node.tier != tier:
             continue
         seg = node.value
@@ -50,12 +50,12 @@ def test_over_device_budget_entries_move_to_host_and_hit_exactly(llama: Any) -> 
         stats = store.stats()
         assert stats.offloads >= 3 and stats.host_nbytes > 0 and stats.evictions == 0
         first = prompts[0]
-        assert store._tree.match(store.namespace(), first[0].tolist()).path[-1].tier == HOST
+        assert store._store._tree.match(store._store.namespace(), first[0].tolist()).path[-1].tier == HOST
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, first, store)
         assert store.stats().hit_tokens - before == first.shape[1] - 1
         assert store.stats().reloads >= 1
-        assert store._tree.match(store.namespace(), first[0].tolist()).path[-1].tier == DEVICE
+        assert store._store._tree.match(store._store.namespace(), first[0].tolist()).path[-1].tier == DEVICE
         store.check_integrity()
     finally:
         store.detach()
@@ -92,7 +92,7 @@ def test_shared_prefix_stays_on_the_device_while_its_branches_move(llama: Any) -
             question[0, 0] = 5 + seed
             generate(llama, torch.cat([system, question], 1), past_key_values=store)
             store.check_integrity()
-        node = store._tree.match(store.namespace(), system[0].tolist()).path[0]
+        node = store._store._tree.match(store._store.namespace(), system[0].tolist()).path[0]
         assert node.end == 24 and node.tier == DEVICE
         assert store.stats().host_nbytes > 0
     finally:
@@ -115,7 +115,7 @@ def test_hybrid_model_snapshots_move_to_host_and_restore_exactly() -> None:
         assert store.stats().hit_tokens - before == 39  # the snapshot taken after prompt token 39
         # No room on the device: the hit was served from a copy and the new branch joined its parent's tier.
         assert store.stats().device_nbytes == 0
-        assert all(n.tier >= n.parent.tier for n in store._tree.iter_nodes() if not n.parent.is_root)
+        assert all(n.tier >= n.parent.tier for n in store._store._tree.iter_nodes() if not n.parent.is_root)
         store.check_integrity()
     finally:
         store.detach()
@@ -127,7 +127,7 @@ def test_out_of_memory_on_restore_relieves_the_device_then_retries(llama: Any, m
     try:
         ids = random_prompt(30, seed=21)
         generate(llama, ids, past_key_values=store)
-        original = store.acquire
+        original = store._store.acquire
         calls = {"n": 0}
 
         def acquire_failing_once(*args: Any, **kwargs: Any) -> Any:
@@ -136,7 +136,7 @@ def test_out_of_memory_on_restore_relieves_the_device_then_retries(llama: Any, m
                 raise torch.OutOfMemoryError("CUDA out of memory (injected)")
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(store, "acquire", acquire_failing_once)
+        monkeypatch.setattr(store._store, "acquire", acquire_failing_once)
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, ids, store)
         assert calls["n"] == 2
@@ -154,7 +154,7 @@ def test_out_of_memory_twice_runs_cold_with_a_reason(llama: Any, monkeypatch: An
     try:
         ids = random_prompt(30, seed=22)
         generate(llama, ids, past_key_values=store)
-        original_restore = store.new_cache
+        original_restore = store._store.new_cache
 
         def failing_cache() -> Any:
             cache = original_restore()
@@ -165,10 +165,10 @@ def test_out_of_memory_twice_runs_cold_with_a_reason(llama: Any, monkeypatch: An
             cache.restore = restore  # type: ignore[method-assign]
             return cache
 
-        monkeypatch.setattr(store, "new_cache", failing_cache)
+        monkeypatch.setattr(store._store, "new_cache", failing_cache)
         assert_same_as_cold(llama, ids, store)
         assert store.stats().fallbacks == {"out_of_memory": 1}
-        assert all(node.lock_ref == 0 for node in store._tree.iter_nodes())
+        assert all(node.lock_ref == 0 for node in store._store._tree.iter_nodes())
         monkeypatch.undo()
         with store.lookup(ids) as hit:  # the entry survived both failures
             assert hit.cached_len == 29
@@ -200,14 +200,14 @@ def test_cuda_offload_uses_pinned_memory_and_restores_exactly() -> None:
         prompts = [distinct_prompt(seed).cuda() for seed in range(4)]
         for p in prompts:
             generate(model, p, past_key_values=store)
-        host_nodes = [n for n in store._tree.iter_nodes() if n.tier == HOST]
+        host_nodes = [n for n in store._store._tree.iter_nodes() if n.tier == HOST]
         assert host_nodes
         for node in host_nodes:
             for t in node.value.run.keys:
                 if t is not None:
                     assert t.is_pinned() and t.device.type == "cpu"
         assert_same_as_cold(model, prompts[0], store)
-        node = store._tree.match(store.namespace(), prompts[0][0].tolist()).path[-1]
+        node = store._store._tree.match(store._store.namespace(), prompts[0][0].tolist()).path[-1]
         assert node.tier == DEVICE and node.value.run.keys[0].device.type == "cuda"
         store.check_integrity()
     finally:
@@ -242,7 +242,7 @@ def test_device_map_restores_each_layer_to_its_own_device(tmp_path: Any) -> None
         assert store.stats().disk_nbytes > 0
         for p in prompts[:2]:
             assert_same_as_cold(model, p, store)
-            node = store._tree.match(store.namespace(), p[0].tolist()).path[-1]
+            node = store._store._tree.match(store._store.namespace(), p[0].tolist()).path[-1]
             assert node.tier == DEVICE
             assert [k.device.index for k in node.value.run.keys] == [0, 1]
         store.check_integrity()
@@ -262,7 +262,7 @@ def test_a_branch_never_sits_on_a_faster_tier_than_its_parent(llama: Any) -> Non
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, branch, store)  # served from a temporary copy of the 30-token prefix
         assert store.stats().hit_tokens - before == 30
-        assert all(n.tier >= n.parent.tier for n in store._tree.iter_nodes() if not n.parent.is_root)
+        assert all(n.tier >= n.parent.tier for n in store._store._tree.iter_nodes() if not n.parent.is_root)
         assert store.stats().device_nbytes == 0
         store.check_integrity()
     finally:

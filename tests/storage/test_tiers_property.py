@@ -62,9 +62,9 @@ class TieredStore(RuleBasedStateMachine):
 
     @rule(tokens=sequences)
     def insert(self, tokens: list[int]) -> None:
-        cache = self.store.new_cache()
+        cache = self.store._store.new_cache()
         keys, values = _kv(tokens)
-        adapter = self.store.profile.adapters[0]
+        adapter = self.store._store.profile.adapters[0]
         adapter.restore_kv(cache.layers[0], keys, values, len(tokens))
         self.store.insert(tokens, cache)
 
@@ -97,7 +97,7 @@ class TieredStore(RuleBasedStateMachine):
         assert stats.device_nbytes <= budgets["device"]
         assert stats.host_nbytes <= budgets["host"]
         assert stats.disk_nbytes <= budgets["disk"]
-        for node in self.store._tree.iter_nodes():
+        for node in self.store._store._tree.iter_nodes():
             assert node.parent.is_root or node.tier >= node.parent.tier, f"{node} faster than its parent"
 
     def teardown(self) -> None:

@@ -13,33 +13,34 @@ from hf_prefix_cache.store.contract import InsertOutcome, Store
 from hf_prefix_cache.testing.tiny_models import build
 
 
-def test_a_prefix_cache_is_a_store() -> None:
+def test_a_prefix_cache_holds_a_store() -> None:
     store = PrefixCache(build("llama"), attach=False)
-    assert isinstance(store, Store)
+    assert isinstance(store._store, Store)
+    assert not isinstance(store, Store)  # the user's object: its verbs only
     assert not isinstance(torch.zeros(1), Store)
 
 
 def test_lease_is_frozen_and_released_in_one_place() -> None:
     store = PrefixCache(build("llama"), attach=False)
     ids = list(range(4, 30))
-    cache = store.new_cache()
-    assert store.insert_sequence(store.namespace(), ids, _filled(store, ids)) == InsertOutcome(len(ids))
-    lease = store.acquire(store.namespace(), ids + [99], cache)
+    cache = store._store.new_cache()
+    assert store._store.insert_sequence(store._store.namespace(), ids, _filled(store, ids)) == InsertOutcome(len(ids))
+    lease = store._store.acquire(store._store.namespace(), ids + [99], cache)
     assert (lease.cached_len, lease.matched_len, lease.num_items) == (len(ids), len(ids), 0)
     assert cache.get_seq_length() == len(ids)
     with pytest.raises(dataclasses.FrozenInstanceError):
         lease.cached_len = 0  # type: ignore[misc]
-    assert all(n.lock_ref == 1 for n in store._tree.iter_nodes())
-    store.release(lease)
-    store.release(lease)  # a second release changes nothing
-    assert all(n.lock_ref == 0 for n in store._tree.iter_nodes())
+    assert all(n.lock_ref == 1 for n in store._store._tree.iter_nodes())
+    store._store.release(lease)
+    store._store.release(lease)  # a second release changes nothing
+    assert all(n.lock_ref == 0 for n in store._store._tree.iter_nodes())
     store.check_integrity()
 
 
 def test_insert_outcome_names_why_nothing_was_stored() -> None:
     store = PrefixCache(build("llama"), attach=False, min_store_len=10)
     ids = list(range(4, 9))
-    outcome = store.insert_sequence(store.namespace(), ids, _filled(store, ids))
+    outcome = store._store.insert_sequence(store._store.namespace(), ids, _filled(store, ids))
     assert outcome == InsertOutcome(0, skipped="entry_below_min_store_len")
     assert store.stats().fallbacks == {"entry_below_min_store_len": 1}
 
@@ -47,21 +48,21 @@ def test_insert_outcome_names_why_nothing_was_stored() -> None:
 def test_acquire_that_fails_leaves_nothing_pinned() -> None:
     store = PrefixCache(build("llama"), attach=False)
     ids = list(range(4, 30))
-    store.insert_sequence(store.namespace(), ids, _filled(store, ids))
-    cache = store.new_cache()
+    store._store.insert_sequence(store._store.namespace(), ids, _filled(store, ids))
+    cache = store._store.new_cache()
 
     def failing_restore(*args: object, **kwargs: object) -> None:
         raise RuntimeError("restore failed (injected)")
 
     cache.restore = failing_restore  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="injected"):
-        store.acquire(store.namespace(), ids + [99], cache)
-    assert all(n.lock_ref == 0 for n in store._tree.iter_nodes())
+        store._store.acquire(store._store.namespace(), ids + [99], cache)
+    assert all(n.lock_ref == 0 for n in store._store._tree.iter_nodes())
 
 
 def _filled(store: PrefixCache, ids: list[int]) -> WorkingCache:
     """A working cache holding the model's states of `ids`."""
-    cache = store.new_cache()
+    cache = store._store.new_cache()
     with torch.no_grad():
         store.model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
     return cache

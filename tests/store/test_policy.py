@@ -128,7 +128,7 @@ def test_session_keeps_its_latest_turn_warm(llama: Any) -> None:
         chat.close()
         with pytest.raises(ValueError, match="closed"):
             generate(llama, turn3, past_key_values=chat)
-        assert all(node.lock_ref == 0 for node in store._tree.iter_nodes())
+        assert all(node.lock_ref == 0 for node in store._store._tree.iter_nodes())
         store.check_integrity()
     finally:
         store.detach()

@@ -17,7 +17,7 @@ from hf_prefix_cache.storage.budgets import parse_nbytes
 
 
 def _runs(store: PrefixCache) -> list[Run]:
-    runs = {id(n.value.run): n.value.run for n in store._tree.iter_nodes() if n.value.run is not None}
+    runs = {id(n.value.run): n.value.run for n in store._store._tree.iter_nodes() if n.value.run is not None}
     return list(runs.values())
 
 
@@ -28,7 +28,7 @@ def _held_bytes(store: PrefixCache) -> int:
         for t in run.keys + run.values:
             if t is not None:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    snaps = sum(s.nbytes for n in store._tree.iter_nodes() for s in n.value.snapshots.values())
+    snaps = sum(s.nbytes for n in store._store._tree.iter_nodes() for s in n.value.snapshots.values())
     return sum(storages.values()) + snaps
 
 
@@ -202,7 +202,7 @@ def test_concurrent_generate_calls_are_correct(llama: Any) -> None:
         stats = store.stats()
         assert stats.requests == 24 and stats.hit_tokens >= 16 * 30
         store.check_integrity()
-        assert all(n.lock_ref == 0 for n in store._tree.iter_nodes())
+        assert all(n.lock_ref == 0 for n in store._store._tree.iter_nodes())
     finally:
         store.detach()
 
@@ -213,7 +213,7 @@ def test_low_level_lookup_and_insert_match_a_cold_forward(llama: Any) -> None:
     ids = random_prompt(40, seed=11)
     with torch.no_grad():
         cold = llama(ids).logits[:, -1]
-        first = store.new_cache()
+        first = store._store.new_cache()
         llama(ids, past_key_values=first, use_cache=True)
         assert store.insert(ids, first) == 40
         longer = torch.cat([ids, random_prompt(8, seed=12)], 1)
@@ -254,7 +254,7 @@ def test_salted_stores_do_not_share_entries(llama: Any) -> None:
         ids = random_prompt(30, seed=14)
         generate(llama, ids, past_key_values=alice)
         assert_same_as_cold(llama, ids, bob)
-        assert bob.stats().hit_tokens == 0 and alice.namespace() != bob.namespace()
+        assert bob.stats().hit_tokens == 0 and alice._store.namespace() != bob._store.namespace()
     finally:
         bob.detach()
         alice.detach()

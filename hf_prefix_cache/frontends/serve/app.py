@@ -38,7 +38,7 @@ from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import GenerationState
 
 from hf_prefix_cache._compat import LISTS_FORCED_MODEL
-from hf_prefix_cache.api.prefix_cache import PrefixCache
+from hf_prefix_cache.api.prefix_cache import PrefixCache, store_of
 from hf_prefix_cache.frontends.serve.requests import SaltHeader, ScopedGenerateManager, scoped_request
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -232,7 +232,7 @@ def _describe(served: ServedModel, check: bool) -> dict[str, Any]:
         "model": served.model_id,
         "stats": dataclasses.asdict(store.stats()),
         "budgets": store.budgets,
-        "pinned_nodes": store.num_pinned_nodes(),
+        "pinned_nodes": store_of(store).num_pinned_nodes(),
     }
     if check:
         try:

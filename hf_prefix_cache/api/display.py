@@ -1,17 +1,16 @@
-"""Rich HTML for Jupyter: `PrefixCache._repr_html_` and `CacheStats._repr_html_` render here.
+"""What users see of the store's numbers: `CacheStats` (rendered as HTML in Jupyter) and byte sizes as text.
 
 Pure string formatting of a stats snapshot (tiers, entries, bytes, hit rate, per-modality
-hits, fallbacks); no Jupyter import, so the package needs no extra for it.
+hits, fallbacks) read from `stats()`; no Jupyter import, so the package needs no extra for it.
+The store core knows nothing of it.
 """
 
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from dataclasses import fields
 
-if TYPE_CHECKING:
-    from hf_prefix_cache.store.stats import CacheStats
-    from hf_prefix_cache.store.tree_store import TreeStore
+from hf_prefix_cache.store.stats import StoreStats
 
 _TABLE = '<table style="border-collapse:collapse;font-size:0.9em">'
 _CELL = 'style="padding:2px 8px;text-align:{align};border-bottom:1px solid #ddd"'
@@ -41,7 +40,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return _TABLE + row(header, "th") + "".join(row(r, "td") for r in rows) + "</table>"
 
 
-def stats_html(stats: CacheStats) -> str:
+def stats_html(stats: StoreStats) -> str:
     """The stats as HTML: requests and hit rate, one row per tier, hits by modality, fallbacks."""
     tiers: list[tuple[str, int, int]] = [
         ("device", stats.device_nbytes, stats.max_bytes),
@@ -79,7 +78,31 @@ def stats_html(stats: CacheStats) -> str:
     return "\n".join(parts)
 
 
-def store_html(store: TreeStore) -> str:
-    """The store as HTML: its model and namespace, then its stats."""
-    title = f"PrefixCache for {type(store.model).__name__}, namespace {store.namespace()[:12]}"
-    return f"<div><b>{html.escape(title)}</b>{stats_html(store.stats())}</div>"
+def store_html(model: object, namespace: str, stats: StoreStats) -> str:
+    """A store as HTML: its model and namespace, then its stats."""
+    title = f"PrefixCache for {type(model).__name__}, namespace {namespace[:12]}"
+    return f"<div><b>{html.escape(title)}</b>{stats_html(stats)}</div>"
+
+
+class CacheStats(StoreStats):
+    """Counters since the store was made (or `reset_stats`), plus its current size; Jupyter shows it as tables.
+
+    The fields are those of `store.stats.StoreStats` (documented there). Example:
+
+        >>> _ = model.generate(ids, cache=store, max_new_tokens=1)
+        >>> stats = store.stats()
+        >>> stats.requests, stats.hit_rate
+        (1, 0.0)
+        >>> "<table" in stats._repr_html_()
+        True
+    """
+
+    __slots__ = ()
+
+    def _repr_html_(self) -> str:
+        return stats_html(self)
+
+
+def shown(stats: StoreStats) -> CacheStats:
+    """The user's view of a store's `stats` (the same fields)."""
+    return CacheStats(**{f.name: getattr(stats, f.name) for f in fields(stats)})
