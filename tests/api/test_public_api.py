@@ -74,9 +74,8 @@ PREFIX_CACHE_NAMES = {
 
 def test_prefix_cache_shows_only_the_user_verbs() -> None:
     """`PrefixCache` is the user's object: its public names are exactly its verbs and properties."""
-    from tiny_models import build
-
     from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.testing.tiny_models import build
 
     assert {n for n in dir(PrefixCache) if not n.startswith("_")} == PREFIX_CACHE_NAMES
     store = PrefixCache(build("llama"), attach=False)
@@ -93,10 +92,10 @@ def test_prefix_cache_keyword_arguments_are_the_options() -> None:
     import inspect
 
     import pytest
-    from tiny_models import build
 
     from hf_prefix_cache import PrefixCache
     from hf_prefix_cache.store.options import Options
+    from hf_prefix_cache.testing.tiny_models import build
 
     names = [f.name for f in dataclasses.fields(Options)]
     assert list(inspect.signature(PrefixCache).parameters)[1:] == names
