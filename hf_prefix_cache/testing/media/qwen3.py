@@ -11,12 +11,12 @@ M-RoPE; Qwen3-VL-MoE is Qwen3-VL (deepstack) with expert layers. Ids as `tiny_vl
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media.grid import Medium
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
 from hf_prefix_cache.testing.tiny_vlms import (
     _QWEN_IDS,
@@ -75,15 +75,6 @@ def tiny_qwen3_vl_moe() -> Any:
 @functools.cache
 def cached_qwen3(name: str) -> Any:
     return {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "qwen3_vl_moe": tiny_qwen3_vl_moe}[name]()
-
-
-@dataclass(frozen=True)
-class Medium:
-    """One image or video: its kind, seed and grid."""
-
-    kind: str
-    seed: int
-    grid: tuple[int, int, int]
 
 
 class Qwen3Family:
