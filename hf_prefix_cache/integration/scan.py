@@ -14,7 +14,7 @@ original function untouched, so models used without the store behave exactly as 
 
 Continuing this way follows the cold run's own arithmetic (the loop is the cold loop, split at
 the snapshot), so it is closer to a cold run than one-token steps: 8e-7 against 1.4e-6 on a
-tiny Mamba (tests/test_recurrent.py checks it against the model's own steps and its cold run).
+tiny Mamba (tests/model/test_recurrent.py checks it against the model's own steps and its cold run).
 
 Knows the mixers' calling convention in transformers 5.23; nothing about the store.
 """

@@ -4,12 +4,12 @@ A key ``"<model_type>/<vision model_type>"`` picks a rule for one tower of a fam
 (LLaVA with a Pixtral tower); a plain ``"<model_type>"`` key covers the family otherwise.
 Each row was checked against transformers 5.23 (each item is encoded on its own and its
 features fill its placeholders in order; OmniASR against 5.24, which added it) and is proven
-exact by `tests/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
-`tests/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/test_media_grid.py`;
+exact by `tests/media/test_media_generic.py` (LFM2-VL, whose text layers hold conv states, by
+`tests/media/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/media/test_media_grid.py`;
 MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
-`tests/test_media_minicpm.py`, `tests/test_media_nemotron_h_omni.py` and
-`tests/test_media_inkling.py`; Gemma 3n, whose timm tower needs torchvision, by
-`tests/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
+`tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
+`tests/media/test_media_inkling.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`.
 """
 
@@ -439,7 +439,7 @@ COLD_FAMILIES: dict[str, str] = {
     "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
     # MiniCPM-V 4.6: MiniCPM-o OCR's model, in "16x" mode by default: the tower's window merger runs over all
     # images of a call packed together, so an image's features depend on the images before it
-    # (`tests/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
+    # (`tests/media/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
     "minicpmv4_6": "16x mode (the default): an image's features depend on the images packed before it",
     # Emu3: a VQ-VAE turns each image into code ids embedded as text, one run of (h / f) x (w / f + 1)
     # placeholders (codes and row ends) counted from `image_sizes`; needs a layout counting code grids.
