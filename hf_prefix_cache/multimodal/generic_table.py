@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_prefix_cache.multimodal.generic import FamilyRule, KindRule
+from hf_prefix_cache.multimodal.generic_rules import FamilyRule, KindRule
 
 _IMAGE_ID = ("image_token_id", "image_token_index")
 _VIDEO_ID = ("video_token_id", "video_token_index")
