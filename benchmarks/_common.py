@@ -17,6 +17,11 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_prefix_cache import _compat
+
+#: The keyword `generate` and forwards take a cache under on this transformers release (`cache` from 5.24).
+CACHE = _compat.CACHE_KWARGS[0] if _compat.CACHE_RENAMED else _compat.CACHE_KWARGS[1]
+
 
 @dataclass
 class Timings:

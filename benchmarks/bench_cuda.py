@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import transformers
+from _common import CACHE
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
@@ -63,7 +64,7 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> float:
 
 def first_token(model: Any, ids: torch.Tensor, cache: Any = None) -> float:
     """Seconds to the first new token of `ids` (`max_new_tokens=1`), optionally with a cache."""
-    extra = {} if cache is None else {"past_key_values": cache}
+    extra = {} if cache is None else {CACHE: cache}
     return timed(model.generate, ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, **extra)
 
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         with torch.no_grad():
             out = model(prefix, use_cache=True)
         kv = out.past_key_values
-        model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=1, past_key_values=store)
+        model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=1, **{CACHE: store})
         cold, hit, ideal = [], [], []
         for rep in range(args.reps + 1):
             suffix = torch.randint(10, 128000, (1, tail), generator=gen).cuda()
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     n = lengths[-1]
     prefix = torch.randint(10, 128000, (1, n), generator=gen).cuda()
     store = PrefixCache(model, max_host_bytes="64GB")
-    model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=1, past_key_values=store)
+    model.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=1, **{CACHE: store})
     nbytes = store.stats().device_nbytes
     t_down = timed(setattr, store, "max_bytes", 0)
     assert store.stats().host_nbytes == nbytes

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 import transformers
-from _common import Timings, load_average, print_end, start_run, timed, tiny_llama
+from _common import CACHE, Timings, load_average, print_end, start_run, timed, tiny_llama
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
@@ -129,7 +129,7 @@ def run_reuse(
         variants = {"hit": store, "ideal": cache}
         # Alternate the order so neither variant always runs second (warmer caches).
         for name in ("hit", "ideal") if rep % 2 == 0 else ("ideal", "hit"):
-            seconds, outs[name] = timed(model.generate, prompt, past_key_values=variants[name], **kwargs)
+            seconds, outs[name] = timed(model.generate, prompt, **{CACHE: variants[name]}, **kwargs)
             if record:
                 timings.add(name, seconds)
         reused = store.stats().hit_tokens - before
@@ -161,15 +161,15 @@ def run_multiturn(
     kwargs: dict[str, Any] = {"max_new_tokens": 1, "do_sample": False}
     for rep in range(reps + 1):
         turn1 = torch.cat([prefix, prompts.fresh(args.suffix_len)], dim=1)
-        model.generate(turn1, past_key_values=store, **kwargs)
+        model.generate(turn1, **{CACHE: store}, **kwargs)
         turn1_cache = view_cache(model, prefix_cache)
         with torch.no_grad():
-            model(turn1[:, args.prefix_len :], past_key_values=turn1_cache, use_cache=True)
+            model(turn1[:, args.prefix_len :], **{CACHE: turn1_cache}, use_cache=True)
         turn2 = torch.cat([turn1, prompts.fresh(args.suffix_len)], dim=1)
         before = store.stats().hit_tokens
         variants = {"hit": store, "ideal": view_cache(model, turn1_cache)}
         for name in ("hit", "ideal") if rep % 2 == 0 else ("ideal", "hit"):
-            seconds, _ = timed(model.generate, turn2, past_key_values=variants[name], **kwargs)
+            seconds, _ = timed(model.generate, turn2, **{CACHE: variants[name]}, **kwargs)
             if rep > 0:
                 timings.add(name, seconds)
         if store.stats().hit_tokens - before != turn1.shape[1]:
@@ -186,7 +186,7 @@ def run_miss(model: Any, store: PrefixCache, prompts: PromptSource, args: argpar
         before = store.stats()
 
         for name in ("plain", "store") if rep % 2 == 0 else ("store", "plain"):
-            extra = {"past_key_values": store} if name == "store" else {}
+            extra = {CACHE: store} if name == "store" else {}
             seconds, _ = timed(model.generate, prompt, **kwargs, **extra)
             if rep > 0:
                 timings.add(name, seconds)
@@ -221,7 +221,7 @@ def profile_hits(
     for _ in range(calls):
         prompt = torch.cat([prefix, prompts.fresh(args.suffix_len)], dim=1)
         profiler.enable()
-        model.generate(prompt, past_key_values=store, max_new_tokens=1, do_sample=False)
+        model.generate(prompt, **{CACHE: store}, max_new_tokens=1, do_sample=False)
         profiler.disable()
     if store.stats().hit_tokens - before != calls * args.prefix_len:
         raise RuntimeError("a profiled call did not reuse exactly the prefix")
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         prefix_cache = model(prefix, use_cache=True).past_key_values
     # Store the prefix (with a throwaway suffix); later suffixes never start with the same token.
-    model.generate(torch.cat([prefix, prompts.fresh(args.suffix_len)], dim=1), past_key_values=store, max_new_tokens=1)
+    model.generate(torch.cat([prefix, prompts.fresh(args.suffix_len)], dim=1), **{CACHE: store}, max_new_tokens=1)
 
     ttft, bad_ttft = run_reuse(model, store, prefix, prefix_cache, prompts, args, 1, args.reps, args.fast_reps)
     print_reuse_table("max_new_tokens=1 (prompt work, TTFT-like)", ttft)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # Unrelated entries for the miss benchmark (their first tokens are never reused by PromptSource).
     for _ in range(args.unrelated):
-        model.generate(prompts.fresh(args.miss_len), past_key_values=store, max_new_tokens=1)
+        model.generate(prompts.fresh(args.miss_len), **{CACHE: store}, max_new_tokens=1)
     miss = run_miss(model, store, prompts, args, args.miss_reps)
     plain, through = miss.median("plain"), miss.median("store")
     print(f"\nmiss overhead: {args.miss_len}-token prompt, max_new_tokens={args.miss_new_tokens}, nothing matches")

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import torch
-from _common import print_end, print_environment, start_run
+from _common import CACHE, print_end, print_environment, start_run
 from bench_ops import build
 
 from hf_prefix_cache import PrefixCache
@@ -44,7 +44,7 @@ def _workload(name: str, args: argparse.Namespace, model: Any, store: PrefixCach
     def ask(ids: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
         mask = torch.ones_like(ids)  # random weights may answer the pad id: say it is no padding
-        out = model.generate(ids, attention_mask=mask, past_key_values=store, max_new_tokens=args.answer)
+        out = model.generate(ids, attention_mask=mask, **{CACHE: store}, max_new_tokens=args.answer)
         seconds.append(time.perf_counter() - start)
         return out  # type: ignore[no-any-return]
 

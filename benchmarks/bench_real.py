@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 import transformers
-from _common import Timings, load_average, print_end, print_environment, start_run, timed
+from _common import CACHE, Timings, load_average, print_end, print_environment, start_run, timed
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import load_smollm2
@@ -125,9 +125,9 @@ def run_ours(model: Any, store: PrefixCache, chat: Chat, reps: int) -> tuple[Tim
         ready = copy.deepcopy(prefix_cache)
         runs = {
             "cold": lambda: model.generate(prompt, **kwargs),
-            "hit": lambda: model.generate(prompt, past_key_values=store, **kwargs),
-            "ideal": lambda ready=ready: model.generate(prompt, past_key_values=ready, **kwargs),
-            "deepcopy": lambda: model.generate(prompt, past_key_values=copy.deepcopy(prefix_cache), **kwargs),
+            "hit": lambda: model.generate(prompt, **{CACHE: store}, **kwargs),
+            "ideal": lambda ready=ready: model.generate(prompt, **{CACHE: ready}, **kwargs),
+            "deepcopy": lambda: model.generate(prompt, **{CACHE: copy.deepcopy(prefix_cache)}, **kwargs),
         }
         names = list(runs)
         names = names[rep % len(names) :] + names[: rep % len(names)]

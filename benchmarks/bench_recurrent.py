@@ -36,7 +36,7 @@ import tempfile
 from typing import Any
 
 import torch
-from _common import print_end, print_environment, start_run, timed
+from _common import CACHE, print_end, print_environment, start_run, timed
 from transformers import (
     BambaConfig,
     BambaForCausalLM,
@@ -147,7 +147,7 @@ def prompt(n: int, seed: int, first: int | None = None) -> torch.Tensor:
 
 
 def run(model: Any, ids: torch.Tensor, store: PrefixCache | None) -> Any:
-    kwargs: dict[str, Any] = {"past_key_values": store} if store is not None else {}
+    kwargs: dict[str, Any] = {CACHE: store} if store is not None else {}
     return model.generate(
         ids,
         attention_mask=torch.ones_like(ids),

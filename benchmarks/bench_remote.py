@@ -48,7 +48,7 @@ from typing import Any
 
 import redis
 import torch
-from _common import Timings, print_end, print_environment, start_run, timed
+from _common import CACHE, Timings, print_end, print_environment, start_run, timed
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
@@ -81,7 +81,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
 def prefill(model: Any, ids: torch.Tensor) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
     return cache
 
 

@@ -29,7 +29,7 @@ import argparse
 from typing import Any
 
 import torch
-from _common import Timings, print_end, print_environment, start_run, timed
+from _common import CACHE, Timings, print_end, print_environment, start_run, timed
 from transformers import BartConfig, BartForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
@@ -71,7 +71,7 @@ def run(model: Any, args: argparse.Namespace, new_tokens: int) -> Timings:
     ids = encoder_input()
     stores = {"hit": PrefixCache(model, max_bytes="1GiB"), "miss": PrefixCache(model, max_bytes="1GiB")}
     reference = model.generate(ids, **kwargs)
-    model.generate(ids, past_key_values=stores["hit"], **kwargs)  # untimed: the input stored once
+    model.generate(ids, **{CACHE: stores["hit"]}, **kwargs)  # untimed: the input stored once
     encoder_calls: list[int] = []
     hook = model.get_encoder().register_forward_hook(lambda *_: encoder_calls.append(1))
     expected = {"cold": (0, 1), "hit": (decoder_ids.shape[1] - 1, 0), "miss": (0, 1)}
@@ -84,7 +84,7 @@ def run(model: Any, args: argparse.Namespace, new_tokens: int) -> Timings:
             store = stores.get(name)
             before = store.stats().hit_tokens if store is not None else 0
             encoder_calls.clear()
-            seconds, out = timed(model.generate, fresh if name == "miss" else ids, past_key_values=store, **kwargs)
+            seconds, out = timed(model.generate, fresh if name == "miss" else ids, **{CACHE: store}, **kwargs)
             reused = store.stats().hit_tokens - before if store is not None else 0
             if (reused, len(encoder_calls)) != expected[name]:
                 raise RuntimeError(f"{name}: reused {reused}, encoder ran {len(encoder_calls)}x, not {expected[name]}")

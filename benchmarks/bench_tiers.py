@@ -61,7 +61,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import Timings, print_end, print_environment, start_run, timed, tiny_llama
+from _common import CACHE, Timings, print_end, print_environment, start_run, timed, tiny_llama
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
@@ -98,7 +98,7 @@ def prefill(model: Any, ids: torch.Tensor) -> DynamicCache:
     """A cold forward of `ids` on a fresh cache (logits of the last position only, as generate does)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
     return cache
 
 
@@ -416,7 +416,7 @@ def check_exactness(model: Any, args: argparse.Namespace, ids: Ids, tmp: str) ->
         store_entry(store, prefix, keys, values)
         store_of(store).relieve_device()
         before = store.stats()
-        out = model.generate(prompt, past_key_values=store, **kwargs)
+        out = model.generate(prompt, **{CACHE: store}, **kwargs)
         after = store.stats()
         if after.reloads - before.reloads != 1 or after.hit_tokens - before.hit_tokens != args.prefix_len:
             raise RuntimeError(f"the exactness run did not restore the prefix from the {tier} tier: {after}")

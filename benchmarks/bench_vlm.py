@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import Timings, print_end, print_environment, start_run, timed
+from _common import CACHE, Timings, print_end, print_environment, start_run, timed
 from transformers import DynamicCache, LlavaConfig, LlavaForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
@@ -140,7 +140,7 @@ def run(model: Any, args: argparse.Namespace) -> tuple[Timings, dict[str, int], 
     ideal_cache = prefill_cache(model, ids, pixels, n - 1)
     head_cache = prefill_cache(model, head, pixels[:1], head.shape[1])
     full_store = PrefixCache(model, max_bytes="4GiB")
-    model.generate(**full, past_key_values=full_store, **kwargs)
+    model.generate(**full, **{CACHE: full_store}, **kwargs)
     # A second store, cleared and refilled with the head before each `hit, 2nd image new`.
     head_store = PrefixCache(model, max_bytes="4GiB")
     counter = TowerCounter(model)
@@ -149,16 +149,16 @@ def run(model: Any, args: argparse.Namespace) -> tuple[Timings, dict[str, int], 
         return model.generate(**full, **kwargs)
 
     def hit() -> Any:
-        return model.generate(**full, past_key_values=full_store, **kwargs)
+        return model.generate(**full, **{CACHE: full_store}, **kwargs)
 
     def ideal() -> Any:
-        return model.generate(**plain_ids, past_key_values=cache, **kwargs)
+        return model.generate(**plain_ids, **{CACHE: cache}, **kwargs)
 
     def hit2() -> Any:
-        return model.generate(**full, past_key_values=head_store, **kwargs)
+        return model.generate(**full, **{CACHE: head_store}, **kwargs)
 
     def ideal2() -> Any:
-        return model.generate(**plain_ids, pixel_values=pixels[1:], past_key_values=cache, **kwargs)
+        return model.generate(**plain_ids, pixel_values=pixels[1:], **{CACHE: cache}, **kwargs)
 
     variants: dict[str, tuple[Callable[[], Any], int, int]] = {
         # name: (call, tokens reused from the store, images encoded)
@@ -185,7 +185,7 @@ def run(model: Any, args: argparse.Namespace) -> tuple[Timings, dict[str, int], 
                 cache = copy.deepcopy(head_cache)
             elif name == "hit, 2nd image new":
                 head_store.clear()
-                model.generate(**head_inputs, past_key_values=head_store, **kwargs)
+                model.generate(**head_inputs, **{CACHE: head_store}, **kwargs)
             store = full_store if name == "hit" else head_store
             before_hit, before_images = store.stats().hit_tokens, counter.images
 

@@ -34,7 +34,7 @@ import argparse
 from typing import Any
 
 import torch
-from _common import Timings, print_end, print_environment, start_run, timed
+from _common import CACHE, Timings, print_end, print_environment, start_run, timed
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
@@ -96,7 +96,7 @@ def run(model: Any, args: argparse.Namespace, new_tokens: int) -> tuple[Timings,
     }
     reference = model.generate(features, **kwargs)
     for name in ("hit", "hit, encoder runs"):  # untimed: the clip stored once
-        model.generate(features, past_key_values=stores[name], **kwargs)
+        model.generate(features, **{CACHE: stores[name]}, **kwargs)
     encoder_calls: list[int] = []
     hook = model.model.encoder.register_forward_hook(lambda *_: encoder_calls.append(1))
     prompt_len = 4  # start, language, task, no-timestamps
@@ -113,7 +113,7 @@ def run(model: Any, args: argparse.Namespace, new_tokens: int) -> tuple[Timings,
             before = store.stats().hit_tokens if store is not None else 0
             encoder_calls.clear()
             clip_features = fresh if name == "miss" else features
-            seconds, out = timed(model.generate, clip_features, past_key_values=store, **kwargs)
+            seconds, out = timed(model.generate, clip_features, **{CACHE: store}, **kwargs)
             reused = store.stats().hit_tokens - before if store is not None else 0
             if (reused, len(encoder_calls)) != expected[name]:
                 raise RuntimeError(

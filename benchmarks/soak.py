@@ -31,7 +31,7 @@ from collections import Counter
 from typing import Any
 
 import torch
-from _common import print_end, print_environment, start_run
+from _common import CACHE, print_end, print_environment, start_run
 
 from hf_prefix_cache import PrefixCache  # noqa: E402
 from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, llava_pixels, tiny_llava  # noqa: E402
@@ -54,7 +54,7 @@ class Soak:
     def generate(self, ids: torch.Tensor, images: list[torch.Tensor], store: PrefixCache | None) -> Any:
         kwargs: dict[str, Any] = {"pixel_values": torch.stack(images)} if images else {}
         if store is not None:
-            kwargs["past_key_values"] = store
+            kwargs[CACHE] = store
         return self.model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
