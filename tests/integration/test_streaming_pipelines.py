@@ -5,6 +5,7 @@ Each case runs cold and through the store, compares the outputs, and counts the 
 
 from __future__ import annotations
 
+import copy
 import io
 import threading
 from contextlib import redirect_stdout
@@ -141,7 +142,9 @@ def test_device_map_auto_model_equals_cold(tmp_path: Path) -> None:
     memory cap makes accelerate place most layers on disk, so its hooks really run.
     """
     folder = tmp_path / "llama"
-    cached_model("llama").save_pretrained(folder)
+    # A copy: save_pretrained writes `architectures` into the config it saves, and the shared model's config
+    # is part of its namespace (a later test in another process builds it afresh and must match it).
+    copy.deepcopy(cached_model("llama")).save_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(
         folder, device_map="auto", max_memory={"cpu": 200_000}, offload_folder=tmp_path / "offload", dtype=torch.float32
     ).eval()
