@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
@@ -36,12 +36,7 @@ def check(ids: torch.Tensor, media: list[Medium], store: PrefixCache) -> Any:
     """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
     model = tiny_inkling()
     kwargs = {**media_kwargs(media), "suppress_tokens": SPECIAL_IDS}
-    cold = generate(model, ids, NEW, **kwargs)
-    warm = generate(model, ids, NEW, past_key_values=store, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return assert_same_as_cold(model, ids, store, NEW, cache_argument="past_key_values", **kwargs)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold, generate
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
@@ -28,12 +28,7 @@ SPECIAL_IDS = list(range(100, 128))
 def check(fam: PackedFamily, ids: torch.Tensor, images: list[Image], store: PrefixCache, **extra: Any) -> Any:
     """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
     kwargs = {**fam.kwargs(images), "suppress_tokens": SPECIAL_IDS, **extra}
-    cold = generate(fam.model, ids, NEW, **kwargs)
-    warm = generate(fam.model, ids, NEW, past_key_values=store, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return assert_same_as_cold(fam.model, ids, store, NEW, cache_argument="past_key_values", **kwargs)
 
 
 @pytest.fixture(params=FAMILIES)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold, generate
 from packaging.version import Version
 
 from hf_prefix_cache import PrefixCache
@@ -40,12 +40,7 @@ def check(ids: torch.Tensor, images: list[Any], store: PrefixCache, **extra: Any
     """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
     model = tiny_nemotron_h_omni()
     kwargs = {**media_kwargs(images), "suppress_tokens": SPECIAL_IDS, **extra}
-    cold = generate(model, ids, NEW, **kwargs)
-    warm = generate(model, ids, NEW, past_key_values=store, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return assert_same_as_cold(model, ids, store, NEW, cache_argument="past_key_values", **kwargs)
 
 
 @pytest.fixture
