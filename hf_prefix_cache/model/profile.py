@@ -181,7 +181,8 @@ def _indexer_exact_len(config: Any) -> int:
     """
     text = config.get_text_config(decoder=True)
     top_k = getattr(text, "index_topk", None)
-    assert isinstance(top_k, int) and top_k > 0, f"an indexed layer without an integer index_topk ({top_k!r})"
+    if not isinstance(top_k, int) or top_k <= 0:
+        return 0  # a top-k we cannot read: no prompt is known to keep every key, so every one runs cold
     pool = getattr(text, "index_kpool", None)
     pool = pool if isinstance(pool, int) and pool > 0 else 1
     return (top_k // pool) * pool
