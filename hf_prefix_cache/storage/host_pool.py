@@ -54,7 +54,12 @@ class HostPool:
         self.max_idle_nbytes = max_idle_nbytes
         self._buffers: dict[int, list[torch.Tensor]] = {}
         self._fences: dict[int, Callable[[], bool]] = {}  # by buffer address: has its last copy finished?
+        self._addresses: set[int] = set()  # data pointers of the pooled buffers
         self.num_allocations = 0  # buffers allocated so far (for tests and benchmarks)
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` views one of the pool's buffers (which hold `size_class` bytes, not exactly theirs)."""
+        return tensor.untyped_storage().data_ptr() in self._addresses
 
     def fence(self, tensor: torch.Tensor, done: Callable[[], bool]) -> None:
         """Keep `tensor`'s buffer out of reuse until `done()` (an asynchronous copy reads or writes it)."""
@@ -85,6 +90,7 @@ class HostPool:
         buffer = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
         self.num_allocations += 1
         self._buffers.setdefault(size, []).append(buffer)
+        self._addresses.add(buffer.untyped_storage().data_ptr())
         return buffer[:nbytes]
 
     def idle_nbytes(self) -> int:
@@ -100,4 +106,5 @@ class HostPool:
         while idle and total > self.max_idle_nbytes:
             size, buffer = idle.pop()
             self._buffers[size] = [b for b in self._buffers[size] if b is not buffer]
+            self._addresses.discard(buffer.untyped_storage().data_ptr())
             total -= size

@@ -51,12 +51,13 @@ class Mover:
     Args:
         pin: put host copies in page-locked memory (only meaningful with CUDA).
         use_streams: copy device -> host on a side stream per CUDA device.
+        reuse: take host buffers from a reusing pool (default: with `pin`, as `HostPool` decides).
     """
 
-    def __init__(self, pin: bool = False, use_streams: bool = False) -> None:
+    def __init__(self, pin: bool = False, use_streams: bool = False, reuse: bool | None = None) -> None:
         self.pin = pin
         self.use_streams = use_streams
-        self.pool = HostPool(pin)
+        self.pool = HostPool(pin, reuse)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def to_host(

@@ -6,21 +6,29 @@ Slow (it walks every node); for tests and for `PrefixCache.check_integrity` afte
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.storage.host_pool import size_class
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DISK, HOST, TIER_NAMES
 from hf_prefix_cache.tree.radix import RadixTree
 
 
-def check_integrity(tree: RadixTree[Segment], counted_snapshots: int) -> None:
+def check_integrity(
+    tree: RadixTree[Segment], counted_snapshots: int, pooled: Callable[[torch.Tensor], bool] | None = None
+) -> None:
     """Raise `RuntimeError` when stored bytes, runs, files or snapshots disagree with the tree.
 
     Checks that each node's segment covers its range, holds snapshots and item states inside
     it and sits on the tier its storage says; that the segments of a run cover it exactly and
-    its tensors hold no extra bytes; that file reference counts match; and that the placement's
-    snapshot count (`counted_snapshots`) is what the tree holds.
+    its tensors hold no extra bytes (a buffer of the host tier's pool, where `pooled` says a tensor
+    views one, holds its size class: `host_pool.size_class` of its tensors' bytes); that file
+    reference counts match; and that the placement's snapshot count (`counted_snapshots`) is what
+    the tree holds.
     """
     tree.check_integrity()
     covered: dict[int, list[tuple[int, int]]] = {}
@@ -62,10 +70,14 @@ def check_integrity(tree: RadixTree[Segment], counted_snapshots: int) -> None:
         # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
         tensors = [t for t in run.keys + run.values if t is not None]
         # Keyed by address; meta tensors have none (every one reads 0), so each counts its own storage.
-        storages = {_storage_key(t): t.untyped_storage().nbytes() for t in tensors}
-        held, needed = sum(storages.values()), sum(t.nbytes for t in tensors)
-        if held != needed:
-            raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
+        storages: dict[tuple[str, int], list[torch.Tensor]] = {}
+        for t in tensors:
+            storages.setdefault(_storage_key(t), []).append(t)
+        for members in storages.values():
+            held, needed = members[0].untyped_storage().nbytes(), sum(t.nbytes for t in members)
+            allowed = size_class(needed) if pooled is not None and pooled(members[0]) else needed
+            if held != allowed:
+                raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
         spans = sorted(covered[key])
         if run.num_refs != len(spans):
             raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")

@@ -224,7 +224,7 @@ class TreeStore(Prefixes):
     def check_integrity(self) -> None:
         """Raise `RuntimeError` when stored bytes, runs, files or snapshots disagree with the tree."""
         with self._lock.raw:
-            check_integrity(self._tree, self._placement.counters.num_snapshots)
+            check_integrity(self._tree, self._placement.counters.num_snapshots, self._placement.mover.pool.owns)
 
     # ------------------------------------------------------------------ entries
     def clear(self) -> None:

@@ -267,3 +267,31 @@ def test_a_branch_never_sits_on_a_faster_tier_than_its_parent(llama: Any) -> Non
         store.check_integrity()
     finally:
         store.detach()
+
+
+def test_a_pooled_host_tier_passes_the_integrity_check_and_hits_exactly(llama: Any) -> None:
+    """With host buffers from a reusing pool (as on CUDA), entries keep their size class and hit exactly.
+
+    Regression: on a GPU `check_integrity` read a pooled buffer's size class as extra bytes held.
+    """
+    per_token = kv_bytes_per_token(llama)
+    store = PrefixCache(llama, max_device_bytes=40 * per_token, max_host_bytes=200 * per_token)
+    mover = store._store._placement.mover
+    mover.pool.reuse = True  # what a model on CUDA gets (page-locked buffers are pooled)
+    try:
+        prompts = [distinct_prompt(seed, n=35) for seed in range(4)]
+        for p in prompts:
+            generate(llama, p, past_key_values=store)
+            store.check_integrity()
+        host = [n for n in store._store._tree.iter_nodes() if n.tier == HOST]
+        assert host and all(mover.pool.owns(n.value.run.keys[0]) for n in host)
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for n in host for t in n.value.run.keys}
+        assert sum(held.values()) > store.stats().host_nbytes  # the size classes round up what is counted
+        assert_same_as_cold(llama, prompts[0], store)
+        store.check_integrity()
+        run = next(n.value.run for n in store._store._tree.iter_nodes() if n.tier == HOST)
+        run.keys[0] = torch.cat([run.keys[0], run.keys[0]], -2)[..., : run.keys[0].shape[-2], :]  # a view of more
+        with pytest.raises(RuntimeError, match="keeps"):
+            store.check_integrity()
+    finally:
+        store.detach()
