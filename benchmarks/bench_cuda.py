@@ -8,7 +8,8 @@ For each prompt length: `cold` is `generate(prompt, max_new_tokens=1)`; `hit` is
 through a store holding the prompt minus its last 32 tokens (every repetition uses new last
 tokens); `ideal` hands generate a `DynamicCache` already holding those tokens (views of one
 prefix forward). Times are medians after warm-up with `torch.cuda.synchronize()` around each
-call; `store ms` is hit minus ideal, the store's whole share (keying, restore, storing).
+call; `store ms` is hit minus ideal, the store's whole share (keying, restore, storing), and
+`hit/ideal` the median of each repetition's own ratio.
 
 Then the host tier, against the card's own copy speed: `raw` copies one buffer of the entry's
 size between the device and a page-locked host buffer; `store` moves the entry down
@@ -95,7 +96,9 @@ def ready_cache(kv: Any, length: int) -> DynamicCache:
 
 
 def time_hits(model: Any, device: str, n: int, reps: int, gen: torch.Generator, vocab: int) -> tuple[float, ...]:
-    """Median seconds of cold, hit and ideal first tokens for an `n`-token prompt."""
+    """Median seconds of cold, hit and ideal first tokens for an `n`-token prompt, and the median of the
+    repetitions' own hit/ideal ratios (each hit timed beside its ideal, so a slow spell of the card
+    weighs on both)."""
     prefix = torch.randint(10, vocab, (1, n - TAIL), generator=gen).to(device)
     store = PrefixCache(model)
     with torch.no_grad():
@@ -116,7 +119,8 @@ def time_hits(model: Any, device: str, n: int, reps: int, gen: torch.Generator, 
                 samples[name].append(seconds)
     assert store.stats().hit_tokens == (reps + 1) * (n - TAIL), store.stats()
     store.detach()
-    return tuple(statistics.median(samples[name]) for name in ("cold", "hit", "ideal"))
+    paired = statistics.median(h / i for h, i in zip(samples["hit"], samples["ideal"], strict=True))
+    return (*(statistics.median(samples[name]) for name in ("cold", "hit", "ideal")), paired)
 
 
 def profile_hits(model: Any, device: str, n: int, gen: torch.Generator, vocab: int, count: int = 20) -> None:
@@ -185,7 +189,7 @@ def time_tiers(model: Any, device: str, n: int, gen: torch.Generator, vocab: int
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="prompts of 512 and 2048 tokens only")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="a small float32 model (a dry run on the CPU)")
     parser.add_argument("--profile", action="store_true", help="print the store's hottest functions on a hit")
@@ -207,8 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'prompt':>7s} " + " ".join(f"{c:>9s}" for c in columns))
     gen = torch.Generator().manual_seed(0)
     for n in lengths:
-        cold, hit, ideal = (t * 1e3 for t in time_hits(model, args.device, n, args.reps, gen, vocab))
-        print(f"{n:7d} {cold:9.2f} {hit:9.2f} {ideal:9.2f} {hit - ideal:9.2f} {cold / hit:8.1f}x {hit / ideal:9.3f}")
+        cold, hit, ideal, paired = time_hits(model, args.device, n, args.reps, gen, vocab)
+        cold, hit, ideal = cold * 1e3, hit * 1e3, ideal * 1e3
+        print(f"{n:7d} {cold:9.2f} {hit:9.2f} {ideal:9.2f} {hit - ideal:9.2f} {cold / hit:8.1f}x {paired:9.3f}")
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     if args.profile:

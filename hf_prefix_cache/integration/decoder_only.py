@@ -225,7 +225,16 @@ class DecoderOnlyHook:
             return  # an exact repeat: all of it was matched (and marked used) when acquired
         prompt = call.symbols if has_media else None  # media symbols replace a one-row prompt's placeholders
         pipeline.store_sequences(
-            store, call.namespace, sequences, cache, snapshots, prompt, call.session, items, lease.cached_len
+            store,
+            call.namespace,
+            sequences,
+            cache,
+            snapshots,
+            prompt,
+            call.session,
+            items,
+            lease.cached_len,
+            prompt=(call.input_ids, call.rows),
         )
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:

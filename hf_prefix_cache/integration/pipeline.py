@@ -132,12 +132,14 @@ def store_sequences(
     session: Session | None = None,
     items: Sequence[ItemState] = (),
     computed_from: int = 0,
+    prompt: tuple[torch.Tensor, list[list[int]]] | None = None,
 ) -> None:
     """Store each row of `sequences` with the states `cache` holds for it.
 
     The last generated token is never fed back, so the cache covers all but it. A one-row
     call's prompt placeholders are replaced by `prompt_symbols` (media symbols); `items` are
-    its media item states and `session` pins its entry.
+    its media item states and `session` pins its entry. `prompt`, the prompt's ids and their
+    rows already read to the host, spares reading them again (see `_rows_on_host`).
     """
     kv_len = cache.kv_length()
     length = kv_len if kv_len is not None else sequences.shape[1] - 1
@@ -145,7 +147,7 @@ def store_sequences(
         return
     batched = sequences.shape[0] > 1
     assert prompt_symbols is None or not batched, "media symbols are for one-row calls"
-    for row, ids in enumerate(sequences[:, :length].tolist()):
+    for row, ids in enumerate(_rows_on_host(sequences, length, prompt)):
         symbols: list[Hashable] = ids
         if prompt_symbols is not None:
             symbols[: len(prompt_symbols)] = prompt_symbols[:length]
@@ -186,3 +188,21 @@ def count_out_of_memory(store: Store, prompt_len: int) -> None:
 
 def _describe(model: Any) -> str:
     return f"{type(model).__name__} at {id(model):#x}"
+
+
+def _rows_on_host(
+    sequences: torch.Tensor, length: int, prompt: tuple[torch.Tensor, list[list[int]]] | None
+) -> list[list[Hashable]]:
+    """`sequences[:, :length]` as lists, reading from the device only the tokens after a known prompt.
+
+    `generate` returns the prompt followed by the new tokens; that the prompt part equals the ids
+    whose rows are known is checked on the device (one comparison, no copy), else every token is read.
+    """
+    if prompt is not None:
+        ids, known_rows = prompt
+        known = ids.shape[-1]
+        same = ids.shape == sequences[:, :known].shape and known <= length and len(known_rows) == ids.shape[0]
+        if same and torch.equal(sequences[:, :known], ids.to(sequences.device)):
+            return [[*row, *new] for row, new in zip(known_rows, sequences[:, known:length].tolist(), strict=True)]
+    every: list[list[Hashable]] = sequences[:, :length].tolist()
+    return every

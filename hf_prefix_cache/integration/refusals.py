@@ -126,8 +126,9 @@ def mask_problem(mask: Any, ids: torch.Tensor) -> str | None:
 def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[list[int]], str | None]:
     """The prompt's rows on the host, and why its mask or pad tokens would change what the key covers (or None).
 
-    One read of the device: the ids and whether each mask element is 1 travel together, and the
-    pad tokens are looked for on the host (`mask_problem` and `infers_padding` wait twice more).
+    One read of the device: the ids and whether every mask element is 1 (one flag per row, reduced
+    on the device) travel together, and the pad tokens are looked for on the host (`mask_problem`
+    and `infers_padding` wait twice more).
 
     >>> read_prompt(torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), None)
     ([[5, 6]], 'padding')
@@ -137,9 +138,10 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[l
     if mask is None:
         rows: list[list[int]] = input_ids.tolist()
         return rows, reasons.PADDING if _has_pad(rows, config) else None
-    both = torch.cat([input_ids, (mask == 1).to(input_ids.device, input_ids.dtype)]).tolist()
-    rows, ones = both[: input_ids.shape[0]], both[input_ids.shape[0] :]
-    return rows, None if all(all(row) for row in ones) else reasons.PADDING
+    ones = (mask == 1).all(dim=-1, keepdim=True).to(input_ids.device, input_ids.dtype)
+    rows = torch.cat([input_ids, ones], 1).tolist()
+    flags = [row.pop() for row in rows]  # each row's flag, taken off its end
+    return rows, None if all(flags) else reasons.PADDING
 
 
 def _has_pad(rows: list[list[int]], config: Any) -> bool:

@@ -6,6 +6,7 @@ tells the store when to compute them again.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Any
 
@@ -137,6 +138,10 @@ torch.Tensor.numpy = _numpy  # type: ignore[method-assign]
 torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
 
 
+_data_ptr = torch._C.TensorBase.data_ptr
+_version = operator.attrgetter("_version")
+
+
 def _storage_refs(param: torch.Tensor) -> int:
     """How many tensors share `param`'s storage, the parameter itself included."""
     return int(torch._C._storage_Use_Count(param.untyped_storage()._cdata)) - 1  # less the storage object made here
@@ -197,10 +202,10 @@ class WeightsProbe:
             self._modules = list(self._model.modules())
             self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
         params = [p for m in self._modules for p in m._parameters.values() if p is not None]
-        token = (
+        token = (  # C-level loops (map): this runs on every request, over every parameter
             tuple(map(id, params)),
-            tuple(p.data_ptr() for p in params),
-            sum(p._version for p in params),
+            tuple(map(_data_ptr, params)),
+            sum(map(_version, params)),
             adapter_state(self._model, self._tuners),
         )
         self.adapters = token[3]

@@ -52,14 +52,20 @@ class Placement(TierMoves):
 
     # ------------------------------------------------------------ new entries
     def place_run(
-        self, run: Run, matched: Sequence[Node[Segment]], matched_len: int, length: int, may_move: bool
+        self,
+        run: Run,
+        matched: Sequence[Node[Segment]],
+        matched_len: int,
+        length: int,
+        may_move: bool,
+        tail: Run | None = None,
     ) -> None:
         """Make `run` (positions `[0, length)`) back the new leaf without holding a second copy of the prefix.
 
         When the matched nodes are on the device and their runs back nothing else, they move
         onto `run` and their old tensors are freed: restores along this path stay one view.
         Otherwise only the new tail `[matched_len, length)` is kept, copied out so the prefix
-        copy can be freed.
+        copy can be freed (`tail`, a copy of exactly those positions made already, is taken instead).
         """
         counts: Counter[int] = Counter()
         old_runs: dict[int, Run] = {}
@@ -77,6 +83,8 @@ class Placement(TierMoves):
                 assert node.value is not None
                 node.value.run = run
                 run.take()
+        elif tail is not None and (tail.lo, tail.hi) == (matched_len, length):
+            run.adopt(tail)
         else:
             run.compact(matched_len, length)
 

@@ -71,6 +71,7 @@ class _Capture:
     run: Run | None
     snapshots: list[Snapshot]
     nbytes_per_token: int
+    tail: Run | None = None  # a packed copy of the positions this request computed, checked finite
 
 
 class Prefixes:
@@ -221,14 +222,15 @@ class Prefixes:
         if length < self.min_store_len:
             return self._skip(reasons.ENTRY_BELOW_MIN_STORE_LEN)
         assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
-        if not self.profile.has_state and not items and self._touch_if_stored(namespace, tokens, session):
+        stored_len = self._stored_len(namespace, tokens, session, touch=not self.profile.has_state and not items)
+        if stored_len is None:
             return InsertOutcome(0)  # an exact repeat: nothing new to capture
         capture = self._capture(cache, length, row, snapshots, items, computed_from)
         if capture is None:
             return self._skip(reasons.NON_FINITE_STATES)
         with self._lock(pressure=True):
             self._upkeep.maintain(namespace)
-            if self._too_large(namespace, tokens, capture, items):
+            if self._too_large(len(tokens) - stored_len, capture, items, stored_len):
                 return self._skip(reasons.ENTRY_OVER_BUDGET)
             result = self._place(namespace, tokens, capture, items, row, session)
         if length > result.matched_len:
@@ -253,7 +255,15 @@ class Prefixes:
             all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
         if items:
             self._devices.remember(items[0])
-        fresh = run.slice(min(computed_from, length), length) if run is not None else ([], [])
+        start = min(computed_from, length)
+        tail = None
+        if run is not None and start > 0:
+            # After a restored prefix the tree will likely keep just these positions: copy them out once,
+            # packed (one multi-tensor copy), and check that copy (one multi-tensor norm) instead of views.
+            tail = run.packed_copy(start, length)
+        fresh = (
+            (tail.keys, tail.values) if tail is not None else run.slice(start, length) if run is not None else ([], [])
+        )
         if not all_finite([*fresh[0], *fresh[1], *state_tensors(all_snapshots), *state_tensors(items)]):
             self._requests.log_once(
                 reasons.NON_FINITE_STATES,
@@ -261,13 +271,17 @@ class Prefixes:
                 length,
             )
             return None
-        return _Capture(run, all_snapshots, run.nbytes_per_token if run is not None else 0)
+        return _Capture(run, all_snapshots, run.nbytes_per_token if run is not None else 0, tail)
 
-    def _too_large(self, namespace: str, tokens: Sequence[Any], capture: _Capture, items: Sequence[ItemState]) -> bool:
-        """Whether what is new of `tokens` is larger than every tier's budget (under the lock)."""
-        matched_len = self._tree.match(namespace, tokens).matched_len
+    def _too_large(self, num_new: int, capture: _Capture, items: Sequence[ItemState], matched_len: int) -> bool:
+        """Whether `num_new` new tokens (after `matched_len` stored ones) are larger than every tier's budget.
+
+        `matched_len` is the match made before capturing (`_stored_len`), so the sequence is compared
+        with the tree once less: should the tree change in between, the estimate only decides whether
+        an oversized entry is refused here or dropped by the budgets right after it is placed.
+        """
         new_nbytes = (
-            (len(tokens) - matched_len) * capture.nbytes_per_token
+            num_new * capture.nbytes_per_token
             + sum(s.nbytes for s in capture.snapshots)
             + sum(s.nbytes for s in items if s.length > matched_len)
         )
@@ -276,7 +290,7 @@ class Prefixes:
             return False
         logger.info(
             "not storing %d new tokens (%d bytes): larger than every tier's budget (at most %d)",
-            len(tokens) - matched_len,
+            num_new,
             new_nbytes,
             largest,
         )
@@ -296,7 +310,9 @@ class Prefixes:
         result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, per_token))
         if run is not None and result.new_node is not None:
             run.take()
-            self._placement.place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None)
+            self._placement.place_run(
+                run, result.path[:-1], result.matched_len, length, may_move=row is None, tail=capture.tail
+            )
         self._placement.attach_states(result.path, capture.snapshots, items)
         self._tree.touch(result.path)
         if result.new_node is not None:
@@ -310,17 +326,18 @@ class Prefixes:
             self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
         return result
 
-    def _touch_if_stored(self, namespace: str, tokens: Sequence[Any], session: Session | None) -> bool:
-        """If all of `tokens` is stored already, mark it used (and held by `session`) and say so."""
+    def _stored_len(self, namespace: str, tokens: Sequence[Any], session: Session | None, touch: bool) -> int | None:
+        """How many leading `tokens` are stored; None when all are and `touch` marked them used (held by `session`)."""
         with self._lock():
             self._upkeep.maintain(namespace)
             match = self._tree.match(namespace, tokens)
-            if match.matched_len != len(tokens) or not match.path or match.path[-1].end != len(tokens):
-                return False
+            whole = match.matched_len == len(tokens) and match.path and match.path[-1].end == len(tokens)
+            if not (touch and whole):
+                return match.matched_len
             self._tree.touch(match.path)
             if session is not None:
                 self._pins.hold(session, match.path[-1])
-            return True
+            return None
 
     def _skip(self, reason: str) -> InsertOutcome:
         self._requests.event(reason)
