@@ -88,3 +88,32 @@ def test_nan_reaching_the_text_through_an_adapter_is_not_stored() -> None:
         assert store.stats().hit_tokens == clean.shape[1] - 1
     finally:
         store.detach()
+
+
+def test_nan_after_a_restored_prefix_is_not_stored_and_the_prefix_still_serves() -> None:
+    """NaN in the positions a hit computes after its restored prefix stores nothing; the prefix stays exact."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        build("llama"), peft.LoraConfig(r=2, target_modules=["embed_tokens"], init_lora_weights=False)
+    )
+    layer = model.base_model.model.model.embed_tokens
+    bad_token = 77
+    with torch.no_grad():
+        layer.lora_embedding_A["default"][:, bad_token] = float("nan")
+    store = PrefixCache(model)
+    try:
+        head = text(12, 8)
+        head[head == bad_token] = 5
+        generate(model, head, 2, past_key_values=store)
+        nbytes = store.stats().device_nbytes
+        poisoned = torch.cat([head, torch.tensor([[bad_token]]), text(4, 9)], dim=1)
+        generate(model, poisoned, 2, past_key_values=store)
+        assert store.stats().hit_tokens > 0  # the poisoned request was served from the clean prefix
+        assert store.stats().fallbacks == {"non_finite_states": 1}
+        assert store.stats().device_nbytes == nbytes
+        clean = torch.cat([head, text(5, 10)], dim=1)
+        clean[clean == bad_token] = 5
+        assert_same_as_cold(model, clean, store, new=3)
+        store.check_integrity()
+    finally:
+        store.detach()

@@ -319,3 +319,26 @@ def test_identical_rows_reuse_all_but_the_last_token(llama: Any) -> None:
         assert store.stats().hit_tokens - hits == 2 * 29
     finally:
         store.detach()
+
+
+def test_a_branch_after_a_shared_prefix_keeps_only_its_new_positions_in_one_buffer(llama: Any) -> None:
+    """Two questions after one stored prefix: each branch holds its own positions packed in one buffer, counted exactly."""
+    per_token = kv_bytes_per_token(llama)
+    store = PrefixCache(llama)
+    try:
+        prefix = random_prompt(40, seed=11)
+        generate(llama, prefix, past_key_values=store)
+        for seed in (12, 13):
+            ids = torch.cat([prefix, random_prompt(6, seed=seed)], 1)
+            assert_same_as_cold(llama, ids, store)
+            store.check_integrity()
+        (shared,) = [n for n in store._store._tree.iter_nodes() if n.start == 0]
+        branches = [n for n in store._store._tree.iter_nodes() if n.value.run is not shared.value.run]
+        assert len(branches) == 2
+        for leaf in branches:
+            tensors = [t for t in leaf.value.run.keys + leaf.value.run.values if t is not None]
+            assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1  # one packed copy
+            assert tensors[0].untyped_storage().nbytes() == (leaf.end - leaf.start) * per_token
+        assert store.stats().device_nbytes == _held_bytes(store)
+    finally:
+        store.detach()
