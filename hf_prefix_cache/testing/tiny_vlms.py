@@ -1,7 +1,7 @@
 """Tiny random-weight vision-language models and their media, built offline from config classes.
 
 Each builder seeds ``torch.manual_seed(0)`` and returns an eval-mode float32 model with eager
-attention whose generation never stops early (see ``tiny_models._finalize``). Text ids come
+attention whose generation never stops early (see ``tiny_build._finalize``). Text ids come
 from ``random_prompt`` (``[4, 100)``); placeholders use ids above 100:
 
 * ``llava``: CLIP vision tower (32x32 images, 8x8 patches): 16 placeholders per image.
@@ -25,7 +25,8 @@ import torch
 import transformers
 from PIL import Image
 
-from hf_prefix_cache.testing.tiny_models import _finalize, random_prompt
+from hf_prefix_cache.testing.tiny_build import _finalize
+from hf_prefix_cache.testing.tiny_models import random_prompt
 
 IMAGE_ID, VIDEO_ID, VISION_START_ID, VISION_END_ID = 120, 121, 122, 123
 PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64]]

@@ -45,7 +45,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.compare import generate
-from hf_prefix_cache.testing.tiny_models import _finalize
+from hf_prefix_cache.testing.tiny_build import _finalize
 from hf_prefix_cache.testing.tiny_vlms import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build, cached_vlm, tiny_tokenizer
 
 IMG, VID, AUD = 120, 121, 126
@@ -231,7 +231,7 @@ def tiny_llama4() -> Any:
 
 
 def _finalize_in_place(model: Any) -> Any:
-    """`tiny_models._finalize` without the dtype cast (the model is built in float32 already)."""
+    """`tiny_build._finalize` without the dtype cast (the model is built in float32 already)."""
     buffers = {name: b.clone() for name, b in model.named_buffers() if b.is_complex()}
     model = _finalize(model)
     for name, buffer in buffers.items():
