@@ -40,7 +40,7 @@ from hf_prefix_cache.testing.media.generic import (
     pixtral_processor,
     tiny_llava_pixtral,
 )
-from hf_prefix_cache.testing.tiny_vlms import pil_image, text
+from hf_prefix_cache.testing.tiny_vlm_media import pil_image, text
 
 POOL_SIZE = 3
 

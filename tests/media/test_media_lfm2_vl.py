@@ -34,7 +34,7 @@ from hf_prefix_cache.testing.media.generic import (
     lfm2_vl_kwargs,
     lfm2_vl_medium,
 )
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 from media.test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
 
 

@@ -46,7 +46,9 @@ import transformers
 
 from hf_prefix_cache.testing.compare import generate
 from hf_prefix_cache.testing.tiny_build import _finalize
-from hf_prefix_cache.testing.tiny_vlms import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build, cached_vlm, tiny_tokenizer
+from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, FAKE_IMAGE_ID, _build
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 IMG, VID, AUD = 120, 121, 126
 BREAK, END = 112, 113
