@@ -12,7 +12,7 @@ from conftest import assert_same_as_cold, generate
 
 from hf_prefix_cache import PrefixCache, multimodal
 from hf_prefix_cache.multimodal import generic_table
-from hf_prefix_cache.testing.media.generic import tiny_vipllava
+from hf_prefix_cache.testing.media.generic_images import tiny_vipllava
 from hf_prefix_cache.testing.tiny_processors import llava_next_processor
 from hf_prefix_cache.testing.tiny_vlm_media import llava_next_tokens, llava_pixels, pil_image, run, text
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, IMAGE_ID, _build
