@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_prefix_cache import PrefixCache, _compat
-from hf_prefix_cache.testing.tiny_vlms import _CLIP
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP
 
 PREFIX_LEN, SUFFIX_LEN = 200, 16
 _CACHE_ARG = "cache" if _compat.CACHE_RENAMED else "past_key_values"

@@ -34,7 +34,9 @@ import torch
 from _common import CACHE, print_end, print_environment, start_run
 
 from hf_prefix_cache import PrefixCache  # noqa: E402
-from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, llava_pixels, tiny_llava  # noqa: E402
+from hf_prefix_cache.testing.tiny_vlm_media import llava_pixels  # noqa: E402
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID  # noqa: E402
+from hf_prefix_cache.testing.tiny_vlms import tiny_llava  # noqa: E402
 
 SPECIAL_IDS = list(range(100, 128))
 TOL = 1e-4

@@ -106,7 +106,9 @@ def _paligemma() -> MediaCase:
     """PaliGemma (prefix-LM): images lead the prompt, then BOS; only an identical prompt is reused."""
     import torch
 
-    from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run
+    from hf_prefix_cache.testing.tiny_vlm_media import llava_pixels, run
+    from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID
+    from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
     seeds = {"a": SEED_A, "b": SEED_B}
     tokens = {k: _cat(run(IMAGE_ID, 16), run(1, 1)) for k in seeds}
@@ -246,7 +248,7 @@ def _phi4() -> MediaCase:
 
 
 def _text_ids(n: int, seed: int) -> Any:
-    from hf_prefix_cache.testing.tiny_vlms import text
+    from hf_prefix_cache.testing.tiny_vlm_media import text
 
     return text(n, seed)
 
@@ -341,7 +343,7 @@ def scenario(case: MediaCase, tol: float) -> MediaResult:
     import torch
 
     from hf_prefix_cache import PrefixCache
-    from hf_prefix_cache.testing.tiny_vlms import text
+    from hf_prefix_cache.testing.tiny_vlm_media import text
 
     if not torch.equal(case.tokens["a"], case.tokens["b"]):
         return MediaResult("error", "fixture: media A and B have different placeholders")

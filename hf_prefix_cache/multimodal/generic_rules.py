@@ -42,6 +42,9 @@ from typing import Any
 
 #: Placeholder layouts a `KindRule` may declare.
 COUNTS = ("equal", "grid", "area", "thw", "packed", "conv")
+#: The `KindRule.token_id` of most image and video kinds: the config attributes their placeholder id is under.
+IMAGE_TOKEN_ID = ("image_token_id", "image_token_index")
+VIDEO_TOKEN_ID = ("video_token_id", "video_token_index")
 
 
 @dataclass(frozen=True, slots=True)

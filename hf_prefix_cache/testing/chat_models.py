@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.testing.tiny_vlms import _CLIP
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP
 
 
 def chat_template(media_type: str, placeholder: str) -> str:

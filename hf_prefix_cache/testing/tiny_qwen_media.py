@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_vlms import (
+from hf_prefix_cache.testing.tiny_vlm_media import audio_tokens, run
+from hf_prefix_cache.testing.tiny_vlm_parts import (
     _QWEN_TOWER,
     _TEXT,
     AUDIO_ID,
@@ -33,8 +34,6 @@ from hf_prefix_cache.testing.tiny_vlms import (
     VISION_END_ID,
     VISION_START_ID,
     _build,
-    audio_tokens,
-    run,
 )
 
 AUDIO_START_ID, AUDIO_END_ID = 124, 125

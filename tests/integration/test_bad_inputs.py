@@ -23,7 +23,8 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import SPECIAL_IDS, Family
-from hf_prefix_cache.testing.tiny_vlms import VIDEO_ID, run, text, video_frames
+from hf_prefix_cache.testing.tiny_vlm_media import run, text, video_frames
+from hf_prefix_cache.testing.tiny_vlm_parts import VIDEO_ID
 
 NEW = 4
 

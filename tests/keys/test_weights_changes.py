@@ -11,7 +11,7 @@ import torch
 from conftest import Hits, assert_same_as_cold, build, distinct_prompt
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.tiny_models import _finalize
+from hf_prefix_cache.testing.tiny_build import _finalize
 
 
 def _scale_lm_head(model: Any) -> None:

@@ -16,18 +16,9 @@ from conftest import Hits, assert_same_as_cold, generate, max_logit_diff
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import ANYRES, FAMILIES, FRAMED, NEW, QWEN_VL, SPECIAL_IDS, Family
-from hf_prefix_cache.testing.tiny_vlms import (
-    IMAGE_ID,
-    VIDEO_ID,
-    VISION_END_ID,
-    VISION_START_ID,
-    llava_next_processor,
-    pil_image,
-    qwen_pixels,
-    run,
-    text,
-    video_frames,
-)
+from hf_prefix_cache.testing.tiny_processors import llava_next_processor
+from hf_prefix_cache.testing.tiny_vlm_media import pil_image, qwen_pixels, run, text, video_frames
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID
 
 
 @pytest.fixture(params=FAMILIES)

@@ -12,19 +12,11 @@ from conftest import assert_same_as_cold, generate
 
 from hf_prefix_cache import PrefixCache, multimodal
 from hf_prefix_cache.multimodal import generic_table
-from hf_prefix_cache.testing.media.generic import tiny_vipllava
-from hf_prefix_cache.testing.tiny_vlms import (
-    _TEXT,
-    IMAGE_ID,
-    _build,
-    cached_vlm,
-    llava_next_processor,
-    llava_next_tokens,
-    llava_pixels,
-    pil_image,
-    run,
-    text,
-)
+from hf_prefix_cache.testing.media.generic_images import tiny_vipllava
+from hf_prefix_cache.testing.tiny_processors import llava_next_processor
+from hf_prefix_cache.testing.tiny_vlm_media import llava_next_tokens, llava_pixels, pil_image, run, text
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, IMAGE_ID, _build
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 
 def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
@@ -232,7 +224,8 @@ def test_media_without_the_processor_marks_run_cold(family: str, marks: str) -> 
     `token_type_ids` for Gemma 3: image blocks attending both ways), or with other marks,
     transformers computes other states, so a stored prompt with the same tokens and image must
     not be reused."""
-    from hf_prefix_cache.testing.tiny_vlms import BOI_ID, EOI_ID, VISION_END_ID, VISION_START_ID, qwen_pixels
+    from hf_prefix_cache.testing.tiny_vlm_media import qwen_pixels
+    from hf_prefix_cache.testing.tiny_vlm_parts import BOI_ID, EOI_ID, VISION_END_ID, VISION_START_ID
 
     model = cached_vlm(family)
     if family == "qwen2_vl":

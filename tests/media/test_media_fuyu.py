@@ -10,8 +10,9 @@ import torch
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.media.generic import NEW, SPECIAL_IDS, GenericFamily
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.media.generic import NEW, GenericFamily
+from hf_prefix_cache.testing.media.generic_ids import SPECIAL_IDS
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 
 def test_image_patches_under_their_older_name_are_served() -> None:

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
-from hf_prefix_cache.testing.tiny_models import _finalize
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_build import _finalize
+from hf_prefix_cache.testing.tiny_vlm_media import text
 from media.test_media_generic import Prompt, expected_reuse
 
 pytest.importorskip(

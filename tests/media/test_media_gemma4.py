@@ -18,7 +18,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.gemma4 import Gemma4Media, Gemma4UnifiedMedia
 from hf_prefix_cache.testing.media.gemma4 import FAMILIES, IMG, Gemma4Family, Medium
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))

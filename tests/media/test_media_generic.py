@@ -28,19 +28,11 @@ from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES as GENERIC_RULES
-from hf_prefix_cache.testing.media.generic import (
-    BREAK,
-    GENERIC_FAMILIES,
-    IMG,
-    NEW,
-    PIXTRAL,
-    SPECIAL_IDS,
-    GenericFamily,
-    Medium,
-    pixtral_processor,
-    tiny_llava_pixtral,
-)
-from hf_prefix_cache.testing.tiny_vlms import pil_image, text
+from hf_prefix_cache.testing.media.generic import NEW, PIXTRAL, GenericFamily, Medium
+from hf_prefix_cache.testing.media.generic_ids import BREAK, IMG, SPECIAL_IDS
+from hf_prefix_cache.testing.media.generic_images import pixtral_processor, tiny_llava_pixtral
+from hf_prefix_cache.testing.media.generic_models import GENERIC_FAMILIES
+from hf_prefix_cache.testing.tiny_vlm_media import pil_image, text
 
 POOL_SIZE = 3
 

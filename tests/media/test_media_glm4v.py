@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import GLM, GLM_VIDEO, NEW, SPECIAL_IDS, Family
-from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, glm_marks, glm_video_tokens, qwen_pixels, run, text
+from hf_prefix_cache.testing.tiny_vlm_media import glm_marks, glm_video_tokens, qwen_pixels, run, text
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID
 from media.test_media_property import _converse, requests
 
 SERVED = (*GLM, "paddleocr_vl")

@@ -17,7 +17,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.testing.media.grid import FAMILIES, STATE_FAMILIES, GridFamily, Medium
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))

@@ -29,7 +29,7 @@ from hf_prefix_cache.testing.media.inkling import (
     placeholders,
     tiny_inkling,
 )
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 
 def check(ids: torch.Tensor, media: list[Medium], store: PrefixCache) -> Any:

@@ -24,17 +24,10 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMILIES
-from hf_prefix_cache.testing.media.generic import (
-    IMG,
-    LFM2_ROW_LEN,
-    NEW,
-    SPECIAL_IDS,
-    GenericFamily,
-    Medium,
-    lfm2_vl_kwargs,
-    lfm2_vl_medium,
-)
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.media.generic import NEW, GenericFamily, Medium, lfm2_vl_kwargs, lfm2_vl_medium
+from hf_prefix_cache.testing.media.generic_ids import IMG, SPECIAL_IDS
+from hf_prefix_cache.testing.media.generic_images import LFM2_ROW_LEN
+from hf_prefix_cache.testing.tiny_vlm_media import text
 from media.test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
 
 

@@ -19,7 +19,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.testing.media.packed import FAMILIES, Image, PackedFamily, cached_packed
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))

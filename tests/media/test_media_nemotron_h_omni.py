@@ -33,7 +33,7 @@ from hf_prefix_cache.testing.media.nemotron_h_omni import (
     placeholders,
     tiny_nemotron_h_omni,
 )
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 
 def check(ids: torch.Tensor, images: list[Any], store: PrefixCache, **extra: Any) -> Any:

@@ -28,17 +28,10 @@ from hf_prefix_cache.testing.media.onevision import (
     onevision_processor,
     tiny_onevision,
 )
-from hf_prefix_cache.testing.tiny_vlms import (
-    IMAGE_ID,
-    VIDEO_ID,
-    cached_vlm,
-    llava_next_processor,
-    llava_next_tokens,
-    pil_image,
-    run,
-    text,
-    video_frames,
-)
+from hf_prefix_cache.testing.tiny_processors import llava_next_processor
+from hf_prefix_cache.testing.tiny_vlm_media import llava_next_tokens, pil_image, run, text, video_frames
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 
 class Tower:

@@ -18,7 +18,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
 from hf_prefix_cache.testing.media.phi4 import Medium, cached_phi4, clip, image, kwargs, placeholders
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))

@@ -9,7 +9,9 @@ import torch
 from conftest import assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, cached_vlm, llava_pixels, run, text
+from hf_prefix_cache.testing.tiny_vlm_media import llava_pixels, run, text
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 NEW = 5
 

@@ -15,7 +15,9 @@ import torch
 from conftest import assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.tiny_vlms import cached_vlm, llava_processor, pil_image, qwen2_vl_processor
+from hf_prefix_cache.testing.tiny_processors import llava_processor, qwen2_vl_processor
+from hf_prefix_cache.testing.tiny_vlm_media import pil_image
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 PROCESSORS = {"llava": llava_processor, "qwen2_vl": qwen2_vl_processor}
 

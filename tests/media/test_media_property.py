@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import FAMILIES, NEW, SPECIAL_IDS, Family
-from hf_prefix_cache.testing.tiny_vlms import AUDIO_ID, IMAGE_ID
+from hf_prefix_cache.testing.tiny_vlm_parts import AUDIO_ID, IMAGE_ID
 
 POOL_SIZE = 3
 PLACEHOLDER_IDS = (IMAGE_ID, AUDIO_ID)

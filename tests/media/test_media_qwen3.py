@@ -20,7 +20,7 @@ from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.qwen_vl import Qwen3_5Media, Qwen3VLMedia
 from hf_prefix_cache.testing.media.qwen3 import FAMILIES, HYBRID, Medium, Qwen3Family
 from hf_prefix_cache.testing.tiny_qwen_media import EncoderCalls
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))

@@ -33,7 +33,9 @@ from hf_prefix_cache.testing.tiny_qwen_media import (
     qwen3_video_tokens,
     timestamp,
 )
-from hf_prefix_cache.testing.tiny_vlms import IMAGE_ID, VISION_END_ID, VISION_START_ID, cached_vlm, run, text
+from hf_prefix_cache.testing.tiny_vlm_media import run, text
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VISION_END_ID, VISION_START_ID
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 NEW = 5
 # Answers never contain media or framing ids, so a later turn built from them stays a valid prompt.

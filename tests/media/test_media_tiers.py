@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.tiny_vlms import run, text
+from hf_prefix_cache.testing.tiny_vlm_media import run, text
 from media.test_media_exactness import Family
 
 

@@ -16,8 +16,9 @@ import transformers
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.media.generic import NEW, SPECIAL_IDS, GenericFamily
-from hf_prefix_cache.testing.tiny_vlms import pil_image, text
+from hf_prefix_cache.testing.media.generic import NEW, GenericFamily
+from hf_prefix_cache.testing.media.generic_ids import SPECIAL_IDS
+from hf_prefix_cache.testing.tiny_vlm_media import pil_image, text
 
 
 def _images(*seeds: int) -> torch.Tensor:

@@ -12,7 +12,8 @@ from conftest import Hits, assert_same_as_cold, cached_model, random_prompt
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.tiny_models import SLIDING, WINDOW
+from hf_prefix_cache.testing.tiny_build import WINDOW
+from hf_prefix_cache.testing.tiny_models import SLIDING
 
 
 def _window_store(model: Any, **kwargs: Any) -> PrefixCache:

@@ -12,7 +12,7 @@ from conftest import Hits, assert_same_as_cold, cached_model, distinct_prompt, g
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.store.observe import RequestEvent
 from hf_prefix_cache.testing.media.families import Family
-from hf_prefix_cache.testing.tiny_vlms import text
+from hf_prefix_cache.testing.tiny_vlm_media import text
 
 
 def _hand_flops(model: Any, r: int) -> int:

@@ -8,20 +8,12 @@ import torch
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.compare import assert_same_as_cold, generate
-from hf_prefix_cache.testing.tiny_vlms import (
-    AUDIO_ID,
-    BOI_ID,
-    EOI_ID,
-    FAKE_IMAGE_ID,
-    IMAGE_ID,
-    VISION_END_ID,
-    VISION_START_ID,
+from hf_prefix_cache.testing.tiny_processors import llava_next_processor
+from hf_prefix_cache.testing.tiny_vlm_media import (
     audio_clip,
     audio_tokens,
-    cached_vlm,
     glm_marks,
     glm_video_tokens,
-    llava_next_processor,
     llava_next_tokens,
     llava_pixels,
     paddle_pixels,
@@ -29,6 +21,16 @@ from hf_prefix_cache.testing.tiny_vlms import (
     qwen_pixels,
     run,
 )
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    AUDIO_ID,
+    BOI_ID,
+    EOI_ID,
+    FAKE_IMAGE_ID,
+    IMAGE_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+)
+from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, AUD = 120, 121, 126
 BOI, EOI, BOA, EOA = 110, 111, 112, 113

@@ -27,7 +27,7 @@ import torch
 import transformers
 from packaging.version import Version
 
-from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = (

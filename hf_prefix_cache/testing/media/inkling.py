@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_vlms import _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
 NEW = 4

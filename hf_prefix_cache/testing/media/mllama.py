@@ -19,7 +19,8 @@ from transformers.models.mllama.processing_mllama import (
     get_cross_attention_token_mask,
 )
 
-from hf_prefix_cache.testing.tiny_models import _finalize, random_prompt
+from hf_prefix_cache.testing.tiny_build import _finalize
+from hf_prefix_cache.testing.tiny_models import random_prompt
 
 IMAGE_ID = 120
 MAX_TILES = 2

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
 NEW = 4

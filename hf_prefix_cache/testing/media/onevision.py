@@ -16,17 +16,9 @@ import transformers
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.testing.compare import assert_same_as_cold
-from hf_prefix_cache.testing.tiny_vlms import (
-    _SIGLIP,
-    _TEXT,
-    IMAGE_ID,
-    PINPOINTS,
-    VIDEO_ID,
-    _build,
-    pil_image,
-    run,
-    tiny_tokenizer,
-)
+from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
+from hf_prefix_cache.testing.tiny_vlm_media import pil_image, run
+from hf_prefix_cache.testing.tiny_vlm_parts import _SIGLIP, _TEXT, IMAGE_ID, PINPOINTS, VIDEO_ID, _build
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))

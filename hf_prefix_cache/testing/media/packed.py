@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media.qwen3 import _HYBRID_TEXT
-from hf_prefix_cache.testing.tiny_vlms import _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
 IMG, OPEN, CLOSE = 120, 110, 111
 PATCH = 4

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_vlms import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, AUD = 120, 126
 CROP, MEL, CLIP_FRAMES, BASE = 32, 16, 64, 2

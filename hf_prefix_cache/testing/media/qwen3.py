@@ -18,14 +18,7 @@ import transformers
 
 from hf_prefix_cache.testing.media.grid import Medium
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
-from hf_prefix_cache.testing.tiny_vlms import (
-    _QWEN_IDS,
-    _QWEN_TOWER,
-    _TEXT,
-    IMAGE_ID,
-    VIDEO_ID,
-    _build,
-)
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, IMAGE_ID, VIDEO_ID, _build
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
 #: Families whose text layers hold recurrent states.

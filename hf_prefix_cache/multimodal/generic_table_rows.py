@@ -1,0 +1,217 @@
+"""The generic table's families whose media items are whole rows of a kwarg: a picture, a tile, a clip.
+
+An item is one leading row of its kind's kwarg (one entry along `KindRule.item_axis`), with
+its placeholders counted per row: a fixed number each (``"equal"``), Pixtral-style runs from
+its valid size (``"grid"``), its valid NaFlex patches (``"area"``), or its valid audio frames
+through the tower's convolutions (``"conv"``). `generic_table` combines these rows with
+`generic_table_patches` into the one table `GenericMedia` reads.
+"""
+
+from __future__ import annotations
+
+from hf_prefix_cache.multimodal.generic_rules import IMAGE_TOKEN_ID, VIDEO_TOKEN_ID, FamilyRule, KindRule
+
+#: `generate` kwargs of LLaVA-like models that change which tower states become features.
+_LLAVA_SETTINGS = ("vision_feature_layer", "vision_feature_select_strategy")
+
+#: Pixtral tower: images padded to the prompt's largest, `image_sizes` the valid part; the tower
+#: attends within each image only (block-diagonal mask) and reads whole patches.
+_PIXTRAL_PATCH = ("vision_config.patch_size",)
+
+
+#: Families whose items are whole rows, keyed as in `generic_table.GENERIC_FAMILIES`.
+ROW_FAMILIES: dict[str, FamilyRule] = {
+    # Mistral 3 (Mistral Small 3.x): Pixtral tower, 2x2 patch merger; [IMG] rows split by [IMG_BREAK].
+    "mistral3": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+    ),
+    # LLaVA with a Pixtral tower (Pixtral-12B): one placeholder per patch, rows split by [IMG_BREAK].
+    # With the "default" strategy the model drops the first patch of all images together: not per item.
+    "llava/pixtral": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=_PIXTRAL_PATCH,
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+        settings=_LLAVA_SETTINGS,
+        requires=(("vision_feature_select_strategy", "full"),),
+    ),
+    # LightOnOCR: Mistral 3's layout (Pixtral tower, patch merger, [IMG] rows split by [IMG_BREAK]).
+    "lighton_ocr": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+    ),
+    # Mistral Large 4: Mistral 3's layout (Pixtral tower, 2x2 patch merger, [IMG] rows split by [IMG_BREAK]).
+    "mistral_large4": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=(*_PIXTRAL_PATCH, "spatial_merge_size"),
+                patch=_PIXTRAL_PATCH,
+            ),
+        ),
+        settings=("vision_feature_layer",),
+    ),
+    # VipLLaVA: LLaVA with features from several tower layers (`vision_feature_layers`, renamed
+    # `vision_feature_layer` in 5.24: both settings); one pixel_values row per image, a fixed count each.
+    "vipllava": FamilyRule(
+        kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),),
+        settings=("vision_feature_layer", "vision_feature_layers"),
+    ),
+    # Video-LLaVA: one tower per kind; an image row is a picture, a video row all its frames.
+    "video_llava": FamilyRule(
+        kinds=(
+            KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),
+            KindRule("video", VIDEO_TOKEN_ID, "pixel_values_videos"),
+        ),
+        settings=_LLAVA_SETTINGS,
+        # Its image processor returns images as `pixel_values_images` unless told otherwise.
+        aliases=(("pixel_values_images", "pixel_values"),),
+    ),
+    # Voxtral: each row of `input_features` is one 30 s chunk of mel frames, a fixed number of placeholders.
+    "voxtral": FamilyRule(kinds=(KindRule("audio", ("audio_token_id", "audio_token_index"), "input_features"),)),
+    # GLM-ASR: each row of `input_features` one clip of mel frames, padded to the prompt's longest; its
+    # tower attends over the padding too, then keeps the valid frames' features after two convolutions
+    # and a 4-frame merge: a clip is its whole row with its mask row.
+    "glmasr": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                convs=((1, 3, 1), (1, 3, 2), (0, 4, 4)),
+            ),
+        ),
+    ),
+    # Fuyu: each image patch is embedded on its own (one linear layer) into one placeholder; a prompt's
+    # patches are `pixel_values[0]` (rows of an image split by image-newline text ids): every patch an item.
+    # Its processor's older name for them, `image_patches`, is read as `pixel_values`.
+    "fuyu": FamilyRule(
+        kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values", item_axis=1),),
+        aliases=(("image_patches", "pixel_values"),),
+    ),
+    # OmniASR: each row of `input_values` (`[clips, 1, samples]`) one clip of raw samples padded to one
+    # length, `padding_mask` its valid samples; a wav2vec-style conv stack (the config's kernels and strides,
+    # unpadded) gives its frames, one placeholder each: a clip is its whole row and mask row.
+    "omniasr": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_values",
+                count="conv",
+                mask="padding_mask",
+                conv_paths=("audio_config.conv_kernel", "audio_config.conv_stride"),
+            ),
+        ),
+    ),
+    # InternVL: each row one tile (or video frame) of `image_seq_length` placeholders, pixel-shuffled.
+    "internvl": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.
+    "aya_vision": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # Cohere 2 Vision: Aya Vision's tiles, pixel-shuffled per tile.
+    "cohere2_vision": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # Qianfan-OCR: InternVL's tiles.
+    "qianfan_ocr": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # GOT-OCR 2: a SAM-style tower per image, a fixed number of placeholders each.
+    "got_ocr2": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # PP-Chart2Table: GOT-OCR 2's model under its own config.
+    "pp_chart2table": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # DeepSeek-VL: a SigLIP tower per image, a fixed number of placeholders each.
+    "deepseek_vl": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # DeepSeek-VL hybrid: each image twice, a SigLIP tower on `pixel_values` and a SAM-style tower on its
+    # `high_res_pixel_values` row, their features joined per image: a fixed number of placeholders each.
+    "deepseek_vl_hybrid": FamilyRule(
+        kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values", extras=("high_res_pixel_values",)),)
+    ),
+    # Janus (text generation; its image-generation mode runs cold: `model_kwarg:generation_mode`): a
+    # SigLIP-style tower per image, a fixed number of placeholders each.
+    "janus": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # Aria: each row one crop with its `pixel_mask` row (the crop's valid pixels); a fixed number of queries each.
+    "aria": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values", extras=("pixel_mask",)),)),
+    # LFM2-VL: a SigLIP 2 NaFlex tower; each row one tile or thumbnail, its patches flattened and padded
+    # to one length, `spatial_shapes` its h x w patches and `pixel_attention_mask` its first h * w; 2x2
+    # patches per placeholder (framing ids between tiles are text). Its LFM2 text layers hold conv
+    # states, so the hook prefills media prompts itself, fed the embeddings the forward would compute.
+    "lfm2_vl": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="area",
+                sizes="spatial_shapes",
+                stride=("downsample_factor",),
+                mask="pixel_attention_mask",
+            ),
+        ),
+        embeds_suffix=True,
+    ),
+    # Llama 4: each row one tile (the image's tiles, then its global view), one <|patch|> run per tile.
+    "llama4": FamilyRule(
+        kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),), settings=("vision_feature_select_strategy",)
+    ),
+    # Gemma 3n: a timm MobileNetV5 tower per image and a conformer per audio clip, each a fixed number of
+    # placeholders (`vision_soft_tokens_per_image`, `audio_soft_tokens_per_image`); causal attention over
+    # them, per-layer inputs computed per token. A clip is its `input_features` row (padded to the prompt's
+    # longest clip) with its mask row, hashed whole: the padding the tower reads is part of the key. The
+    # processor's `token_type_ids` reach the model and are never read.
+    "gemma3n": FamilyRule(
+        kinds=(
+            KindRule("image", ("image_token_id",), "pixel_values"),
+            KindRule("audio", ("audio_token_id",), "input_features", extras=("input_features_mask",)),
+        ),
+        ignored=("token_type_ids",),
+    ),
+    # Inkling: its vision tower encodes each patch row (`[patches, t, p, p, c]`) on its own into one
+    # placeholder, so every row is an item; an audio clip is a row of dMel bin ids (`[clips, frames, bins]`),
+    # one placeholder per valid frame (`audio_input_ids_mask`), each frame embedded on its own (hashed
+    # whole with its mask). Its hybrid text layers hold conv states, so the hook prefills media prompts
+    # itself (suffix embeddings). The processor's `token_type_ids` reach the model and are never read.
+    "inkling_mm_model": FamilyRule(
+        kinds=(
+            KindRule("image", ("image_token_id",), "pixel_values"),
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "audio_input_ids",
+                count="conv",
+                mask="audio_input_ids_mask",
+                frames_axis=1,
+            ),
+        ),
+        embeds_suffix=True,
+        ignored=("token_type_ids",),
+    ),
+}

@@ -1,0 +1,130 @@
+"""Tiny attention-only causal LMs: full attention (MLA with an indexer included) and sliding or chunked layers.
+
+Built as `tiny_build` describes; `tiny_models.TINY_MODELS` names them.
+"""
+
+from __future__ import annotations
+
+import transformers
+from transformers import PreTrainedModel
+
+from hf_prefix_cache.testing.tiny_build import _ATTN, WINDOW, _make
+
+# --------------------------------------------------------------------------- full attention
+
+
+def tiny_llama() -> PreTrainedModel:
+    """Llama, 2 layers of full attention."""
+    return _make(transformers.LlamaConfig, "LlamaForCausalLM", num_hidden_layers=2, **_ATTN)
+
+
+def tiny_qwen3() -> PreTrainedModel:
+    """Qwen3 (q/k-norm), 2 layers of full attention."""
+    return _make(transformers.Qwen3Config, "Qwen3ForCausalLM", num_hidden_layers=2, head_dim=16, **_ATTN)
+
+
+def tiny_phi3() -> PreTrainedModel:
+    """Phi-3 (fused qkv / gate_up), 2 layers of full attention."""
+    return _make(transformers.Phi3Config, "Phi3ForCausalLM", num_hidden_layers=2, sliding_window=None, **_ATTN)
+
+
+def tiny_gpt2() -> PreTrainedModel:
+    """GPT-2 (learned absolute positions), 2 layers of full attention."""
+    return _make(
+        transformers.GPT2Config,
+        "GPT2LMHeadModel",
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_inner=128,
+        n_positions=512,
+    )
+
+
+def tiny_deepseek_v32() -> PreTrainedModel:
+    """DeepSeek-V3.2, 2 layers of MLA with a sparse-attention indexer (`DynamicIndexedLayer`) keeping 256 keys
+    per query (all of the tests' prompts); its keys are 18 wide over 4 heads, so they travel zero-padded in the stored values."""
+    return _make(
+        transformers.DeepseekV32Config,
+        "DeepseekV32ForCausalLM",
+        num_hidden_layers=2,
+        num_key_value_heads=4,
+        head_dim=8,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        index_topk=256,  # every key of the tests' prompts: past it a store runs cold (`indexer_top_k`)
+        index_n_heads=8,
+        index_head_dim=18,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        **{k: v for k, v in _ATTN.items() if k != "num_key_value_heads"},
+    )
+
+
+# --------------------------------------------------------------------------- sliding / chunked attention
+
+
+def tiny_mistral() -> PreTrainedModel:
+    """Mistral, 2 layers, all sliding-window attention (window 8)."""
+    return _make(
+        transformers.MistralConfig,
+        "MistralForCausalLM",
+        num_hidden_layers=2,
+        head_dim=16,
+        sliding_window=WINDOW,
+        **_ATTN,
+    )
+
+
+def tiny_gemma2() -> PreTrainedModel:
+    """Gemma2, 4 layers alternating sliding (window 8) / full attention, with soft-capping."""
+    return _make(
+        transformers.Gemma2Config,
+        "Gemma2ForCausalLM",
+        num_hidden_layers=4,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        **_ATTN,
+    )
+
+
+def tiny_gemma3_text() -> PreTrainedModel:
+    """Gemma3 text-only, 4 layers: 3 sliding (window 8) then 1 full attention."""
+    return _make(
+        transformers.Gemma3TextConfig,
+        "Gemma3ForCausalLM",
+        num_hidden_layers=4,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        **_ATTN,
+    )
+
+
+def tiny_llama4_text() -> PreTrainedModel:
+    """Llama4 text-only: 3 chunked (chunk 8, RoPE) + 1 full (NoPE) layers; 2-expert MoE on odd layers."""
+    return _make(
+        transformers.Llama4TextConfig,
+        "Llama4ForCausalLM",
+        num_hidden_layers=4,
+        head_dim=16,
+        intermediate_size=64,
+        intermediate_size_mlp=128,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=2,
+        no_rope_layers=[1, 1, 1, 0],
+        attention_chunk_size=WINDOW,
+        layer_types=["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"],
+        **{k: v for k, v in _ATTN.items() if k != "intermediate_size"},
+    )

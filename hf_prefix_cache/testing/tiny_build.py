@@ -1,0 +1,84 @@
+"""How every tiny causal LM of the test-suite is built: shared sizes, seeding, and generation that never stops early.
+
+Every model is built from its config class (no hub access), seeded with ``torch.manual_seed(0)``,
+put in ``eval()`` mode, float32, with ``attn_implementation="eager"``: ``"sdpa"`` is rejected at build
+time by Gemma2, Mamba, Mamba2 and FalconMamba, while eager works for every model here.
+Sizes are chosen so that a 20-token greedy generate on a ~60-token prompt runs in well under a
+second on 2 CPU cores.
+
+Generation never stops early: ``eos_token_id`` is ``None`` in both the config and the generation
+config, so ``generate(..., max_new_tokens=n)`` always yields exactly ``n`` new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+from transformers import PreTrainedConfig, PreTrainedModel
+
+#: Vocabulary size shared by all tiny models.
+VOCAB_SIZE = 128
+#: Sliding-window / attention-chunk size; shorter than the prompts used in tests (~40-80 tokens).
+WINDOW = 8
+#: Attention implementation used for every model.
+ATTN_IMPLEMENTATION = "eager"
+#: Special token ids (all below 4, never produced by :func:`random_prompt`).
+PAD_ID, BOS_ID = 0, 1
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "pad_token_id": PAD_ID,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": None,
+    "tie_word_embeddings": False,
+}
+
+# Decoder-only transformer sizes (hidden 64, 4 heads of 16, 2 KV heads).
+_ATTN: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+
+# Mamba-2 style mixer sizes (d_inner = 2 * 64 = 128 = 8 heads * 16).
+_MAMBA2: dict[str, Any] = {
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 16,
+}
+
+
+def _finalize(model: PreTrainedModel) -> PreTrainedModel:
+    """Put ``model`` in eval/float32 mode and make greedy generation run to ``max_new_tokens``."""
+    model = model.to(torch.float32).eval()  # type: ignore[arg-type]
+    gen = model.generation_config
+    gen.eos_token_id = None
+    gen.pad_token_id = PAD_ID
+    gen.bos_token_id = BOS_ID
+    gen.do_sample = False
+    gen.max_length = None
+    gen.min_new_tokens = None
+    gen.temperature = None
+    gen.top_p = None
+    gen.top_k = None
+    return model
+
+
+def _make(config_cls: type[PreTrainedConfig], model_cls_name: str, **kwargs: object) -> PreTrainedModel:
+    """Seed, build ``model_cls_name`` from ``config_cls(**_COMMON, **kwargs)`` and finalize it."""
+    torch.manual_seed(0)
+    config = config_cls(**{**_COMMON, **kwargs})
+    model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
+    )
+    if type(model).__name__ != model_cls_name:
+        raise TypeError(f"expected {model_cls_name}, AutoModelForCausalLM built {type(model).__name__}")
+    return _finalize(model)
