@@ -34,7 +34,7 @@ from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -192,9 +192,7 @@ class DecoderOnlyHook(PatchingHook):
         store, rows = self._store, call.rows
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.count_request(
-            len(rows[0]), lease.cached_len, num_rows=len(rows), symbols=call.symbols if has_media else None
-        )
+        store.count_request(Served(len(rows[0]), lease.cached_len, len(rows), call.symbols if has_media else None))
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,

@@ -29,7 +29,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -52,7 +52,7 @@ class DecoderRequest:
     served: bool = field(default=False)
     lease: Lease | None = field(default=None)
     working: WorkingCache | None = field(default=None)
-    counted: tuple[int, int] | None = field(default=None)  # (prompt_len, restore_len) to count when the call ends
+    counted: Served | None = field(default=None)  # to count when the call ends
 
 
 R = TypeVar("R", bound=DecoderRequest)

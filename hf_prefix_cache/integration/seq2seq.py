@@ -41,7 +41,7 @@ from hf_prefix_cache.integration.encoder_keyed import (
 from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.contract import Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 # What feeds the encoder, in hashing order; pixel_values only where the model type merges images.
@@ -214,7 +214,7 @@ class Seq2SeqHook(PatchingHook):
         if lease is None or working is None:
             return output  # counted already (out of memory)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store.count_request(request.prompt_len, lease.cached_len)
+        self._store.count_request(Served(request.prompt_len, lease.cached_len))
         if pipeline.is_exact_repeat(self._store, working, lease) and request.session is None:
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
         pipeline.store_sequences(self._store, request.namespace, sequences, working, session=request.session)

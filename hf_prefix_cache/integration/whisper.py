@@ -46,7 +46,7 @@ from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.contract import Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -93,7 +93,7 @@ class WhisperHook(PatchingHook):
             self._store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
             return self._original(*args, **kwargs)
         if request.counted is not None:
-            self._store.count_request(*request.counted)
+            self._store.count_request(request.counted)
         return output
 
     def _key(self, bound: inspect.BoundArguments, call: dict[str, Any], session: Session | None) -> DecoderRequest:
@@ -196,7 +196,8 @@ class WhisperHook(PatchingHook):
             output = self._segment.original(*bound.args, **bound.kwargs)
         finally:
             self._store.release(lease)
-        request.counted = (int(ids.shape[-1]), lease.cached_len)  # by the outer call, once it knows the request ends
+        # Counted by the outer call, once it knows the request ends here.
+        request.counted = Served(int(ids.shape[-1]), lease.cached_len)
         self._store_segment(request, working, output)
         return output
 
