@@ -76,7 +76,7 @@ class WhisperHook(PatchingHook):
 
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """One `generate` call: check, key, generate (its inner step restores and stores), count (each step below)."""
+        """One `generate` call: check, key, then restore, generate and store (`_run`; each step below)."""
         ours, session = pipeline.claim(self._store, self._model, kwargs)
         if not ours:
             return self._original(*args, **kwargs)
@@ -86,15 +86,7 @@ class WhisperHook(PatchingHook):
         if reason is not None:
             return pipeline.run_cold(self._store, self._original, reason, 0, args, kwargs)
         request = self._key(bound, call, session)
-        try:
-            output = self._original(*bound.args, **bound.kwargs)
-        except _AnotherSegment:
-            # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
-            self._store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
-            return self._original(*args, **kwargs)
-        if request.counted is not None:
-            self._store.count_request(request.counted)
-        return output
+        return self._run(request, bound, args, kwargs)
 
     def _key(self, bound: inspect.BoundArguments, call: dict[str, Any], session: Session | None) -> DecoderRequest:
         """Step 2, key: the request of this audio, whose encoder output (stored, or computed now and stored) the
@@ -111,6 +103,21 @@ class WhisperHook(PatchingHook):
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         extra[self._store.profile.cache_kwarg] = request
         return request
+
+    def _run(
+        self, request: DecoderRequest, bound: inspect.BoundArguments, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Steps 3 to 5, restore, generate and store: the original `generate`, whose inner step does all three,
+        then the request counted; a clip that needs a second segment reruns cold (`args`, `kwargs` as called)."""
+        try:
+            output = self._original(*bound.args, **bound.kwargs)
+        except _AnotherSegment:
+            # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
+            self._store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
+            return self._original(*args, **kwargs)
+        if request.counted is not None:
+            self._store.count_request(request.counted)
+        return output
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The encoder output `generate` would compute: the clip zero-padded to the window, as Whisper pads it."""
