@@ -27,14 +27,14 @@ import torch
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.decoder_checks import media_layout, why_cold
-from hf_prefix_cache.integration.patching import InstancePatch
+from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -60,47 +60,34 @@ class _Call:
     item_spans: Sequence[tuple[int, int]] = ()
 
 
-class DecoderOnlyHook:
+class DecoderOnlyHook(PatchingHook):
     """Installs itself as `model.generate`; `detach` puts the original back."""
 
     def __init__(self, store: Store, model: Any) -> None:
-        self._store = store
-        self._model = model
-        self._generate = InstancePatch(model, "generate", self)
-        self._original = self._generate.original
-        self._signature = pipeline.generate_signature(model, self._original)
-        self._prepare: InstancePatch | None = None
+        super().__init__(store, model)
         if not store.profile.prompt_sliced:
-            self._prepare = _skip_cached_ids(model)
-        self._scan: ScanContinuation | None = None
+            self._keep(_skip_cached_ids(model))
+        scan: ScanContinuation | None = None
         if store.profile.single_token_steps:
-            self._scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
-            if self._scan is None:
+            scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
+            if scan is None:
                 logger.warning(
                     "%s: cannot continue its selective scan over several tokens; resumed prompts are fed "
                     "one token per forward",
                     type(model).__name__,
                 )
+            else:
+                self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
-        self._one_token_steps = store.profile.single_token_steps and self._scan is None
-
-    def detach(self) -> None:
-        self._generate.remove()
-        if self._prepare is not None:
-            self._prepare.remove()
-            self._prepare = None
-        if self._scan is not None:
-            self._scan.remove()
-            self._scan = None
+        self._one_token_steps = store.profile.single_token_steps and scan is None
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One `generate` call: check, key, restore, generate, store (each step below)."""
         store = self._store
-        ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
+        ours, session = pipeline.claim(store, self._model, kwargs)
         if not ours:
             return self._original(*args, **kwargs)
-        _compat.pop_cache(kwargs)
         call, reason = self._read_call(args, kwargs, session)
         if reason is None:
             reason = self._key(call)
@@ -205,9 +192,7 @@ class DecoderOnlyHook:
         store, rows = self._store, call.rows
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.count_request(
-            len(rows[0]), lease.cached_len, num_rows=len(rows), symbols=call.symbols if has_media else None
-        )
+        store.count_request(Served(len(rows[0]), lease.cached_len, len(rows), call.symbols if has_media else None))
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,

@@ -4,30 +4,32 @@ An encoder-decoder model's decoder attends to the encoder output at every positi
 self-attention states are only valid for the same encoder input. The hooks therefore:
 
 1. hash the encoder input (`multimodal.media.hash_media`) and extend the model namespace by that
-   hash (`encoder_namespace`): another input never shares decoder states, only the same one does;
+   hash (`open_request`): another input never shares decoder states, only the same one does;
 2. reuse the encoder output stored for that hash (`storage.encoder_outputs.EncoderOutputs`),
    passing it to `generate` as `encoder_outputs` so the encoder does not run (`keep_encoder_output`
    stores a new one);
 3. where the decoder ids are known (inside `generate`), restore the matched decoder prefix into
-   an `EncoderDecoderCache(working cache, empty cache)` (`restore_decoder`): transformers reuses a
+   an `EncoderDecoderCache(working cache, empty cache)` (`restore_into`): transformers reuses a
    filled cross-attention part whatever the encoder output (`is_updated`), so it always starts
    empty and the first step projects this request's encoder output into it.
 
 A `DecoderRequest` carries what the outer call knows down to that inner call, through
-the cache argument. Knows nothing about how a family builds its decoder ids.
+the cache argument (`request_in` finds it there). Knows nothing about how a family builds its decoder ids.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Lease, Store
+from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -37,43 +39,64 @@ logger = logging.getLogger("hf_prefix_cache")
 class DecoderRequest:
     """What an outer `generate` call hands the inner step that sees the decoder ids.
 
-    `namespace` is already extended by the encoder-input hash. The inner step sets `served`,
-    and `lease` / `working` when it restored a cache (the outer call releases and stores them), or
+    `namespace` is already extended by the encoder-input hash; `encoder_key` (the model's
+    namespace and that hash) says where the input's encoder output is stored. The inner step
+    sets `served`, and `lease` / `working` when it restored a cache (`restore_into`), or
     `counted` when it served and stored the request itself (the outer call counts it).
     """
 
     store: Store
     namespace: str
     session: Session | None
+    encoder_key: tuple[str, int]
     served: bool = field(default=False)
     lease: Lease | None = field(default=None)
     working: WorkingCache | None = field(default=None)
-    counted: tuple[int, int] | None = field(default=None)  # (prompt_len, restore_len) to count when the call ends
+    counted: Served | None = field(default=None)  # to count when the call ends
 
 
-def encoder_namespace(store: Store, namespace: str, digest: int) -> str:
-    """The store's tree namespace of decoder states computed over the encoder input hashed to `digest`."""
-    return store.sub_namespace(namespace, "encoder_input", f"{digest:032x}")
+R = TypeVar("R", bound=DecoderRequest)
 
 
-def keep_encoder_output(store: Store, namespace: str, digest: int, hidden: torch.Tensor) -> None:
-    """Store the encoder output of input `digest` (logged, not kept, when it alone exceeds the budget)."""
-    if not store.encoder_outputs.put(namespace, digest, hidden):
+def open_request(kind: type[R], store: Store, digest: int, session: Session | None) -> tuple[R, torch.Tensor | None]:
+    """Key a request by its encoder input (hashed to `digest`): the request, and the encoder output stored for
+    that input (None: not stored).
+
+    Its decoder states live in the model's namespace extended by the hash: another input never shares them.
+    """
+    namespace = store.namespace()
+    decoder_namespace = store.sub_namespace(namespace, "encoder_input", f"{digest:032x}")
+    request = kind(store, decoder_namespace, session, (namespace, digest))
+    return request, store.encoder_outputs.get(*request.encoder_key)
+
+
+def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
+    """Store the encoder output of the request's input (logged, not kept, when it alone exceeds the budget)."""
+    if not request.store.encoder_outputs.put(*request.encoder_key, hidden):
         logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
 
 
-def restore_decoder(
-    store: Store, namespace: str, decoder_ids: torch.Tensor
-) -> tuple[Lease, WorkingCache, EncoderDecoderCache] | None:
-    """A lease on the stored prefix of the one-row `decoder_ids`, restored; None when out of memory.
+def request_in(kind: type[R], store: Store, model_kwargs: dict[str, Any]) -> R | None:
+    """The request of `store` that the cache argument in `model_kwargs` carries (None: not one of this store's;
+    another store's hook may sit below)."""
+    request = _compat.cache_in(model_kwargs)
+    return request if isinstance(request, kind) and request.store is store else None
 
-    Returns the lease (release it when `generate` ends), the working self-attention cache
-    (what to store afterwards) and the `EncoderDecoderCache` to hand `generate`.
+
+def restore_into(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> bool:
+    """Restore the stored prefix of the one-row `decoder_ids` and pass it as the cache in `model_kwargs`.
+
+    Sets the request's `lease` (release it when `generate` ends) and `working` cache (what to
+    store afterwards). False when memory ran out: the request is counted cold and `model_kwargs`
+    pass no cache.
     """
-    rows = decoder_ids.tolist()
-    restored = pipeline.restore(store, namespace, rows, rows[0])
+    store, rows = request.store, decoder_ids.tolist()
+    restored = pipeline.restore(store, request.namespace, rows, rows[0])
     if restored is None:
-        return None
-    lease, working = restored
+        _compat.pop_cache(model_kwargs)
+        store.count_fallback(reasons.OUT_OF_MEMORY, len(rows[0]))
+        return False
+    request.lease, request.working = restored
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
-    return lease, working, EncoderDecoderCache(working, DynamicCache())
+    model_kwargs[store.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
+    return True

@@ -1,17 +1,24 @@
-"""InstancePatch: replaces one method of one model object, and puts it back.
+"""InstancePatch: replaces one method of one model object, and puts it back; `PatchingHook` holds a hook's patches.
 
 The only way this package changes transformers' behaviour: an instance attribute shadows the
 class's method (`model.generate`, `model.prepare_inputs_for_generation`, a family's inner
 step), so other model objects, even of the same class, are untouched. Patches stack: a second
 store on the same model wraps the first one's wrapper, and removing either one in any order
 leaves the other working (a removed patch's wrapper passes calls straight through).
+
+`PatchingHook` is the base of every family's hook: it installs the hook as `model.generate`,
+keeps each further patch the hook installs, and `detach` removes them all.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.store.contract import Store
 
 
 class InstancePatch:
@@ -58,3 +65,49 @@ class InstancePatch:
             setattr(self._model, self._name, outer)
         else:
             delattr(self._model, self._name)
+
+
+class _Removable(Protocol):
+    def remove(self) -> None: ...
+
+
+class PatchingHook:
+    """Installs itself (its `__call__`) as `model.generate`; `detach` removes it and every patch kept with `_keep`.
+
+    Subclasses define `__call__(*args, **kwargs)`, the request; `_original` is the `generate` it
+    replaced and `_signature` the signature a call is bound with.
+    """
+
+    def __init__(self, store: Store, model: Any) -> None:
+        self._store = store
+        self._model = model
+        self._patches: list[_Removable] = []
+        self._original = self._patch("generate", self).original
+        self._signature = generate_signature(model, self._original)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _patch(self, name: str, replacement: Callable[..., Any]) -> InstancePatch:
+        """Replace `model.<name>` by `replacement` until `detach`."""
+        patch = InstancePatch(self._model, name, replacement)
+        self._keep(patch)
+        return patch
+
+    def _keep(self, patch: _Removable) -> None:
+        """Remove `patch` on `detach` too."""
+        self._patches.append(patch)
+
+    def detach(self) -> None:
+        """Put the model's own methods back, in the order they were replaced."""
+        patches, self._patches = self._patches, []
+        for patch in patches:
+            patch.remove()
+
+
+def generate_signature(model: Any, original: Callable[..., Any]) -> inspect.Signature:
+    """The signature `generate` binds a call with (a PeftModel's: its base model's, which it hands calls to)."""
+    base = getattr(model, "get_base_model", None)
+    if callable(base) and base() is not model:
+        return inspect.signature(base().generate)
+    return inspect.signature(original)

@@ -4,7 +4,9 @@ A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespa
 symbols); the functions here do the rest with the store's contract (`store/contract.py`):
 
 - `whose_call`: whether a call is for this hook's store (a `Session` counts as its store, and so
-  does no cache at all when the store was attached with ``attach="all"``);
+  does no cache at all when the store was attached with ``attach="all"``); `claim` also takes
+  the cache argument out of a call that is;
+- `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
 - `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
   working cache, retried once after moving entries off the device when memory runs out;
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache import reasons
+from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -61,12 +63,24 @@ def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | No
     return False, None
 
 
-def generate_signature(model: Any, original: Callable[..., Any]) -> inspect.Signature:
-    """The signature `generate` binds a call with (a PeftModel's: its base model's, which it hands calls to)."""
-    base = getattr(model, "get_base_model", None)
-    if callable(base) and base() is not model:
-        return inspect.signature(base().generate)
-    return inspect.signature(original)
+def claim(store: Store, model: Any, kwargs: dict[str, Any]) -> tuple[bool, Session | None]:
+    """`whose_call` on a call's `kwargs`; when the call is this store's, its cache argument is taken out of them
+    (the hook passes a cache of its own, or none on a cold run)."""
+    ours, session = whose_call(store, model, _compat.cache_in(kwargs))
+    if ours:
+        _compat.pop_cache(kwargs)
+    return ours, session
+
+
+def bind_call(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[inspect.BoundArguments, dict[str, Any]]:
+    """A call bound to `generate`'s `signature`, and its model kwargs (its ``**kwargs``, a dict of the binding's own).
+
+    Editing either changes only what `bound.args` / `bound.kwargs` pass on, never the caller's `kwargs`.
+    """
+    bound = signature.bind_partial(*args, **kwargs)
+    return bound, bound.arguments.setdefault("kwargs", {})
 
 
 def run_cold(
@@ -179,11 +193,6 @@ def common_prefix_len(rows: list[list[int]]) -> int:
             i += 1
         n = i
     return n
-
-
-def count_out_of_memory(store: Store, prompt_len: int) -> None:
-    """Count a request that ran cold because restoring its prefix ran out of memory twice."""
-    store.count_fallback(reasons.OUT_OF_MEMORY, prompt_len)
 
 
 def _describe(model: Any) -> str:

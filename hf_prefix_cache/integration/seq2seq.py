@@ -20,6 +20,7 @@ The finished decoder sequence is stored after `generate` returns. Knows nothing 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,19 +28,21 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.encoder_keyed import (
     DecoderRequest,
-    encoder_namespace,
     keep_encoder_output,
-    restore_decoder,
+    open_request,
+    request_in,
+    restore_into,
 )
-from hf_prefix_cache.integration.patching import InstancePatch
+from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.contract import Served, Store
+from hf_prefix_cache.store.sessions import Session
 
 # What feeds the encoder, in hashing order; pixel_values only where the model type merges images.
 _ENCODER_KWARGS = ("input_ids", "attention_mask", "pixel_values")
@@ -52,92 +55,57 @@ _DECODER_KWARGS = frozenset({"decoder_input_ids", "decoder_attention_mask", "use
 
 @dataclass(slots=True)
 class _Request(DecoderRequest):
-    """A `DecoderRequest` that also says where to store an encoder output computed by `generate` (a miss)."""
+    """A `DecoderRequest` that also says whether to keep the encoder output `generate` computes (a miss)."""
 
-    encoder_key: tuple[str, int] | None = field(default=None)
+    keep_encoder: bool = field(default=False)
     prompt_len: int = field(default=0)
 
 
-class Seq2SeqHook:
+class Seq2SeqHook(PatchingHook):
     """Serves `model.generate(input_ids, cache=store)` for the `seq2seq` encoder family."""
 
     def __init__(self, store: Store, model: Any) -> None:
-        self._store = store
-        self._model = model
-        self._generate = InstancePatch(model, "generate", self)
-        self._original = self._generate.original
-        self._signature = pipeline.generate_signature(model, self._original)
-        self._decoder_ids = InstancePatch(model, "_prepare_decoder_input_ids_for_generation", self._prepare_decoder)
+        super().__init__(store, model)
+        self._decoder_ids = self._patch("_prepare_decoder_input_ids_for_generation", self._prepare_decoder)
         model_type = getattr(model.config, "model_type", None)
         self._encoder_kwargs = tuple(
             name for name in _ENCODER_KWARGS if name != "pixel_values" or model_type in _PIXEL_MODEL_TYPES
         )
 
-    def detach(self) -> None:
-        self._generate.remove()
-        self._decoder_ids.remove()
-
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        store = self._store
-        ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
+        """One `generate` call: check, key, generate (its inner step restores), store (each step below)."""
+        ours, session = pipeline.claim(self._store, self._model, kwargs)
         if not ours:
             return self._original(*args, **kwargs)
-        _compat.pop_cache(kwargs)
-        bound = self._signature.bind_partial(*args, **kwargs)
-        extra = bound.arguments.setdefault("kwargs", {})
+        bound, extra = pipeline.bind_call(self._signature, args, kwargs)
         if bound.arguments.get("inputs") is not None and "input_ids" not in extra:
             extra["input_ids"] = bound.arguments.pop("inputs")  # one name for the encoder's ids
         reason = self._check(bound.arguments, extra)
-        digest = None
-        if reason is None:
-            try:
-                digest = hash_media(*self._encoder_parts(extra))
-            except UnhashableMediaError:
-                reason = reasons.UNHASHABLE_MEDIA
-        if reason is not None or digest is None:
-            ids = extra.get("decoder_input_ids")
-            prompt_len = ids.shape[-1] if isinstance(ids, torch.Tensor) else 0
-            return pipeline.run_cold(
-                store, self._original, reason or reasons.UNHASHABLE_MEDIA, prompt_len, args, kwargs
-            )
-        namespace = store.namespace()
-        request = _Request(store, encoder_namespace(store, namespace, digest), session)
-        hidden = store.encoder_outputs.get(namespace, digest)
-        if hidden is None:
-            request.encoder_key = (namespace, digest)  # generate runs the encoder; the inner step keeps its output
-        else:
-            extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
-            extra.pop("pixel_values", None)  # merged into the stored output already
-        extra[store.profile.cache_kwarg] = request
-        settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
-        if settings.cache_implementation:
-            # "dynamic" (or Gemma's default "hybrid"): our EncoderDecoderCache is one; transformers refuses both.
-            extra[refusals.CACHE_IMPLEMENTATION] = None
-        try:
-            output = self._original(*bound.args, **bound.kwargs)
-        finally:
-            if request.lease is not None:
-                store.release(request.lease)
-        return self._finish(request, output)
-
-    def _encoder_parts(self, extra: dict[str, Any]) -> list[Any]:
-        """What `hash_media` hashes: each encoder kwarg given, tagged by its name."""
-        parts: list[Any] = []
-        for name in self._encoder_kwargs:
-            value = extra.get(name)
-            if value is not None:
-                parts += [np.frombuffer(name.encode(), dtype=np.uint8), value]
-        return parts
+        digest = self._digest(extra) if reason is None else None
+        if digest is None:
+            reason = reason or reasons.UNHASHABLE_MEDIA
+            return pipeline.run_cold(self._store, self._original, reason, _decoder_len(extra), args, kwargs)
+        request = self._key(extra, digest, session)
+        output = self._run(request, bound)
+        return self._store_result(request, output)
 
     def _check(self, arguments: dict[str, Any], extra: dict[str, Any]) -> str | None:
-        """Name the reason this call cannot reuse safely, or None."""
+        """Step 1, check: the reason this call cannot reuse safely, or None."""
         profile = self._store.profile
         if profile.unsupported is not None:
             return profile.unsupported
         refused = refusals.refused_argument({**extra, **arguments}, encoder_keyed=True)
         if refused is not None:
             return refused
+        return (
+            self._unknown_kwarg(arguments, extra)
+            or self._inputs_problem(extra)
+            or self._settings_problem(arguments, extra)
+        )
+
+    def _unknown_kwarg(self, arguments: dict[str, Any], extra: dict[str, Any]) -> str | None:
+        """A model kwarg the hook does not know (generate hands those to the encoder or to every decoder step)."""
         configs = [c for c in (arguments.get("generation_config"), self._model.generation_config) if c is not None]
         for name, value in extra.items():
             if (
@@ -150,6 +118,10 @@ class Seq2SeqHook:
             # generate hands other model kwargs to the encoder (or to every decoder step): unknown effects.
             side = reasons.DECODER_KWARG if name.startswith(("decoder_", "cross_attn")) else reasons.ENCODER_KWARG
             return reasons.with_detail(side, name)
+        return None
+
+    def _inputs_problem(self, extra: dict[str, Any]) -> str | None:
+        """What is wrong with the encoder's ids, mask and pixels or the decoder's ids and mask, if anything."""
         ids = extra.get("input_ids")
         problem = refusals.ids_problem(ids)
         if problem is not None:
@@ -170,8 +142,11 @@ class Seq2SeqHook:
         if decoder_mask is not None:
             if decoder_ids is None:
                 return reasons.ATTENTION_MASK_SHAPE
-            if (problem := refusals.mask_problem(decoder_mask, decoder_ids)) is not None:
-                return problem
+            return refusals.mask_problem(decoder_mask, decoder_ids)
+        return None
+
+    def _settings_problem(self, arguments: dict[str, Any], extra: dict[str, Any]) -> str | None:
+        """A generation setting the hook cannot serve exactly, if any."""
         config = refusals.GenerationSettings(self._model, arguments.get("generation_config"), extra)
         # A hit skips the encoder, so its attentions and hidden states would be missing.
         return (
@@ -180,41 +155,76 @@ class Seq2SeqHook:
             or refusals.output_problem(config)
         )
 
+    def _digest(self, extra: dict[str, Any]) -> int | None:
+        """The hash of what feeds the encoder: each encoder kwarg given, tagged by its name (None: unhashable)."""
+        parts: list[Any] = []
+        for name in self._encoder_kwargs:
+            value = extra.get(name)
+            if value is not None:
+                parts += [np.frombuffer(name.encode(), dtype=np.uint8), value]
+        try:
+            return hash_media(*parts)
+        except UnhashableMediaError:
+            return None
+
+    def _key(self, extra: dict[str, Any], digest: int, session: Session | None) -> _Request:
+        """Step 2, key: the request of this encoder input; its stored encoder output, if any, replaces the encoder."""
+        request, hidden = open_request(_Request, self._store, digest, session)
+        if hidden is None:
+            request.keep_encoder = True  # generate runs the encoder; the inner step keeps its output
+        else:
+            extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
+            extra.pop("pixel_values", None)  # merged into the stored output already
+        return request
+
+    def _run(self, request: _Request, bound: inspect.BoundArguments) -> Any:
+        """Steps 3 and 4, restore and generate: the original `generate`, whose inner step restores the prefix."""
+        store, extra = self._store, bound.arguments["kwargs"]
+        extra[store.profile.cache_kwarg] = request
+        settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
+        if settings.cache_implementation:
+            # "dynamic" (or Gemma's default "hybrid"): our EncoderDecoderCache is one; transformers refuses both.
+            extra[refusals.CACHE_IMPLEMENTATION] = None
+        try:
+            return self._original(*bound.args, **bound.kwargs)
+        finally:
+            if request.lease is not None:
+                store.release(request.lease)
+
     # ----------------------------------------------------------------- inner call
     def _prepare_decoder(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         """`generate`'s decoder ids, with the stored decoder prefix restored into the cache it will use."""
         decoder_ids, model_kwargs = self._decoder_ids.original(*args, **kwargs)
-        request = _compat.cache_in(model_kwargs)
-        if not isinstance(request, _Request) or request.store is not self._store:
+        request = request_in(_Request, self._store, model_kwargs)
+        if request is None:
             return decoder_ids, model_kwargs  # not ours (another store's hook may sit below)
         assert not request.served, "one request reaches _prepare_decoder_input_ids_for_generation once"
         request.served = True
-        if request.encoder_key is not None:
-            hidden = model_kwargs["encoder_outputs"].last_hidden_state
-            keep_encoder_output(self._store, *request.encoder_key, hidden)
+        if request.keep_encoder:
+            keep_encoder_output(request, model_kwargs["encoder_outputs"].last_hidden_state)
         request.prompt_len = int(decoder_ids.shape[-1])
-        restored = restore_decoder(self._store, request.namespace, decoder_ids)
-        if restored is None:
-            _compat.pop_cache(model_kwargs)
-            pipeline.count_out_of_memory(self._store, request.prompt_len)
-            return decoder_ids, model_kwargs
-        request.lease, request.working, model_kwargs[self._store.profile.cache_kwarg] = restored
         # With a mask as long as the ids generate feeds only what the cache lacks (notes §2).
-        if model_kwargs.get("decoder_attention_mask") is None:
+        if restore_into(request, decoder_ids, model_kwargs) and model_kwargs.get("decoder_attention_mask") is None:
             model_kwargs["decoder_attention_mask"] = torch.ones_like(decoder_ids)
         return decoder_ids, model_kwargs
 
-    def _finish(self, request: _Request, output: Any) -> Any:
-        """Count the request and store its decoder sequence."""
+    def _store_result(self, request: _Request, output: Any) -> Any:
+        """Step 5, store: count the request and store its decoder sequence."""
         lease, working = request.lease, request.working
         if lease is None or working is None:
             return output  # counted already (out of memory)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store.count_request(request.prompt_len, lease.cached_len)
+        self._store.count_request(Served(request.prompt_len, lease.cached_len))
         if pipeline.is_exact_repeat(self._store, working, lease) and request.session is None:
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
         pipeline.store_sequences(self._store, request.namespace, sequences, working, session=request.session)
         return output
+
+
+def _decoder_len(extra: dict[str, Any]) -> int:
+    """The length of the decoder prompt a call passed (0: none), as a cold run counts it."""
+    ids = extra.get("decoder_input_ids")
+    return ids.shape[-1] if isinstance(ids, torch.Tensor) else 0
 
 
 #: The classes served, each tested against cold runs.

@@ -37,14 +37,17 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.encoder_keyed import (
     DecoderRequest,
-    encoder_namespace,
     keep_encoder_output,
-    restore_decoder,
+    open_request,
+    request_in,
+    restore_into,
 )
-from hf_prefix_cache.integration.patching import InstancePatch
+from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
+from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.contract import Served, Store
+from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -60,59 +63,60 @@ _REFUSED_SETTINGS: Mapping[str, str] = {
 _SERVED_IMPLEMENTATIONS = frozenset({"hybrid"})
 
 
-class WhisperHook:
+class WhisperHook(PatchingHook):
     """Serves `WhisperForConditionalGeneration.generate(input_features, cache=store)`."""
 
     def __init__(self, store: Store, model: Any) -> None:
-        self._store = store
-        self._model = model
-        self._generate = InstancePatch(model, "generate", self)
-        self._original = self._generate.original
-        self._signature = pipeline.generate_signature(model, self._original)
-        self._segment = InstancePatch(model, "generate_with_fallback", self._serve_segment)
+        super().__init__(store, model)
+        self._segment = self._patch("generate_with_fallback", self._serve_segment)
         self._segment_signature = inspect.signature(self._segment.original)
         encoder = model.get_encoder()
         # Whisper pads every clip to this many mel frames; longer input is long-form.
         self._num_frames = int(encoder.conv1.stride[0] * encoder.conv2.stride[0] * model.config.max_source_positions)
 
-    def detach(self) -> None:
-        self._generate.remove()
-        self._segment.remove()
-
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        store = self._store
-        ours, session = pipeline.whose_call(store, self._model, _compat.cache_in(kwargs))
+        """One `generate` call: check, key, then restore, generate and store (`_run`; each step below)."""
+        ours, session = pipeline.claim(self._store, self._model, kwargs)
         if not ours:
             return self._original(*args, **kwargs)
-        _compat.pop_cache(kwargs)
-        bound = self._signature.bind_partial(*args, **kwargs)
-        extra = bound.arguments.setdefault("kwargs", {})
+        bound, extra = pipeline.bind_call(self._signature, args, kwargs)
         call = {**extra, **{k: v for k, v in bound.arguments.items() if k != "kwargs"}}
-        features, mask = call.get("input_features"), call.get("attention_mask")
-        reason = self._check(features, call)
+        reason = self._check(call.get("input_features"), call)
         if reason is not None:
-            return pipeline.run_cold(store, self._original, reason, 0, args, kwargs)
-        assert isinstance(features, torch.Tensor)
+            return pipeline.run_cold(self._store, self._original, reason, 0, args, kwargs)
+        request = self._key(bound, call, session)
+        return self._run(request, bound, args, kwargs)
+
+    def _key(self, bound: inspect.BoundArguments, call: dict[str, Any], session: Session | None) -> DecoderRequest:
+        """Step 2, key: the request of this audio, whose encoder output (stored, or computed now and stored) the
+        call passes in place of `input_features`."""
+        extra = bound.arguments["kwargs"]
+        features, mask = call["input_features"], call.get("attention_mask")
         digest = hash_media(features) if mask is None else hash_media(features, mask)
-        namespace = store.namespace()
-        hidden = store.encoder_outputs.get(namespace, digest)
+        # The decoder attends to the audio at every position: its states are only shared for the same audio.
+        request, hidden = open_request(DecoderRequest, self._store, digest, session)
         if hidden is None:
             hidden = self._encode(features, mask)
-            keep_encoder_output(store, namespace, digest, hidden)
+            keep_encoder_output(request, hidden)
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
-        # The decoder attends to the audio at every position: its states are only shared for the same audio.
-        request = DecoderRequest(store, encoder_namespace(store, namespace, digest), session)
-        extra[store.profile.cache_kwarg] = request
+        extra[self._store.profile.cache_kwarg] = request
+        return request
+
+    def _run(
+        self, request: DecoderRequest, bound: inspect.BoundArguments, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Steps 3 to 5, restore, generate and store: the original `generate`, whose inner step does all three,
+        then the request counted; a clip that needs a second segment reruns cold (`args`, `kwargs` as called)."""
         try:
             output = self._original(*bound.args, **bound.kwargs)
         except _AnotherSegment:
             # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
-            store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
+            self._store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
             return self._original(*args, **kwargs)
         if request.counted is not None:
-            store.count_request(*request.counted)
+            self._store.count_request(request.counted)
         return output
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -125,13 +129,17 @@ class WhisperHook:
         return hidden
 
     def _check(self, features: Any, call: dict[str, Any]) -> str | None:
-        """Name the reason this call cannot reuse safely, or None."""
+        """Step 1, check: the reason this call cannot reuse safely, or None."""
         profile = self._store.profile
         if profile.unsupported is not None:
             return profile.unsupported
         refused = refusals.refused_argument(call, encoder_keyed=True)
         if refused is not None:
             return refused
+        return self._clip_problem(features, call) or self._settings_problem(call)
+
+    def _clip_problem(self, features: Any, call: dict[str, Any]) -> str | None:
+        """What keeps the audio (features and mask) from being one short-form clip to hash, if anything."""
         if not isinstance(features, torch.Tensor) or features.dim() != 3 or not features.is_floating_point():
             return reasons.NO_INPUT_FEATURES
         if features.shape[0] != 1:
@@ -149,6 +157,10 @@ class WhisperHook:
         mask = call.get("attention_mask")
         if mask is not None and not isinstance(mask, torch.Tensor):
             return reasons.UNHASHABLE_MEDIA
+        return None
+
+    def _settings_problem(self, call: dict[str, Any]) -> str | None:
+        """A setting (or decoder prompt) the hook cannot serve exactly, if any."""
         # As Whisper reads a setting: an argument given (not None), then the passed config, then the model's.
         given = {name: value for name, value in call.items() if value is not None}
         setting = refusals.GenerationSettings(self._model, call.get("generation_config"), given)
@@ -171,10 +183,9 @@ class WhisperHook:
         """`generate_with_fallback` with the decoder prefix restored from, and the result stored in, the store."""
         bound = self._segment_signature.bind(*args, **kwargs)
         inner = dict(bound.arguments["kwargs"])
-        request = _compat.cache_in(inner)
-        if not isinstance(request, DecoderRequest) or request.store is not self._store:
+        request = request_in(DecoderRequest, self._store, inner)
+        if request is None:
             return self._segment.original(*args, **kwargs)  # not ours (another store's hook may sit below)
-        store = self._store
         if request.served:
             # Whisper loops into another segment when one did not reach the clip's end. That segment's
             # encoder input is a later window, not the stored encoder output: give up and rerun cold.
@@ -182,34 +193,41 @@ class WhisperHook:
         request.served = True
         bound.arguments["kwargs"] = inner
         ids: torch.Tensor = bound.arguments["decoder_input_ids"]
-        rows = ids.tolist()
-        mask = inner.get("decoder_attention_mask")
-        if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
-            _compat.pop_cache(inner)
-            store.count_fallback(reasons.PADDING, len(rows[0]))
-            return self._segment.original(*bound.args, **bound.kwargs)
-        restored = restore_decoder(store, request.namespace, ids)
-        if restored is None:
-            _compat.pop_cache(inner)
-            pipeline.count_out_of_memory(store, len(rows[0]))
-            return self._segment.original(*bound.args, **bound.kwargs)
-        lease, working, inner[store.profile.cache_kwarg] = restored
+        if not self._restore(request, ids, inner):
+            return self._segment.original(*bound.args, **bound.kwargs)  # counted cold
+        lease, working = request.lease, request.working
+        assert lease is not None and working is not None
         # Whisper sets this itself only without an attention_mask; it makes generate feed just the uncached ids.
         bound.arguments["generation_config"]._mask_length = ids.shape[-1]
         try:
             output = self._segment.original(*bound.args, **bound.kwargs)
         finally:
-            store.release(lease)
-        request.counted = (len(rows[0]), lease.cached_len)  # by the outer call, once it knows the request ends here
+            self._store.release(lease)
+        # Counted by the outer call, once it knows the request ends here.
+        request.counted = Served(int(ids.shape[-1]), lease.cached_len)
+        self._store_segment(request, working, output)
+        return output
+
+    def _restore(self, request: DecoderRequest, ids: torch.Tensor, inner: dict[str, Any]) -> bool:
+        """Step 3, restore: the decoder prefix into the cache `inner` passes; False (counted cold, no cache passed)
+        for a padded decoder prompt or when memory ran out."""
+        mask = inner.get("decoder_attention_mask")
+        if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
+            _compat.pop_cache(inner)
+            self._store.count_fallback(reasons.PADDING, int(ids.shape[-1]))
+            return False
+        return restore_into(request, ids, inner)
+
+    def _store_segment(self, request: DecoderRequest, working: WorkingCache, output: Any) -> None:
+        """Step 5, store: the segment's decoder sequence, when it is what the cache holds plus one token."""
         sequence = _full_sequence(output[1][0])
         kv_len = working.kv_length()
         if sequence is not None and kv_len is not None and sequence.shape[-1] == kv_len + 1:
             pipeline.store_sequences(
-                store, request.namespace, sequence.reshape(1, -1), working, session=request.session
+                self._store, request.namespace, sequence.reshape(1, -1), working, session=request.session
             )
         else:
             logger.warning("whisper output does not match its cache (%s vs %s); not stored", sequence, kv_len)
-        return output
 
 
 class _AnotherSegment(Exception):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from hf_prefix_cache.model.profile import ModelProfile
@@ -49,6 +49,19 @@ class InsertOutcome:
 
     new_tokens: int
     skipped: str | None = None
+
+
+class Served(NamedTuple):
+    """A request served from the store, as `Store.count_request` counts it (and hands it on to the counters).
+
+    `restore_len` of its `prompt_len` prompt tokens were restored, in each of its `num_rows` rows;
+    `symbols` (the prompt's tree symbols, when it has media) split its hits by modality.
+    """
+
+    prompt_len: int
+    restore_len: int
+    num_rows: int = 1
+    symbols: Sequence[Hashable] | None = None
 
 
 @runtime_checkable
@@ -128,9 +141,7 @@ class Store(Protocol):
         """Move every unpinned entry off the device (after an out-of-memory error)."""
         ...
 
-    def count_request(
-        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
-    ) -> None:
+    def count_request(self, served: Served) -> None:
         """Count a served request (mutates only counters)."""
         ...
 

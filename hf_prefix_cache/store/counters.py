@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf_prefix_cache.store.observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.store.contract import Served
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -52,10 +55,9 @@ class RequestCounters:
         with self._lock:
             self.counts = Counts()
 
-    def served(
-        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
-    ) -> None:
-        """Count a served request; `symbols` (the prompt's tree symbols) split its hits by modality."""
+    def served(self, served: Served) -> None:
+        """Count a served request; its `symbols` (the prompt's tree symbols) split its hits by modality."""
+        prompt_len, restore_len, num_rows, symbols = served
         by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows)
         # Without the cache, positions [0, restore_len) would have been prefilled too.
         saved = self._prefill_cost.flops(0, restore_len) * num_rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, TIER_NAMES, Mover
+from hf_prefix_cache.store.contract import Served
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
 from hf_prefix_cache.store.locking import StoreLock
@@ -157,11 +158,9 @@ class TreeStore(Prefixes):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def count_request(
-        self, prompt_len: int, restore_len: int, num_rows: int = 1, symbols: Sequence[Hashable] | None = None
-    ) -> None:
-        """Count a served request; `symbols` (the prompt's tree symbols) split its hits by modality."""
-        self._requests.served(prompt_len, restore_len, num_rows, symbols)
+    def count_request(self, served: Served) -> None:
+        """Count a served request (see `contract.Served`)."""
+        self._requests.served(served)
 
     def count_fallback(self, reason: str, prompt_len: int, log: bool = True) -> None:
         """Count a request run cold for `reason`; with `log`, also log it (see `log_fallback`)."""
