@@ -69,7 +69,7 @@ def check_integrity(
     for key, run in runs.items():
         # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
         tensors = [t for t in run.keys + run.values if t is not None]
-        # Keyed by address; meta tensors have none (every one reads 0), so each counts its own storage.
+        # Keyed by address; meta tensors have none (every one reads 0), so they are keyed by the tensor they view.
         storages: dict[tuple[str, int], list[torch.Tensor]] = {}
         for t in tensors:
             storages.setdefault(_storage_key(t), []).append(t)
@@ -91,4 +91,7 @@ def check_integrity(
 
 def _storage_key(tensor: Any) -> tuple[str, int]:
     ptr = tensor.untyped_storage().data_ptr()
-    return (tensor.device.type, ptr) if ptr else ("no address", id(tensor))
+    if ptr:
+        return (tensor.device.type, ptr)
+    # Meta tensors have no address: views of one tensor (a packed copy's) share its storage, others their own.
+    return ("no address", id(tensor._base if tensor._base is not None else tensor))
