@@ -64,16 +64,21 @@ def test_non_finite_media_is_not_stored_and_clean_requests_stay_exact(name: str,
         store.detach()
 
 
-def test_nan_reaching_the_text_through_an_adapter_is_not_stored() -> None:
-    """A LoRA adapter that turns one token's embedding into NaN poisons only requests with that token."""
+def _nan_embedding_llama() -> tuple[Any, int]:
+    """A tiny Llama with a LoRA adapter that turns one token's embedding into NaN, and that token."""
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
         build("llama"), peft.LoraConfig(r=2, target_modules=["embed_tokens"], init_lora_weights=False)
     )
-    layer = model.base_model.model.model.embed_tokens
     bad_token = 77
     with torch.no_grad():
-        layer.lora_embedding_A["default"][:, bad_token] = float("nan")
+        model.base_model.model.model.embed_tokens.lora_embedding_A["default"][:, bad_token] = float("nan")
+    return model, bad_token
+
+
+def test_nan_reaching_the_text_through_an_adapter_is_not_stored() -> None:
+    """A LoRA adapter that turns one token's embedding into NaN poisons only requests with that token."""
+    model, bad_token = _nan_embedding_llama()
     store = PrefixCache(model)
     try:
         head = text(10, 3)
@@ -93,14 +98,7 @@ def test_nan_reaching_the_text_through_an_adapter_is_not_stored() -> None:
 
 def test_nan_after_a_restored_prefix_is_not_stored_and_the_prefix_still_serves() -> None:
     """NaN in the positions a hit computes after its restored prefix stores nothing; the prefix stays exact."""
-    peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(
-        build("llama"), peft.LoraConfig(r=2, target_modules=["embed_tokens"], init_lora_weights=False)
-    )
-    layer = model.base_model.model.model.embed_tokens
-    bad_token = 77
-    with torch.no_grad():
-        layer.lora_embedding_A["default"][:, bad_token] = float("nan")
+    model, bad_token = _nan_embedding_llama()
     store = PrefixCache(model)
     try:
         head = text(12, 8)
