@@ -205,13 +205,18 @@ def _rows_on_host(
     """`sequences[:, :length]` as lists, reading from the device only the tokens after a known prompt.
 
     `generate` returns the prompt followed by the new tokens; that the prompt part equals the ids
-    whose rows are known is checked on the device (one comparison, no copy), else every token is read.
+    whose rows are known is checked on the device, and its flag (one per row) travels back with the
+    new tokens in the same read. Only when a row differs is every token read.
     """
     if prompt is not None:
         ids, known_rows = prompt
         known = ids.shape[-1]
         same = ids.shape == sequences[:, :known].shape and known <= length and len(known_rows) == ids.shape[0]
-        if same and torch.equal(sequences[:, :known], ids.to(sequences.device)):
-            return [[*row, *new] for row, new in zip(known_rows, sequences[:, known:length].tolist(), strict=True)]
+        if same:
+            flag = (sequences[:, :known] == ids.to(sequences.device)).all(dim=-1, keepdim=True)
+            new_rows = torch.cat([sequences[:, known:length], flag.to(sequences.dtype)], 1).tolist()
+            flags = [row.pop() for row in new_rows]  # each row's flag, taken off its end
+            if all(flags):
+                return [[*row, *new] for row, new in zip(known_rows, new_rows, strict=True)]
     every: list[list[Hashable]] = sequences[:, :length].tolist()
     return every
