@@ -99,11 +99,11 @@ class Run:
         )
 
     def compact(self, lo: int, hi: int) -> None:
-        """Keep only `[lo, hi)`, copied out (one buffer per device and dtype) so the rest is freed."""
+        """Keep only `[lo, hi)`, copied out (`packed_copy`) so the rest is freed."""
         self.adopt(self.packed_copy(lo, hi))
 
     def packed_copy(self, lo: int, hi: int) -> Run:
-        """A new run holding a copy of `[lo, hi)`: one buffer per device and dtype (`packed_copies`)."""
+        """A new run holding a copy of `[lo, hi)`: one stacked buffer per device, dtype and shape (`packed_copies`)."""
         keys, values = self.slice(lo, hi)
         copies = packed_copies(keys + values)
         return Run(copies[: len(keys)], copies[len(keys) :], lo, hi, list(self.devices), self.nbytes_per_token)

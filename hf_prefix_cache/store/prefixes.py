@@ -256,14 +256,13 @@ class Prefixes:
         if items:
             self._devices.remember(items[0])
         start = min(computed_from, length)
-        tail = None
-        if run is not None and start > 0:
-            # After a restored prefix the tree will likely keep just these positions: copy them out once,
-            # packed (one multi-tensor copy), and check that copy (one multi-tensor norm) instead of views.
-            tail = run.packed_copy(start, length)
-        fresh = (
-            (tail.keys, tail.values) if tail is not None else run.slice(start, length) if run is not None else ([], [])
-        )
+        tail = run.packed_copy(start, length) if run is not None and start > 0 else None
+        # After a restored prefix the tree likely keeps just the new positions: they are copied out once (one
+        # stack) and the check reads that copy; a chat turn whose prefix moves onto this run drops the copy.
+        if tail is not None:
+            fresh = tail.keys, tail.values
+        else:
+            fresh = run.slice(start, length) if run is not None else ([], [])
         if not all_finite([*fresh[0], *fresh[1], *state_tensors(all_snapshots), *state_tensors(items)]):
             self._requests.log_once(
                 reasons.NON_FINITE_STATES,
