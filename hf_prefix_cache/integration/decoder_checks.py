@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -124,7 +125,7 @@ def _settings_problem(model: Any, arguments: dict[str, Any], kwargs: dict[str, A
 
 
 def media_layout(
-    profile: ModelProfile, rows: list[list[int]], kwargs: dict[str, Any]
+    profile: ModelProfile, rows: Sequence[Sequence[int]], kwargs: dict[str, Any]
 ) -> tuple[MediaLayout | None, str | None]:
     """The prompt's media items (None for a model without media handling), or why to run cold."""
     media = profile.media

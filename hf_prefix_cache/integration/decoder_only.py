@@ -34,7 +34,7 @@ from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, Served, Store
+from hf_prefix_cache.store.contract import Lease, Served, Store, TokenIds
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -49,7 +49,7 @@ class _Call:
     input_ids: Any
     prompt_len: int
     session: Session | None
-    rows: list[list[int]] = field(default_factory=list)
+    rows: list[TokenIds] = field(default_factory=list)
     drop_impl: bool = False  # drop the call's cache_implementation: the working cache serves it
     layout: MediaLayout | None = None
     symbols: Sequence[Hashable] = ()

@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline
+from hf_prefix_cache.integration.refusals import token_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
@@ -90,7 +91,7 @@ def restore_into(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwarg
     store afterwards). False when memory ran out: the request is counted cold and `model_kwargs`
     pass no cache.
     """
-    store, rows = request.store, decoder_ids.tolist()
+    store, rows = request.store, token_rows(decoder_ids)
     restored = pipeline.restore(store, request.namespace, rows, rows[0])
     if restored is None:
         _compat.pop_cache(model_kwargs)

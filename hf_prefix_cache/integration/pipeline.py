@@ -26,10 +26,11 @@ import torch
 
 from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import IncompatibleModelError
+from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import is_out_of_memory
-from hf_prefix_cache.store.contract import Lease, Store, store_behind
+from hf_prefix_cache.store.contract import Lease, Store, TokenIds, store_behind
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -102,7 +103,7 @@ def run_cold(
 def restore(
     store: Store,
     namespace: str,
-    rows: list[list[int]],
+    rows: Sequence[Sequence[int]],
     symbols: Sequence[Hashable],
     spans: Sequence[tuple[int, int]] = (),
     item_spans: Sequence[tuple[int, int]] = (),
@@ -146,7 +147,7 @@ def store_sequences(
     session: Session | None = None,
     items: Sequence[ItemState] = (),
     computed_from: int = 0,
-    prompt: tuple[torch.Tensor, list[list[int]]] | None = None,
+    prompt: tuple[torch.Tensor, Sequence[Sequence[int]]] | None = None,
 ) -> None:
     """Store each row of `sequences` with the states `cache` holds for it.
 
@@ -162,9 +163,9 @@ def store_sequences(
     batched = sequences.shape[0] > 1
     assert prompt_symbols is None or not batched, "media symbols are for one-row calls"
     for row, ids in enumerate(_rows_on_host(sequences, length, prompt)):
-        symbols: list[Hashable] = ids
+        symbols: Sequence[Hashable] = ids
         if prompt_symbols is not None:
-            symbols[: len(prompt_symbols)] = prompt_symbols[:length]
+            symbols = [*prompt_symbols[:length], *ids[len(prompt_symbols) :]]
         store.insert_sequence(
             namespace,
             symbols,
@@ -183,15 +184,16 @@ def is_exact_repeat(store: Store, cache: WorkingCache, lease: Lease) -> bool:
     return kv_len is not None and kv_len <= lease.matched_len and not store.profile.has_state
 
 
-def common_prefix_len(rows: list[list[int]]) -> int:
-    """How many leading ids every row shares."""
+def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading ids every row shares.
+
+    >>> common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 5, 3]])
+    1
+    """
     first = rows[0]
     n = len(first)
     for row in rows[1:]:
-        i = 0
-        while i < n and row[i] == first[i]:
-            i += 1
-        n = i
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], row, strict=False)) if a != b), n)
     return n
 
 
@@ -200,9 +202,9 @@ def _describe(model: Any) -> str:
 
 
 def _rows_on_host(
-    sequences: torch.Tensor, length: int, prompt: tuple[torch.Tensor, list[list[int]]] | None
-) -> list[list[Hashable]]:
-    """`sequences[:, :length]` as lists, reading from the device only the tokens after a known prompt.
+    sequences: torch.Tensor, length: int, prompt: tuple[torch.Tensor, Sequence[Sequence[int]]] | None
+) -> list[Sequence[int]]:
+    """`sequences[:, :length]` as `TokenIds`, reading from the device only the tokens after a known prompt.
 
     `generate` returns the prompt followed by the new tokens; that the prompt part equals the ids
     whose rows are known is checked on the device, and its flag (one per row) travels back with the
@@ -214,9 +216,14 @@ def _rows_on_host(
         same = ids.shape == sequences[:, :known].shape and known <= length and len(known_rows) == ids.shape[0]
         if same:
             flag = (sequences[:, :known] == ids.to(sequences.device)).all(dim=-1, keepdim=True)
-            new_rows = torch.cat([sequences[:, known:length], flag.to(sequences.dtype)], 1).tolist()
-            flags = [row.pop() for row in new_rows]  # each row's flag, taken off its end
-            if all(flags):
-                return [[*row, *new] for row, new in zip(known_rows, new_rows, strict=True)]
-    every: list[list[Hashable]] = sequences[:, :length].tolist()
-    return every
+            host = read_to_host(torch.cat([sequences[:, known:length], flag.to(sequences.dtype)], 1))
+            if host[:, -1].all():  # each row's flag, read off its end
+                return [_joined(row, new) for row, new in zip(known_rows, rows_of(host[:, :-1]), strict=True)]
+    return list(token_rows(sequences[:, :length]))
+
+
+def _joined(row: Sequence[int], new: TokenIds) -> Sequence[int]:
+    """`row` followed by `new`, as `TokenIds` when `row` has its bytes too (tuples concatenate in C)."""
+    if isinstance(row, TokenIds):
+        return TokenIds(tuple.__add__(row, new), row.packed + new.packed)
+    return [*row, *new]

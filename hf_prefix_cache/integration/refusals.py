@@ -7,12 +7,15 @@ outputs a hit could not reproduce. Each rule returns a reason from `reasons.py` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.store.contract import TokenIds
 
 #: Arguments no family serves, with the reason counted. `encoder_outputs` is refused by the
 #: encoder-keyed families only: for decoder-only models it is a media or model kwarg like others.
@@ -123,7 +126,7 @@ def mask_problem(mask: Any, ids: torch.Tensor) -> str | None:
     return None
 
 
-def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[list[int]], str | None]:
+def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[TokenIds], str | None]:
     """The prompt's rows on the host, and why its mask or pad tokens would change what the key covers (or None).
 
     One read of the device: the ids and whether every mask element is 1 (one flag per row, reduced
@@ -131,20 +134,42 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[l
     and `infers_padding` wait twice more).
 
     >>> read_prompt(torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), None)
-    ([[5, 6]], 'padding')
+    ([(5, 6)], 'padding')
     """
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
-        return input_ids.tolist(), reasons.ATTENTION_MASK_SHAPE
+        return token_rows(input_ids), reasons.ATTENTION_MASK_SHAPE
     if mask is None:
-        rows: list[list[int]] = input_ids.tolist()
+        rows = token_rows(input_ids)
         return rows, reasons.PADDING if _has_pad(rows, config) else None
     ones = (mask == 1).all(dim=-1, keepdim=True).to(input_ids.device, input_ids.dtype)
-    rows = torch.cat([input_ids, ones], 1).tolist()
-    flags = [row.pop() for row in rows]  # each row's flag, taken off its end
-    return rows, None if all(flags) else reasons.PADDING
+    host = read_to_host(torch.cat([input_ids, ones], 1))
+    return rows_of(host[:, :-1]), None if host[:, -1].all() else reasons.PADDING
 
 
-def _has_pad(rows: list[list[int]], config: Any) -> bool:
+def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
+    """Integer `ids` as int64 on the host, in one read (`.cpu()`; the array shares a CPU tensor's memory)."""
+    host = ids.to(torch.int64).cpu()
+    # The unpatched `numpy`: `keys/weights.py` records `.numpy()` aliases, which only parameters need.
+    array: NDArray[np.int64] = torch._C.TensorBase.numpy(host)
+    return array
+
+
+def rows_of(host: NDArray[np.int64]) -> list[TokenIds]:
+    """The rows of a 2-D int64 host array as `TokenIds`: the ints and their bytes from the same copy."""
+    data, width = host.tobytes(), 8 * host.shape[1]  # C order: row after row
+    return [TokenIds(row, data[i * width : (i + 1) * width]) for i, row in enumerate(host.tolist())]
+
+
+def token_rows(ids: torch.Tensor) -> list[TokenIds]:
+    """The rows of integer `ids` as `TokenIds`, read to the host once.
+
+    >>> token_rows(torch.tensor([[5, 6], [7, 8]]))[1][1:]
+    (8,)
+    """
+    return rows_of(read_to_host(ids))
+
+
+def _has_pad(rows: Sequence[Sequence[int]], config: Any) -> bool:
     """`infers_padding` on rows already on the host."""
     pad = getattr(config, "pad_token_id", None)
     if pad is None:

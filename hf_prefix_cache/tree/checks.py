@@ -5,7 +5,8 @@ Slow (it walks every node); for tests and after faults (`RadixTree.check_integri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from array import array
+from typing import TYPE_CHECKING, Any, cast
 
 from hf_prefix_cache.tree.frontier import can_leave
 
@@ -31,6 +32,8 @@ def check_tree(tree: RadixTree[Any], offered: set[tuple[int, float]]) -> None:
             raise RuntimeError(f"{node} starts at {node.start} but its parent ends at {node.parent.end}")
         if not node.key or node.parent.children.get(node.key[0]) is not node:
             raise RuntimeError(f"{node} is not linked under its first symbol")
+        if node.packed is not None and node.packed != array("q", cast("tuple[int, ...]", node.key)).tobytes():
+            raise RuntimeError(f"{node}'s key bytes are not its token ids")  # a match would read a wrong prefix
         if node.value is None or node.value.nbytes != node.nbytes:
             raise RuntimeError(f"{node} caches nbytes={node.nbytes}, value says otherwise")
         # A node's count includes its children's (locks walk up), so it is at least their sum.

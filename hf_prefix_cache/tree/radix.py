@@ -25,7 +25,17 @@ from typing import Generic, Protocol
 
 from hf_prefix_cache.tree.checks import check_tree
 from hf_prefix_cache.tree.frontier import Frontier
-from hf_prefix_cache.tree.node import InsertResult, MatchResult, Node, NodeValue, ScoreFn, V, common_len, lru_score
+from hf_prefix_cache.tree.node import (
+    InsertResult,
+    MatchResult,
+    Node,
+    NodeValue,
+    ScoreFn,
+    TokenIds,
+    V,
+    lru_score,
+    node_common_len,
+)
 
 # What callers import from here: the tree and the types its answers hold.
 __all__ = ["InsertResult", "MatchResult", "Node", "NodeValue", "RadixTree", "lru_score"]
@@ -84,7 +94,7 @@ class RadixTree(Generic[V]):
             child = node.children.get(symbols[pos])
             if child is None:
                 break
-            common = common_len(child.key, symbols, pos)
+            common = node_common_len(child, symbols, pos)
             path.append(child)
             pos += common
             if common < len(child.key):
@@ -140,7 +150,7 @@ class RadixTree(Generic[V]):
             child = node.children.get(symbols[pos])
             if child is None:
                 break
-            common = common_len(child.key, symbols, pos)
+            common = node_common_len(child, symbols, pos)
             if common < len(child.key):
                 child = self._split(child, common)
             self._use(child, now)
@@ -150,7 +160,9 @@ class RadixTree(Generic[V]):
         matched_len = pos
         new_node: Node[V] | None = None
         if pos < n:
-            new_node = Node(namespace, node, tuple(symbols[pos:]), pos)
+            new_node = Node(namespace, node, _key_of(symbols, pos), pos)
+            if isinstance(symbols, TokenIds):
+                new_node.packed = symbols.packed[8 * pos :]
             value = make_value(pos, n)
             new_node.value = value
             new_node.nbytes = value.nbytes
@@ -319,6 +331,8 @@ class RadixTree(Generic[V]):
         old_nbytes = node.nbytes
         head_value, tail_value = node.value.split(offset)
         head: Node[V] = Node(node.namespace, node.parent, node.key[:offset], node.start)
+        if node.packed is not None:
+            head.packed, node.packed = node.packed[: 8 * offset], node.packed[8 * offset :]
         head.value = head_value  # type: ignore[assignment]
         head.nbytes = head_value.nbytes
         head.lock_ref = node.lock_ref
@@ -342,3 +356,8 @@ class RadixTree(Generic[V]):
 
 class _ValueFactory(Protocol[V]):  # type: ignore[misc]
     def __call__(self, start: int, end: int) -> V: ...
+
+
+def _key_of(symbols: Sequence[Hashable], pos: int) -> tuple[Hashable, ...]:
+    """The key of an edge holding `symbols[pos:]`: a plain tuple (a `TokenIds` query's bytes go to `Node.packed`)."""
+    return tuple.__getitem__(symbols, slice(pos, None)) if isinstance(symbols, tuple) else tuple(symbols[pos:])

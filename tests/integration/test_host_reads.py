@@ -30,3 +30,33 @@ def test_stored_rows_reuse_the_prompt_only_when_generate_returned_it_unchanged()
     assert _rows_on_host(changed, 4, (ids, sentinel)) == [[5, 99, 7, 40]]
     assert _rows_on_host(sequences, 2, (ids, sentinel)) == [[5, 6]]  # the cache covers less than the prompt
     assert _rows_on_host(sequences, 4, None) == [[5, 6, 7, 40]]
+
+
+def test_the_hook_hands_the_tree_token_bytes_read_with_the_ids() -> None:
+    """Prompts and stored rows reach the tree as TokenIds whose bytes are those of the ids read, so every
+    text node compares at C speed (a silent fall back to per-int comparisons would only be slow, so it is
+    checked here), and a branching second request reuses exactly the shared prefix."""
+    from array import array
+
+    from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.store.contract import TokenIds
+    from hf_prefix_cache.testing.compare import Hits, assert_same_as_cold
+    from hf_prefix_cache.testing.tiny_models import build
+
+    ids = torch.tensor([[3, 2**31 - 5, 7, 9]], dtype=torch.int32)  # read as int64 whatever the dtype
+    rows, reason = read_prompt(ids, None, None)
+    assert reason is None and isinstance(rows[0], TokenIds)
+    assert rows[0].packed == array("q", [3, 2**31 - 5, 7, 9]).tobytes()
+
+    model = build("llama")
+    store = PrefixCache(model)
+    hits = Hits(store)
+    first = torch.randint(5, 90, (1, 40), generator=torch.Generator().manual_seed(1))
+    assert_same_as_cold(model, first, store)
+    branch = torch.cat([first[:, :25], torch.randint(5, 90, (1, 10))], 1)
+    branch[0, 25] = 95  # differs from the stored row at position 25
+    assert_same_as_cold(model, branch, store)
+    assert hits.last() == 25
+    nodes = list(store._store._tree.iter_nodes())
+    assert len(nodes) == 3 and all(node.packed is not None for node in nodes)
+    store.check_integrity()  # bytes equal to every node's key
