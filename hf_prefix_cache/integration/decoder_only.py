@@ -34,8 +34,9 @@ from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, Served, Store, TokenIds
+from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
+from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 

@@ -30,8 +30,9 @@ from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_ro
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import is_out_of_memory
-from hf_prefix_cache.store.contract import Lease, Store, TokenIds, store_behind
+from hf_prefix_cache.store.contract import Lease, Store, store_behind
 from hf_prefix_cache.store.sessions import Session
+from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 

@@ -15,7 +15,7 @@ import torch
 from numpy.typing import NDArray
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.store.contract import TokenIds
+from hf_prefix_cache.token_ids import TokenIds
 
 #: Arguments no family serves, with the reason counted. `encoder_outputs` is refused by the
 #: encoder-keyed families only: for decoder-only models it is a media or model kwarg like others.

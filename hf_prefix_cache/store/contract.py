@@ -5,9 +5,10 @@ it (`PrefixCache`, which `stand_for` registers) or a session of it as `generate`
 `store_behind` finds the store again. Per request the hook asks for the
 current `namespace`, takes a `Lease` on the longest usable stored prefix (restored into a
 fresh working cache), runs the model, gives the lease back with `release`, stores the
-finished sequence with `insert_sequence`, and counts what happened. Token ids read from a tensor
-go to the store as `TokenIds` (the ints with their bytes), which the tree compares at C speed. Every verb is safe to
-call from several threads at once; the store serialises what mutates it.
+finished sequence with `insert_sequence`, and counts what happened. Every verb is safe to
+call from several threads at once; the store serialises what mutates it. Token ids read from
+a tensor go to the store as `token_ids.TokenIds` (the ints with their bytes), which the tree
+compares at C speed.
 
 Modelled on mini-sglang's documented `BasePrefixCache`: match (and pin), insert, release.
 """
@@ -18,10 +19,6 @@ import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
-
-from hf_prefix_cache.tree.node import TokenIds
-
-__all__ = ["InsertOutcome", "Lease", "Served", "Store", "TokenIds", "stand_for", "store_behind"]
 
 if TYPE_CHECKING:
     from hf_prefix_cache.model.profile import ModelProfile

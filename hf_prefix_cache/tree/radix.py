@@ -23,6 +23,7 @@ import time
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Generic, Protocol
 
+from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.checks import check_tree
 from hf_prefix_cache.tree.frontier import Frontier
 from hf_prefix_cache.tree.node import (
@@ -31,7 +32,6 @@ from hf_prefix_cache.tree.node import (
     Node,
     NodeValue,
     ScoreFn,
-    TokenIds,
     V,
     lru_score,
     node_common_len,

@@ -39,9 +39,9 @@ def test_the_hook_hands_the_tree_token_bytes_read_with_the_ids() -> None:
     from array import array
 
     from hf_prefix_cache import PrefixCache
-    from hf_prefix_cache.store.contract import TokenIds
     from hf_prefix_cache.testing.compare import Hits, assert_same_as_cold
     from hf_prefix_cache.testing.tiny_models import build
+    from hf_prefix_cache.token_ids import TokenIds
 
     ids = torch.tensor([[3, 2**31 - 5, 7, 9]], dtype=torch.int32)  # read as int64 whatever the dtype
     rows, reason = read_prompt(ids, None, None)
