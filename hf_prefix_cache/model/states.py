@@ -34,7 +34,7 @@ class Run:
     (1, (0, 2))
     """
 
-    __slots__ = ("_num_refs", "devices", "hi", "keys", "lo", "nbytes_per_token", "values", "wait")
+    __slots__ = ("_num_refs", "buffers", "devices", "hi", "keys", "lo", "nbytes_per_token", "values", "wait")
 
     def __init__(
         self,
@@ -51,6 +51,7 @@ class Run:
         self.hi = hi
         self._num_refs = 0
         self.wait: Callable[[], None] | None = None
+        self.buffers: list[torch.Tensor] = []  # set by `packed_copy`: tensors holding exactly its keys and values
         self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
         for k in keys:
             assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
@@ -103,15 +104,22 @@ class Run:
         self.adopt(self.packed_copy(lo, hi))
 
     def packed_copy(self, lo: int, hi: int) -> Run:
-        """A new run holding a copy of `[lo, hi)`: one stacked buffer per device, dtype and shape (`packed_copies`)."""
+        """A new run holding a copy of `[lo, hi)`: one stacked buffer per device, dtype and shape (`packed_copies`).
+
+        Its `buffers` are those stacks, which hold its keys and values and nothing else: a check
+        of every value (`all_finite`) reads them as a few tensors instead of one view per layer.
+        """
         keys, values = self.slice(lo, hi)
-        copies = packed_copies(keys + values)
-        return Run(copies[: len(keys)], copies[len(keys) :], lo, hi, list(self.devices), self.nbytes_per_token)
+        copies, stacks = _packed(keys + values)
+        run = Run(copies[: len(keys)], copies[len(keys) :], lo, hi, list(self.devices), self.nbytes_per_token)
+        run.buffers = stacks
+        return run
 
     def adopt(self, other: Run) -> None:
         """Hold `other`'s tensors and range instead of this run's own (a copy of part of it); references stay."""
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
         self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
+        self.buffers = other.buffers
 
 
 def packed_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -125,17 +133,23 @@ def packed_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor |
     >>> torch.equal(x, a), x.is_contiguous(), x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
     (True, True, True)
     """
+    return _packed(tensors)[0]
+
+
+def _packed(tensors: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """`packed_copies`, and the stacks that hold them."""
     groups: dict[tuple[torch.device, torch.dtype, torch.Size], list[int]] = {}
     for i, t in enumerate(tensors):
         if t is not None:
             groups.setdefault((t.device, t.dtype, t.shape), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(tensors)
+    stacks: list[torch.Tensor] = []
     with torch.no_grad():
         for members in groups.values():
-            copies = torch.stack([tensors[i] for i in members]).unbind(0)  # type: ignore[misc]
-            for i, copy in zip(members, copies, strict=True):
+            stacks.append(torch.stack([tensors[i] for i in members]))  # type: ignore[misc]
+            for i, copy in zip(members, stacks[-1].unbind(0), strict=True):
                 out[i] = copy
-    return out
+    return out, stacks
 
 
 @dataclass(slots=True)

@@ -15,6 +15,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from hf_prefix_cache import reasons
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot, all_finite, state_tensors
@@ -259,11 +261,11 @@ class Prefixes:
         tail = run.packed_copy(start, length) if run is not None and start > 0 else None
         # After a restored prefix the tree likely keeps just the new positions: they are copied out once (one
         # stack) and the check reads that copy; a chat turn whose prefix moves onto this run drops the copy.
-        if tail is not None:
-            fresh = tail.keys, tail.values
-        else:
-            fresh = run.slice(start, length) if run is not None else ([], [])
-        if not all_finite([*fresh[0], *fresh[1], *state_tensors(all_snapshots), *state_tensors(items)]):
+        fresh: list[torch.Tensor | None] = list(tail.buffers) if tail is not None else []
+        if tail is None and run is not None:
+            keys, values = run.slice(start, length)
+            fresh = keys + values
+        if not all_finite([*fresh, *state_tensors(all_snapshots), *state_tensors(items)]):
             self._requests.log_once(
                 reasons.NON_FINITE_STATES,
                 "not storing %d tokens: their states hold NaN or infinity (check the inputs, e.g. pixel values)",
