@@ -34,6 +34,9 @@ class TokenIds(tuple[int, ...]):
         self.packed = packed
         return self
 
+    def __getnewargs__(self) -> tuple[tuple[int, ...], bytes]:
+        return tuple(self), self.packed  # pickle and copy rebuild it through `__new__`
+
     @overload
     def __getitem__(self, index: SupportsIndex) -> int: ...
 

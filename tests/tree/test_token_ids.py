@@ -7,7 +7,9 @@ inserts and splits.
 
 from __future__ import annotations
 
+import copy
 import operator
+import pickle
 import random
 from array import array
 from collections.abc import Sequence
@@ -38,6 +40,8 @@ def test_slices_keep_their_bytes_and_everything_else_behaves_as_the_ids() -> Non
     assert row == plain and operator.eq(plain, row) and row == tuple(plain)  # the list on either side
     assert row != [5, 6, 7, 2**40, -4] and not operator.ne(row, plain)
     assert hash(row) == hash((5, 6, 7, 2**40, -3))
+    for copied in (copy.deepcopy(row), pickle.loads(pickle.dumps(row))):
+        assert isinstance(copied, TokenIds) and copied == row and copied.packed == row.packed
     with pytest.raises(AssertionError, match="bytes for"):
         TokenIds([1, 2], b"\0" * 8)
 
