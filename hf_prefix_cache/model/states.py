@@ -34,7 +34,7 @@ class Run:
     (1, (0, 2))
     """
 
-    __slots__ = ("_num_refs", "buffers", "devices", "hi", "keys", "lo", "nbytes_per_token", "values", "wait")
+    __slots__ = ("_num_refs", "_views", "buffers", "devices", "hi", "keys", "lo", "nbytes_per_token", "values", "wait")
 
     def __init__(
         self,
@@ -52,6 +52,7 @@ class Run:
         self._num_refs = 0
         self.wait: Callable[[], None] | None = None
         self.buffers: list[torch.Tensor] = []  # set by `packed_copy`: tensors holding exactly its keys and values
+        self._views: tuple[int, int, list[torch.Tensor | None], list[torch.Tensor | None]] | None = None
         self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
         for k in keys:
             assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
@@ -88,16 +89,19 @@ class Run:
                 self.compact(end, self.hi)
 
     def slice(self, start: int, end: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """Views of positions `[start, end)`."""
+        """Views of positions `[start, end)` (the views of the last range asked for are kept and handed out again:
+        a prefix hit by many requests slices its layers once; nothing writes into a stored tensor)."""
         assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
         if self.wait is not None:
             self.wait()
             self.wait = None
-        a, b = start - self.lo, end - self.lo
-        return (
-            [k[..., a:b, :] if k is not None else None for k in self.keys],
-            [v[..., a:b, :] if v is not None else None for v in self.values],
-        )
+        views = self._views
+        if views is None or views[0] != start or views[1] != end:
+            a, b = start - self.lo, end - self.lo
+            keys = [k[..., a:b, :] if k is not None else None for k in self.keys]
+            values = [v[..., a:b, :] if v is not None else None for v in self.values]
+            views = self._views = (start, end, keys, values)
+        return list(views[2]), list(views[3])
 
     def compact(self, lo: int, hi: int) -> None:
         """Keep only `[lo, hi)`, copied out (`packed_copy`) so the rest is freed."""
@@ -119,7 +123,7 @@ class Run:
         """Hold `other`'s tensors and range instead of this run's own (a copy of part of it); references stay."""
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
         self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
-        self.buffers = other.buffers
+        self.buffers, self._views = other.buffers, None
 
 
 def packed_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
