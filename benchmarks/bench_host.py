@@ -22,36 +22,21 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
-from _common import print_end, print_environment, start_run
+from _common import print_end, print_environment, start_run, tiny_llama
 from bench_cuda import TAIL, first_token, ready_cache
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.integration.decoder_only import DecoderOnlyHook
 
 
 def narrow_llama(layers: int) -> Any:
-    """A random-weight Llama with `layers` layers of width 64 (2 KV heads of 16), float32."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=65536,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model: Any = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = None
-    return model
+    """The benchmarks' random-weight Llama with `layers` layers of width 64 (4 heads of 16, 2 KV heads), float32."""
+    sizes = SimpleNamespace(vocab=1000, hidden=64, intermediate=64, layers=layers, heads=4, kv_heads=2)
+    return tiny_llama(sizes, 65536)
 
 
 @contextmanager

@@ -261,10 +261,13 @@ class Prefixes:
         tail = run.packed_copy(start, length) if run is not None and start > 0 else None
         # After a restored prefix the tree likely keeps just the new positions: they are copied out once (one
         # stack) and the check reads that copy; a chat turn whose prefix moves onto this run drops the copy.
-        fresh: list[torch.Tensor | None] = list(tail.buffers) if tail is not None else []
-        if tail is None and run is not None:
+        if tail is not None:
+            fresh: list[torch.Tensor | None] = list(tail.buffers)
+        elif run is not None:
             keys, values = run.slice(start, length)
             fresh = keys + values
+        else:
+            fresh = []
         if not all_finite([*fresh, *state_tensors(all_snapshots), *state_tensors(items)]):
             self._requests.log_once(
                 reasons.NON_FINITE_STATES,
