@@ -16,6 +16,11 @@ size between the device and a page-locked host buffer; `store` moves the entry d
 (`max_bytes = 0`) and brings it back on a lookup (match, copy and restore). The first round
 allocates the page-locked pool; the steady figure is the median of later rounds, which reuse it.
 
+Last, a hit whose prefix waits in host memory: `overlapped` is the shipped path (each layer's
+copy lands on a side stream while earlier layers compute: `model/landing.py`), `copy first`
+lands every copy before the prefill (the path of models that cannot restore by layer), and
+`on device` is the same hit once the entry is back on the device.
+
 Run on a GPU machine: ``python benchmarks/bench_cuda.py`` (``--quick`` for short prompts,
 ``--profile`` for the store's hottest functions on a hit). ``--device cpu --small`` runs the same
 steps on a small model on the CPU, to check the script without a GPU.
@@ -40,6 +45,7 @@ from _common import CACHE
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.model.working_cache import WorkingCache
 
 TAIL = 32  # new tokens after the stored prefix on every hit
 
@@ -186,6 +192,50 @@ def time_tiers(model: Any, device: str, n: int, gen: torch.Generator, vocab: int
         print(f"{label:>27s} {raw:7.2f} {first:7.2f} {steady:7.2f} {steady / raw:11.2f}")
 
 
+def time_host_hits(model: Any, device: str, n: int, reps: int, gen: torch.Generator, vocab: int) -> None:
+    """Print first-token ms of a hit whose `n - TAIL`-token prefix is in host memory: overlapped, copied first,
+    and on the device."""
+    prefix = torch.randint(10, vocab, (1, n - TAIL), generator=gen).to(device)
+    store = PrefixCache(model, max_host_bytes="64GB")
+    first_token(model, prefix, store)
+    budget = store.max_bytes
+    samples: dict[str, list[float]] = {"overlapped": [], "copy first": [], "on device": []}
+
+    def hit(rep: int, offloaded: bool, by_layer: bool) -> float:
+        suffix = torch.randint(10, vocab, (1, TAIL), generator=gen).to(device)
+        suffix[0, 0] = 5 + rep % 200
+        ids = torch.cat([prefix, suffix], 1)
+        if offloaded:
+            store.max_bytes = 0  # everything to the host tier
+            store.max_bytes = budget
+            sync(device)
+        original = WorkingCache.defers_keys
+        if not by_layer:
+            WorkingCache.defers_keys = property(lambda self: False)  # type: ignore[method-assign,assignment]
+        try:
+            return timed(device, functools.partial(first_token, model, ids, store))
+        finally:
+            WorkingCache.defers_keys = original  # type: ignore[method-assign]
+
+    for rep in range(reps + 1):
+        times = {
+            "overlapped": hit(3 * rep, True, True),
+            "copy first": hit(3 * rep + 1, True, False),
+            "on device": hit(3 * rep + 2, False, True),
+        }
+        if rep:
+            for name, seconds in times.items():
+                samples[name].append(seconds)
+    store.check_integrity()
+    store.detach()
+    medians = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+    print(f"\nhit from host memory: {n}-token prompt, prefix of {n - TAIL} on the host tier, first-token ms")
+    print(" ".join(f"{name:>11s}" for name in medians) + f" {'copy first/overlapped':>22s}")
+    print(
+        " ".join(f"{ms:11.2f}" for ms in medians.values()) + f" {medians['copy first'] / medians['overlapped']:22.3f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="prompts of 512 and 2048 tokens only")
@@ -220,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         for n in sorted({lengths[0], lengths[-1]}):
             profile_hits(model, args.device, n, gen, vocab)
     time_tiers(model, args.device, lengths[-1], gen, vocab)
+    for n in sorted({lengths[0], lengths[-1]}):
+        time_host_hits(model, args.device, n, args.reps, gen, vocab)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ def restore(
                 spans=spans,
                 item_spans=item_spans,
                 batch_size=len(rows),
+                overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
             return lease, cache
         except Exception as exc:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_prefix_cache.model.landing import Landing
 from hf_prefix_cache.model.layers import LayerState
 
 
@@ -23,7 +24,9 @@ class Run:
 
     `devices` remembers where each layer's tensors belong, so a run brought back from host
     memory or disk goes to the device of its own layer (models split over several devices).
-    `wait`, when set, blocks until an asynchronous copy into these tensors has finished.
+    `wait`, when set, blocks until an asynchronous copy into these tensors has finished;
+    `landing`, when set, tells when copies into them (layer by layer, from host memory) have
+    landed: `slice` waits for all of them unless the caller waits per layer itself.
 
     Its lifetime is counted here and only here: each stored segment that reads it holds one
     reference (`take`), returned with `give_back`; `num_refs` only reads the count.
@@ -34,7 +37,19 @@ class Run:
     (1, (0, 2))
     """
 
-    __slots__ = ("_num_refs", "_views", "buffers", "devices", "hi", "keys", "lo", "nbytes_per_token", "values", "wait")
+    __slots__ = (
+        "_num_refs",
+        "_views",
+        "buffers",
+        "devices",
+        "hi",
+        "keys",
+        "landing",
+        "lo",
+        "nbytes_per_token",
+        "values",
+        "wait",
+    )
 
     def __init__(
         self,
@@ -51,6 +66,7 @@ class Run:
         self.hi = hi
         self._num_refs = 0
         self.wait: Callable[[], None] | None = None
+        self.landing: Landing | None = None
         self.buffers: list[torch.Tensor] = []  # set by `packed_copy`: tensors holding exactly its keys and values
         self._views: tuple[int, int, list[torch.Tensor | None], list[torch.Tensor | None]] | None = None
         self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
@@ -88,13 +104,23 @@ class Run:
             elif start == self.lo:
                 self.compact(end, self.hi)
 
-    def slice(self, start: int, end: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    def slice(
+        self, start: int, end: int, land: bool = True
+    ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """Views of positions `[start, end)` (the views of the last range asked for are kept and handed out again:
-        a prefix hit by many requests slices its layers once; nothing writes into a stored tensor)."""
+        a prefix hit by many requests slices its layers once; nothing writes into a stored tensor).
+
+        With `land=False` copies still landing are not waited for: the caller must call
+        `landing.ready(layer)` before it reads a layer (a restore that overlaps the prefill).
+        """
         assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
         if self.wait is not None:
             self.wait()
             self.wait = None
+        if land and self.landing is not None:
+            self.landing.ready_all()
+            if self.landing.landed:
+                self.landing = None
         views = self._views
         if views is None or views[0] != start or views[1] != end:
             a, b = start - self.lo, end - self.lo

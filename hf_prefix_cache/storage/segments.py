@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from hf_prefix_cache.model.landing import Landing
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 
 
@@ -86,11 +87,12 @@ class Segment:
 KVPieces = list[tuple[list[torch.Tensor | None], list[torch.Tensor | None]]]
 
 
-def kv_pieces(segments: Sequence[Segment], length: int) -> KVPieces:
+def kv_pieces(segments: Sequence[Segment], length: int, land: bool = True) -> KVPieces:
     """Views of positions `[0, length)` from consecutive segments starting at 0, one per run.
 
     Segments that continue each other in one run merge into one view, so a prefix that lies in
     one run (the usual case) is a single piece. Empty for `length == 0` or segments without keys.
+    With `land=False` copies still landing in a run are not waited for (see `landings`).
     """
     spans: list[tuple[Run, int, int]] = []
     for seg in segments:
@@ -104,7 +106,19 @@ def kv_pieces(segments: Sequence[Segment], length: int) -> KVPieces:
     if not spans:
         return []
     assert spans[0][1] == 0 and spans[-1][2] == length, f"segments do not cover [0, {length})"
-    return [run.slice(a, b) for run, a, b in spans]
+    return [run.slice(a, b, land) for run, a, b in spans]
+
+
+def landings(segments: Sequence[Segment], length: int) -> list[Landing]:
+    """The landings of the runs that `kv_pieces(segments, length)` reads: what a reader must wait for per layer."""
+    out: list[Landing] = []
+    for seg in segments:
+        if seg.start >= length or seg.run is None:
+            break
+        landing = seg.run.landing
+        if landing is not None and all(landing is not seen for seen in out):
+            out.append(landing)
+    return out
 
 
 def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:

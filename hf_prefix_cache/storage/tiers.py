@@ -16,16 +16,19 @@ Knows tensors and devices; nothing about trees or models.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
 import torch
 
+from hf_prefix_cache.model.landing import DeferredCopies, Landing, StreamEvents, combine
 from hf_prefix_cache.model.layers import LayerState
 from hf_prefix_cache.model.states import Run, Snapshot
 from hf_prefix_cache.storage.host_pool import HostPool
 from hf_prefix_cache.storage.segments import Segment
 
 S = TypeVar("S", bound=Snapshot)
+T = TypeVar("T")
 
 DEVICE, HOST, DISK = 0, 1, 2
 TIER_NAMES = ("device", "host", "disk")
@@ -129,6 +132,67 @@ class Mover:
                 out[i] = t
         return out
 
+    def to_device_by_layer(
+        self, tensors: Sequence[torch.Tensor | None], devices: Sequence[torch.device | None], layers: Sequence[int]
+    ) -> tuple[list[torch.Tensor | None], Landing | None]:
+        """Copies of host `tensors` on their `devices`, landing by blocks of `layers` (`layers[i]` holds `tensors[i]`).
+
+        The reader calls `ready(layer)` on the landing before it reads a layer's copies, or
+        `ready_all()`; the copies of later layers then overlap the work on earlier ones. From
+        page-locked memory to CUDA they run on a side stream (`StreamEvents`); to other devices
+        each block is copied at its first `ready` (`DeferredCopies`), so a read that forgot to
+        wait finds unwritten memory there too. Tensors that do not tile one host span in layer
+        order (a part of a longer run, a file just read) are copied at once, as `to_device` does.
+        """
+        out: list[torch.Tensor | None] = [None] * len(tensors)
+        landings: list[Landing] = []
+        for device, members in _by_device(tensors, devices).items():
+            srcs: list[torch.Tensor] = [tensors[i] for i in members]  # type: ignore[misc]
+            span = _shared_span(srcs)
+            blocks = _layer_blocks(srcs, [layers[i] for i in members]) if span is not None else None
+            eager = span is None or blocks is None or (device.type == "cuda" and not span[0].is_pinned())
+            if eager:
+                moved = self.to_device(srcs, [device] * len(srcs))
+            else:
+                assert span is not None and blocks is not None
+                flat, lo, starts = span
+                block_of, ranges = blocks
+                copy = torch.empty(flat.numel(), dtype=torch.uint8, device=device)
+                if device.type == "cuda":  # pragma: no cover - CUDA only
+                    landings.append(self._land_on_stream(device, flat, copy, ranges, block_of))
+                else:
+                    copy.fill_(255)  # NaN in every float dtype until its block lands
+                    landings.append(
+                        DeferredCopies(block_of, [partial(_copy_range, copy, flat, a, b) for a, b in ranges])
+                    )
+                moved = [_view(copy, start - lo, t) for start, t in zip(starts, srcs, strict=True)]
+            for i, t in zip(members, moved, strict=True):
+                out[i] = t
+        return out, combine(landings)
+
+    def _land_on_stream(
+        self,
+        device: torch.device,
+        flat: torch.Tensor,
+        copy: torch.Tensor,
+        ranges: list[tuple[int, int]],
+        block_of: dict[int, int],
+    ) -> Landing:  # pragma: no cover - CUDA only
+        """Queue the block copies of pinned `flat` into device `copy` on the side stream, an event after each."""
+        current = torch.cuda.current_stream(device)
+        stream = self._stream(device)
+        stream.wait_stream(current)  # `copy` was allocated on the current stream; its memory may still be read there
+        events = []
+        with torch.cuda.stream(stream):
+            for a, b in ranges:
+                copy[a:b].copy_(flat[a:b], non_blocking=True)
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream)
+                events.append(event)
+        copy.record_stream(stream)  # freed before the copies end, its memory must not be handed out again
+        self.pool.fence(flat, events[-1].query)  # the host buffer is read until the last copy ends
+        return StreamEvents(block_of, device, events)
+
     def _stream(self, device: torch.device) -> torch.cuda.Stream:  # pragma: no cover - CUDA only
         stream = self._streams.get(device)
         if stream is None:
@@ -166,6 +230,41 @@ def _view(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor
     return buffer[offset : offset + like.nbytes].view(like.dtype).view(like.shape)
 
 
+_MAX_BLOCKS = 16  # copies per device for a run brought back by layer: fewer launches, still overlapping
+
+
+def _layer_blocks(
+    tensors: Sequence[torch.Tensor], layers: Sequence[int]
+) -> tuple[dict[int, int], list[tuple[int, int]]] | None:
+    """For `tensors` tiling one byte span: the copy block of each layer, and each block's byte range in the span.
+
+    Layers are grouped into at most `_MAX_BLOCKS` blocks of consecutive layers. None when the
+    layers do not follow the bytes' order (a layout from before the per-layer order), so that a
+    block would not be one range.
+    """
+    starts = [int(t.storage_offset()) * t.element_size() for t in tensors]
+    order = sorted(range(len(tensors)), key=starts.__getitem__)
+    in_order = [layers[i] for i in order]
+    if any(b < a for a, b in zip(in_order, in_order[1:], strict=False)):
+        return None
+    distinct = sorted(set(in_order))
+    per_block = -(-len(distinct) // _MAX_BLOCKS)
+    block_of = {layer: n // per_block for n, layer in enumerate(distinct)}
+    lo = starts[order[0]]
+    ranges: list[tuple[int, int]] = []
+    for i in order:
+        a, b = starts[i] - lo, starts[i] - lo + int(tensors[i].nbytes)
+        if len(ranges) == block_of[layers[i]]:
+            ranges.append((a, b))
+        else:
+            ranges[-1] = (ranges[-1][0], b)
+    return block_of, ranges
+
+
+def _copy_range(dst: torch.Tensor, src: torch.Tensor, a: int, b: int) -> None:
+    dst[a:b].copy_(src[a:b])
+
+
 def _shared_span(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int, list[int]] | None:
     """When contiguous `tensors` tile one byte span of one storage (as `to_host` lays them out): the span, its
     start and theirs. Tensors with gaps between them (a part of a longer host run) are not copied this way: the
@@ -188,8 +287,9 @@ def segment_to_host(seg: Segment, mover: Mover) -> Segment:
     run = None
     if seg.run is not None:
         keys, values = seg.run.slice(seg.start, seg.end)
-        moved, wait = mover.to_host(keys + values)  # one batched copy for the whole entry
-        run = Run(moved[: len(keys)], moved[len(keys) :], seg.start, seg.end, devices=list(seg.run.devices))
+        # One batched copy for the whole entry, each layer's keys beside its values (it comes back by layer).
+        moved, wait = mover.to_host(_by_layer(keys, values))
+        run = Run(moved[0::2], moved[1::2], seg.start, seg.end, devices=list(seg.run.devices))
         run.wait = wait
         run.take()
     snapshots = {n: snapshot_to_host(snap, mover) for n, snap in seg.snapshots.items()}
@@ -206,18 +306,19 @@ def segment_to_device(seg: Segment, mover: Mover, state_devices: dict[int, torch
     run = None
     if seg.run is not None:
         keys, values = seg.run.slice(seg.start, seg.end)
-        moved = mover.to_device(keys + values, seg.run.devices + seg.run.devices)
-        run = Run(
-            moved[: len(keys)],
-            moved[len(keys) :],
-            seg.start,
-            seg.end,
-            devices=list(seg.run.devices),
-        )
+        layers = [i for i in range(len(keys)) for _ in (0, 1)]
+        moved, landing = mover.to_device_by_layer(_by_layer(keys, values), _by_layer(seg.run.devices), layers)
+        run = Run(moved[0::2], moved[1::2], seg.start, seg.end, devices=list(seg.run.devices))
+        run.landing = landing
         run.take()
     snapshots = {n: _snapshot_to(snap, mover, state_devices) for n, snap in seg.snapshots.items()}
     items = {n: _snapshot_to(state, mover, state_devices) for n, state in seg.items.items()}
     return Segment(run, seg.start, seg.end, seg.nbytes_per_token, snapshots, items=items)
+
+
+def _by_layer(keys: Sequence[T], values: Sequence[T] | None = None) -> list[T]:
+    """`keys[0], values[0], keys[1], values[1], ...` (each layer's pair side by side; `values` defaults to `keys`)."""
+    return [x for pair in zip(keys, keys if values is None else values, strict=True) for x in pair]
 
 
 def snapshot_to_host(snap: S, mover: Mover) -> S:

@@ -107,12 +107,15 @@ class Store(Protocol):
         spans: Sequence[tuple[int, int]] = (),
         item_spans: Sequence[tuple[int, int]] = (),
         batch_size: int = 1,
+        overlap: bool = False,
     ) -> Lease:
         """Match `symbols`, pin the matched entry, restore the usable prefix into `into`, return the lease.
 
         Restores at most `limit` symbols (default: all but the last), never inside one of the
         media `spans`. Mutates the tree's pins and use clocks, and may move entries between
-        tiers to bring the prefix to the device. On any error nothing stays pinned.
+        tiers to bring the prefix to the device. On any error nothing stays pinned. With
+        `overlap`, keys still being copied back from host memory may be set in `into` layer by
+        layer at first use (`WorkingCache.restore`), so only give it to the model's forward.
         """
         ...
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.model.landing import Landing, land_all
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot, all_finite, state_tensors
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -30,6 +31,7 @@ from hf_prefix_cache.storage.segments import (
     best_snapshot,
     join_kv,
     kv_pieces,
+    landings,
     stored_item_states,
 )
 from hf_prefix_cache.store.contract import InsertOutcome, Lease
@@ -64,6 +66,7 @@ class _Plan:
     snapshot: Snapshot | None
     items: list[ItemState]
     pieces: KVPieces
+    landings: list[Landing]  # copies into `pieces` still on their way (a prefix brought back from host memory)
 
 
 @dataclass(slots=True)
@@ -103,6 +106,7 @@ class Prefixes:
         spans: Sequence[tuple[int, int]] = (),
         item_spans: Sequence[tuple[int, int]] = (),
         batch_size: int = 1,
+        overlap: bool = False,
     ) -> Lease:
         """Match `symbols`, pin the matched path, restore the usable prefix into `into` (see `contract.Store`).
 
@@ -110,7 +114,7 @@ class Prefixes:
         never cutting inside one of the media `spans`. Media items whose spans are in `item_spans`
         restore with their stored item states; a prefix is cut before the first such item it holds
         without one. A disk file found corrupt is dropped and the match retried. A request scope
-        active here (`store/scope.py`) is told the restored length.
+        active here (`store/scope.py`) is told the restored length. `overlap`: see `_restore`.
 
         Raises:
             torch.OutOfMemoryError: bringing the entry back or restoring it did not fit (nothing stays pinned).
@@ -124,7 +128,7 @@ class Prefixes:
         while plan is None:
             plan = self._plan(namespace, tokens, limit, spans, item_spans)
         try:
-            self._restore(into, plan, batch_size)
+            self._restore(into, plan, batch_size, overlap)
         except BaseException:
             with self._lock():
                 self._unpin(plan.pin)
@@ -169,14 +173,24 @@ class Prefixes:
             if item_spans:
                 assert not self.profile.has_state, "item states are for attention-only models"
                 restore_len, items = stored_item_states(segments, item_spans, restore_len)
-            return _Plan(pin, match.matched_len, restore_len, snapshot, items, kv_pieces(segments, restore_len))
+            pieces = kv_pieces(segments, restore_len, land=False)
+            return _Plan(pin, match.matched_len, restore_len, snapshot, items, pieces, landings(segments, restore_len))
 
-    def _restore(self, into: WorkingCache, plan: _Plan, batch_size: int) -> None:
+    def _restore(self, into: WorkingCache, plan: _Plan, batch_size: int, overlap: bool) -> None:
         """Outside the lock: join the pieces (a copy only across runs) and restore them into `into`.
 
-        The views stay valid: a compaction swaps a run's tensors for new ones and never writes into the old ones.
+        With `overlap`, pieces still landing from host memory restore layer by layer at first use where the
+        model allows (`WorkingCache.restore(landing=...)`), so their copies overlap the prefill;
+        elsewhere every copy lands first. The views stay valid: a compaction swaps a run's
+        tensors for new ones and never writes into the old ones.
         """
-        if plan.restore_len:
+        if not plan.restore_len:
+            return
+        if overlap and plan.landings and plan.pieces and into.defers_keys:
+            landing = (plan.pieces, plan.landings)
+            into.restore(plan.restore_len, None, None, None, batch_size=batch_size, landing=landing)
+        else:
+            land_all(plan.landings)
             keys, values = join_kv(plan.pieces) if self.profile.has_kv else (None, None)
             into.restore(plan.restore_len, keys, values, plan.snapshot, batch_size=batch_size, items=plan.items)
 
