@@ -187,9 +187,16 @@ class Prefixes:
         if not plan.restore_len:
             return
         if overlap and plan.landings and plan.pieces and into.defers_keys:
+            logger.debug("restoring %d tokens layer by layer as their copies from host memory land", plan.restore_len)
             landing = (plan.pieces, plan.landings)
             into.restore(plan.restore_len, None, None, None, batch_size=batch_size, landing=landing)
         else:
+            if plan.landings:
+                logger.debug(
+                    "restoring %d tokens after every copy from host memory has landed (%s)",
+                    plan.restore_len,
+                    "not a model whose layers can be set at first use" if overlap else "a lookup",
+                )
             land_all(plan.landings)
             keys, values = join_kv(plan.pieces) if self.profile.has_kv else (None, None)
             into.restore(plan.restore_len, keys, values, plan.snapshot, batch_size=batch_size, items=plan.items)
