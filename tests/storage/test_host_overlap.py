@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.landing import DeferredCopies, Landing
 from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, HOST, Mover, _layer_blocks, segment_to_device, segment_to_host
 
@@ -181,6 +182,34 @@ def test_other_cache_methods_land_every_layer_first(call: Any) -> None:
         assert "update" not in vars(landing) and "crop" not in vars(landing)  # the waiting methods are gone
         for (keys, values), b in zip(landed, eager.layers, strict=True):
             assert torch.equal(keys, b.keys) and torch.equal(values, b.values)
+    finally:
+        store.detach()
+
+
+def test_batch_rows_sharing_a_prefix_from_the_host_are_exact(monkeypatch: Any) -> None:
+    """Rows that share a stored prefix on the host get it broadcast to every row, each layer at its first use."""
+    llama = cached_model("llama")
+    system = distinct_prompt(47)
+    store = _host_hit_store(llama, system)
+    batches: list[int] = []
+    original = WorkingCache._restore_landing
+
+    def restore_landing(self: WorkingCache, length: int, pieces: Any, landings: Any, batch_size: int) -> None:
+        batches.append(batch_size)
+        original(self, length, pieces, landings, batch_size)
+
+    monkeypatch.setattr(WorkingCache, "_restore_landing", restore_landing)
+    try:
+        rows = []
+        for i in range(3):
+            question = distinct_prompt(48 + i, n=8)
+            question[0, 0] = 100 + i
+            rows.append(torch.cat([system, question], 1))
+        before = store.stats().hit_tokens
+        assert_same_as_cold(llama, torch.cat(rows), store)
+        assert store.stats().hit_tokens - before == 3 * system.shape[1]
+        assert batches == [3]
+        store.check_integrity()
     finally:
         store.detach()
 
