@@ -85,7 +85,8 @@ class WorkingCache(DynamicCache):
         concatenates onto them, which makes new tensors). `items` are the states of the media
         items in the prefix, in prompt order: their vision keys/values fill the cross-attention layers.
         `landing` (where `defers_keys`): instead of `keys` and `values`, the pieces that join into
-        them and the copies into those still landing; each layer is then set at its first use.
+        them and the copies into those still landing (maybe none); each layer is then set at its
+        first use, and its pieces are joined by that use's own concatenation.
         """
         if landing is not None:
             assert keys is None and values is None and snapshot is None and not items
@@ -133,17 +134,17 @@ class WorkingCache(DynamicCache):
         )
 
     def _restore_landing(self, length: int, pieces: KVPieces, landings: Sequence[Landing], batch_size: int) -> None:
-        """Load a prefix of `length` tokens whose keys are still being copied in (`model/landing.py`).
+        """Load a prefix of `length` tokens from `pieces`, some maybe still being copied in (`model/landing.py`).
 
         Each layer holds a stand-in of the right shape (NaN: any read before it lands shows)
-        until its first `update`, which waits for that layer's copy, joins its `pieces` and sets
-        them; any other `Cache` method, `capture_run` and iteration land every layer first.
-        So the prefill of layer 0 runs while later layers are still copied.
+        until its first `update`, which waits for that layer's copy and sets its first piece; the
+        other pieces go in front of the new keys, so the layer's own concatenation joins them
+        all (one copy of the prefix, where a join before the prefill would make two). Any other
+        `Cache` method, `capture_run` and iteration land and join every layer first. So the
+        prefill of layer 0 runs while later layers are still copied.
         """
         assert self.defers_keys, "a landing restore is for models whose every cached layer is full attention"
-        landing = combine(landings)
-        assert landing is not None, "restore_landing without anything landing"
-        self._landing = _LandingKV(self, length, pieces, landing, batch_size)
+        self._landing = _LandingKV(self, length, pieces, combine(landings), batch_size)
         self.update = self._update_landing  # type: ignore[method-assign]
         for name in _LANDS_ALL:
             setattr(self, name, partial(self._land_then, name))
@@ -160,7 +161,7 @@ class WorkingCache(DynamicCache):
     ) -> Any:
         landing = self._landing
         if landing is not None and layer_idx in landing.pending:
-            landing.set_layer(layer_idx)
+            key_states, value_states = landing.set_head(layer_idx, key_states, value_states)
             if not landing.pending:
                 self._landed()
         return DynamicCache.update(self, key_states, value_states, layer_idx, *args, **kwargs)
@@ -295,7 +296,9 @@ def _only(state: LayerState, name: str) -> torch.Tensor:
 class _LandingKV:
     """The layers of a `WorkingCache` still waiting for their keys, and what sets each of them."""
 
-    def __init__(self, cache: WorkingCache, length: int, pieces: KVPieces, landing: Landing, batch_size: int) -> None:
+    def __init__(
+        self, cache: WorkingCache, length: int, pieces: KVPieces, landing: Landing | None, batch_size: int
+    ) -> None:
         self.cache = cache
         self.length = length
         self.pieces = pieces
@@ -316,15 +319,38 @@ class _LandingKV:
             adapter.restore_kv(layer, stand_ins[where].expand(shape_k), stand_ins[where].expand(shape_v), length)
             self.pending.add(i)
 
-    def set_layer(self, i: int) -> None:
-        """Wait for layer `i`'s copy, join its pieces and set them in the layer."""
+    def _take(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Wait for layer `i`'s copies; its pieces of keys and of values."""
         self.pending.discard(i)
-        self.landing.ready(i)
-        ks = [p[0][i] for p in self.pieces]
-        vs = [p[1][i] for p in self.pieces]
-        k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=-2)  # type: ignore[arg-type]
-        v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=-2)  # type: ignore[arg-type]
-        assert k is not None and v is not None
-        if self.batch_size > 1:
-            k, v = k.expand(self.batch_size, -1, -1, -1), v.expand(self.batch_size, -1, -1, -1)
-        self.cache.profile.adapters[i].restore_kv(self.cache.layers[i], k, v, self.length)
+        if self.landing is not None:
+            self.landing.ready(i)
+        ks: list[torch.Tensor] = [p[0][i] for p in self.pieces]  # type: ignore[misc]
+        vs: list[torch.Tensor] = [p[1][i] for p in self.pieces]  # type: ignore[misc]
+        return ks, vs
+
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` broadcast to every row of the batch (a view)."""
+        return t if self.batch_size == 1 else t.expand(self.batch_size, -1, -1, -1)
+
+    def set_layer(self, i: int) -> None:
+        """Wait for layer `i`'s copies, join its pieces and set them in the layer."""
+        ks, vs = self._take(i)
+        k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=-2)
+        v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=-2)
+        self.cache.profile.adapters[i].restore_kv(self.cache.layers[i], self._rows(k), self._rows(v), self.length)
+
+    def set_head(
+        self, i: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `i`'s first update: set its first piece, and return its other pieces followed by the new states.
+
+        The layer's `update` then concatenates the first piece with what this returns: the keys
+        it keeps and hands to attention are the whole prefix and the new states, as ever.
+        """
+        ks, vs = self._take(i)
+        head_k, head_v = self._rows(ks[0]), self._rows(vs[0])
+        self.cache.profile.adapters[i].restore_kv(self.cache.layers[i], head_k, head_v, ks[0].shape[-2])
+        if len(ks) > 1:
+            key_states = torch.cat([*map(self._rows, ks[1:]), key_states], dim=-2)
+            value_states = torch.cat([*map(self._rows, vs[1:]), value_states], dim=-2)
+        return key_states, value_states

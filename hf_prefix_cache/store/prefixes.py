@@ -179,15 +179,18 @@ class Prefixes:
     def _restore(self, into: WorkingCache, plan: _Plan, batch_size: int, overlap: bool) -> None:
         """Outside the lock: join the pieces (a copy only across runs) and restore them into `into`.
 
-        With `overlap`, pieces still landing from host memory restore layer by layer at first use where the
-        model allows (`WorkingCache.restore(landing=...)`), so their copies overlap the prefill;
-        elsewhere every copy lands first. The views stay valid: a compaction swaps a run's
-        tensors for new ones and never writes into the old ones.
+        With `overlap`, where the model allows (`WorkingCache.restore(landing=...)`), pieces still
+        landing from host memory, or lying in several runs, restore layer by layer at first use:
+        copies overlap the prefill, and the layer's own concatenation joins the pieces (a join
+        here would copy the whole prefix once more). Elsewhere every copy lands first. The views
+        stay valid: a compaction swaps a run's tensors for new ones and never writes into the old ones.
         """
         if not plan.restore_len:
             return
-        if overlap and plan.landings and plan.pieces and into.defers_keys:
-            logger.debug("restoring %d tokens layer by layer as their copies from host memory land", plan.restore_len)
+        if overlap and plan.pieces and (plan.landings or len(plan.pieces) > 1) and into.defers_keys:
+            logger.debug(
+                "restoring %d tokens from %d pieces layer by layer at first use", plan.restore_len, len(plan.pieces)
+            )
             landing = (plan.pieces, plan.landings)
             into.restore(plan.restore_len, None, None, None, batch_size=batch_size, landing=landing)
         else:

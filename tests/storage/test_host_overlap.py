@@ -19,6 +19,7 @@ from hf_prefix_cache.model.states import Run
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, HOST, Mover, _layer_blocks, segment_to_device, segment_to_host
+from hf_prefix_cache.store import prefixes
 
 L = TypeVar("L", bound=Landing)
 
@@ -182,6 +183,40 @@ def test_other_cache_methods_land_every_layer_first(call: Any) -> None:
         assert "update" not in vars(landing) and "crop" not in vars(landing)  # the waiting methods are gone
         for (keys, values), b in zip(landed, eager.layers, strict=True):
             assert torch.equal(keys, b.keys) and torch.equal(values, b.values)
+    finally:
+        store.detach()
+
+
+def test_a_prefix_in_two_runs_on_the_device_is_joined_by_the_first_update(monkeypatch: Any) -> None:
+    """A prefix across two runs (a branch that continues) is not joined before the prefill: each layer's first
+    update joins it with the new keys in one concatenation, and the hit is exact."""
+    llama = cached_model("llama")
+    system = distinct_prompt(52)
+    first = torch.cat([system, distinct_prompt(53, n=10)], 1)
+    second = torch.cat([system, distinct_prompt(54, n=10)], 1)
+    store = PrefixCache(llama)
+    restores: list[tuple[int, int]] = []
+    original = WorkingCache._restore_landing
+
+    def restore_landing(self: WorkingCache, length: int, pieces: Any, landings: Any, batch_size: int) -> None:
+        restores.append((len(pieces), len(landings)))
+        original(self, length, pieces, landings, batch_size)
+
+    def no_join(pieces: Any) -> Any:
+        assert len(pieces) == 1, "pieces joined before the prefill"
+        return pieces[0]
+
+    try:
+        generate(llama, first, past_key_values=store)
+        generate(llama, second, past_key_values=store)  # its own tokens in a run of their own
+        monkeypatch.setattr(WorkingCache, "_restore_landing", restore_landing)
+        monkeypatch.setattr(prefixes, "join_kv", no_join)
+        longer = torch.cat([second, distinct_prompt(55, n=6)], 1)
+        before = store.stats().hit_tokens
+        assert_same_as_cold(llama, longer, store)
+        assert store.stats().hit_tokens - before == second.shape[1]
+        assert restores == [(2, 0)]
+        store.check_integrity()
     finally:
         store.detach()
 
