@@ -8,7 +8,10 @@ A segment that leaves a tier gets a run of its own in the new place: `segment_to
 `segment_to_device` copy the segment's range of keys/values, its snapshots and its item states
 and return a new `Segment`; the caller swaps it into the tree and releases the old one. On CUDA
 the copy to host runs on a side stream so decoding on the default stream is not stalled; the new
-run carries a `wait` that blocks until the copy is done, called before anything reads it.
+run carries a `wait` that blocks until the copy is done, called before anything reads it. Host
+copies lay each layer's keys beside its values, so a run comes back by blocks of layers
+(`to_device_by_layer`) and carries a `Landing` (`model/landing.py`): a prefill waits per layer,
+any other reader for all of it.
 
 Knows tensors and devices; nothing about trees or models.
 """
