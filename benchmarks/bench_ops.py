@@ -13,8 +13,8 @@ split by phase:
 * ``after``: outside the forwards, after the prompt's forward (storing the sequence).
 
 Printed per model kind (text: Llama; hybrid: Bamba shape, attention on one layer in four,
-Mamba-2 elsewhere, with and without `prompt_snapshot`; VLM: LLaVA with an image in the prefix)
-and layer count: the extra
+Mamba-2 elsewhere, with and without `prompt_snapshot`; VLM: LLaVA with an image in the prefix;
+text/2: the text model with its stored prefix in two runs) and layer count: the extra
 launching ops and syncs of the hit over the ideal per phase, the largest extra ops, and
 whether the ``before`` phase is within budget (at most 2 launches per layer + 20, at most 1
 sync). `tests/integration/test_hit_ops.py` runs `count_hit` on a few of these and fails past the budget.
@@ -247,8 +247,12 @@ def _ideal_cache(model: Any, prefix: torch.Tensor, media: dict[str, Any]) -> Any
     return cache
 
 
-def count_hit(kind: str, num_layers: int, **store_options: Any) -> HitOps:
-    """Count the extra ops of a hit over a ready `DynamicCache` for a `kind` model of `num_layers` layers."""
+def count_hit(kind: str, num_layers: int, branch: bool = False, **store_options: Any) -> HitOps:
+    """Count the extra ops of a hit over a ready `DynamicCache` for a `kind` model of `num_layers` layers.
+
+    With `branch` the stored prefix lies in two runs: its first half came with an earlier prompt
+    that went on differently, the rest with the prompt stored after it.
+    """
     model = build(kind, num_layers)
     prefix, ids, media = _prompts(kind)
     ready = _ideal_cache(model, prefix, media)
@@ -258,6 +262,10 @@ def count_hit(kind: str, num_layers: int, **store_options: Any) -> HitOps:
         _call(model, ids, fresh, {})
     store = PrefixCache(model, **store_options)
     try:
+        if branch:
+            earlier = prefix.clone()
+            earlier[:, PREFIX_LEN // 2 :] = 6  # shares the first half only
+            _call(model, earlier, store, media)
         _call(model, prefix, store, media)
         other = ids.clone()
         other[:, PREFIX_LEN:] = 5
@@ -293,11 +301,13 @@ def main() -> None:
         f"{'kind':>7} {'layers':>6} {'hit':>4} | {'before':>6} {'budget':>6} {'syncs':>5} | "
         f"{'+fwd':>4} {'forward':>7} | {'after':>6} {'syncs':>5} | ok  largest extra before"
     )
-    rows = [(kind, {}) for kind in args.kinds.split(",")]
+    rows: list[tuple[str, dict[str, Any]]] = [(kind, {}) for kind in args.kinds.split(",")]
     if "hybrid" in args.kinds.split(","):
         rows.append(("hybrid", {"prompt_snapshot": False}))
+    if "text" in args.kinds.split(","):
+        rows.append(("text", {"branch": True}))
     for kind, options in rows:
-        label = kind + ("-" if options else "")
+        label = kind + ("/2" if options.get("branch") else "-" if options else "")
         for num_layers in (int(n) for n in args.layers.split(",")):
             r = count_hit(kind, num_layers, **options)
             largest = ", ".join(f"{name} {n}" for name, n in r.largest)
@@ -307,6 +317,7 @@ def main() -> None:
                 f"{r.launches['after']:>6} {r.syncs['after']:>5} | {'yes' if r.within_budget else 'NO ':3} {largest}"
             )
     print("hybrid-: prompt_snapshot=False (no split prefill, no prompt-end snapshot)")
+    print("text/2: the stored prefix lies in two runs (joined by each layer's first update, in its forward)")
     print(f"done in {time.perf_counter() - started:.0f} s")
 
 

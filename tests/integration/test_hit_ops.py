@@ -32,3 +32,15 @@ def test_a_hybrid_without_prompt_snapshots_runs_no_extra_forward() -> None:
     assert ops.extra_forwards == 0
     assert ops.launches["forward"] == 0
     assert ops.within_budget
+
+
+@pytest.mark.parametrize("num_layers", [16, 80])
+def test_a_prefix_in_two_runs_is_not_joined_before_the_prefill(num_layers: int) -> None:
+    """A stored prefix in two runs costs what one run costs before the prefill; each layer joins it in its forward
+    with one small concatenation of keys and one of values."""
+    ops = count_hit("text", num_layers, branch=True)
+    one_run = count_hit("text", num_layers)
+    assert ops.hit_len == 200
+    assert ops.within_budget
+    assert ops.launches["before"] <= one_run.launches["before"] + 1  # a NaN stand-in for the layers until first use
+    assert ops.launches["forward"] <= 2 * num_layers
