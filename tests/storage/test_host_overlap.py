@@ -94,6 +94,19 @@ def test_a_layout_not_in_layer_order_is_copied_at_once() -> None:
     assert all(torch.equal(a, b) for a, b in zip(moved, seg.run.keys + seg.run.values, strict=True))  # type: ignore[arg-type]
 
 
+def _first_use_restores(monkeypatch: Any) -> list[tuple[int, int, int]]:
+    """(pieces, landings, batch size) of every restore set layer by layer at first use from now on."""
+    seen: list[tuple[int, int, int]] = []
+    original = WorkingCache._restore_landing
+
+    def record(self: WorkingCache, length: int, pieces: Any, landings: Any, batch_size: int) -> None:
+        seen.append((len(pieces), len(landings), batch_size))
+        original(self, length, pieces, landings, batch_size)
+
+    monkeypatch.setattr(WorkingCache, "_restore_landing", record)
+    return seen
+
+
 def _host_hit_store(model: Any, ids: torch.Tensor) -> PrefixCache:
     store = PrefixCache(model, max_host_bytes="64MB")
     generate(model, ids, past_key_values=store)
@@ -195,12 +208,6 @@ def test_a_prefix_in_two_runs_on_the_device_is_joined_by_the_first_update(monkey
     first = torch.cat([system, distinct_prompt(53, n=10)], 1)
     second = torch.cat([system, distinct_prompt(54, n=10)], 1)
     store = PrefixCache(llama)
-    restores: list[tuple[int, int]] = []
-    original = WorkingCache._restore_landing
-
-    def restore_landing(self: WorkingCache, length: int, pieces: Any, landings: Any, batch_size: int) -> None:
-        restores.append((len(pieces), len(landings)))
-        original(self, length, pieces, landings, batch_size)
 
     def no_join(pieces: Any) -> Any:
         assert len(pieces) == 1, "pieces joined before the prefill"
@@ -209,13 +216,13 @@ def test_a_prefix_in_two_runs_on_the_device_is_joined_by_the_first_update(monkey
     try:
         generate(llama, first, past_key_values=store)
         generate(llama, second, past_key_values=store)  # its own tokens in a run of their own
-        monkeypatch.setattr(WorkingCache, "_restore_landing", restore_landing)
+        restores = _first_use_restores(monkeypatch)
         monkeypatch.setattr(prefixes, "join_kv", no_join)
         longer = torch.cat([second, distinct_prompt(55, n=6)], 1)
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, longer, store)
         assert store.stats().hit_tokens - before == second.shape[1]
-        assert restores == [(2, 0)]
+        assert restores == [(2, 0, 1)]
         store.check_integrity()
     finally:
         store.detach()
@@ -226,14 +233,7 @@ def test_batch_rows_sharing_a_prefix_from_the_host_are_exact(monkeypatch: Any) -
     llama = cached_model("llama")
     system = distinct_prompt(47)
     store = _host_hit_store(llama, system)
-    batches: list[int] = []
-    original = WorkingCache._restore_landing
-
-    def restore_landing(self: WorkingCache, length: int, pieces: Any, landings: Any, batch_size: int) -> None:
-        batches.append(batch_size)
-        original(self, length, pieces, landings, batch_size)
-
-    monkeypatch.setattr(WorkingCache, "_restore_landing", restore_landing)
+    restores = _first_use_restores(monkeypatch)
     try:
         rows = []
         for i in range(3):
@@ -243,7 +243,7 @@ def test_batch_rows_sharing_a_prefix_from_the_host_are_exact(monkeypatch: Any) -
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, torch.cat(rows), store)
         assert store.stats().hit_tokens - before == 3 * system.shape[1]
-        assert batches == [3]
+        assert restores == [(1, 1, 3)]
         store.check_integrity()
     finally:
         store.detach()
