@@ -46,8 +46,9 @@ def why_cold(
     """Name the reason this call cannot reuse safely, or None."""
     if profile.unsupported is not None:
         return profile.unsupported
+    modes = serving_modes(profile)
     problem = (
-        refusals.refused_argument({**kwargs, **arguments})
+        refusals.refused_argument({**kwargs, **arguments}, modes=modes)
         or _ids_problem(profile, input_ids)
         or _media_problem(profile, model, input_ids, kwargs)
     )
@@ -57,7 +58,13 @@ def why_cold(
     if passed is not None:
         # It reaches the model's forward and may change states the key does not cover (GPT-2's token_type_ids).
         return reasons.with_detail(reasons.MODEL_KWARG, passed)
-    return _settings_problem(model, arguments, kwargs)
+    return _settings_problem(profile, model, arguments, kwargs, modes)
+
+
+def serving_modes(profile: ModelProfile) -> refusals.Modes:
+    """The decoding modes this model is served in: expanded rows where its layers keep every position,
+    assisted decoding where transformers' `crop` keeps them exact (and `generate` slices the prompt)."""
+    return refusals.Modes(expands=profile.expands, assisted=profile.is_croppable and profile.prompt_sliced)
 
 
 def _ids_problem(profile: ModelProfile, input_ids: Any) -> str | None:
@@ -111,14 +118,22 @@ def _model_kwarg(profile: ModelProfile, signature: inspect.Signature, kwargs: di
     return None
 
 
-def _settings_problem(model: Any, arguments: dict[str, Any], kwargs: dict[str, Any]) -> str | None:
+def _settings_problem(
+    profile: ModelProfile, model: Any, arguments: dict[str, Any], kwargs: dict[str, Any], modes: refusals.Modes
+) -> str | None:
     """Decoding, cache-implementation and output settings a hit could not reproduce."""
     config = refusals.GenerationSettings(model, arguments.get("generation_config"), kwargs)
-    problem = refusals.decoding_problem(config) or refusals.cache_implementation_problem(
+    problem = refusals.decoding_problem(config, modes) or refusals.cache_implementation_problem(
         config, _SERVED_IMPLEMENTATIONS
     )
     if problem is not None:
         return problem
+    if refusals.expand_size(config) > 1 and profile.media is not None:
+        # Media items and M-RoPE positions are keyed and computed for one row.
+        if profile.media.has_positions:
+            return reasons.MROPE_BATCH
+        if any(kwargs.get(name) is not None for name in profile.media.handled):
+            return reasons.MEDIA_BATCH
     if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
         return problem
     return None

@@ -26,7 +26,7 @@ import torch
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, refusals
-from hf_prefix_cache.integration.decoder_checks import media_layout, why_cold
+from hf_prefix_cache.integration.decoder_checks import media_layout, serving_modes, why_cold
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
@@ -52,6 +52,9 @@ class _Call:
     session: Session | None
     rows: list[TokenIds] = field(default_factory=list)
     drop_impl: bool = False  # drop the call's cache_implementation: the working cache serves it
+    expand: int = 1  # rows generate makes of each prompt row (beams, several returned sequences)
+    beams: bool = False  # beam search: the returned rows are not the cache's rows
+    assisted: bool = False  # assisted or prompt-lookup decoding: its first forward is fed the whole prompt
     layout: MediaLayout | None = None
     symbols: Sequence[Hashable] = ()
     namespace: str = ""
@@ -67,7 +70,10 @@ class DecoderOnlyHook(PatchingHook):
     def __init__(self, store: Store, model: Any) -> None:
         super().__init__(store, model)
         if not store.profile.prompt_sliced:
-            self._keep(_skip_cached_ids(model))
+            self._keep(_skip_cached_ids(model, slice_mask=True))
+        elif serving_modes(store.profile).assisted:
+            # Assisted decoding feeds its first forward the whole prompt, whatever the cache holds.
+            self._keep(_skip_cached_ids(model, slice_mask=False))
         scan: ScanContinuation | None = None
         if store.profile.single_token_steps:
             scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
@@ -94,7 +100,9 @@ class DecoderOnlyHook(PatchingHook):
             reason = self._key(call)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
-        restored = pipeline.restore(store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans)
+        restored = pipeline.restore(
+            store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans, expand=call.expand
+        )
         if restored is None:
             return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
         lease, cache = restored
@@ -124,6 +132,8 @@ class DecoderOnlyHook(PatchingHook):
         call.rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
         call.drop_impl = bool(settings.cache_implementation)
+        call.expand, call.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
+        call.assisted = refusals.is_assisted(settings) or bound.arguments.get("assistant_model") is not None
         return call, reason
 
     def _key(self, call: _Call) -> str | None:
@@ -157,7 +167,7 @@ class DecoderOnlyHook(PatchingHook):
         fed = lease.cached_len
         if profile.has_state:
             fed, snapshots = self._prefill(call, lease, cache)
-        if not profile.prompt_sliced:
+        if not profile.prompt_sliced or call.assisted:
             cache.skip_len = fed
         if media is not None and call.layout is not None and fed:
             # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
@@ -210,6 +220,16 @@ class DecoderOnlyHook(PatchingHook):
         if pipeline.is_exact_repeat(store, cache, lease) and not (items or call.session):
             return  # an exact repeat: all of it was matched (and marked used) when acquired
         prompt = call.symbols if has_media else None  # media symbols replace a one-row prompt's placeholders
+        if call.beams:
+            # The finished beams are not the cache's rows (beams are reordered every step and end at
+            # different steps), but every row holds the same prompt: store the prompt once, from the first.
+            cache.trim(call.prompt_len, range(0, len(rows) * call.expand, call.expand))
+            sequences = call.input_ids
+        elif call.assisted:
+            # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
+            kv_len = cache.kv_length()
+            assert kv_len is not None
+            cache.trim(kv_len, range(len(rows)))
         pipeline.store_sequences(
             store,
             call.namespace,
@@ -247,9 +267,10 @@ class DecoderOnlyHook(PatchingHook):
             return media.suffix_embeds(input_ids, kwargs, layout, cached_len)
 
 
-def _skip_cached_ids(model: Any) -> InstancePatch:
-    """Where `generate` does not slice the prompt by the cache (`_compat.generate_slices_prompt`), skip what
-    the working cache holds."""
+def _skip_cached_ids(model: Any, slice_mask: bool) -> InstancePatch:
+    """Where `generate` does not slice the prompt by the cache (`_compat.generate_slices_prompt`, and the first
+    forward of assisted decoding), skip what the working cache holds; `slice_mask` for the former, whose
+    forwards take the mask of the fed ids only."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         cache = _compat.cache_in(kwargs)
@@ -257,7 +278,7 @@ def _skip_cached_ids(model: Any) -> InstancePatch:
             skip, cache.skip_len = cache.skip_len, None
             kwargs["next_sequence_length"] = input_ids.shape[1] - skip
             mask = kwargs.get("attention_mask")
-            if mask is not None:
+            if mask is not None and slice_mask:
                 kwargs["attention_mask"] = mask[:, skip:]
         return patch.original(input_ids, *args, **kwargs)
 

@@ -108,10 +108,12 @@ def restore(
     symbols: Sequence[Hashable],
     spans: Sequence[tuple[int, int]] = (),
     item_spans: Sequence[tuple[int, int]] = (),
+    expand: int = 1,
 ) -> tuple[Lease, WorkingCache] | None:
     """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
-    `symbols` are the first row's tree symbols. None when memory ran out twice: after a first
+    `symbols` are the first row's tree symbols; each row is restored `expand` times (`generate` makes
+    that many rows of each for beams or several returned sequences). None when memory ran out twice: after a first
     out-of-memory error the store moves its unpinned entries off the device and it is tried once
     more. A failed attempt leaves nothing pinned and no half-restored cache.
     """
@@ -126,7 +128,7 @@ def restore(
                 limit=min(shared, len(rows[0]) - 1),
                 spans=spans,
                 item_spans=item_spans,
-                batch_size=len(rows),
+                batch_size=len(rows) * expand,
                 overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
             return lease, cache

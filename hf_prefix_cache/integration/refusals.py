@@ -8,6 +8,7 @@ outputs a hit could not reproduce. Each rule returns a reason from `reasons.py` 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,19 @@ REFUSED_ARGUMENTS: Mapping[str, str] = {
 ENCODER_ARGUMENTS: Mapping[str, str] = {"encoder_outputs": reasons.ENCODER_OUTPUTS}
 
 CACHE_IMPLEMENTATION = "cache_implementation"
+
+
+@dataclass(frozen=True, slots=True)
+class Modes:
+    """The decoding modes a hook serves on a restored cache, beyond one sequence per prompt row.
+
+    `expands`: beam search and several returned sequences (`generate` copies each prompt row;
+    the hook restores the prefix into every copy). `assisted`: assisted and prompt-lookup
+    decoding, whose rejected candidates `generate` crops off the working cache.
+    """
+
+    expands: bool = False
+    assisted: bool = False
 
 
 class GenerationSettings:
@@ -57,9 +71,14 @@ class GenerationSettings:
         return None
 
 
-def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False) -> str | None:
-    """The reason for the first refused argument given (not None) in `given`, or None."""
+def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, modes: Modes = Modes()) -> str | None:
+    """The reason for the first refused argument given (not None) in `given`, or None.
+
+    An assistant model is served where `modes.assisted` says so.
+    """
     for name, reason in REFUSED_ARGUMENTS.items():
+        if name == "assistant_model" and modes.assisted:
+            continue
         if given.get(name) is not None:
             return reason
     if encoder_keyed:
@@ -69,18 +88,29 @@ def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False) -> s
     return None
 
 
-def decoding_problem(config: GenerationSettings) -> str | None:
-    """Why these decoding settings cannot run on one restored cache (beams, several sequences,
-    no cache, assisted decoding), or None."""
-    if (config.num_beams or 1) > 1:
+def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str | None:
+    """Why these decoding settings cannot run on a restored cache (beams, several sequences, no cache,
+    assisted decoding) with the hook's `modes`, or None."""
+    if (config.num_beams or 1) > 1 and not modes.expands:
         return reasons.BEAM_SEARCH
-    if (config.num_return_sequences or 1) > 1:
+    if (config.num_return_sequences or 1) > 1 and not modes.expands:
         return reasons.NUM_RETURN_SEQUENCES
     if config.use_cache is False:
         return reasons.USE_CACHE_FALSE
-    if config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None:
+    if is_assisted(config) and not modes.assisted:
         return reasons.ASSISTED_DECODING
     return None
+
+
+def is_assisted(config: GenerationSettings) -> bool:
+    """Whether these settings ask for prompt-lookup or early-exit assisted decoding (an assistant model is an
+    argument of `generate`, not a setting)."""
+    return config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None
+
+
+def expand_size(config: GenerationSettings) -> int:
+    """How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more."""
+    return max(config.num_beams or 1, config.num_return_sequences or 1)
 
 
 def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:

@@ -86,6 +86,21 @@ class ModelProfile:
     def state_layers(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.adapters) if a.has_state)
 
+    @property
+    def expands(self) -> bool:
+        """Whether one restored prompt may become several rows (beams, several returned sequences).
+
+        Every layer keeps per-token keys of every position (no recurrent or window state, no media
+        item blocks), so the rows can be copies of one prefix and trimmed back to the prompt after.
+        """
+        return not self.has_state and not self.item_layers
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether transformers' `crop` (assisted decoding's rollback of rejected candidates) keeps every
+        layer exact and capturable."""
+        return all(a.is_croppable for a in self.adapters)
+
 
 def profile_model(
     model: Any, sliding_window_mode: str = "every_position", encoder_family: str | None = None

@@ -239,6 +239,21 @@ class WorkingCache(DynamicCache):
             values.append(kv[1] if kv is not None else None)
         return Run(keys, values, 0, length)
 
+    def trim(self, length: int, rows: Sequence[int]) -> None:
+        """Keep positions `[0, length)` of batch `rows` in every attention layer (copies), for a cache
+        that is only read afterwards (to store a prompt that beam search expanded).
+
+        Only where every layer keeps every position (`ModelProfile.expands`): a state cannot go back.
+        """
+        assert self.profile.expands, "only caches of per-token keys trim"
+        self.land()
+        index: torch.Tensor | None = None
+        for layer, adapter in zip(self.layers, self.profile.adapters, strict=True):
+            keys: torch.Tensor | None = getattr(layer, "keys", None)
+            if isinstance(adapter, FullAttentionAdapter) and keys is not None:
+                index = torch.tensor(list(rows), device=keys.device) if index is None else index
+                adapter.trim(layer, length, index)
+
     def snapshot(self, length: int) -> Snapshot:
         """Clones of every recurrent state, labelled with the number of tokens they summarise."""
         states = {}

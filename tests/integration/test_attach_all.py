@@ -106,7 +106,7 @@ def test_request_scope_salts_and_reports() -> None:
 
 
 def test_request_scope_of_a_cold_run_reports_nothing() -> None:
-    """A call the store runs cold (beam search) leaves the scope at zero calls and zero cached tokens."""
+    """A call the store runs cold (no cache) leaves the scope at zero calls and zero cached tokens."""
     model = build("llama")
     ids = distinct_prompt(7, 24)
     store = PrefixCache(model, attach="all")
@@ -114,7 +114,7 @@ def test_request_scope_of_a_cold_run_reports_nothing() -> None:
         generate(model, ids)
         scope = RequestScope()
         with active(scope):
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, num_beams=2, do_sample=False)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, use_cache=False, do_sample=False)
         assert scope.num_calls == 0 and scope.cached_len == 0
         assert sum(store.stats().fallbacks.values()) == 1
     finally:

@@ -40,18 +40,16 @@ def _assert_cold_and_counted(
 
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "beam_search": ("beam_search", {"num_beams": 2}),
-    "num_return_sequences": ("num_return_sequences", {"num_return_sequences": 2, "do_sample": True}),
     "use_cache_false": ("use_cache_false", {"use_cache": False}),
     "static_cache": ("cache_implementation:static", {"cache_implementation": "static"}),
-    "prompt_lookup": ("assisted_decoding", {"prompt_lookup_num_tokens": 2}),
     "output_attentions": ("output_attentions", {"output_attentions": True, "return_dict_in_generate": True}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_generation_modes_that_cannot_reuse_run_cold(llama_store: tuple[Any, PrefixCache], case: str) -> None:
-    """Beam search, sampling several sequences, static caches and the like run as if no store were given."""
+    """No cache, static caches and returned attentions run as if no store were given (beams, samples and
+    assisted decoding are served: test_decoding_modes.py)."""
     model, store = llama_store
     reason, kwargs = CASES[case]
     ids = random_prompt(30, seed=1)
@@ -95,17 +93,6 @@ def test_inputs_embeds_without_ids_runs_cold(llama_store: tuple[Any, PrefixCache
     cold = model.generate(inputs_embeds=embeds, max_new_tokens=4, do_sample=False)
     warm = model.generate(inputs_embeds=embeds, max_new_tokens=4, do_sample=False, past_key_values=store)
     _assert_cold_and_counted(store, "inputs_embeds", cold, warm, before)
-
-
-def test_assistant_model_runs_cold(llama_store: tuple[Any, PrefixCache]) -> None:
-    """Assisted decoding crops and re-fills its cache; it runs without the store."""
-    model, store = llama_store
-    assistant = cached_model("qwen3")
-    ids = random_prompt(30, seed=1)
-    before = _footprint(store)
-    cold = model.generate(ids, max_new_tokens=4, do_sample=False, assistant_model=assistant)
-    warm = model.generate(ids, max_new_tokens=4, do_sample=False, assistant_model=assistant, past_key_values=store)
-    _assert_cold_and_counted(store, "assisted_decoding", cold, warm, before)
 
 
 class _Collect(BaseStreamer):

@@ -45,9 +45,9 @@ def test_a_weights_change_and_a_cold_reason_are_logged(caplog: pytest.LogCapture
             model.lm_head.weight.data.mul_(2)
             generate(model, ids, past_key_values=store)
             for _ in range(2):
-                generate(model, ids, past_key_values=store, num_beams=2)
+                generate(model, ids, past_key_values=store, output_hidden_states=True)
         assert any("weights, dtype or adapters changed" in m for m in _messages(caplog, logging.INFO))
-        assert _messages(caplog, logging.WARNING) == ["prefix cache skipped, running cold: beam_search"]
-        assert "prefix cache skipped, running cold: beam_search" in _messages(caplog, logging.DEBUG)
+        assert _messages(caplog, logging.WARNING) == ["prefix cache skipped, running cold: output_hidden_states"]
+        assert "prefix cache skipped, running cold: output_hidden_states" in _messages(caplog, logging.DEBUG)
     finally:
         store.detach()

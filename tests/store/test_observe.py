@@ -79,9 +79,9 @@ def test_fallbacks_reach_callbacks_with_their_reason_and_a_failing_callback_is_o
     try:
         ids = distinct_prompt(2, 20)
         with caplog.at_level(logging.ERROR, logger="hf_prefix_cache"):
-            out = generate(model, ids, 3, past_key_values=store, num_beams=2)
+            out = generate(model, ids, 3, past_key_values=store, output_hidden_states=True)
         assert out.sequences.shape[1] == 23
-        assert [(e.fallback, e.hit_len, e.prompt_len) for e in events] == [("beam_search", 0, 20)]
+        assert [(e.fallback, e.hit_len, e.prompt_len) for e in events] == [("output_hidden_states", 0, 20)]
         assert "on_request callback failed" in caplog.text
     finally:
         store.detach()
@@ -100,12 +100,12 @@ def test_prometheus_metrics_report_the_stats() -> None:
         ids = distinct_prompt(3, 30)
         generate(model, ids, 3, past_key_values=store)
         generate(model, ids, 3, past_key_values=store)
-        generate(model, ids, 3, past_key_values=store, num_beams=2)
+        generate(model, ids, 3, past_key_values=store, output_hidden_states=True)
         stats = store.stats()
         value = registry.get_sample_value
         assert value("hf_prefix_cache_requests_total") == 3
         assert value("hf_prefix_cache_hit_tokens_total", {"modality": "text"}) == 29
-        assert value("hf_prefix_cache_fallbacks_total", {"reason": "beam_search"}) == 1
+        assert value("hf_prefix_cache_fallbacks_total", {"reason": "output_hidden_states"}) == 1
         assert value("hf_prefix_cache_bytes", {"tier": "device"}) == stats.device_nbytes > 0
         assert value("hf_prefix_cache_saved_prefill_flops_total") == stats.saved_prefill_flops
         text_out = prometheus_client.generate_latest(registry).decode()
@@ -122,9 +122,18 @@ def test_html_shows_tiers_hit_rate_modalities_and_fallbacks() -> None:
         ids = distinct_prompt(4, 30)
         generate(model, ids, 3, past_key_values=store)
         generate(model, ids, 3, past_key_values=store)
-        generate(model, ids, 3, past_key_values=store, num_beams=2)
+        generate(model, ids, 3, past_key_values=store, output_hidden_states=True)
         page = store._repr_html_()
-        for needle in ("LlamaForCausalLM", "device", "host", "disk", "29 of 90", "text", "beam_search", "<table"):
+        for needle in (
+            "LlamaForCausalLM",
+            "device",
+            "host",
+            "disk",
+            "29 of 90",
+            "text",
+            "output_hidden_states",
+            "<table",
+        ):
             assert needle in page, needle
         assert store.stats()._repr_html_() in page
     finally:

@@ -8,6 +8,8 @@ Two capabilities, declared up front rather than discovered by trial:
 - `has_state`: the layer keeps a recurrent or convolution state that summarises all tokens
   so far. It cannot be rewound (`is_trimmable` is False); it restores only from a snapshot
   taken at exactly the wanted length.
+- `is_croppable`: transformers' own `crop` (assisted decoding drops rejected candidates with
+  it) leaves the layer as a forward of the shorter sequence would, and still capturable.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LayerAdapter(Protocol):
 
     has_kv: bool
     has_state: bool
+    is_croppable: bool
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Keys and values `[B, H, L, D]` for all positions `[0, L)`, by reference (no copy)."""
@@ -62,6 +65,7 @@ class NoCacheAdapter:
 
     has_kv = False
     has_state = False
+    is_croppable = True  # `DummyLayer.crop` does nothing, and there is nothing to keep
 
     def prepare(self, layer: Any) -> None:
         pass

@@ -20,6 +20,8 @@ from hf_prefix_cache.model.layers.base import NoCacheAdapter
 class CrossAttentionAdapter(NoCacheAdapter):
     """Holds nothing per token (so the store never slices it); media blocks go through the methods below."""
 
+    is_croppable = False  # its keys are the media's vision tokens: a crop by text length would cut them
+
     def capture_media(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Keys and values `[B, H, num_vision_tokens, D]` of every media item seen, or None when empty."""
         if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:

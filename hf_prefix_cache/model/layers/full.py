@@ -16,6 +16,7 @@ from hf_prefix_cache.model.layers.base import LayerState
 class FullAttentionAdapter:
     has_kv = True
     has_state = False
+    is_croppable = True
 
     def prepare(self, layer: Any) -> None:
         pass
@@ -31,6 +32,10 @@ class FullAttentionAdapter:
         layer.dtype, layer.device = keys.dtype, keys.device
         layer.keys, layer.values = keys, values
         layer.is_initialized = True
+
+    def trim(self, layer: Any, length: int, rows: torch.Tensor) -> None:
+        """Keep positions `[0, length)` of batch `rows`, copied out (a store keeps no bytes it does not need)."""
+        layer.keys, layer.values = layer.keys[rows, :, :length], layer.values[rows, :, :length]
 
     def snapshot_state(self, layer: Any) -> LayerState | None:
         return None

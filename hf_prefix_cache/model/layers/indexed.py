@@ -47,6 +47,10 @@ class IndexedAttentionAdapter(FullAttentionAdapter):
         layer.indexer_dtype, layer.indexer_device = indexer.dtype, indexer.device
         layer.is_indexer_initialized = True
 
+    def trim(self, layer: Any, length: int, rows: torch.Tensor) -> None:
+        super().trim(layer, length, rows)
+        layer.indexer_keys = layer.indexer_keys[rows, :length]
+
     def _per_head(self, heads: int) -> int:
         return -(-self.index_dim // heads)
 

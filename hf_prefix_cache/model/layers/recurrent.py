@@ -32,6 +32,7 @@ _STATE_FLAGS = (
 class RecurrentAdapter:
     has_kv = False
     has_state = True
+    is_croppable = False  # a state summarises every token: it cannot go back
 
     def prepare(self, layer: Any) -> None:
         pass

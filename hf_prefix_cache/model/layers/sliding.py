@@ -26,6 +26,10 @@ from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 
 
 class SlidingWindowAdapter(FullAttentionAdapter):
+    # transformers' crop cuts a recording layer back to its window ("minimal working size"): later
+    # captures would miss the positions before it.
+    is_croppable = False
+
     def prepare(self, layer: Any) -> None:
         # Keep all past keys: `update` then returns only the visible window, exactly as without recording.
         layer.activate_past_recording()
@@ -45,12 +49,17 @@ class SlidingWindowAdapter(FullAttentionAdapter):
         layer.cumulative_length = length
         layer._sliding_window_tensor = layer._sliding_window_tensor.to(keys.device)
 
+    def trim(self, layer: Any, length: int, rows: torch.Tensor) -> None:
+        super().trim(layer, length, rows)
+        layer.cumulative_length = length
+
 
 class WindowStateAdapter:
     """A sliding layer kept as its window: snapshots of the last `window - 1` keys/values and the length."""
 
     has_kv = False
     has_state = True
+    is_croppable = False  # past the window, the keys to go back to are gone
 
     def prepare(self, layer: Any) -> None:
         pass  # no past recording: the layer keeps only its window, as without a store

@@ -1,0 +1,128 @@
+"""Beams, several sampled sequences and assisted decoding reuse a stored prefix exactly, and store what they can.
+
+Each case runs the same call cold and through a store that holds the prompt's first 30 tokens:
+sequences equal, per-step logits within LOGIT_TOL, and the call's hit tokens counted, so none of
+these can pass with the store running cold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import CACHE_NAME, LOGIT_TOL, Hits, cached_model, kv_bytes_per_token, max_logit_diff, random_prompt
+
+from hf_prefix_cache import PrefixCache
+
+STORED_LEN = 30
+PROMPT_LEN = 40
+
+MODES: dict[str, dict[str, Any]] = {
+    "beams": {"num_beams": 3, "num_return_sequences": 2},
+    "beams_from_config": {"generation_config_num_beams": 3},
+    "beam_sample": {"num_beams": 2, "do_sample": True},
+    "samples": {"do_sample": True, "num_return_sequences": 3},
+    "prompt_lookup": {"prompt_lookup_num_tokens": 3},
+    "assistant_model": {"assistant": "qwen3"},
+}
+# Full attention, sliding windows (every position kept), an indexer's keys, absolute positions.
+MODELS = ("llama", "gemma3_text", "deepseek_v32", "gpt2")
+# transformers' crop cuts a recording sliding layer back to its window: assisted decoding runs cold there.
+ASSISTED_COLD = {"gemma3_text"}
+
+
+def _run(model: Any, ids: torch.Tensor, mode: str, store: PrefixCache | None) -> Any:
+    kwargs = dict(MODES[mode])
+    if "generation_config_num_beams" in kwargs:
+        config = model.generation_config.__class__.from_dict(model.generation_config.to_dict())
+        config.num_beams = kwargs.pop("generation_config_num_beams")
+        kwargs["generation_config"] = config
+    if "assistant" in kwargs:
+        kwargs["assistant_model"] = cached_model(kwargs.pop("assistant"))
+    if store is not None:
+        kwargs[CACHE_NAME] = store
+    kwargs.setdefault("do_sample", False)
+    torch.manual_seed(0)
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=6,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def warm_store(request: pytest.FixtureRequest) -> Any:
+    model = cached_model(request.param)
+    store = PrefixCache(model)
+    ids = random_prompt(PROMPT_LEN, seed=11)
+    stored = ids[:, :STORED_LEN]
+    model.generate(
+        stored, attention_mask=torch.ones_like(stored), max_new_tokens=1, do_sample=False, **{CACHE_NAME: store}
+    )
+    yield request.param, model, store, ids
+    store.check_integrity()
+    store.detach()
+
+
+@pytest.mark.parametrize("warm_store", MODELS, indirect=True)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_decoding_mode_reuses_the_stored_prefix_exactly(warm_store: Any, mode: str) -> None:
+    """Beams, sampled sequences and assisted decoding equal the cold call, reusing the stored prompt."""
+    name, model, store, ids = warm_store
+    cold = _run(model, ids, mode, None)
+    hits = Hits(store)
+    warm = _run(model, ids, mode, store)
+    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+    assert max_logit_diff(cold, warm) < LOGIT_TOL
+    if name in ASSISTED_COLD and mode in ("prompt_lookup", "assistant_model"):
+        assert hits.last() == 0
+        assert store.stats().fallbacks == {"assisted_decoding": 1}
+        return
+    assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
+    assert store.stats().fallbacks == {}
+
+
+@pytest.mark.parametrize("warm_store", ["llama"], indirect=True)
+def test_beam_search_stores_the_prompt_once(warm_store: Any) -> None:
+    """After beam search the whole prompt is stored (once), so the same prompt again reuses all but its last token."""
+    _, model, store, ids = warm_store
+    nbytes = store.stats().nbytes
+    _run(model, ids, "beams", store)
+    # The prompt's 10 new positions, one row of them (not one per beam).
+    assert store.stats().nbytes - nbytes == (PROMPT_LEN - STORED_LEN) * kv_bytes_per_token(model)
+    hits = Hits(store)
+    cold = _run(model, ids, "beams", None)
+    warm = _run(model, ids, "beams", store)
+    assert torch.equal(cold.sequences, warm.sequences)
+    assert hits.last() == PROMPT_LEN - 1
+
+
+@pytest.mark.parametrize("warm_store", ["llama"], indirect=True)
+def test_each_sampled_sequence_is_stored_as_its_own_entry(warm_store: Any) -> None:
+    """Every sampled answer is stored, so a follow-up on any one of them reuses it whole."""
+    _, model, store, ids = warm_store
+    out = _run(model, ids, "samples", store)
+    assert len({tuple(row.tolist()) for row in out.sequences}) > 1, "the samples should differ for this test"
+    for row in out.sequences:
+        follow_up = torch.cat([row[None, :], random_prompt(4, seed=3)], dim=1)
+        hits = Hits(store)
+        cold = _run(model, follow_up, "samples", None)
+        warm = _run(model, follow_up, "samples", store)
+        assert torch.equal(cold.sequences, warm.sequences)
+        # The stored answer holds all its tokens but the last (never fed back).
+        assert hits.last() == row.shape[0] - 1
+
+
+@pytest.mark.parametrize("warm_store", ["bamba"], indirect=True)
+@pytest.mark.parametrize(("mode", "reason"), [("beams", "beam_search"), ("samples", "num_return_sequences")])
+def test_models_with_states_run_expanded_calls_cold_with_a_reason(warm_store: Any, mode: str, reason: str) -> None:
+    """A recurrent state has one row per snapshot, so beams and samples on a hybrid model run cold, counted."""
+    _, model, store, ids = warm_store
+    cold = _run(model, ids, mode, None)
+    warm = _run(model, ids, mode, store)
+    assert torch.equal(cold.sequences, warm.sequences)
+    assert store.stats().fallbacks == {reason: 1}
