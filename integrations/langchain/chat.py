@@ -31,7 +31,7 @@ QUESTIONS = (
     "Can I return a helmet I have worn once?",
     "Is the shop open on Sunday?",
 )
-TEMPLATE = HANDBOOK + "\nAnswer the question from the handbook above in one sentence.\nQuestion: {question}\nAnswer:"
+TEMPLATE = "{document}\nAnswer the question from the handbook above in one sentence.\nQuestion: {question}\nAnswer:"
 
 
 def build_llm(model: Any, tokenizer: Any, max_new_tokens: int = 32) -> HuggingFacePipeline:
@@ -60,9 +60,11 @@ def chat(llm: HuggingFacePipeline, tokenizer: Any, turns: tuple[str, ...] = TURN
     return answers
 
 
-def ask_handbook(llm: HuggingFacePipeline, questions: tuple[str, ...] = QUESTIONS) -> list[str]:
-    """A `PromptTemplate | llm` chain: the same 1,100-token handbook before each question."""
-    chain = PromptTemplate.from_template(TEMPLATE) | llm
+def ask_handbook(
+    llm: HuggingFacePipeline, questions: tuple[str, ...] = QUESTIONS, document: str = HANDBOOK
+) -> list[str]:
+    """A `PromptTemplate | llm` chain: the same document (the 1,100-token handbook) before each question."""
+    chain = PromptTemplate.from_template(TEMPLATE).partial(document=document) | llm
     return [str(chain.invoke({"question": question})) for question in questions]
 
 

@@ -16,6 +16,13 @@ INSTALL = "pip install -e '.[integrations]'"  # scripts/install does this (langc
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the hub
 
 
+def short_handbook() -> str:
+    """The handbook's first five sections (about 560 tokens): a long shared prefix that costs half the full one's prefill."""
+    from hf_prefix_cache.frontends.sample_text import HANDBOOK
+
+    return "\n\n".join(HANDBOOK.split("\n\n")[:6])
+
+
 def require(*modules: str, install: str = INSTALL) -> None:
     """Skip the calling test module unless every module imports, with the install command as the reason."""
     for name in modules:
