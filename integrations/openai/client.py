@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
 TURNS = ("Name a colour.", "Name a fruit of that colour.", "Where does it grow?")
@@ -48,12 +49,12 @@ def chat(
 
     `on_text` sees each piece of an answer as it arrives.
     """
-    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
     for question in turns:
         messages.append({"role": "user", "content": question})
         stream = client.chat.completions.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=max_tokens,
             temperature=0,
             stream=True,
