@@ -31,6 +31,7 @@ from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
+from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
@@ -50,7 +51,8 @@ class _Call:
     input_ids: Any
     prompt_len: int
     session: Session | None
-    rows: list[TokenIds] = field(default_factory=list)
+    rows: list[TokenIds] = field(default_factory=list)  # each row's tokens after its left padding
+    pads: tuple[int, ...] = ()  # each row's left padding
     drop_impl: bool = False  # drop the call's cache_implementation: the working cache serves it
     expand: int = 1  # rows generate makes of each prompt row (beams, several returned sequences)
     beams: bool = False  # beam search: the returned rows are not the cache's rows
@@ -100,6 +102,8 @@ class DecoderOnlyHook(PatchingHook):
             reason = self._key(call)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
+        if any(call.pads) or any(row != call.rows[0] for row in call.rows[1:]):
+            return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast
         restored = pipeline.restore(
             store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans, expand=call.expand
         )
@@ -129,7 +133,9 @@ class DecoderOnlyHook(PatchingHook):
         assert isinstance(input_ids, torch.Tensor)
         # The one read of the device before the prefill: ids, mask and pad tokens.
         settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
-        call.rows, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
+        call.rows, call.pads, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
+        if reason is None and any(call.pads) and not _serves_padding(self._store.profile):
+            reason = reasons.PADDING
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
         call.drop_impl = bool(settings.cache_implementation)
         call.expand, call.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
@@ -176,6 +182,46 @@ class DecoderOnlyHook(PatchingHook):
         if call.drop_impl:
             kwargs[refusals.CACHE_IMPLEMENTATION] = None
         return self._original(*call.args, **kwargs), snapshots
+
+    def _serve_rows(self, call: _Call) -> Any:
+        """Steps 3-5 for a batch (or a left-padded row): each row restores its own stored prefix.
+
+        The rows share the cache's columns, so each reuses what lies before the column all of them
+        reach (`pipeline.restore_rows`); `generate` gets the caller's ids and mask unchanged, so its
+        positions, masks, processors and outputs are those of the cold call.
+        """
+        store, profile = self._store, self._store.profile
+        restored = pipeline.restore_rows(store, call.namespace, call.rows, call.pads, call.expand)
+        if restored is None:
+            return pipeline.run_cold(
+                store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, call.args, call.kwargs
+            )
+        leases, cache, length = restored
+        kwargs = call.kwargs
+        kwargs[profile.cache_kwarg] = cache
+        if call.drop_impl:
+            kwargs[refusals.CACHE_IMPLEMENTATION] = None
+        if call.assisted:
+            cache.skip_len = length
+        try:
+            output = self._original(*call.args, **kwargs)
+        finally:
+            pipeline.release_all(store, leases)
+        reused = [max(length - pad, 0) for pad in call.pads]
+        store.count_request(
+            Served(call.prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
+        )
+        logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
+        if call.beams:
+            # As in `_store_result`: the prompt of each row, from the first of its beams.
+            cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
+            pipeline.store_rows(store, call.namespace, call.input_ids, cache, call.pads, reused)
+        else:
+            expanded = [i for i in range(len(call.rows)) for _ in range(call.expand)]
+            sequences = output if isinstance(output, torch.Tensor) else output.sequences
+            pads, computed = [call.pads[i] for i in expanded], [reused[i] for i in expanded]
+            pipeline.store_rows(store, call.namespace, sequences, cache, pads, computed)
+        return output
 
     def _prefill(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
         """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
@@ -265,6 +311,13 @@ class DecoderOnlyHook(PatchingHook):
             return None  # the suffix is text: its ids embed the same way
         with torch.no_grad():
             return media.suffix_embeds(input_ids, kwargs, layout, cached_len)
+
+
+def _serves_padding(profile: ModelProfile) -> bool:
+    """Whether left-padded rows can restore behind their padding: transformers gives the fed positions ids from
+    the mask (the model takes `position_ids`) and masks the cached padding columns (`generate` slices the prompt
+    and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row."""
+    return profile.accepts_position_ids and profile.prompt_sliced and profile.expands and profile.media is None
 
 
 def _skip_cached_ids(model: Any, slice_mask: bool) -> InstancePatch:

@@ -84,15 +84,20 @@ def request_in(kind: type[R], store: Store, model_kwargs: dict[str, Any]) -> R |
     return request if isinstance(request, kind) and request.store is store else None
 
 
-def restore_into(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> bool:
+def restore_into(
+    request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any], expand: int = 1
+) -> bool:
     """Restore the stored prefix of the one-row `decoder_ids` and pass it as the cache in `model_kwargs`.
+
+    The prefix fills `expand` rows: `generate` copies the decoder prompt that many times for beams or
+    several returned sequences (after this step), and the encoder output with it.
 
     Sets the request's `lease` (release it when `generate` ends) and `working` cache (what to
     store afterwards). False when memory ran out: the request is counted cold and `model_kwargs`
     pass no cache.
     """
     store, rows = request.store, token_rows(decoder_ids)
-    restored = pipeline.restore(store, request.namespace, rows, rows[0])
+    restored = pipeline.restore(store, request.namespace, rows, rows[0], expand=expand)
     if restored is None:
         _compat.pop_cache(model_kwargs)
         store.count_fallback(reasons.OUT_OF_MEMORY, len(rows[0]))

@@ -141,6 +141,73 @@ def restore(
     return None
 
 
+def restore_rows(
+    store: Store, namespace: str, rows: Sequence[Sequence[int]], pads: Sequence[int], expand: int = 1
+) -> tuple[list[Lease], WorkingCache, int] | None:
+    """Leases on each row's own longest stored prefix, restored into one batch behind the rows' left padding.
+
+    The cache holds the same number of columns in every row, so the batch restores to the column
+    `length` that every row reaches (its padding plus its stored prefix): row `i` gets
+    `length - pads[i]` of its stored tokens (`WorkingCache.restore_rows`), each repeated `expand`
+    times. Returns the leases (one per row, given back with `release_all`), the cache and `length`;
+    None when memory ran out twice, as `restore`.
+    """
+    for attempt in range(2):
+        leases: list[Lease] = []
+        try:
+            parts = []
+            for row in rows:
+                part = store.new_cache()
+                leases.append(store.acquire(namespace, row, part, limit=len(row) - 1))
+                parts.append(part)
+            # A row that restored nothing bounds the batch by its padding alone.
+            length = min(pad + lease.cached_len for pad, lease in zip(pads, leases, strict=True))
+            if not any(lease.cached_len and pad < length for pad, lease in zip(pads, leases, strict=True)):
+                length = 0  # no row brings keys below that column: nothing to restore
+            cache = store.new_cache()
+            if length:
+                cache.restore_rows(list(zip(parts, pads, strict=True)), length, expand)
+            return leases, cache, length
+        except Exception as exc:
+            release_all(store, leases)
+            if not is_out_of_memory(exc):
+                raise
+            logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
+            if attempt == 0:
+                store.relieve_device()
+    return None
+
+
+def release_all(store: Store, leases: Sequence[Lease]) -> None:
+    """Give back every lease (each exactly once; `Store.release` ignores a second call)."""
+    for lease in leases:
+        store.release(lease)
+
+
+def store_rows(
+    store: Store,
+    namespace: str,
+    sequences: torch.Tensor,
+    cache: WorkingCache,
+    pads: Sequence[int],
+    computed_from: Sequence[int],
+) -> None:
+    """Store each row of `sequences` (a batch whose rows have their own left `pads`) with its states.
+
+    Row `i` of the cache holds its tokens from column `pads[i]` on; they are copied out row by row
+    (`WorkingCache.copy_row`) and stored as their own sequence. `computed_from[i]` is how many of
+    the row's tokens were restored rather than computed by this request.
+    """
+    kv_len = cache.kv_length()
+    assert kv_len is not None, "rows are stored from layers of per-token keys"
+    for row, ids in enumerate(token_rows(sequences[:, :kv_len])):
+        pad = pads[row]
+        if kv_len <= pad:
+            continue
+        part = cache.copy_row(row, pad, kv_len)
+        store.insert_sequence(namespace, ids[pad:], part, computed_from=computed_from[row])
+
+
 def store_sequences(
     store: Store,
     namespace: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -156,24 +156,47 @@ def mask_problem(mask: Any, ids: torch.Tensor) -> str | None:
     return None
 
 
-def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> tuple[list[TokenIds], str | None]:
-    """The prompt's rows on the host, and why its mask or pad tokens would change what the key covers (or None).
+class Prompt(NamedTuple):
+    """A prompt read to the host: each row's tokens after its left padding, that padding, and why to run cold."""
 
-    One read of the device: the ids and whether every mask element is 1 (one flag per row, reduced
-    on the device) travel together, and the pad tokens are looked for on the host (`mask_problem`
-    and `infers_padding` wait twice more).
+    rows: list[TokenIds]
+    pads: tuple[int, ...]
+    reason: str | None
 
-    >>> read_prompt(torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), None)
-    ([(5, 6)], 'padding')
+
+def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
+    """The prompt's rows on the host with their left padding, and why its mask or pad tokens would change
+    what the key covers (or None).
+
+    A mask of zeros then ones in every row is left padding: each row's tokens start after its zeros
+    (`pads`). Any other mask with zeros (right or inner padding, other values) is `padding`, and so are
+    pad tokens without a mask (transformers would infer a mask from them). One read of the device: the
+    ids travel with each row's padding and a flag for its mask's shape, reduced on the device.
+
+    >>> read_prompt(torch.tensor([[5, 6], [7, 8]]), torch.tensor([[0, 1], [1, 1]]), None)
+    Prompt(rows=[(6,), (7, 8)], pads=(1, 0), reason=None)
+    >>> read_prompt(torch.tensor([[5, 6]]), torch.tensor([[1, 0]]), None).reason
+    'padding'
     """
+    width = input_ids.shape[-1]
+    none = (0,) * input_ids.shape[0]
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
-        return token_rows(input_ids), reasons.ATTENTION_MASK_SHAPE
+        return Prompt(token_rows(input_ids), none, reasons.ATTENTION_MASK_SHAPE)
     if mask is None:
         rows = token_rows(input_ids)
-        return rows, reasons.PADDING if _has_pad(rows, config) else None
-    ones = (mask == 1).all(dim=-1, keepdim=True).to(input_ids.device, input_ids.dtype)
-    host = read_to_host(torch.cat([input_ids, ones], 1))
-    return rows_of(host[:, :-1]), None if host[:, -1].all() else reasons.PADDING
+        return Prompt(rows, none, reasons.PADDING if _has_pad(rows, config) else None)
+    ones = (mask == 1).to(input_ids.device)
+    # Zeros then ones: every value is 0 or 1 and never falls from 1 to 0 along the row.
+    left = ((mask == 0).to(input_ids.device) | ones).all(-1) & (ones[:, 1:] >= ones[:, :-1]).all(-1)
+    extra = torch.stack([(~ones).sum(-1), left], dim=-1).to(input_ids.dtype)
+    host = read_to_host(torch.cat([input_ids, extra], 1))
+    full = rows_of(host[:, :-2])
+    pads = tuple(int(p) for p in host[:, -2])
+    if not host[:, -1].all() or max(pads) >= width:
+        return Prompt(full, none, reasons.PADDING)  # not left padding, or a row with no token at all
+    if not any(pads):
+        return Prompt(full, pads, None)
+    return Prompt([row[p:] for row, p in zip(full, pads, strict=True)], pads, None)  # type: ignore[misc]
 
 
 def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:

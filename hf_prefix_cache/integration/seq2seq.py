@@ -59,6 +59,9 @@ class _Request(DecoderRequest):
 
     keep_encoder: bool = field(default=False)
     prompt_len: int = field(default=0)
+    expand: int = field(default=1)  # rows generate makes of the one decoder prompt (beams, several sequences)
+    beams: bool = field(default=False)  # beam search: the returned rows are not the cache's rows
+    decoder_ids: torch.Tensor | None = field(default=None)  # the decoder prompt generate built
 
 
 class Seq2SeqHook(PatchingHook):
@@ -150,7 +153,7 @@ class Seq2SeqHook(PatchingHook):
         config = refusals.GenerationSettings(self._model, arguments.get("generation_config"), extra)
         # A hit skips the encoder, so its attentions and hidden states would be missing.
         return (
-            refusals.decoding_problem(config)
+            refusals.decoding_problem(config, refusals.Modes(expands=self._store.profile.expands))
             or refusals.cache_implementation_problem(config, _SERVED_IMPLEMENTATIONS)
             or refusals.output_problem(config)
         )
@@ -182,6 +185,7 @@ class Seq2SeqHook(PatchingHook):
         store, extra = self._store, bound.arguments["kwargs"]
         extra[store.profile.cache_kwarg] = request
         settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
+        request.expand, request.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
         if settings.cache_implementation:
             # "dynamic" (or Gemma's default "hybrid"): our EncoderDecoderCache is one; transformers refuses both.
             extra[refusals.CACHE_IMPLEMENTATION] = None
@@ -202,9 +206,10 @@ class Seq2SeqHook(PatchingHook):
         request.served = True
         if request.keep_encoder:
             keep_encoder_output(request, model_kwargs["encoder_outputs"].last_hidden_state)
-        request.prompt_len = int(decoder_ids.shape[-1])
+        request.prompt_len, request.decoder_ids = int(decoder_ids.shape[-1]), decoder_ids
         # With a mask as long as the ids generate feeds only what the cache lacks (notes §2).
-        if restore_into(request, decoder_ids, model_kwargs) and model_kwargs.get("decoder_attention_mask") is None:
+        restored = restore_into(request, decoder_ids, model_kwargs, request.expand)
+        if restored and model_kwargs.get("decoder_attention_mask") is None:
             model_kwargs["decoder_attention_mask"] = torch.ones_like(decoder_ids)
         return decoder_ids, model_kwargs
 
@@ -217,6 +222,11 @@ class Seq2SeqHook(PatchingHook):
         self._store.count_request(Served(request.prompt_len, lease.cached_len))
         if pipeline.is_exact_repeat(self._store, working, lease) and request.session is None:
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
+        if request.beams:
+            # As for decoder-only beams: the decoder prompt, once, from the first row.
+            assert request.decoder_ids is not None
+            working.trim(request.prompt_len, [0])
+            sequences = request.decoder_ids
         pipeline.store_sequences(self._store, request.namespace, sequences, working, session=request.session)
         return output
 

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import Cache, DynamicCache
 
 from hf_prefix_cache.model.landing import Landing, combine
@@ -239,6 +240,43 @@ class WorkingCache(DynamicCache):
             values.append(kv[1] if kv is not None else None)
         return Run(keys, values, 0, length)
 
+    def restore_rows(self, parts: Sequence[tuple[WorkingCache, int]], length: int, expand: int = 1) -> None:
+        """Load a batch whose rows were restored one by one: each part's cache behind its left padding.
+
+        Row `i` of the batch holds `parts[i]`'s first `length - pad` positions at columns `[pad, length)`
+        and zeros at its padding columns (masked: attention gives them no weight); each row is repeated
+        `expand` times (beams, several sequences). Only where every layer keeps per-token keys
+        (`ModelProfile.expands`). Copies: the rows' stored tensors are never written.
+
+        ``` text
+        part 0, pad 0:  [ k0 k1 k2 k3 k4 ]      length 5
+        part 1, pad 2:  [ 0  0  k0 k1 k2 ]
+        ```
+        """
+        assert self.profile.expands, "batches restored row by row are for layers of per-token keys"
+        for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
+            if not adapter.has_kv:
+                continue
+            held = [(adapter.capture_kv(part.layers[i]) if pad < length else None, pad) for part, pad in parts]
+            template = next(kv for kv, _ in held if kv is not None)
+            k = torch.cat([_behind_padding(kv[0] if kv else None, template[0], length, pad) for kv, pad in held])
+            v = torch.cat([_behind_padding(kv[1] if kv else None, template[1], length, pad) for kv, pad in held])
+            if expand > 1:
+                k, v = k.repeat_interleave(expand, dim=0), v.repeat_interleave(expand, dim=0)
+            adapter.restore_kv(layer, k, v, length)
+
+    def copy_row(self, row: int, start: int, end: int) -> WorkingCache:
+        """A one-row cache holding copies of positions `[start, end)` of batch `row` (to store that row alone)."""
+        assert self.profile.expands, "rows are copied out of layers of per-token keys only"
+        self.land()
+        out = WorkingCache(self.profile)
+        for layer, fresh, adapter in zip(self.layers, out.layers, self.profile.adapters, strict=True):
+            kv = adapter.capture_kv(layer) if adapter.has_kv else None
+            if kv is not None:
+                k, v = (t[row : row + 1, :, start:end].clone() for t in kv)
+                adapter.restore_kv(fresh, k, v, end - start)
+        return out
+
     def trim(self, length: int, rows: Sequence[int]) -> None:
         """Keep positions `[0, length)` of batch `rows` in every attention layer (copies), for a cache
         that is only read afterwards (to store a prompt that beam search expanded).
@@ -300,6 +338,15 @@ class WorkingCache(DynamicCache):
         if not self.profile.has_kv:
             return None
         return int(self.get_seq_length())
+
+
+def _behind_padding(tensor: torch.Tensor | None, template: torch.Tensor, length: int, pad: int) -> torch.Tensor:
+    """`[1, H, length, D]`: `tensor`'s first `length - pad` positions behind `pad` columns of zeros (a copy);
+    all zeros, shaped like `template`, for a row that is padding only."""
+    if tensor is None or pad >= length:
+        return template.new_zeros((1, template.shape[1], length, template.shape[-1]))
+    assert tensor.shape[-2] >= length - pad, f"a row restored {tensor.shape[-2]} positions, {length - pad} wanted"
+    return F.pad(tensor[..., : length - pad, :], (0, 0, pad, 0))
 
 
 def _only(state: LayerState, name: str) -> torch.Tensor:

@@ -57,13 +57,16 @@ class Served(NamedTuple):
     """A request served from the store, as `Store.count_request` counts it (and hands it on to the counters).
 
     `restore_len` of its `prompt_len` prompt tokens were restored, in each of its `num_rows` rows;
-    `symbols` (the prompt's tree symbols, when it has media) split its hits by modality.
+    `symbols` (the prompt's tree symbols, when it has media) split its hits by modality. A batch
+    whose rows restored prefixes of their own gives each row's `(prompt_len, restore_len)` in `rows`,
+    which the counters then sum instead.
     """
 
     prompt_len: int
     restore_len: int
     num_rows: int = 1
     symbols: Sequence[Hashable] | None = None
+    rows: tuple[tuple[int, int], ...] = ()
 
 
 @runtime_checkable

@@ -56,18 +56,27 @@ class RequestCounters:
             self.counts = Counts()
 
     def served(self, served: Served) -> None:
-        """Count a served request; its `symbols` (the prompt's tree symbols) split its hits by modality."""
-        prompt_len, restore_len, num_rows, symbols = served
+        """Count a served request; its `symbols` (the prompt's tree symbols) split its hits by modality.
+
+        A batch whose rows restored prefixes of their own (`Served.rows`) is counted by its rows' sums,
+        and reaches callbacks as one row of those totals.
+        """
+        prompt_len, restore_len, num_rows, symbols, rows = served
+        if rows:
+            prompt_len, restore_len, num_rows = sum(p for p, _ in rows), sum(r for _, r in rows), 1
         by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows)
         # Without the cache, positions [0, restore_len) would have been prefilled too.
-        saved = self._prefill_cost.flops(0, restore_len) * num_rows
+        if rows:
+            saved = sum(self._prefill_cost.flops(0, r) for _, r in rows)
+        else:
+            saved = self._prefill_cost.flops(0, restore_len) * num_rows
         with self._lock:
             c = self.counts
             c.requests += 1
             c.prompt_tokens += prompt_len * num_rows
             c.hit_tokens += restore_len * num_rows
             c.computed_tokens += (prompt_len - restore_len) * num_rows
-            c.hit_requests += restore_len > 0
+            c.hit_requests += restore_len > 0  # with rows: any row
             c.hit_by_modality.update(by_modality)
             c.saved_prefill_flops += saved
             callbacks = list(self._callbacks)

@@ -150,7 +150,7 @@ _TEXT_CASES = [
     ("ids_huge", _ids(lambda i: i.repeat(1, 25)), "same"),
     ("ids_prefix_of_stored", _ids(lambda i: i[:, :10]), "same"),
     ("batch_two_equal_rows", _ids(lambda i: i.repeat(2, 1)), "same"),
-    ("batch_left_padded", _left_padded, "cold:padding"),
+    ("batch_left_padded", _left_padded, "same"),
     ("pad_in_prompt_no_mask", _no_mask_with_pad, "cold:padding"),
     ("inputs_embeds", _inputs_embeds(_LLAMA), "cold:inputs_embeds"),
     ("position_ids", _with(position_ids=torch.arange(24)[None]), "cold:explicit_position_ids"),

@@ -116,25 +116,26 @@ _rows = st.integers(4, 20).flatmap(
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(_rows, min_size=1, max_size=3))
 def test_random_batches_are_exact(name: str, batches: list[list[list[int]]]) -> None:
-    """Batches of equal-length rows (no padding) reuse what all their rows share, exactly."""
+    """Batches of equal-length rows (no padding) reuse, in every row, its own stored prefix up to the column
+    all rows reach, exactly."""
     model = cached_model(name)
     store = PrefixCache(model)
     stored: list[list[int]] = []
     try:
         for rows in batches:
-            shared = 0
-            while shared < len(rows[0]) and all(row[shared] == rows[0][shared] for row in rows):
-                shared += 1
-            longest = 0
-            for seq in stored:
-                n = 0
-                while n < min(len(seq), shared) and seq[n] == rows[0][n]:
-                    n += 1
-                longest = max(longest, n)
+            reach = len(rows[0]) - 1  # never the last token, fed for its logits
+            for row in rows:
+                longest = 0
+                for seq in stored:
+                    n = 0
+                    while n < min(len(seq), len(row)) and seq[n] == row[n]:
+                        n += 1
+                    longest = max(longest, n)
+                reach = min(reach, longest)
             before = store.stats().hit_tokens
             out = assert_same_as_cold(model, torch.tensor(rows), store, new=NEW)
-            # Counted per row: every row reuses the prefix they all share, at most all but the last token.
-            assert store.stats().hit_tokens - before == len(rows) * min(longest, len(rows[0]) - 1)
+            # Counted per row: every row reuses its own stored prefix up to the column all of them reach.
+            assert store.stats().hit_tokens - before == len(rows) * reach
             stored += [seq[:-1] for seq in out.sequences.tolist()]
         assert not store.stats().fallbacks, store.stats().fallbacks
         store.check_integrity()

@@ -61,12 +61,12 @@ def test_generation_modes_that_cannot_reuse_run_cold(llama_store: tuple[Any, Pre
     _assert_cold_and_counted(store, reason, cold, warm, before)
 
 
-def test_batch_with_left_padding_runs_cold(llama_store: tuple[Any, PrefixCache]) -> None:
-    """A padded batch gives the cold result and stores nothing."""
+def test_batch_with_right_padding_runs_cold(llama_store: tuple[Any, PrefixCache]) -> None:
+    """A right-padded batch gives the cold result and stores nothing (left padding is served: test_batches.py)."""
     model, store = llama_store
     ids = torch.cat([random_prompt(30, seed=1), random_prompt(30, seed=2)])
     mask = torch.ones_like(ids)
-    ids[1, :5], mask[1, :5] = 0, 0
+    ids[1, -5:], mask[1, -5:] = 0, 0
     before = _footprint(store)
     cold = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
     warm = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, past_key_values=store)
@@ -74,11 +74,11 @@ def test_batch_with_left_padding_runs_cold(llama_store: tuple[Any, PrefixCache])
 
 
 def test_attention_mask_with_zeros_runs_cold(llama_store: tuple[Any, PrefixCache]) -> None:
-    """A single row with masked tokens is not reused (positions would differ from the stored ones)."""
+    """A row with masked tokens inside it is not reused (positions would differ from the stored ones)."""
     model, store = llama_store
     ids = random_prompt(30, seed=1)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0
+    mask[0, 10:13] = 0
     before = _footprint(store)
     cold = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
     warm = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, past_key_values=store)

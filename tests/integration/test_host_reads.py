@@ -10,14 +10,18 @@ from hf_prefix_cache.integration.pipeline import _rows_on_host
 from hf_prefix_cache.integration.refusals import read_prompt
 
 
-def test_the_prompt_comes_back_without_its_mask_flags_and_any_zero_is_padding() -> None:
-    """Rows come back as they were; a zero anywhere in any row's mask is padding."""
+def test_the_prompt_comes_back_without_its_mask_flags_and_its_left_padding() -> None:
+    """Rows come back after their left padding, with its length; any other zero in a mask is padding."""
     ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
-    assert read_prompt(ids, torch.ones_like(ids), None) == ([[5, 6, 7], [8, 9, 10]], None)
+    assert read_prompt(ids, torch.ones_like(ids), None) == ([[5, 6, 7], [8, 9, 10]], (0, 0), None)
     mask = torch.ones_like(ids)
     mask[1, 0] = 0
-    assert read_prompt(ids, mask, None) == ([[5, 6, 7], [8, 9, 10]], reasons.PADDING)
-    assert read_prompt(ids, torch.ones(1, 3, dtype=torch.long), None)[1] == reasons.ATTENTION_MASK_SHAPE
+    assert read_prompt(ids, mask, None) == ([[5, 6, 7], [9, 10]], (0, 1), None)
+    assert read_prompt(ids, mask.flip(-1), None).reason == reasons.PADDING  # right padding
+    inner = torch.tensor([[1, 0, 1], [1, 1, 1]])
+    assert read_prompt(ids, inner, None).reason == reasons.PADDING
+    assert read_prompt(ids, torch.tensor([[0, 0, 0], [1, 1, 1]]), None).reason == reasons.PADDING  # an empty row
+    assert read_prompt(ids, torch.ones(1, 3, dtype=torch.long), None).reason == reasons.ATTENTION_MASK_SHAPE
 
 
 def test_stored_rows_reuse_the_prompt_only_when_generate_returned_it_unchanged() -> None:
@@ -44,7 +48,7 @@ def test_the_hook_hands_the_tree_token_bytes_read_with_the_ids() -> None:
     from hf_prefix_cache.token_ids import TokenIds
 
     ids = torch.tensor([[3, 2**31 - 5, 7, 9]], dtype=torch.int32)  # read as int64 whatever the dtype
-    rows, reason = read_prompt(ids, None, None)
+    rows, _, reason = read_prompt(ids, None, None)
     assert reason is None and isinstance(rows[0], TokenIds)
     assert rows[0].packed == array("q", [3, 2**31 - 5, 7, 9]).tobytes()
 

@@ -319,23 +319,55 @@ def test_decoder_states_saved_to_disk_are_found_by_a_new_store(tmp_path: Path) -
         store.check_integrity()
 
 
+# ------------------------------------------------------------------------------------------ decoding modes
+
+
+@pytest.mark.parametrize("name", ["bart", "t5"])
+@pytest.mark.parametrize(
+    "mode",
+    [{"num_beams": 3}, {"num_beams": 2, "num_return_sequences": 2}, {"do_sample": True, "num_return_sequences": 3}],
+    ids=["beams", "two-of-two-beams", "samples"],
+)
+def test_beams_and_samples_reuse_the_encoder_output_and_the_decoder_prefix(name: str, mode: dict[str, Any]) -> None:
+    """Beams and several samples equal the cold call, skip the encoder of a seen input and restore the decoder prefix
+    into every row generate makes of it."""
+    model = tiny(name)
+    inputs = encoder_input(name, seed=21)
+    prompt = decoder_prompt(model, 7, 8, 9, 10)
+    kwargs = {**mode, "do_sample": mode.get("do_sample", False)}
+    with attached(model) as store:
+        run(model, inputs, decoder_input_ids=prompt[:, :4], past_key_values=store)  # stores the encoder output
+        with encoder_calls(model) as calls:
+            torch.manual_seed(0)
+            warm = model.generate(**inputs, decoder_input_ids=prompt, max_new_tokens=4, past_key_values=store,
+                                  return_dict_in_generate=True, output_logits=True, **kwargs)  # fmt: skip
+        assert not calls, "the stored encoder output should replace the encoder"
+        torch.manual_seed(0)
+        cold = model.generate(**inputs, decoder_input_ids=prompt, max_new_tokens=4, return_dict_in_generate=True,
+                              output_logits=True, **kwargs)  # fmt: skip
+        assert torch.equal(cold.sequences, warm.sequences)
+        assert max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True)) < LOGIT_TOL
+        # The first call stored start + 3 ids + its answer; this prompt shares the start and 3 ids.
+        assert store.stats().hit_tokens == 4
+        assert store.stats().fallbacks == {}
+        store.check_integrity()
+
+
 # ------------------------------------------------------------------------------------------ fallbacks
 
 
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        ({"num_beams": 2}, "beam_search"),
-        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
         ({"use_cache": False}, "use_cache_false"),
         ({"output_attentions": True}, "output_attentions"),
         ({"cache_implementation": "static"}, "cache_implementation:static"),
         ({"head_mask": None, "labels": torch.tensor([[5, 6, 7]])}, "encoder_kwarg:labels"),  # None counts as absent
     ],
-    ids=["beams", "num-return-sequences", "no-cache", "attentions", "static-cache", "unknown-kwarg"],
+    ids=["no-cache", "attentions", "static-cache", "unknown-kwarg"],
 )
 def test_what_the_store_does_not_serve_runs_cold_with_a_reason(kwargs: dict[str, Any], reason: str) -> None:
-    """Beams, several sequences, no cache, attentions, another cache class and unknown model kwargs run cold."""
+    """No cache, attentions, another cache class and unknown model kwargs run cold (beams are served, below)."""
     model = tiny("bart")
     inputs = encoder_input("bart", seed=11)
     with attached(model) as store:

@@ -228,18 +228,17 @@ def test_a_prefix_in_two_runs_on_the_device_is_joined_by_the_first_update(monkey
         store.detach()
 
 
-def test_batch_rows_sharing_a_prefix_from_the_host_are_exact(monkeypatch: Any) -> None:
-    """Rows that share a stored prefix on the host get it broadcast to every row, each layer at its first use."""
+def test_identical_batch_rows_with_a_prefix_from_the_host_are_exact(monkeypatch: Any) -> None:
+    """Identical rows get their stored prefix from the host broadcast to every row, each layer at its first use
+    (rows that differ restore one by one: tests/integration/test_batches.py)."""
     llama = cached_model("llama")
     system = distinct_prompt(47)
     store = _host_hit_store(llama, system)
     restores = _first_use_restores(monkeypatch)
     try:
-        rows = []
-        for i in range(3):
-            question = distinct_prompt(48 + i, n=8)
-            question[0, 0] = 100 + i
-            rows.append(torch.cat([system, question], 1))
+        question = distinct_prompt(48, n=8)
+        question[0, 0] = 100
+        rows = [torch.cat([system, question], 1)] * 3
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, torch.cat(rows), store)
         assert store.stats().hit_tokens - before == 3 * system.shape[1]
