@@ -31,6 +31,7 @@ from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
+from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
@@ -81,6 +82,11 @@ class DecoderOnlyHook(PatchingHook):
                 self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
         self._one_token_steps = store.profile.single_token_steps and scan is None
+        if store.profile.watch_indexers:
+            # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
+            watch = TieWatch.install(model, WorkingCache)
+            if watch is not None:
+                self._keep(watch)
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -98,8 +104,12 @@ class DecoderOnlyHook(PatchingHook):
         if restored is None:
             return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
         lease, cache = restored
+        cold_kwargs = dict(kwargs)  # `_run` hands generate the working cache in `kwargs`
         try:
             output, snapshots = self._run(call, lease, cache)
+        except IndexerTie:
+            # The prompt's suffix tied at an indexer's top-k: a full prefill may keep other keys.
+            return pipeline.run_cold(store, self._original, reasons.INDEXER_TIE, call.prompt_len, args, cold_kwargs)
         finally:
             store.release(lease)
         self._store_result(call, lease, cache, output, snapshots)
@@ -155,6 +165,7 @@ class DecoderOnlyHook(PatchingHook):
             self._count_new_media(call.base_namespace, call.layout)
         snapshots: list[Snapshot] = []
         fed = lease.cached_len
+        cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
         if profile.has_state:
             fed, snapshots = self._prefill(call, lease, cache)
         if not profile.prompt_sliced:
@@ -204,6 +215,8 @@ class DecoderOnlyHook(PatchingHook):
             "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.namespace
         )
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        if cache.tied_at is not None:
+            store.count_reduced_reuse(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
         # The cross-attention layers now hold every image; the restored ones are stored already.
         ends = [end for _, end in call.item_spans]
         items = cache.capture_items(ends, lease.num_items) if call.item_spans else []

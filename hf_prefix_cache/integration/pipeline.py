@@ -158,7 +158,7 @@ def store_sequences(
     its media item states and `session` pins its entry. `prompt`, the prompt's ids and their
     rows already read to the host, spares reading them again (see `_rows_on_host`).
     """
-    kv_len = cache.kv_length()
+    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
     length = kv_len if kv_len is not None else sequences.shape[1] - 1
     if length <= 0:
         return
