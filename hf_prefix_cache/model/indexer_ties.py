@@ -10,7 +10,8 @@ restored prefix computes differs from a full prefill of the same prompt in three
   and masked keys score -inf (or the dtype's minimum), so they never displace a visible one;
 - **float reductions:** a row's scores are a per-row product (`[heads, dim] @ [dim, keys]`), the
   same shape in both calls; but the call's length can change the reduction order of the layers
-  before (measured: up to ~1e-6 of the row's largest score in float32, 0 in the first layer).
+  before (measured on CPU in float32: bit for bit without ties; ~5e-7 of the row's largest score
+  for a prefix row scored against fewer keys).
 
 So a row keeps the same keys unless its `k`-th and `(k+1)`-th best scores lie within that float
 noise of each other: an exact tie (keys whose weighted ReLU scores are all 0 tie at 0, common in
