@@ -17,7 +17,9 @@ So a row keeps the same keys unless its `k`-th and `(k+1)`-th best scores lie wi
 noise of each other: an exact tie (keys whose weighted ReLU scores are all 0 tie at 0, common in
 small models), which `topk` breaks by the call's shape, or a near-tie that noise can flip.
 `TieWatch` checks every row of every indexer call on a `WorkingCache` for that margin
-(`TIE_RTOL` of the row's largest visible score). A tied prompt row that a cold run computes in
+(`TIE_RTOL` of the row's largest visible score), on the device, and reads the forward's first tied
+position once, after its last indexer (one device sync per forward, not one per layer or query).
+A tied prompt row that a cold run computes in
 another call (after a restored prefix, or in a chunk of a recurrent model's prefill) raises
 `IndexerTie`, so the hook runs the request cold. A tie in the call a cold run makes too (the whole
 prompt from position 0) or in a decode step (one row per call in a cold run too) keeps the output
@@ -28,6 +30,7 @@ rows from decoded ones (0, unknown: every tie is only recorded).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -38,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 TIE_RTOL = 1e-5
 _MASKED = -1e30  # scores at or below this are masked keys (-inf, or a float dtype's minimum added)
 _TOPK = (torch.topk, torch.Tensor.topk)
+_NONE = 2**62  # no tied row
 
 
 class IndexerTie(Exception):
@@ -66,11 +70,12 @@ class TieWatch:
 
     def __init__(self, modules: list[nn.Module], cache_type: type) -> None:
         self._cache_type = cache_type
+        self._first, self._last = modules[0], modules[-1]
         self._handles = []
         for module in modules:
             self._handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._exit, always_call=True))
-        self._modes: list[_TopKCheck | None] = []
+        self._local = threading.local()  # each thread's open checks, and its forward's marks
 
     @classmethod
     def install(cls, model: nn.Module, cache_type: type) -> TieWatch | None:
@@ -84,30 +89,47 @@ class TieWatch:
             handle.remove()
         self._handles = []
 
+    def _state(self) -> Any:
+        local = self._local
+        if not hasattr(local, "modes"):
+            local.modes, local.marks = [], []
+        return local
+
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        state = self._state()
+        if module is self._first:
+            state.marks = []  # a forward begins (one that raised before its last indexer left its marks)
         cache = next((v for v in (*args, *kwargs.values()) if isinstance(v, self._cache_type)), None)
         hidden = args[0] if args else kwargs.get("hidden_states")
         if cache is None or not isinstance(hidden, torch.Tensor):
-            self._modes.append(None)
+            state.modes.append(None)
             return
-        mode = _TopKCheck(cache, int(getattr(module, "layer_idx")), hidden.shape[-2])  # noqa: B009 - a plain int
+        mode = _TopKCheck(cache, int(getattr(module, "layer_idx")), hidden.shape[-2], state.marks)  # noqa: B009
         mode.__enter__()  # type: ignore[no-untyped-call]
-        self._modes.append(mode)
+        state.modes.append(mode)
 
     def _exit(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        mode = self._modes.pop() if self._modes else None
+        state = self._state()
+        mode = state.modes.pop() if state.modes else None
         if mode is not None:
-            mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            mode.__exit__(None, None, None)
+        if module is self._last and state.marks and mode is not None:
+            # Read the forward's ties once, after its last indexer (one device sync per forward, not per layer).
+            marks, state.marks = state.marks, []
+            position = int(torch.stack(marks).min())
+            if position < _NONE:
+                mode.record(position)
 
 
 class _TopKCheck(TorchFunctionMode):
     """While one indexer call runs: every `topk` it makes is checked for a tie at its boundary."""
 
-    def __init__(self, cache: Any, layer_idx: int, num_rows: int) -> None:
+    def __init__(self, cache: Any, layer_idx: int, num_rows: int, marks: list[torch.Tensor]) -> None:
         super().__init__()
         self._cache = cache
         self._layer_idx = layer_idx
         self._num_rows = num_rows
+        self._marks = marks  # per `topk`: the first tied row's position (`_NONE`: none), still on the device
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -125,15 +147,16 @@ class _TopKCheck(TorchFunctionMode):
         kth, next_ = best[..., k - 1], best[..., k]
         scale = scores.masked_fill(scores <= _MASKED, 0).abs().amax(dim=-1)
         tied = (kth - next_ <= TIE_RTOL * scale) & (next_ > _MASKED)
-        if not bool(tied.any()):
-            return
         start = self._first_row_position()
         if scores.dim() >= 2 and scores.shape[-2] == self._num_rows:
-            # Rows along dim -2 are the call's queries in order: the first tied one's position.
-            row = int(tied.reshape(-1, self._num_rows).any(dim=0).nonzero()[0])
+            # Rows along dim -2 are the call's queries in order.
+            rows = tied.reshape(-1, self._num_rows).any(dim=0)
+            positions = torch.arange(start, start + self._num_rows, device=rows.device)
         else:
-            row = 0  # one query's scores (Qwen4-Exp scores each query alone): which one is not known here
-        self._record(start + row, start)
+            # One query's scores (Qwen4-Exp scores each query alone): which one is not known here, so the call's first.
+            rows = tied.reshape(1, -1).any(dim=1)
+            positions = torch.full((1,), start, device=rows.device)
+        self._marks.append(torch.where(rows, positions, _NONE).min())
 
     def _first_row_position(self) -> int:
         """The position of this call's first query: the indexer keys, updated already, hold the call's rows last."""
@@ -142,8 +165,10 @@ class _TopKCheck(TorchFunctionMode):
         held = int(keys.shape[1]) if isinstance(keys, torch.Tensor) and keys.dim() >= 2 else self._num_rows
         return held - self._num_rows
 
-    def _record(self, position: int, start: int) -> None:
+    def record(self, position: int) -> None:
+        """A row of this forward tied at `position`: raise `IndexerTie`, or note where the exact states end."""
         cache = self._cache
+        start = self._first_row_position()
         prompt_len = getattr(cache, "prompt_len", 0)
         whole_prompt = start == 0 and self._num_rows >= prompt_len  # the one call a cold run makes too
         if position < prompt_len and not whole_prompt:
