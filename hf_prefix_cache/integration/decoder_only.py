@@ -214,6 +214,8 @@ class DecoderOnlyHook(PatchingHook):
         logger.debug(
             "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.namespace
         )
+        if call.layout is not None and call.layout.has_padded:
+            self._count_padded_media(call, lease)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         if cache.tied_at is not None:
             store.count_reduced_reuse(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
@@ -235,6 +237,15 @@ class DecoderOnlyHook(PatchingHook):
             lease.cached_len,
             prompt=(call.input_ids, call.rows),
         )
+
+    def _count_padded_media(self, call: _Call, lease: Lease) -> None:
+        """Count `media_padding` when reuse stopped at an item keyed with its padding that is stored unpadded."""
+        assert call.layout is not None
+        first = min(item.start for item in call.layout.items if item.unpadded is not None)
+        if lease.matched_len > first:
+            return
+        if self._store.stored_len(call.namespace, call.layout.unpadded_symbols(call.rows[0])) > first:
+            self._store.count_reduced_reuse(reasons.MEDIA_PADDING)
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
         """Count the adapter's event when this prompt's media extend those of a stored conversation."""

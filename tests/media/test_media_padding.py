@@ -4,7 +4,8 @@ Idefics2's processor pads every image of a prompt to the largest one (`pixel_att
 the valid pixels): a turn that adds a larger image re-pads the earlier one. Idefics2 masks the
 padded patches out of its encoder and resampler, so the earlier image keys by its valid region and
 still matches. Phi-4-multimodal's audio encoder does read a clip's padding (its output changes),
-so a clip stays keyed with its padding and a re-padded clip is computed again.
+so a clip stays keyed with its padding and a re-padded clip is computed again, counted as
+`media_padding` when the store holds it unpadded.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def test_a_phi4_clip_reads_its_padding_so_a_repadded_clip_is_computed_again() ->
             model, turn, store, 4, cache_argument="past_key_values", suppress_tokens=SPECIAL_IDS, **both
         )
         assert hits.last() == HEAD  # the text before the clip
+        assert store.stats().fallbacks == {"media_padding": 1}  # said why: the clip is stored unpadded
+        assert_same_as_cold(
+            model, turn, store, 4, cache_argument="past_key_values", suppress_tokens=SPECIAL_IDS, **both
+        )
+        assert hits.last() == turn.shape[1] - 1  # padded alike, it matches
+        assert store.stats().fallbacks == {"media_padding": 1}
     finally:
         store.detach()
 
