@@ -52,6 +52,13 @@ EMPTY_PROMPT = "empty_prompt"
 # prompt is longer than k; which of two tied scores it keeps depends on how many queries one call holds, so the
 # suffix's prefill can pick other keys than the whole prompt's. Up to k every key is kept and reuse is exact.
 INDEXER_TOP_K = "indexer_top_k"  # + ":" + the length up to which reuse is exact
+# Where the indexers can be watched (`model/indexer_ties.py`), prompts of any length are served; a query whose k-th
+# and (k+1)-th best scores tie (to float noise) in the prompt's suffix runs the request cold, and a tie in a cold
+# prefill or a decode step stores the states only up to it (counted as reduced reuse).
+INDEXER_TIE = "indexer_tie"
+# A media item keyed with padding its model reads (Phi-4 audio: a clip padded to a later, longer one) where the
+# store holds it unpadded: reuse stops at it, since the model's output for it changed (reduced reuse).
+MEDIA_PADDING = "media_padding"
 BATCH_SIZE = "batch_size"
 PADDING = "padding"
 ATTENTION_MASK_SHAPE = "attention_mask_shape"

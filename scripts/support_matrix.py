@@ -145,7 +145,8 @@ _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None, "decoder_sta
 # Dict values merge into the shrunk sub-config instead of replacing it.
 _MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
 # Qwen4-Exp's indexer sizes, left unset (None) by its default config.
-_QWEN4_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16}
+# 8 indexer heads: with 2, ReLU zeroes every head of many blocks, and their exact ties send turns cold (`indexer_tie`).
+_QWEN4_INDEXER = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16}
 _QWEN4_INDEXER.update(indexer_budget=8, indexer_compress_ratio=4)
 _COMPASS_ROPE = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
 _OVERRIDES: dict[str, dict[str, Any]] = {

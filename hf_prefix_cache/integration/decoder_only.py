@@ -31,6 +31,8 @@ from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
+from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
+from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -89,6 +91,11 @@ class DecoderOnlyHook(PatchingHook):
                 self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
         self._one_token_steps = store.profile.single_token_steps and scan is None
+        if store.profile.watch_indexers:
+            # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
+            watch = TieWatch.install(model, WorkingCache)
+            if watch is not None:
+                self._keep(watch)
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -110,8 +117,12 @@ class DecoderOnlyHook(PatchingHook):
         if restored is None:
             return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
         lease, cache = restored
+        cold_kwargs = dict(kwargs)  # `_run` hands generate the working cache in `kwargs`
         try:
             output, snapshots = self._run(call, lease, cache)
+        except IndexerTie:
+            # The prompt's suffix tied at an indexer's top-k: a full prefill may keep other keys.
+            return pipeline.run_cold(store, self._original, reasons.INDEXER_TIE, call.prompt_len, args, cold_kwargs)
         finally:
             store.release(lease)
         self._store_result(call, lease, cache, output, snapshots)
@@ -171,6 +182,7 @@ class DecoderOnlyHook(PatchingHook):
             self._count_new_media(call.base_namespace, call.layout)
         snapshots: list[Snapshot] = []
         fed = lease.cached_len
+        cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
         if profile.has_state:
             fed, snapshots = self._prefill(call, lease, cache)
         if not profile.prompt_sliced or call.assisted:
@@ -197,14 +209,20 @@ class DecoderOnlyHook(PatchingHook):
                 store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, call.args, call.kwargs
             )
         leases, cache, length = restored
-        kwargs = call.kwargs
+        cold_kwargs, kwargs = dict(call.kwargs), call.kwargs
         kwargs[profile.cache_kwarg] = cache
         if call.drop_impl:
             kwargs[refusals.CACHE_IMPLEMENTATION] = None
         if call.assisted:
             cache.skip_len = length
+        cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
         try:
             output = self._original(*call.args, **kwargs)
+        except IndexerTie:
+            # A row's suffix tied at an indexer's top-k: the cold batch's prefill may keep other keys.
+            return pipeline.run_cold(
+                store, self._original, reasons.INDEXER_TIE, call.prompt_len, call.args, cold_kwargs
+            )
         finally:
             pipeline.release_all(store, leases)
         reused = [max(length - pad, 0) for pad in call.pads]
@@ -212,6 +230,8 @@ class DecoderOnlyHook(PatchingHook):
             Served(call.prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
         )
         logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
+        if cache.tied_at is not None:
+            store.count_reduced_reuse(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
         if call.beams:
             # As in `_store_result`: the prompt of each row, from the first of its beams.
             cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
@@ -259,7 +279,11 @@ class DecoderOnlyHook(PatchingHook):
         logger.debug(
             "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.namespace
         )
+        if call.layout is not None and call.layout.has_padded:
+            self._count_padded_media(call, lease)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        if cache.tied_at is not None:
+            store.count_reduced_reuse(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
         # The cross-attention layers now hold every image; the restored ones are stored already.
         ends = [end for _, end in call.item_spans]
         items = cache.capture_items(ends, lease.num_items) if call.item_spans else []
@@ -289,6 +313,15 @@ class DecoderOnlyHook(PatchingHook):
             prompt=(call.input_ids, call.rows),
         )
 
+    def _count_padded_media(self, call: _Call, lease: Lease) -> None:
+        """Count `media_padding` when reuse stopped at an item keyed with its padding that is stored unpadded."""
+        assert call.layout is not None
+        first = min(item.start for item in call.layout.items if item.unpadded is not None)
+        if lease.matched_len > first:
+            return
+        if self._store.stored_len(call.namespace, call.layout.unpadded_symbols(call.rows[0])) > first:
+            self._store.count_reduced_reuse(reasons.MEDIA_PADDING)
+
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
         """Count the adapter's event when this prompt's media extend those of a stored conversation."""
         store, media = self._store, self._store.profile.media
@@ -317,7 +350,15 @@ def _serves_padding(profile: ModelProfile) -> bool:
     """Whether left-padded rows can restore behind their padding: transformers gives the fed positions ids from
     the mask (the model takes `position_ids`) and masks the cached padding columns (`generate` slices the prompt
     and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row."""
-    return profile.accepts_position_ids and profile.prompt_sliced and profile.expands and profile.media is None
+    # Qwen4-Exp's indexers keep positions, which a restore rebuilds as 0..L-1: not a padded row's.
+    rebuilt = any(isinstance(a, IndexedAttentionAdapter) and a.keeps_positions for a in profile.adapters)
+    return (
+        profile.accepts_position_ids
+        and profile.prompt_sliced
+        and profile.expands
+        and profile.media is None
+        and not rebuilt
+    )
 
 
 def _skip_cached_ids(model: Any, slice_mask: bool) -> InstancePatch:

@@ -198,7 +198,7 @@ def store_rows(
     (`WorkingCache.copy_row`) and stored as their own sequence. `computed_from[i]` is how many of
     the row's tokens were restored rather than computed by this request.
     """
-    kv_len = cache.kv_length()
+    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
     assert kv_len is not None, "rows are stored from layers of per-token keys"
     for row, ids in enumerate(token_rows(sequences[:, :kv_len])):
         pad = pads[row]
@@ -227,7 +227,7 @@ def store_sequences(
     its media item states and `session` pins its entry. `prompt`, the prompt's ids and their
     rows already read to the host, spares reading them again (see `_rows_on_host`).
     """
-    kv_len = cache.kv_length()
+    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
     length = kv_len if kv_len is not None else sequences.shape[1] - 1
     if length <= 0:
         return

@@ -14,6 +14,7 @@ from typing import Any
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
 from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
@@ -75,8 +76,12 @@ class ModelProfile:
     item_layers: tuple[int, ...] = ()
     encoder_family: str | None = None
     #: Prompts longer than this run cold (None: no limit): a sparse-attention indexer selects keys by score
-    #: only past its top-k, and the selection among ties then depends on the call's shape (`reasons.INDEXER_TOP_K`).
+    #: only past its top-k, and the selection among ties then depends on the call's shape (`reasons.INDEXER_TOP_K`);
+    #: only for indexers the tie watch does not find.
     exact_prompt_len: int | None = None
+    #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
+    #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
+    watch_indexers: bool = False
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -134,10 +139,8 @@ def profile_model(
             # `generate` fails the same way; construction must not.
             layer_types, per_layer_kwargs = [], []
             unsupported = reasons.with_detail(reasons.UNREADABLE_CACHE_LAYOUT, type(exc).__name__)
-        # Indexed (sparse-attention) layers: their indexer keys' width. Qwen4-Exp's indexer names it
-        # otherwise and also keeps positions in the cache, which is not served.
-        index_dim = getattr(config.get_text_config(decoder=True), "index_head_dim", None)
-        index_dim = index_dim if isinstance(index_dim, int) else None
+        # Indexed (sparse-attention) layers: their indexer keys' width (Qwen4-Exp: `indexer_head_dim`).
+        index_dim = _index_dim(config.get_text_config(decoder=True))
         if encoder_family is not None and unsupported is None:
             layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
@@ -154,6 +157,9 @@ def profile_model(
             specs.append((cls, dict(kwargs)))
         if unsupported is None and not adapters:
             unsupported = reasons.NO_CACHE_LAYERS
+        first_indexed = next((i for i, a in enumerate(adapters) if isinstance(a, IndexedAttentionAdapter)), None)
+        if first_indexed is not None and index_dim is not None and _keeps_indexer_positions(config):
+            adapters[first_indexed] = IndexedAttentionAdapter(index_dim, keeps_positions=True)
     item_layers = media.item_layers() if media is not None and unsupported is None else ()
     for i in item_layers:
         # Cross-attention layers are plain DynamicLayers holding vision tokens, never sliced by text length.
@@ -166,6 +172,9 @@ def profile_model(
             )
             break
         adapters[i] = CrossAttentionAdapter()
+    indexed = any(isinstance(a, IndexedAttentionAdapter) for a in adapters)
+    # Indexers whose every top-k can be checked for ties (`indexer_ties.py`) reuse prompts of any length.
+    watch_indexers = indexed and bool(indexer_modules(inner))
     return ModelProfile(
         cache_kwarg=cache_kwarg,
         adapters=tuple(adapters),
@@ -181,10 +190,22 @@ def profile_model(
         media=media,
         item_layers=item_layers,
         encoder_family=encoder_family,
-        exact_prompt_len=_indexer_exact_len(config)
-        if any(isinstance(a, IndexedAttentionAdapter) for a in adapters)
-        else None,
+        exact_prompt_len=_indexer_exact_len(config) if indexed and not watch_indexers else None,
+        watch_indexers=watch_indexers,
     )
+
+
+def _keeps_indexer_positions(config: Any) -> bool:
+    """Qwen4-Exp (an `indexer_budget` of tokens): its first indexed layer keeps the indexers' positions too."""
+    return isinstance(getattr(config.get_text_config(decoder=True), "indexer_budget", None), int)
+
+
+def _index_dim(text_config: Any) -> int | None:
+    for name in ("index_head_dim", "indexer_head_dim"):
+        value = getattr(text_config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def _indexer_exact_len(config: Any) -> int:

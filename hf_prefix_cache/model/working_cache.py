@@ -66,6 +66,11 @@ class WorkingCache(DynamicCache):
         Cache.__init__(self, layers=[cls(**kwargs) for cls, kwargs in profile.layer_specs])
         self.profile = profile
         self.skip_len: int | None = None
+        #: The restored prefix's length, and the first position an indexer tied at (`model/indexer_ties.py`):
+        #: the states from `tied_at` on may differ from a cold prefill's, so they are not stored.
+        self.restored_len = 0
+        self.prompt_len = 0  # the request's prompt length, where its hook says it (0: not known)
+        self.tied_at: int | None = None
         self._landing: _LandingKV | None = None
         for layer, adapter in zip(self.layers, profile.adapters, strict=True):
             adapter.prepare(layer)
@@ -89,6 +94,7 @@ class WorkingCache(DynamicCache):
         them and the copies into those still landing (maybe none); each layer is then set at its
         first use, and its pieces are joined by that use's own concatenation.
         """
+        self.restored_len = length
         if landing is not None:
             assert keys is None and values is None and snapshot is None and not items
             self._restore_landing(length, landing[0], landing[1], batch_size)
@@ -231,9 +237,12 @@ class WorkingCache(DynamicCache):
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
             kv = adapter.capture_kv(layer) if adapter.has_kv else None
             if adapter.has_kv:
-                assert kv is not None and kv[0].shape[-2] == length, (
+                # Fewer only up to an indexer's tie (`exact_length`): what precedes it, by reference too.
+                shorter = self.tied_at is not None and kv is not None and length <= kv[0].shape[-2]
+                assert kv is not None and (kv[0].shape[-2] == length or shorter), (
                     f"layer {i} holds {None if kv is None else kv[0].shape[-2]} positions, expected {length}"
                 )
+                kv = kv[0][..., :length, :], kv[1][..., :length, :]
             if kv is not None and row is not None:
                 kv = kv[0][row : row + 1], kv[1][row : row + 1]
             keys.append(kv[0] if kv is not None else None)
@@ -338,6 +347,14 @@ class WorkingCache(DynamicCache):
         if not self.profile.has_kv:
             return None
         return int(self.get_seq_length())
+
+    def exact_length(self) -> int | None:
+        """Positions whose states a cold prefill computes alike: `kv_length`, but not from an indexer's tie on."""
+        kv_len = self.kv_length()
+        if kv_len is None or self.tied_at is None:
+            return kv_len
+        # A recurrent state summarises every position: it cannot be taken back to the tie, so nothing is stored.
+        return 0 if self.profile.has_state else min(kv_len, self.tied_at)
 
 
 def _behind_padding(tensor: torch.Tensor | None, template: torch.Tensor, length: int, pad: int) -> torch.Tensor:

@@ -2,6 +2,16 @@
 
 Idefics2 takes the same inputs; a perceiver resampler (its latents attend to one crop's
 patches only) replaces the pixel shuffle, so each crop still has a fixed number of placeholders.
+
+Idefics2's processor pads every image of a prompt to the prompt's largest (zeros, with
+`pixel_attention_mask` marking the valid region), so a later, larger image changes an earlier
+image's tensor. Its output does not depend on that padding: the patches wholly in the padding are
+masked out of the vision encoder's and the resampler's attention, and the valid patches' positions
+follow from the valid patch counts alone. So where the valid region is a top-left rectangle of whole
+patches, a crop is keyed by that region only, and matches the same image padded otherwise or not at
+all. A region that ends inside a patch makes that patch part padding, so there the whole padded
+crop and its mask stay the key. Idefics3 and SmolVLM keep the whole crop too: their pixel shuffle
+reads every patch, padding included (their processor gives every crop one size, so none is padded).
 """
 
 from __future__ import annotations
@@ -36,7 +46,11 @@ class Idefics3Media(MediaAdapter):
         # All-zero crops are batch padding, which the model drops: they have no placeholders.
         if num == 0 or total % num or bool((pixels == 0).flatten(2).all(-1).any()):
             return [("image", None, [], None)]
-        parts = [(pixels[0, i], *((mask[0, i],) if mask is not None else ())) for i in range(num)]
+        if getattr(self.config, "model_type", None) == "idefics2":
+            patch = getattr(getattr(self.config, "vision_config", None), "patch_size", None)
+            parts = [_valid_region(pixels[0, i], mask[0, i] if mask is not None else None, patch) for i in range(num)]
+        else:
+            parts = [(pixels[0, i], *((mask[0, i],) if mask is not None else ())) for i in range(num)]
         return [("image", token_id, parts, [total // num] * num)]
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
@@ -48,3 +62,17 @@ class Idefics3Media(MediaAdapter):
         set_or_drop(kwargs, "pixel_values", pixels[:, k:], keep)
         if mask is not None:
             set_or_drop(kwargs, "pixel_attention_mask", mask[:, k:], keep)
+
+
+def _valid_region(crop: torch.Tensor, mask: Any, patch: Any) -> tuple[torch.Tensor, ...]:
+    """What an Idefics2 crop's key covers: its valid top-left rectangle of whole patches, else the crop and mask."""
+    if mask is None:
+        return (crop,)
+    whole = (crop, mask)
+    if not isinstance(mask, torch.Tensor) or mask.shape != crop.shape[-2:] or not isinstance(patch, int):
+        return whole
+    valid = mask.bool()
+    height, width = int(valid.any(-1).sum()), int(valid.any(-2).sum())
+    if height % patch or width % patch or int(valid.sum()) != height * width or not bool(valid[:height, :width].all()):
+        return whole  # not a rectangle of whole patches from the top-left corner: padding reaches some patch
+    return (crop[..., :height, :width],)

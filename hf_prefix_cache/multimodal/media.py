@@ -87,11 +87,13 @@ class MediaItem:
     digest: int
     start: int
     end: int
+    #: For an item keyed with padding its model reads (Phi-4 audio): the digest it would have unpadded.
+    unpadded: int | None = None
 
-    def symbols(self) -> list[int]:
+    def symbols(self, digest: int | None = None) -> list[int]:
         """The tree symbols of the item's placeholder positions (negative ints, never token ids)."""
         assert self.end - self.start <= 1 << _INDEX_BITS, f"{self.end - self.start} placeholders do not fit a symbol"
-        base = ((self.digest << _INDEX_BITS) << _KIND_BITS) | KIND_CODES[self.kind]
+        base = (((self.digest if digest is None else digest) << _INDEX_BITS) << _KIND_BITS) | KIND_CODES[self.kind]
         return [-1 - (base | (i << _KIND_BITS)) for i in range(self.end - self.start)]
 
 
@@ -111,6 +113,18 @@ class MediaLayout:
         for item in self.items:
             assert item.end <= len(out), f"span [{item.start}, {item.end}) beyond {len(out)} tokens"
             out[item.start : item.end] = item.symbols()
+        return out
+
+    @property
+    def has_padded(self) -> bool:
+        """Whether an item is keyed with padding its model reads (`MediaItem.unpadded`)."""
+        return any(item.unpadded is not None for item in self.items)
+
+    def unpadded_symbols(self, tokens: Sequence[int]) -> list[Hashable]:
+        """`symbols`, with each padded item keyed as it would be unpadded (what an earlier prompt may have stored)."""
+        out: list[Hashable] = list(tokens)
+        for item in self.items:
+            out[item.start : item.end] = item.symbols(item.unpadded)
         return out
 
     def num_cached(self, kind: str, cached_len: int) -> int:

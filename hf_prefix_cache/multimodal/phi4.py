@@ -8,7 +8,9 @@ What the model consumes of each item (transformers 5.23 and 5.24 agree):
   the crops past those (padding) are encoded but never read, so they are left out of the key;
 * an audio clip is one row of `audio_input_features` (padded to the prompt's longest clip,
   hashed whole) with its `audio_embed_sizes` entry (its placeholder count) and its
-  `audio_attention_mask` row.
+  `audio_attention_mask` row. The conformer's output for a clip changes with its padding, so a
+  clip re-padded by a longer one in a later prompt does not match; the hook counts
+  `media_padding` when that clip is stored unpadded (`MediaItem.unpadded`).
 
 Features fill the placeholders in order, one run per image (the processor writes each image's
 placeholders as one run); an image's count follows from its crops, so the layout requires one
@@ -99,10 +101,11 @@ class Phi4MultimodalMedia(MediaAdapter):
         counts = [int(n) for n in sizes.tolist()]
         if len(runs) != len(counts) or any(b - a != n for (a, b), n in zip(runs, counts, strict=True)):
             return None
-        return [
-            MediaItem("audio", hash_media(features[i], sizes[i], *((mask[i],) if mask is not None else ())), a, b)
-            for i, (a, b) in enumerate(runs)
-        ]
+        items = []
+        for i, (a, b) in enumerate(runs):
+            digest = hash_media(features[i], sizes[i], *((mask[i],) if mask is not None else ()))
+            items.append(MediaItem("audio", digest, a, b, _unpadded(features[i], sizes[i], mask, i)))
+        return items
 
     def scope(self, items: Sequence[MediaItem]) -> list[str]:
         # A clip's projection depends on whether its prompt holds an image.
@@ -130,3 +133,18 @@ class Phi4MultimodalMedia(MediaAdapter):
         for name in _IMAGE:
             if kwargs.get(name) is not None:
                 set_or_drop(kwargs, name, kwargs[name][k:], keep)
+
+
+def _unpadded(features: torch.Tensor, size: torch.Tensor, mask: Any, i: int) -> int | None:
+    """A padded clip's digest as a prompt holding it alone keys it (its valid frames, no mask); None if not padded.
+
+    The conformer reads a clip's padding (its output changes with it), so the padded key stays; this one
+    only tells the hook that an earlier prompt may hold the clip unpadded (`reasons.MEDIA_PADDING`).
+    """
+    if mask is None:
+        return None
+    valid = mask[i].bool()
+    frames = int(valid.sum())
+    if frames == valid.shape[0] or not bool(valid[:frames].all()):
+        return None  # not padded, or not one leading run of frames
+    return hash_media(features[:frames], size)

@@ -96,6 +96,10 @@ class Store(Protocol):
         """Whether anything is stored under `namespace` (reads only)."""
         ...
 
+    def stored_len(self, namespace: str, symbols: Sequence[Hashable]) -> int:
+        """How many leading `symbols` are stored under `namespace` (reads only)."""
+        ...
+
     def new_cache(self) -> WorkingCache:
         """An empty working cache for this model (mutates nothing)."""
         ...

@@ -15,7 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -259,8 +259,8 @@ class TreeStore(Prefixes):
             self._pins.end(session)
             self._placement.enforce()
 
-    def stored_len(self, namespace: str, tokens: Sequence[int]) -> int:
-        """How many leading `tokens` are stored under `namespace` (indexing its disk files first)."""
+    def stored_len(self, namespace: str, tokens: Sequence[Hashable]) -> int:
+        """How many leading `tokens` (or tree symbols) are stored under `namespace` (indexing its disk files first)."""
         with self._lock.raw:
             self._placement.index_disk(namespace)
             return self._tree.match(namespace, tokens).matched_len

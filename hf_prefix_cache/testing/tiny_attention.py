@@ -68,6 +68,57 @@ def tiny_deepseek_v32() -> PreTrainedModel:
     )
 
 
+def tiny_glm_moe_dsa() -> PreTrainedModel:
+    """GLM-5 (`glm_moe_dsa`), 2 layers of MLA with its own indexer (`DynamicIndexedLayer`) keeping 256 keys per query."""
+    return _make(
+        transformers.GlmMoeDsaConfig,
+        "GlmMoeDsaForCausalLM",
+        num_hidden_layers=2,
+        num_key_value_heads=4,
+        head_dim=8,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        index_topk=256,
+        index_n_heads=8,
+        index_head_dim=16,
+        indexer_types=["full", "full"],  # each layer selects its own keys (none shares the one before)
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        **{k: v for k, v in _ATTN.items() if k != "num_key_value_heads"},
+    )
+
+
+def tiny_qwen4_exp() -> PreTrainedModel:
+    """Qwen4-Exp text: a gated-delta-net layer, then attention whose indexer keeps 8 tokens' worth of 4-token
+    blocks per query (`indexer_budget`, `indexer_compress_ratio`) plus the query's incomplete block."""
+    return _make(
+        transformers.Qwen4ExpTextConfig,
+        "Qwen4ExpForCausalLM",
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "indexed_attention"],
+        head_dim=16,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        indexer_n_heads=8,  # few heads make ReLU-zero ties common (each then runs cold: `indexer_tie`)
+        indexer_kv_heads=1,
+        indexer_head_dim=16,
+        indexer_budget=8,
+        indexer_compress_ratio=4,
+        **_ATTN,
+    )
+
+
 # --------------------------------------------------------------------------- sliding / chunked attention
 
 

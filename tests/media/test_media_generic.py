@@ -299,7 +299,7 @@ def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
 #: Families whose own continuation of a prompt can differ from its prefill on random text, without a store:
 #: Mistral Large 4's indexer keeps its top-k keys by scores that tie exactly on repeated tokens, and
 #: transformers' choice among ties changes with the query count (README, `DynamicIndexedLayer`). A store runs
-#: such prompts cold (`indexer_top_k`, tests/integration/test_indexer_top_k.py); the conversations here outgrow the top-k.
+#: a request cold on such a tie (`indexer_tie`, tests/integration/test_indexer_top_k.py), which these checks do not expect.
 INDEXER_TIES = ("mistral_large4",)
 
 

@@ -21,8 +21,11 @@ from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 class IndexedAttentionAdapter(FullAttentionAdapter):
     """`DynamicIndexedLayer` whose indexer keys are `index_dim` wide (the config's `index_head_dim`)."""
 
-    def __init__(self, index_dim: int) -> None:
+    def __init__(self, index_dim: int, keeps_positions: bool = False) -> None:
         self.index_dim = index_dim
+        #: Qwen4-Exp keeps its indexers' (text) positions, `[3, B, L]`, on its first indexed layer. A served call's
+        #: positions are 0..L-1 (explicit positions are refused), so a restore rebuilds them.
+        self.keeps_positions = keeps_positions
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         kv = super().capture_kv(layer)
@@ -30,7 +33,13 @@ class IndexedAttentionAdapter(FullAttentionAdapter):
             return None
         keys, values = kv
         indexer = layer.indexer_keys
-        assert layer.indexer_position_ids is None, "indexer positions are not kept (only the indexer keys are)"
+        positions = layer.indexer_position_ids
+        if self.keeps_positions:
+            assert positions is not None and positions.shape[1:] == keys.shape[:1] + keys.shape[-2:-1], (
+                f"indexer positions {None if positions is None else tuple(positions.shape)}, keys {tuple(keys.shape)}"
+            )
+        else:
+            assert positions is None, "indexer positions are not kept (only the indexer keys are)"
         assert indexer is not None and indexer.shape == (keys.shape[0], keys.shape[-2], self.index_dim), (
             f"indexer keys {None if indexer is None else tuple(indexer.shape)} for keys {tuple(keys.shape)}, "
             f"index_dim {self.index_dim}"
@@ -46,10 +55,15 @@ class IndexedAttentionAdapter(FullAttentionAdapter):
         layer.indexer_keys = indexer.contiguous()
         layer.indexer_dtype, layer.indexer_device = indexer.dtype, indexer.device
         layer.is_indexer_initialized = True
+        if self.keeps_positions:
+            positions = torch.arange(length, device=indexer.device)
+            layer.indexer_position_ids = positions.view(1, 1, -1).expand(3, values.shape[0], -1)
 
     def trim(self, layer: Any, length: int, rows: torch.Tensor) -> None:
         super().trim(layer, length, rows)
         layer.indexer_keys = layer.indexer_keys[rows, :length]
+        if self.keeps_positions:
+            layer.indexer_position_ids = layer.indexer_position_ids[:, rows, :length]
 
     def _per_head(self, heads: int) -> int:
         return -(-self.index_dim // heads)
