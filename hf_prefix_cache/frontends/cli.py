@@ -36,7 +36,7 @@ def _progress(iterable: Any, **kwargs: Any) -> Any:
     try:
         from tqdm import tqdm
     except ImportError as exc:
-        raise ImportError("progress bars need tqdm: pip install 'hf-prefix-cache[cli]'") from exc
+        raise ImportError("progress bars need tqdm: pip install tqdm (the [cli] extra)") from exc
     return tqdm(iterable, file=sys.stderr, **kwargs)
 
 

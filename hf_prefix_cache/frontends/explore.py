@@ -1,7 +1,7 @@
 """Notebook helpers: the store's radix tree as rows and as a drawing, and time to first token per turn as a plot.
 
 Reads the store's tree under its lock and changes nothing. Drawing needs matplotlib
-(``pip install 'hf-prefix-cache[jupyter]'``); `tree_nodes` does not.
+(the ``[jupyter]`` extra); `tree_nodes` does not.
 """
 
 from __future__ import annotations
@@ -185,5 +185,5 @@ def _pyplot() -> Any:
     try:
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ImportError("plots need matplotlib: pip install 'hf-prefix-cache[jupyter]'") from exc
+        raise ImportError("plots need matplotlib: pip install matplotlib (the [jupyter] extra)") from exc
     return plt

@@ -5,8 +5,9 @@ pinned); all sessions share the engine's one store. Answers stream; after each t
 shows the tokens reused, time to first token cold and cached, bytes per tier and the hit rate,
 and, with "compare with a cold run" ticked, the cold answer and whether it is identical.
 
-Install: ``pip install 'hf-prefix-cache[gradio]'``. Launch: ``python -m hf_prefix_cache.gradio``
-or ``hf-prefix-cache gradio`` (``--model tiny-vlm`` for images, ``tiny-audio`` for WAV clips,
+Install: the ``[gradio]`` extra (``pip install -e '.[gradio]'`` in a clone).
+Launch: ``python -m hf_prefix_cache.gradio`` or ``hf-prefix-cache gradio`` (``--model tiny-vlm`` for
+images, ``tiny-audio`` for WAV clips,
 ``--model <hub id or folder>``).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 try:
     import gradio as gr
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("the Gradio app needs gradio: pip install 'hf-prefix-cache[gradio]'") from exc
+    raise ImportError("the Gradio app needs gradio: pip install gradio (the [gradio] extra)") from exc
 
 from hf_prefix_cache.api.display import format_nbytes
 from hf_prefix_cache.frontends.chat import ChatEngine, Conversation, TurnReport
