@@ -67,14 +67,15 @@ def no_real_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["chat"], ["warm", "PROMPTS", "--disk-dir", "DISK"], pytest.param(["gradio"], id="gradio")],
+    [["chat"], ["warm", "PROMPTS", "--disk-dir", "DISK"], ["gradio"], ["serve", "--port", "1"]],
     ids=lambda c: c[0],
 )
 def test_a_command_without_the_real_model_says_what_to_install_in_one_line(
     command: list[str], no_real_model: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if command[0] == "gradio":
-        pytest.importorskip("gradio", reason="the gradio command needs the gradio extra: pip install -e '.[gradio]'")
+    extra = {"gradio": "gradio", "serve": "fastapi"}.get(command[0])
+    if extra:
+        pytest.importorskip(extra, reason=f"{command[0]} needs its extra: pip install -e '.[{command[0]}]'")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('"Hello"\n')
     argv = [str(prompts) if a == "PROMPTS" else str(tmp_path / "disk") if a == "DISK" else a for a in command]
