@@ -12,23 +12,59 @@ stay importable from their modules for tests and tools, with no promise of stabi
 
 from __future__ import annotations
 
-from hf_prefix_cache._compat import check_transformers
+import importlib
+from typing import TYPE_CHECKING, Any
 
-check_transformers()
+if TYPE_CHECKING:
+    from hf_prefix_cache.api.display import CacheStats
+    from hf_prefix_cache.api.models import load_model, load_smollm2
+    from hf_prefix_cache.api.prefix_cache import PrefixCache
+    from hf_prefix_cache.errors import (
+        IncompatibleModelError,
+        ModelUnavailableError,
+        PrefixCacheError,
+        UnhashableMediaError,
+        UnsupportedVersionError,
+    )
+    from hf_prefix_cache.store.lookup import Lookup
+    from hf_prefix_cache.store.observe import RequestEvent
+    from hf_prefix_cache.store.pressure import PressureEvent
+    from hf_prefix_cache.store.sessions import Session
 
-from hf_prefix_cache.api.display import CacheStats  # noqa: E402
-from hf_prefix_cache.api.models import ModelUnavailableError, load_model, load_smollm2  # noqa: E402
-from hf_prefix_cache.api.prefix_cache import PrefixCache  # noqa: E402
-from hf_prefix_cache.errors import (  # noqa: E402
-    IncompatibleModelError,
-    PrefixCacheError,
-    UnhashableMediaError,
-    UnsupportedVersionError,
-)
-from hf_prefix_cache.store.lookup import Lookup  # noqa: E402
-from hf_prefix_cache.store.observe import RequestEvent  # noqa: E402
-from hf_prefix_cache.store.pressure import PressureEvent  # noqa: E402
-from hf_prefix_cache.store.sessions import Session  # noqa: E402
+# The public names, imported on first use (PEP 562): importing the package (as the command line
+# does for `--help`) loads neither torch nor transformers. The transformers check runs on first use
+# of a public name, and again whenever a store is made.
+_WHERE = {
+    "CacheStats": "hf_prefix_cache.api.display",
+    "ModelUnavailableError": "hf_prefix_cache.errors",
+    "load_model": "hf_prefix_cache.api.models",
+    "load_smollm2": "hf_prefix_cache.api.models",
+    "PrefixCache": "hf_prefix_cache.api.prefix_cache",
+    "IncompatibleModelError": "hf_prefix_cache.errors",
+    "PrefixCacheError": "hf_prefix_cache.errors",
+    "UnhashableMediaError": "hf_prefix_cache.errors",
+    "UnsupportedVersionError": "hf_prefix_cache.errors",
+    "Lookup": "hf_prefix_cache.store.lookup",
+    "RequestEvent": "hf_prefix_cache.store.observe",
+    "PressureEvent": "hf_prefix_cache.store.pressure",
+    "Session": "hf_prefix_cache.store.sessions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'hf_prefix_cache' has no attribute {name!r}")
+    if where != "hf_prefix_cache.errors":
+        importlib.import_module("hf_prefix_cache._compat").check_transformers()
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
 
 __all__ = [
     "CacheStats",

@@ -2,6 +2,7 @@
 
     PrefixCacheError
     ├── IncompatibleModelError   the store was built for another model
+    ├── ModelUnavailableError    a model loaded by name (the real SmolLM2) is not installed here
     ├── UnhashableMediaError     a media input is of a type we cannot hash (never pickled)
     └── UnsupportedVersionError  transformers is not the version the layer adapters were written for
 
@@ -27,3 +28,7 @@ class UnhashableMediaError(PrefixCacheError, TypeError):
 
 class UnsupportedVersionError(PrefixCacheError, ImportError):
     """The installed transformers lacks what the layer adapters rely on."""
+
+
+class ModelUnavailableError(PrefixCacheError, RuntimeError):
+    """A model the front ends load by name cannot be loaded here; the message says why and what to install."""

@@ -321,9 +321,9 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
 
 #: Adapter keys without a media case, and why.
 NO_MEDIA_CASE: dict[str, str] = {
-    # Its timm vision tower needs torchvision, which the sweep's environment lacks; its media are
-    # proven in `.venv-timm` by tests/media/test_media_gemma3n.py (run by tests/media/test_gemma3n_env.py).
-    "gemma3n": "timm vision tower: tested in .venv-timm, not in the sweep's environment",
+    # Its timm vision tower needs torchvision, which the sweep's environment lacks; its media are proven
+    # with .timm-packages by tests/media/test_media_gemma3n.py (run by tests/media/test_gemma3n_env.py).
+    "gemma3n": "timm vision tower: tested with .timm-packages, not in the sweep's environment",
 }
 
 

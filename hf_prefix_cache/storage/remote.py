@@ -97,7 +97,7 @@ class RemoteTier:
 
     Raises:
         ValueError: for a URL of another scheme.
-        ImportError: when the `redis` package is missing (``pip install 'hf-prefix-cache[remote]'``).
+        ImportError: when the `redis` package is missing (``pip install 'redis[hiredis]'``, the ``[remote]`` extra).
 
     Example:
         >>> tier = RemoteTier("redis://localhost:6379/0", layout)  # doctest: +SKIP
@@ -125,7 +125,9 @@ class RemoteTier:
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("the remote tier needs the redis client: pip install 'hf-prefix-cache[remote]'") from exc
+            raise ImportError(
+                "the remote tier needs the redis client: pip install 'redis[hiredis]' (the [remote] extra)"
+            ) from exc
         self.url = redact(url)
         self.layout = layout
         self.chunk_len = chunk_len

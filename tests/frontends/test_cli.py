@@ -119,10 +119,9 @@ def test_parse_ratios_reads_ratio_columns_only() -> None:
 
 
 def test_demo_dispatches_to_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    """`demo --help` reaches hf_prefix_cache.frontends.demo's own argument parser."""
+    """`demo --help` shows the demo's own options under its own name."""
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--help"])
     assert exit_info.value.code == 0
-    from hf_prefix_cache.frontends import demo
-
-    assert (demo.__doc__ or "").splitlines()[0] in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hf-prefix-cache demo") and "--repeats" in out

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-pytest.importorskip("gradio", reason="the Gradio tests need the gradio extra: pip install 'hf-prefix-cache[gradio]'")
+pytest.importorskip("gradio", reason="the Gradio tests need the gradio extra: pip install -e '.[gradio]'")
 
 from hf_prefix_cache.frontends.gradio_app import build_app, load_engine  # noqa: E402
 

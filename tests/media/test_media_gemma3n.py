@@ -1,8 +1,8 @@
 """Gemma 3n images and audio clips served by the generic media adapter equal cold runs.
 
-Gemma 3n's vision tower is a timm model (MobileNetV5), and timm needs torchvision, which does not
-import beside the main environment's CPU torch: this module skips there (no timm), and
-`tests/media/test_gemma3n_env.py` runs it in the `.venv-timm` that `scripts/install` makes.
+Gemma 3n's vision tower is a timm model (MobileNetV5), and timm needs torchvision: this module
+skips in the suite (no timm on its path), and `tests/media/test_gemma3n_env.py` runs it with the
+`.timm-packages` that `scripts/install` fills and the `support.torchvision_ops` plugin.
 
 The tiny model mirrors the real layout: a text vocabulary of 128 ids, then 16 vision ids (the
 first is the end-of-image id, the second the image placeholder) and 16 audio ids (end-of-audio,
@@ -37,7 +37,7 @@ from hf_prefix_cache.testing.tiny_vlm_media import text
 from media.test_media_generic import Prompt, expected_reuse
 
 pytest.importorskip(
-    "timm", reason="Gemma 3n's vision tower needs timm; run in .venv-timm (tests/media/test_gemma3n_env.py)"
+    "timm", reason="Gemma 3n's vision tower needs timm; tests/media/test_gemma3n_env.py runs this with .timm-packages"
 )
 
 BOI, EOI, IMG = 110, 128, 129  # end-of-image and image ids open the vision vocabulary (offset 128), as in Gemma 3n

@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 
-redis = pytest.importorskip(
-    "redis", reason="the remote-tier tests need the redis client: pip install 'hf-prefix-cache[remote]'"
-)
+redis = pytest.importorskip("redis", reason="the remote-tier tests need the redis client: pip install -e '.[remote]'")
 
 
 def _free_port() -> int:
