@@ -294,11 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        try:
-            from hf_prefix_cache.frontends.serve import main as serve_main
-        except ImportError as exc:
-            print(f"hf-prefix-cache serve: {exc}", file=sys.stderr)
-            return 2
+        from hf_prefix_cache.frontends.serve_args import main as serve_main  # parses before importing the server
+
         return serve_main(argv[1:])
     if argv and argv[0] in ("demo", "gradio"):
         if argv[0] == "demo":
