@@ -355,6 +355,7 @@ def test_limits_a_large_body_is_413_and_a_full_queue_is_429_with_retry_after(tig
     assert "--max-queued 1" in refused.json()["error"]["message"]
     for _ in chunks:
         pass
+    _wait(lambda: "hf_prefix_cache_serve_admitted 0.0" in _get(tight, "/metrics", None)[1], "the stream to leave")
     answer = client.chat.completions.create(model=NAME, messages=GOOD, max_tokens=2, temperature=0)
     assert answer.choices[0].finish_reason in ("length", "stop")
 
@@ -382,6 +383,7 @@ def test_concurrent_requests_get_no_server_error(tight: ServeProcess) -> None:
             _post(tight, PATHS["chat"], {"model": NAME, "messages": GOOD, "max_tokens": 2}, None).status_code
         )
 
+    _wait(lambda: "hf_prefix_cache_serve_admitted 0.0" in _get(tight, "/metrics", None)[1], "an empty queue")
     threads = [threading.Thread(target=send) for _ in range(6)]
     for thread in threads:
         thread.start()

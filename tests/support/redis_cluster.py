@@ -19,6 +19,22 @@ from support.redis_server import _free_port
 redis = pytest.importorskip("redis", reason="the cluster tests need the redis client")
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10000 above it) is valid and free too."""
+    import socket
+
+    while True:
+        port = _free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 class RedisCluster:
     """Three cluster masters on 127.0.0.1; `url` (``redis+cluster://``) reaches them."""
 
@@ -27,7 +43,7 @@ class RedisCluster:
         if server is None or cli is None:
             pytest.skip("redis-server and redis-cli are not installed (apt-get install redis-server)")
         self.dir = tempfile.mkdtemp(prefix="hfpc-cluster-")
-        self.ports = [_free_port() for _ in range(num_masters)]
+        self.ports = [_cluster_port() for _ in range(num_masters)]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
             for port in self.ports:
