@@ -10,6 +10,7 @@ no test here passes with the store off.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -248,12 +249,15 @@ def test_a_tenant_sees_only_its_own_counters_and_never_the_admin_endpoints(serve
 
 def test_metrics_have_latency_histograms_queue_gauges_and_statuses(server: ServeProcess) -> None:
     """/metrics (admin) carries time to first token and end-to-end histograms by model and tenant, the queue gauges,
-    tokens per second, requests by status and the reused-token ratio, beside the stores' own counters."""
+    tokens per second, requests by status and the reused-token ratio, beside the stores' own counters; every series
+    the Grafana dashboard (integrations/grafana) reads is there."""
     client = _client(server, "key-acme")
     messages = _messages("metrics")
     for _ in range(2):
         stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=4, temperature=0, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert _post(server, PATHS["chat"], {"model": NAME, "messages": []}, "key-acme").status_code == 400
+    assert _get(server, "/v1/models", None)[0] == 401
     status, text = _get(server, "/metrics", ADMIN)
     assert status == 200
     labels = f'model="{NAME}",tenant="acme"'
@@ -269,6 +273,10 @@ def test_metrics_have_latency_histograms_queue_gauges_and_statuses(server: Serve
     assert 'hf_prefix_cache_serve_requests_total{endpoint="other",status="401",tenant="-"}' in text
     assert "hf_prefix_cache_serve_running 0.0" in text and "hf_prefix_cache_serve_queued 0.0" in text
     assert "hf_prefix_cache_hit_tokens_total{" in text  # the store's own
+    dashboard = Path(__file__).parents[2] / "integrations" / "grafana" / "hf-prefix-cache-serve.json"
+    exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]
+    names = {n for e in exprs for n in re.findall(r"hf_prefix_cache_[a-z_]+", e)}
+    assert len(names) >= 12 and not [n for n in names if n not in text]  # the Grafana dashboard reads real series
 
 
 def test_a_cancelled_stream_keeps_its_prompt(server: ServeProcess) -> None:
