@@ -250,7 +250,8 @@ def check_serve() -> None:
         except (ImportError, NameError) as exc:  # NameError: its annotations name FastAPI classes
             raise ImportError(
                 f"hf-prefix-cache serve needs transformers' serving extra (FastAPI, uvicorn): "
-                f"pip install 'hf-prefix-cache[serve]' ({type(exc).__name__}: {exc})"
+                f"pip install 'transformers[serving]' prometheus_client (or pip install -e '.[serve]' in a clone of "
+                f"hf-prefix-cache) ({type(exc).__name__}: {exc})"
             ) from exc
         target: object = module
         for part in dotted.split("."):

