@@ -31,8 +31,10 @@ _GENERATION_FIELDS = frozenset(GenerationConfig().to_dict())  # type: ignore[no-
 _KEYED_OR_HARMLESS = frozenset(
     {"input_ids", "attention_mask", "logits_to_keep", "tokenizer", "assistant_tokenizer", "use_model_defaults"}
 )
-# Cache implementations served on the working cache (dropped from the call).
+# Cache implementations served on the working cache (dropped from the call); "static" where the model's layers have
+# a plain static form (`model/static.py`), for one prompt row decoded one sequence at a time.
 _SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
+STATIC = "static"
 
 
 def why_cold(
@@ -123,9 +125,10 @@ def _settings_problem(
 ) -> str | None:
     """Decoding, cache-implementation and output settings a hit could not reproduce."""
     config = refusals.GenerationSettings(model, arguments.get("generation_config"), kwargs)
-    problem = refusals.decoding_problem(config, modes) or refusals.cache_implementation_problem(
-        config, _SERVED_IMPLEMENTATIONS
-    )
+    served = _SERVED_IMPLEMENTATIONS
+    if config.cache_implementation == STATIC and profile.serves_static and _one_sequence(config):
+        served = served | {STATIC}
+    problem = refusals.decoding_problem(config, modes) or refusals.cache_implementation_problem(config, served)
     if problem is not None:
         return problem
     if refusals.expand_size(config) > 1 and profile.media is not None:
@@ -137,6 +140,11 @@ def _settings_problem(
     if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
         return problem
     return None
+
+
+def _one_sequence(config: refusals.GenerationSettings) -> bool:
+    """One sequence decoded per prompt row, without assistance: the static path copies one row's prefix."""
+    return refusals.expand_size(config) == 1 and not refusals.is_assisted(config)
 
 
 def media_layout(

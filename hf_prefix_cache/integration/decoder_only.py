@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, refusals
-from hf_prefix_cache.integration.decoder_checks import media_layout, serving_modes, why_cold
+from hf_prefix_cache.integration.decoder_checks import STATIC, media_layout, serving_modes, why_cold
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
@@ -35,6 +36,7 @@ from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
+from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
 from hf_prefix_cache.store.contract import Lease, Served, Store
@@ -59,6 +61,8 @@ class _Call:
     expand: int = 1  # rows generate makes of each prompt row (beams, several returned sequences)
     beams: bool = False  # beam search: the returned rows are not the cache's rows
     assisted: bool = False  # assisted or prompt-lookup decoding: its first forward is fed the whole prompt
+    static_len: int = 0  # cache_implementation="static": the positions of the static cache (0: not static)
+    static: StaticCache | None = None  # the static cache generate ran on, to copy out afterwards
     layout: MediaLayout | None = None
     symbols: Sequence[Hashable] = ()
     namespace: str = ""
@@ -125,6 +129,8 @@ class DecoderOnlyHook(PatchingHook):
             return pipeline.run_cold(store, self._original, reasons.INDEXER_TIE, call.prompt_len, args, cold_kwargs)
         finally:
             store.release(lease)
+        if call.static is not None:
+            cache = from_static(call.static, cache)  # the buffers are this call's: copy what to store out
         self._store_result(call, lease, cache, output, snapshots)
         return output
 
@@ -151,6 +157,13 @@ class DecoderOnlyHook(PatchingHook):
         call.drop_impl = bool(settings.cache_implementation)
         call.expand, call.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
         call.assisted = refusals.is_assisted(settings) or bound.arguments.get("assistant_model") is not None
+        if settings.cache_implementation == STATIC:
+            # Sized as generate sizes it: the longest sequence but its last token (or the config's own size).
+            new = settings.max_new_tokens
+            longest = prompt_len + new if new is not None else settings.max_length
+            call.static_len = max(longest - 1, settings.max_cache_len or 0)
+            if reason is None and (len(call.rows) > 1 or any(call.pads)):
+                reason = reasons.with_detail(reasons.CACHE_IMPLEMENTATION, STATIC)  # static rows restore one prompt
         return call, reason
 
     def _key(self, call: _Call) -> str | None:
@@ -191,6 +204,10 @@ class DecoderOnlyHook(PatchingHook):
             # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
             kwargs = media.resume_kwargs(call.input_ids, kwargs, call.layout, fed)
         kwargs[profile.cache_kwarg] = cache
+        if call.static_len:
+            # The prefix copied into preallocated buffers, as generate would allocate them (`model/static.py`).
+            call.static = to_static(cache, self._model.config, call.static_len)
+            kwargs[profile.cache_kwarg] = call.static
         if call.drop_impl:
             kwargs[refusals.CACHE_IMPLEMENTATION] = None
         return self._original(*call.args, **kwargs), snapshots

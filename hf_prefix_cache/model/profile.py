@@ -101,6 +101,12 @@ class ModelProfile:
         return not self.has_state and not self.item_layers
 
     @property
+    def serves_static(self) -> bool:
+        """Whether a static cache can take a restored prefix (`model/static.py`): every cache layer keeps plain
+        per-token keys whose static form is one buffer, with no state and no media item blocks."""
+        return self.expands and self.has_kv and all(a.has_static_form for a in self.adapters if a.has_kv)
+
+    @property
     def is_croppable(self) -> bool:
         """Whether transformers' `crop` (assisted decoding's rollback of rejected candidates) keeps every
         layer exact and capturable."""

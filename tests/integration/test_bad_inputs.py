@@ -162,7 +162,7 @@ _TEXT_CASES = [
     ("prompt_lookup", _with(prompt_lookup_num_tokens=2), "same"),
     ("output_attentions", _with(output_attentions=True), "cold:output_attentions"),
     ("output_hidden_states", _with(output_hidden_states=True), "cold:output_hidden_states"),
-    ("cache_implementation_static", _with(cache_implementation="static"), "cold:cache_implementation:static"),
+    ("cache_implementation_static", _with(cache_implementation="static"), "same"),
     ("cache_implementation_bogus", _with(cache_implementation="bogus"), "error"),
     (
         "generation_config_beams",

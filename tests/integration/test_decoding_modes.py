@@ -25,11 +25,14 @@ MODES: dict[str, dict[str, Any]] = {
     "samples": {"do_sample": True, "num_return_sequences": 3},
     "prompt_lookup": {"prompt_lookup_num_tokens": 3},
     "assistant_model": {"assistant": "qwen3"},
+    "static_cache": {"cache_implementation": "static"},
 }
 # Full attention, sliding windows (every position kept), an indexer's keys, absolute positions.
 MODELS = ("llama", "gemma3_text", "deepseek_v32", "gpt2")
 # transformers' crop cuts a recording sliding layer back to its window: assisted decoding runs cold there.
 ASSISTED_COLD = {"gemma3_text"}
+# Static sliding and indexed layers keep more than one plain buffer: a static cache runs cold there.
+STATIC_COLD = {"gemma3_text", "deepseek_v32"}
 
 
 def _run(model: Any, ids: torch.Tensor, mode: str, store: PrefixCache | None) -> Any:
@@ -82,6 +85,10 @@ def test_a_decoding_mode_reuses_the_stored_prefix_exactly(warm_store: Any, mode:
         assert hits.last() == 0
         assert store.stats().fallbacks == {"assisted_decoding": 1}
         return
+    if name in STATIC_COLD and mode == "static_cache":
+        assert hits.last() == 0
+        assert store.stats().fallbacks == {"cache_implementation:static": 1}
+        return
     assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
     assert store.stats().fallbacks == {}
 
@@ -126,3 +133,28 @@ def test_models_with_states_run_expanded_calls_cold_with_a_reason(warm_store: An
     warm = _run(model, ids, mode, store)
     assert torch.equal(cold.sequences, warm.sequences)
     assert store.stats().fallbacks == {reason: 1}
+
+
+def test_a_compiled_forward_on_a_static_cache_reuses_the_stored_prefix() -> None:
+    """`torch.compile(model.forward)` (default mode) with `cache_implementation="static"` equals the compiled cold call and
+    reuses the stored prompt: the prefix is copied into the static buffers before the compiled steps run."""
+    from conftest import build
+
+    model = build("llama")
+    store = PrefixCache(model)
+    try:
+        ids = random_prompt(PROMPT_LEN, seed=11)
+        stored = ids[:, :STORED_LEN]
+        model.generate(
+            stored, attention_mask=torch.ones_like(stored), max_new_tokens=1, do_sample=False, **{CACHE_NAME: store}
+        )
+        model.forward = torch.compile(model.forward, dynamic=False)
+        cold = _run(model, ids, "static_cache", None)
+        hits = Hits(store)
+        warm = _run(model, ids, "static_cache", store)
+        assert torch.equal(cold.sequences, warm.sequences)
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == STORED_LEN
+        store.check_integrity()
+    finally:
+        store.detach()

@@ -10,6 +10,8 @@ Two capabilities, declared up front rather than discovered by trial:
   taken at exactly the wanted length.
 - `is_croppable`: transformers' own `crop` (assisted decoding drops rejected candidates with
   it) leaves the layer as a forward of the shorter sequence would, and still capturable.
+- `has_static_form`: transformers' static counterpart of the layer (`cache_implementation="static"`)
+  is a plain key/value buffer, into which a restored prefix can be copied (`model/static.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LayerAdapter(Protocol):
     has_kv: bool
     has_state: bool
     is_croppable: bool
+    has_static_form: bool
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Keys and values `[B, H, L, D]` for all positions `[0, L)`, by reference (no copy)."""
@@ -66,6 +69,7 @@ class NoCacheAdapter:
     has_kv = False
     has_state = False
     is_croppable = True  # `DummyLayer.crop` does nothing, and there is nothing to keep
+    has_static_form = False
 
     def prepare(self, layer: Any) -> None:
         pass

@@ -17,6 +17,7 @@ class FullAttentionAdapter:
     has_kv = True
     has_state = False
     is_croppable = True
+    has_static_form = True
 
     def prepare(self, layer: Any) -> None:
         pass

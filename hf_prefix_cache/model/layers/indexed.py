@@ -21,6 +21,8 @@ from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 class IndexedAttentionAdapter(FullAttentionAdapter):
     """`DynamicIndexedLayer` whose indexer keys are `index_dim` wide (the config's `index_head_dim`)."""
 
+    has_static_form = False  # a static indexed layer keeps its indexer keys in buffers of its own
+
     def __init__(self, index_dim: int, keeps_positions: bool = False) -> None:
         self.index_dim = index_dim
         #: Qwen4-Exp keeps its indexers' (text) positions, `[3, B, L]`, on its first indexed layer. A served call's

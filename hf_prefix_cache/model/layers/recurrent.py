@@ -33,6 +33,7 @@ class RecurrentAdapter:
     has_kv = False
     has_state = True
     is_croppable = False  # a state summarises every token: it cannot go back
+    has_static_form = False
 
     def prepare(self, layer: Any) -> None:
         pass

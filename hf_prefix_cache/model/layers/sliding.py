@@ -29,6 +29,7 @@ class SlidingWindowAdapter(FullAttentionAdapter):
     # transformers' crop cuts a recording layer back to its window ("minimal working size"): later
     # captures would miss the positions before it.
     is_croppable = False
+    has_static_form = False  # a static sliding layer is a rolling window of `window` positions
 
     def prepare(self, layer: Any) -> None:
         # Keep all past keys: `update` then returns only the visible window, exactly as without recording.
@@ -60,6 +61,7 @@ class WindowStateAdapter:
     has_kv = False
     has_state = True
     is_croppable = False  # past the window, the keys to go back to are gone
+    has_static_form = False
 
     def prepare(self, layer: Any) -> None:
         pass  # no past recording: the layer keeps only its window, as without a store

@@ -1,0 +1,54 @@
+"""Static caches (`cache_implementation="static"`, the `torch.compile` path): a restored prefix copied into
+transformers' preallocated buffers, and the finished sequence copied back out to be stored.
+
+A `StaticCache` keeps each layer's keys in one buffer of `max_cache_len` positions, written in
+place at `cumulative_length` (a tensor, so that compiled graphs do not recompile as it grows). A
+restore allocates the buffers as the layer's first `update` would, copies the prefix into their
+first positions and sets the length; after `generate`, the positions written are copied out into
+a `WorkingCache`, since the buffers belong to this call. Only for models whose every cache layer is
+full attention (`ModelProfile.serves_static`): sliding and indexed static layers keep other state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import StaticCache
+
+from hf_prefix_cache.model.working_cache import WorkingCache
+
+
+def to_static(working: WorkingCache, config: Any, max_cache_len: int) -> StaticCache:
+    """A `StaticCache` of `max_cache_len` positions holding what `working` holds (its restored prefix, maybe none)."""
+    assert working.profile.serves_static, "static caches are for models whose every layer is full attention"
+    working.land()
+    static = StaticCache(config=config, max_cache_len=max_cache_len)
+    layers: list[Any] = static.layers
+    for i, (layer, adapter) in enumerate(zip(working.layers, working.profile.adapters, strict=True)):
+        kv = adapter.capture_kv(layer) if adapter.has_kv else None
+        if kv is None:
+            continue
+        keys, values = kv
+        length = keys.shape[-2]
+        assert length <= max_cache_len, f"a prefix of {length} positions in a static cache of {max_cache_len}"
+        target = layers[i]
+        target.lazy_initialization(keys, values)  # reads shapes, dtype and device only
+        target.keys[:, :, :length].copy_(keys)
+        target.values[:, :, :length].copy_(values)
+        target.cumulative_length.fill_(length)
+    return static
+
+
+def from_static(static: StaticCache, working: WorkingCache) -> WorkingCache:
+    """A new `WorkingCache` (of `working`'s model) holding copies of every position `static` holds."""
+    out = WorkingCache(working.profile)
+    layers: list[Any] = static.layers
+    for layer, fresh, adapter in zip(layers, out.layers, working.profile.adapters, strict=True):
+        if not adapter.has_kv or not layer.is_initialized:
+            continue
+        length = int(layer.get_seq_length())
+        keys: torch.Tensor = layer.keys[:, :, :length].clone()
+        values: torch.Tensor = layer.values[:, :, :length].clone()
+        adapter.restore_kv(fresh, keys, values, length)
+    return out
