@@ -371,14 +371,22 @@ def test_limits_a_large_body_is_413_and_a_full_queue_is_429_with_retry_after(tig
 
 
 def test_a_request_over_its_timeout_stops_at_the_deadline(tight: ServeProcess) -> None:
-    """--request-timeout 3: a long answer stops at its deadline (generate's max_time) instead of running on."""
+    """--request-timeout 3: a long answer ends by its deadline (generate's max_time) instead of running on.
+
+    A quiet machine may write all 1,900 tokens of the tiny model before the deadline; the answer must
+    then have come within it. That the job gets the time left as `max_time` is tested deterministically
+    in test_serve_queue.py.
+    """
     _wait(lambda: "hf_prefix_cache_serve_admitted 0.0" in _get(tight, "/metrics", None)[1], "an empty queue")
     start = time.monotonic()
     done = tight.client().chat.completions.create(
         model=NAME, messages=_messages("timeout"), max_tokens=1900, temperature=0
     )
-    assert time.monotonic() - start < 30
-    assert done.usage.completion_tokens < 1900  # stopped by the deadline, not by its length
+    elapsed = time.monotonic() - start
+    if done.usage.completion_tokens == 1900:
+        assert elapsed < 3 + 1.5, f"all 1,900 tokens in {elapsed:.1f} s: the 3 s deadline did not stop it"
+    else:
+        assert elapsed < 3 + 10, f"stopped, but only after {elapsed:.1f} s"
 
 
 def test_concurrent_requests_get_no_server_error(tight: ServeProcess) -> None:
