@@ -62,13 +62,15 @@ class GenerationSettings:
         return getattr(self._passed, name, None)
 
     def __getattr__(self, name: str) -> Any:
-        if name in self._kwargs:
-            return self._kwargs[name]
-        for config in self._configs:
-            value = getattr(config, name, None)
-            if value is not None:
-                return value
-        return None
+        """The setting `name`, read once: later reads find it in the instance (the call does not change)."""
+        found = self._kwargs.get(name)
+        if found is None and name not in self._kwargs:
+            for config in self._configs:
+                found = getattr(config, name, None)
+                if found is not None:
+                    break
+        self.__dict__[name] = found
+        return found
 
 
 def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, modes: Modes = Modes()) -> str | None:

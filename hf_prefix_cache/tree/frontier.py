@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic
 
 from hf_prefix_cache.tree.node import Node, V
@@ -23,10 +23,13 @@ def can_leave(node: Node[Any]) -> bool:
     >>> can_leave(Node("ns", Node("ns", None, (), 0), (1,), 0))
     True
     """
-    if node.lock_ref or node.is_root:
+    if node.lock_ref or node.parent is None:
         return False
     tier = node.tier
-    return all(child.tier > tier for child in node.children.values())
+    for child in node.children.values():  # noqa: SIM110 (a loop: no generator frame per call on the hot path)
+        if child.tier <= tier:
+            return False
+    return True
 
 
 class Frontier(Generic[V]):
@@ -50,12 +53,22 @@ class Frontier(Generic[V]):
     def offer(self, node: Node[V]) -> None:
         """Make `node` a candidate of its tier if it is one now."""
         if can_leave(node):
-            heap = self._heaps[node.tier]
-            heapq.heappush(heap, (node.score, next(self._seq), node))
-            if len(heap) > 2 * self._num_nodes() + 1024:
-                fresh = [(n.score, next(self._seq), n) for n in self._nodes() if n.tier == node.tier]
-                heap[:] = [e for e in fresh if can_leave(e[2])]
-                heapq.heapify(heap)
+            self._push(node)
+
+    def offer_all(self, nodes: Iterable[Node[V]]) -> None:
+        """`offer` each of `nodes` (a path, in one call)."""
+        for node in nodes:
+            if can_leave(node):
+                self._push(node)
+
+    def _push(self, node: Node[V]) -> None:
+        """Add a frontier node to its tier's heap, rebuilding the heap when stale entries outnumber the tree."""
+        heap = self._heaps[node.tier]
+        heapq.heappush(heap, (node.score, next(self._seq), node))
+        if len(heap) > 2 * self._num_nodes() + 1024:
+            fresh = [(n.score, next(self._seq), n) for n in self._nodes() if n.tier == node.tier]
+            heap[:] = [e for e in fresh if can_leave(e[2])]
+            heapq.heapify(heap)
 
     def pop(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
         """The least valuable frontier node of `tier`, or None; with `leaves_only`, one without children.

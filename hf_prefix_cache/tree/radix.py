@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Hashable, Iterator, Sequence
-from typing import Generic, Protocol
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, Generic, Protocol
 
 from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.checks import check_tree
@@ -90,8 +90,9 @@ class RadixTree(Generic[V]):
             return MatchResult(0, ())
         path: list[Node[V]] = []
         node, pos, n = root, 0, len(symbols)
+        at = _indexer(symbols)
         while pos < n:
-            child = node.children.get(symbols[pos])
+            child = node.children.get(at(symbols, pos))
             if child is None:
                 break
             common = node_common_len(child, symbols, pos)
@@ -146,8 +147,9 @@ class RadixTree(Generic[V]):
         path: list[Node[V]] = []
         node, pos, n = root, 0, len(symbols)
         now = next(self._clock)
+        at = _indexer(symbols)
         while pos < n:
-            child = node.children.get(symbols[pos])
+            child = node.children.get(at(symbols, pos))
             if child is None:
                 break
             common = node_common_len(child, symbols, pos)
@@ -174,8 +176,7 @@ class RadixTree(Generic[V]):
             self.num_nodes += 1
             self._use(new_node, now)
             path.append(new_node)
-        for node in path:
-            self._frontier.offer(node)
+        self._frontier.offer_all(path)
         return InsertResult(matched_len, tuple(path), new_node)
 
     def set_value(self, node: Node[V], value: V) -> None:
@@ -205,7 +206,7 @@ class RadixTree(Generic[V]):
         now = next(self._clock)
         for node in path:
             self._use(node, now)
-            self._frontier.offer(node)
+        self._frontier.offer_all(path)
 
     def lock(self, node: Node[V]) -> None:
         """Pin `node` and its ancestors: pinned nodes are never evicted nor moved. Pair with `unlock(node)`.
@@ -215,14 +216,14 @@ class RadixTree(Generic[V]):
         """
         now = next(self._clock)
         walk: Node[V] | None = node
-        while walk is not None and not walk.is_root:
+        while walk is not None and walk.parent is not None:
             walk.lock_ref += 1
             self._use(walk, now)
             walk = walk.parent
 
     def unlock(self, node: Node[V]) -> None:
         walk: Node[V] | None = node
-        while walk is not None and not walk.is_root:
+        while walk is not None and walk.parent is not None:
             assert walk.lock_ref > 0, f"unlock of an unlocked node {walk}"
             walk.lock_ref -= 1
             if walk.lock_ref == 0:
@@ -309,7 +310,7 @@ class RadixTree(Generic[V]):
     def _use(self, node: Node[V], now: int) -> None:
         node.last_access = now
         node.used_at = time.monotonic()
-        node.score = self._score(node, now)
+        node.score = float(now) if self._score is lru_score else self._score(node, now)
 
     def _remove_leaf(self, node: Node[V]) -> Node[V] | None:
         parent = node.parent
@@ -356,6 +357,11 @@ class RadixTree(Generic[V]):
 
 class _ValueFactory(Protocol[V]):  # type: ignore[misc]
     def __call__(self, start: int, end: int) -> V: ...
+
+
+def _indexer(symbols: Sequence[Hashable]) -> Callable[[Any, int], Hashable]:
+    """`symbols[i]` as a C function where it can be one (a `TokenIds` indexes through Python otherwise)."""
+    return tuple.__getitem__ if isinstance(symbols, tuple) else type(symbols).__getitem__
 
 
 def _key_of(symbols: Sequence[Hashable], pos: int) -> tuple[Hashable, ...]:
