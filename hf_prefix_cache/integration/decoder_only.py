@@ -39,7 +39,7 @@ from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, Served, Store
+from hf_prefix_cache.store.contract import Lease, ReducedReuse, Served, Store
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.token_ids import TokenIds
 
@@ -243,12 +243,12 @@ class DecoderOnlyHook(PatchingHook):
         finally:
             pipeline.release_all(store, leases)
         reused = [max(length - pad, 0) for pad in call.pads]
-        store.count_request(
+        store.record(
             Served(call.prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
         )
         logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
         if cache.tied_at is not None:
-            store.count_reduced_reuse(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
+            store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
         if call.beams:
             # As in `_store_result`: the prompt of each row, from the first of its beams.
             cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
@@ -286,7 +286,7 @@ class DecoderOnlyHook(PatchingHook):
         store, rows = self._store, call.rows
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.count_request(Served(len(rows[0]), lease.cached_len, len(rows), call.symbols if has_media else None))
+        store.record(Served(len(rows[0]), lease.cached_len, len(rows), call.symbols if has_media else None))
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,
@@ -300,7 +300,7 @@ class DecoderOnlyHook(PatchingHook):
             self._count_padded_media(call, lease)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         if cache.tied_at is not None:
-            store.count_reduced_reuse(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
+            store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
         # The cross-attention layers now hold every image; the restored ones are stored already.
         ends = [end for _, end in call.item_spans]
         items = cache.capture_items(ends, lease.num_items) if call.item_spans else []
@@ -337,7 +337,7 @@ class DecoderOnlyHook(PatchingHook):
         if lease.matched_len > first:
             return
         if self._store.stored_len(call.namespace, call.layout.unpadded_symbols(call.rows[0])) > first:
-            self._store.count_reduced_reuse(reasons.MEDIA_PADDING)
+            self._store.record(ReducedReuse(reasons.MEDIA_PADDING))
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
         """Count the adapter's event when this prompt's media extend those of a stored conversation."""
@@ -347,7 +347,7 @@ class DecoderOnlyHook(PatchingHook):
             return
         for j in range(len(layout.items) - 1, 0, -1):
             if store.has_entries(store.sub_namespace(base_namespace, media.scope(layout.items[:j]))):
-                store.count_reduced_reuse(media.new_item_reason)
+                store.record(ReducedReuse(media.new_item_reason))
                 return
 
     def _suffix_embeds(

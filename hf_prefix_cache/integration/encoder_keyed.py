@@ -30,7 +30,7 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.refusals import token_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Lease, Served, Store
+from hf_prefix_cache.store.contract import Fallback, Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -100,7 +100,7 @@ def restore_into(
     restored = pipeline.restore(store, request.namespace, rows, rows[0], expand=expand)
     if restored is None:
         _compat.pop_cache(model_kwargs)
-        store.count_fallback(reasons.OUT_OF_MEMORY, len(rows[0]))
+        store.record(Fallback(reasons.OUT_OF_MEMORY, len(rows[0])))
         return False
     request.lease, request.working = restored
     # An empty cross-attention cache: the first step projects this request's encoder output into it.

@@ -30,7 +30,7 @@ from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_ro
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import is_out_of_memory
-from hf_prefix_cache.store.contract import Lease, Store, store_behind
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store, store_behind
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.token_ids import TokenIds
 
@@ -95,9 +95,9 @@ def run_cold(
 ) -> Any:
     """The original `generate`, untouched, with `reason` counted; logged only once the call ran (a call
     that transformers rejects, such as one with a misspelt kwarg, raises its own error unannounced)."""
-    store.count_fallback(reason, prompt_len, log=False)
+    store.record(Fallback(reason, prompt_len, log=False))
     output = original(*args, **kwargs)
-    store.log_fallback(reason)
+    store.record(FallbackRan(reason))
     return output
 
 

@@ -219,7 +219,7 @@ class Seq2SeqHook(PatchingHook):
         if lease is None or working is None:
             return output  # counted already (out of memory)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        self._store.count_request(Served(request.prompt_len, lease.cached_len))
+        self._store.record(Served(request.prompt_len, lease.cached_len))
         if pipeline.is_exact_repeat(self._store, working, lease) and request.session is None:
             return output  # an exact repeat: all of it was matched (and marked used) when acquired
         if request.beams:

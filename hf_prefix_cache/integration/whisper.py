@@ -46,7 +46,7 @@ from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Served, Store
+from hf_prefix_cache.store.contract import Fallback, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -113,10 +113,10 @@ class WhisperHook(PatchingHook):
             output = self._original(*bound.args, **bound.kwargs)
         except _AnotherSegment:
             # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
-            self._store.count_fallback(reasons.WHISPER_SEGMENTS, 0)
+            self._store.record(Fallback(reasons.WHISPER_SEGMENTS, 0))
             return self._original(*args, **kwargs)
         if request.counted is not None:
-            self._store.count_request(request.counted)
+            self._store.record(request.counted)
         return output
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -214,7 +214,7 @@ class WhisperHook(PatchingHook):
         mask = inner.get("decoder_attention_mask")
         if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
             _compat.pop_cache(inner)
-            self._store.count_fallback(reasons.PADDING, int(ids.shape[-1]))
+            self._store.record(Fallback(reasons.PADDING, int(ids.shape[-1])))
             return False
         return restore_into(request, ids, inner)
 

@@ -54,7 +54,7 @@ class InsertOutcome:
 
 
 class Served(NamedTuple):
-    """A request served from the store, as `Store.count_request` counts it (and hands it on to the counters).
+    """A request served from the store, as `Store.record` counts it (and hands it on to the counters).
 
     `restore_len` of its `prompt_len` prompt tokens were restored, in each of its `num_rows` rows;
     `symbols` (the prompt's tree symbols, when it has media) split its hits by modality. A batch
@@ -67,6 +67,30 @@ class Served(NamedTuple):
     num_rows: int = 1
     symbols: Sequence[Hashable] | None = None
     rows: tuple[tuple[int, int], ...] = ()
+
+
+class Fallback(NamedTuple):
+    """A request run cold for `reason` (its `prompt_len` prompt tokens computed); logged too unless `log` is False."""
+
+    reason: str
+    prompt_len: int
+    log: bool = True
+
+
+class FallbackRan(NamedTuple):
+    """A cold run counted earlier (`Fallback` with ``log=False``) ran: logged once per reason at WARNING, then DEBUG."""
+
+    reason: str
+
+
+class ReducedReuse(NamedTuple):
+    """A served request that reused less than it could have, for `reason` (counted under `fallbacks`)."""
+
+    reason: str
+
+
+#: What a hook tells a store happened to a request (`Store.record`).
+Event = Served | Fallback | FallbackRan | ReducedReuse
 
 
 @runtime_checkable
@@ -153,20 +177,8 @@ class Store(Protocol):
         """Move every unpinned entry off the device (after an out-of-memory error)."""
         ...
 
-    def count_request(self, served: Served) -> None:
-        """Count a served request (mutates only counters)."""
-        ...
-
-    def count_fallback(self, reason: str, prompt_len: int, log: bool = True) -> None:
-        """Count a request run cold for `reason` (mutates only counters)."""
-        ...
-
-    def log_fallback(self, reason: str) -> None:
-        """Log a cold run once per reason at WARNING, then at DEBUG."""
-        ...
-
-    def count_reduced_reuse(self, reason: str) -> None:
-        """Count, under `reason`, a served request that reused less than it could have (mutates only counters)."""
+    def record(self, event: Event) -> None:
+        """Count (and log, where the event says so) what happened to a request (mutates only counters and logs)."""
         ...
 
 

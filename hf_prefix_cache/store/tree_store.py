@@ -32,7 +32,7 @@ from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, TIER_NAMES, Mover
-from hf_prefix_cache.store.contract import Served
+from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, Served
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
 from hf_prefix_cache.store.locking import StoreLock
@@ -158,23 +158,22 @@ class TreeStore(Prefixes):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def count_request(self, served: Served) -> None:
-        """Count a served request (see `contract.Served`)."""
-        self._requests.served(served)
+    def record(self, event: Event) -> None:
+        """Count what happened to a request (see `contract.Event`); a cold run is logged once per reason at WARNING."""
+        if isinstance(event, Served):
+            self._requests.served(event)
+        elif isinstance(event, Fallback):
+            self._requests.cold(event.reason, event.prompt_len)
+            if event.log:
+                self._log_fallback(event.reason)
+        elif isinstance(event, FallbackRan):
+            self._log_fallback(event.reason)
+        else:
+            self._requests.event(event.reason)
 
-    def count_fallback(self, reason: str, prompt_len: int, log: bool = True) -> None:
-        """Count a request run cold for `reason`; with `log`, also log it (see `log_fallback`)."""
-        self._requests.cold(reason, prompt_len)
-        if log:
-            self.log_fallback(reason)
-
-    def log_fallback(self, reason: str) -> None:
+    def _log_fallback(self, reason: str) -> None:
         """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
         self._requests.log_once(reason, "prefix cache skipped, running cold: %s", reason)
-
-    def count_reduced_reuse(self, reason: str) -> None:
-        """Count `reason` in `fallbacks` for a request that was served (and stored) but reused less."""
-        self._requests.event(reason)
 
     # ------------------------------------------------------------------ budgets and stats (PrefixCache's verbs)
     @property

@@ -82,7 +82,7 @@ def test_prefix_cache_shows_only_the_user_verbs() -> None:
     assert {n for n in dir(store) if not n.startswith("_")} == PREFIX_CACHE_NAMES
     for name in PREFIX_CACHE_NAMES:
         assert (getattr(PrefixCache, name).__doc__ or "").strip(), f"PrefixCache.{name} has no docstring"
-    for hook_verb in ("acquire", "release", "insert_sequence", "count_fallback", "namespace", "new_cache"):
+    for hook_verb in ("acquire", "release", "insert_sequence", "record", "namespace", "new_cache"):
         assert not hasattr(store, hook_verb)
 
 
