@@ -14,12 +14,14 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache._compat import check_transformers
 from hf_prefix_cache.api.display import CacheStats, shown, store_html
 from hf_prefix_cache.api.not_a_cache import not_a_cache_error
 from hf_prefix_cache.integration import Hook, family_of
 from hf_prefix_cache.integration import attach as attach_hook
+from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import stand_for
+from hf_prefix_cache.store.contract import Serving, stand_for
 from hf_prefix_cache.store.lookup import Lookup, as_token_list
 from hf_prefix_cache.store.observe import RequestCallback
 from hf_prefix_cache.store.options import Options, keyword_signature, resolve
@@ -65,11 +67,13 @@ class PrefixCache:
 
     def __init__(self, model: Any, **options: Any) -> None:
         settings = Options(**options)
+        check_transformers()
         family = family_of(model)
-        self._store = TreeStore(model, resolve(model, settings), family.name if family.encoder_keyed else None)
+        profile = profile_model(model, settings.sliding_window_mode, family.name if family.encoder_keyed else None)
+        self._store = TreeStore(model, profile, resolve(model, settings))
         stand_for(self, self._store)
-        self._store.serves_uncached = settings.attach == "all"
-        self._hook: Hook | None = attach_hook(self._store, model) if settings.attach else None
+        serving = Serving(profile, settings.snapshot_interval, settings.prompt_snapshot, settings.attach == "all")
+        self._hook: Hook | None = attach_hook(self._store, model, serving) if settings.attach else None
 
     @property
     def model(self) -> Any:
@@ -326,7 +330,6 @@ class PrefixCache:
         if self._hook is not None:
             self._hook.detach()
             self._hook = None
-        self._store.serves_uncached = False
 
     def _repr_html_(self) -> str:
         store = self._store

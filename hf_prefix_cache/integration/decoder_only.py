@@ -39,7 +39,7 @@ from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, ReducedReuse, Served, Store
+from hf_prefix_cache.store.contract import Lease, ReducedReuse, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.token_ids import TokenIds
 
@@ -75,15 +75,15 @@ class _Call:
 class DecoderOnlyHook(PatchingHook):
     """Installs itself as `model.generate`; `detach` puts the original back."""
 
-    def __init__(self, store: Store, model: Any) -> None:
-        super().__init__(store, model)
-        if not store.profile.prompt_sliced:
+    def __init__(self, store: Store, model: Any, serving: Serving) -> None:
+        super().__init__(store, model, serving)
+        if not serving.profile.prompt_sliced:
             self._keep(_skip_cached_ids(model, slice_mask=True))
-        elif serving_modes(store.profile).assisted:
+        elif serving_modes(serving.profile).assisted:
             # Assisted decoding feeds its first forward the whole prompt, whatever the cache holds.
             self._keep(_skip_cached_ids(model, slice_mask=False))
         scan: ScanContinuation | None = None
-        if store.profile.single_token_steps:
+        if serving.profile.single_token_steps:
             scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
             if scan is None:
                 logger.warning(
@@ -94,8 +94,8 @@ class DecoderOnlyHook(PatchingHook):
             else:
                 self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
-        self._one_token_steps = store.profile.single_token_steps and scan is None
-        if store.profile.watch_indexers:
+        self._one_token_steps = serving.profile.single_token_steps and scan is None
+        if serving.profile.watch_indexers:
             # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
             watch = TieWatch.install(model, WorkingCache)
             if watch is not None:
@@ -105,7 +105,7 @@ class DecoderOnlyHook(PatchingHook):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One `generate` call: check, key, restore, generate, store (each step below)."""
         store = self._store
-        ours, session = pipeline.claim(store, self._model, kwargs)
+        ours, session = pipeline.claim(store, self._model, kwargs, self._serving.serves_uncached)
         if not ours:
             return self._original(*args, **kwargs)
         call, reason = self._read_call(args, kwargs, session)
@@ -144,14 +144,14 @@ class DecoderOnlyHook(PatchingHook):
             input_ids = kwargs.get("input_ids")
         prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         call = _Call(args, kwargs, input_ids, prompt_len, session)
-        reason = why_cold(self._store.profile, self._model, self._signature, input_ids, bound.arguments, kwargs)
+        reason = why_cold(self._profile, self._model, self._signature, input_ids, bound.arguments, kwargs)
         if reason is not None:
             return call, reason
         assert isinstance(input_ids, torch.Tensor)
         # The one read of the device before the prefill: ids, mask and pad tokens.
         settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
         call.rows, call.pads, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
-        if reason is None and any(call.pads) and not _serves_padding(self._store.profile):
+        if reason is None and any(call.pads) and not _serves_padding(self._profile):
             reason = reasons.PADDING
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
         call.drop_impl = bool(settings.cache_implementation)
@@ -168,8 +168,8 @@ class DecoderOnlyHook(PatchingHook):
 
     def _key(self, call: _Call) -> str | None:
         """Step 2, key: the prompt's tree symbols (media as symbols) and the store's namespace for them."""
-        store, media = self._store, self._store.profile.media
-        layout, reason = media_layout(store.profile, call.rows, call.kwargs)
+        store, media = self._store, self._profile.media
+        layout, reason = media_layout(self._profile, call.rows, call.kwargs)
         if reason is not None:
             return reason
         call.layout = layout
@@ -185,12 +185,12 @@ class DecoderOnlyHook(PatchingHook):
             # Every position sees every medium of the prompt: share only between prompts with the same media.
             call.namespace = store.sub_namespace(call.namespace, call.scope)
         call.spans = layout.spans if layout is not None else ()
-        call.item_spans = call.spans if store.profile.item_layers else ()
+        call.item_spans = call.spans if self._profile.item_layers else ()
         return None
 
     def _run(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[Any, list[Snapshot]]:
         """Step 4, generate: prefill recurrent states, then the original `generate` on the restored cache."""
-        profile, media, kwargs = self._store.profile, self._store.profile.media, call.kwargs
+        profile, media, kwargs = self._profile, self._profile.media, call.kwargs
         if call.scope and lease.matched_len == 0 and call.layout is not None:
             self._count_new_media(call.base_namespace, call.layout)
         snapshots: list[Snapshot] = []
@@ -219,7 +219,7 @@ class DecoderOnlyHook(PatchingHook):
         reach (`pipeline.restore_rows`); `generate` gets the caller's ids and mask unchanged, so its
         positions, masks, processors and outputs are those of the cold call.
         """
-        store, profile = self._store, self._store.profile
+        store, profile = self._store, self._profile
         restored = pipeline.restore_rows(store, call.namespace, call.rows, call.pads, call.expand)
         if restored is None:
             return pipeline.run_cold(
@@ -262,20 +262,20 @@ class DecoderOnlyHook(PatchingHook):
 
     def _prefill(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
         """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
-        store, media = self._store, self._store.profile.media
+        media = self._profile.media
         embeds = self._suffix_embeds(call.input_ids, call.kwargs, call.layout, lease.cached_len)
         positions = media.prefill_positions(call.input_ids, call.kwargs) if media is not None else None
         return prefill_states(
             self._model,
-            store.profile,
+            self._profile,
             cache,
             call.input_ids,
             lease,
-            store.snapshot_interval,
+            self._serving.snapshot_interval,
             self._one_token_steps,
             embeds,
             call.spans,
-            store.prompt_snapshot,
+            self._serving.prompt_snapshot,
             positions,
         )
 
@@ -341,7 +341,7 @@ class DecoderOnlyHook(PatchingHook):
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
         """Count the adapter's event when this prompt's media extend those of a stored conversation."""
-        store, media = self._store, self._store.profile.media
+        store, media = self._store, self._profile.media
         assert media is not None
         if media.new_item_reason is None:
             return
@@ -354,7 +354,7 @@ class DecoderOnlyHook(PatchingHook):
         self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout | None, cached_len: int
     ) -> torch.Tensor | None:
         """For a state prefill: the embeddings of `[cached_len, n)` when media lie there (else None: feed ids)."""
-        media = self._store.profile.media
+        media = self._profile.media
         if media is None or layout is None or cached_len >= input_ids.shape[1] - 1:
             return None
         if not any(item.end > cached_len for item in layout.items):

@@ -104,5 +104,5 @@ def restore_into(
         return False
     request.lease, request.working = restored
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
-    model_kwargs[store.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
+    model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
     return True

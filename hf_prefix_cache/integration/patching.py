@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.store.contract import Store
+    from hf_prefix_cache.store.contract import Serving, Store
 
 
 class InstancePatch:
@@ -78,9 +78,11 @@ class PatchingHook:
     replaced and `_signature` the signature a call is bound with.
     """
 
-    def __init__(self, store: Store, model: Any) -> None:
+    def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         self._store = store
         self._model = model
+        self._serving = serving
+        self._profile = serving.profile
         self._patches: list[_Removable] = []
         self._original = self._patch("generate", self).original
         self._signature = generate_signature(model, self._original)

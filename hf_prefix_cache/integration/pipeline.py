@@ -37,17 +37,18 @@ from hf_prefix_cache.token_ids import TokenIds
 logger = logging.getLogger("hf_prefix_cache")
 
 
-def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | None]:
+def whose_call(store: Store, model: Any, given: Any, serves_uncached: bool) -> tuple[bool, Session | None]:
     """Whether the cache a call passed is this store (directly or as one of its sessions), and the session.
 
-    A call that passes no cache is this store's when the store serves uncached calls (``attach="all"``).
+    A call that passes no cache is this store's when the hook serves uncached calls (`serves_uncached`,
+    ``attach="all"``).
 
     Raises:
         ValueError: a closed session was passed.
         IncompatibleModelError: a store made for another model object was passed.
     """
     if given is None:
-        return store.serves_uncached, None
+        return serves_uncached, None
     session: Session | None = None
     if isinstance(given, Session):
         if given.closed:
@@ -65,10 +66,10 @@ def whose_call(store: Store, model: Any, given: Any) -> tuple[bool, Session | No
     return False, None
 
 
-def claim(store: Store, model: Any, kwargs: dict[str, Any]) -> tuple[bool, Session | None]:
+def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
     """`whose_call` on a call's `kwargs`; when the call is this store's, its cache argument is taken out of them
     (the hook passes a cache of its own, or none on a cold run)."""
-    ours, session = whose_call(store, model, _compat.cache_in(kwargs))
+    ours, session = whose_call(store, model, _compat.cache_in(kwargs), serves_uncached)
     if ours:
         _compat.pop_cache(kwargs)
     return ours, session
@@ -252,7 +253,7 @@ def store_sequences(
 def is_exact_repeat(store: Store, cache: WorkingCache, lease: Lease) -> bool:
     """Whether the request added nothing to what it matched (all of it was marked used when acquired)."""
     kv_len = cache.kv_length()
-    return kv_len is not None and kv_len <= lease.matched_len and not store.profile.has_state
+    return kv_len is not None and kv_len <= lease.matched_len and not cache.profile.has_state
 
 
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.store.contract import Store
+    from hf_prefix_cache.store.contract import Serving, Store
 
 DECODER_ONLY = "decoder_only"
 
@@ -35,7 +35,7 @@ class Family:
     """
 
     name: str
-    make_hook: Callable[[Store, Any], Hook]
+    make_hook: Callable[[Store, Any, Serving], Hook]
     classes: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -67,6 +67,6 @@ def family_of(model: Any) -> Family:
     return _FAMILIES[DECODER_ONLY]
 
 
-def attach(store: Store, model: Any) -> Hook:
-    """Wrap `model.generate` with the hook of `model`'s family, serving `store`."""
-    return family_of(model).make_hook(store, model)
+def attach(store: Store, model: Any, serving: Serving) -> Hook:
+    """Wrap `model.generate` with the hook of `model`'s family, serving `store` as `serving` says."""
+    return family_of(model).make_hook(store, model, serving)

@@ -41,7 +41,7 @@ from hf_prefix_cache.integration.encoder_keyed import (
 from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Served, Store
+from hf_prefix_cache.store.contract import Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
 
 # What feeds the encoder, in hashing order; pixel_values only where the model type merges images.
@@ -67,8 +67,8 @@ class _Request(DecoderRequest):
 class Seq2SeqHook(PatchingHook):
     """Serves `model.generate(input_ids, cache=store)` for the `seq2seq` encoder family."""
 
-    def __init__(self, store: Store, model: Any) -> None:
-        super().__init__(store, model)
+    def __init__(self, store: Store, model: Any, serving: Serving) -> None:
+        super().__init__(store, model, serving)
         self._decoder_ids = self._patch("_prepare_decoder_input_ids_for_generation", self._prepare_decoder)
         model_type = getattr(model.config, "model_type", None)
         self._encoder_kwargs = tuple(
@@ -78,7 +78,7 @@ class Seq2SeqHook(PatchingHook):
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One `generate` call: check, key, generate (its inner step restores), store (each step below)."""
-        ours, session = pipeline.claim(self._store, self._model, kwargs)
+        ours, session = pipeline.claim(self._store, self._model, kwargs, self._serving.serves_uncached)
         if not ours:
             return self._original(*args, **kwargs)
         bound, extra = pipeline.bind_call(self._signature, args, kwargs)
@@ -95,7 +95,7 @@ class Seq2SeqHook(PatchingHook):
 
     def _check(self, arguments: dict[str, Any], extra: dict[str, Any]) -> str | None:
         """Step 1, check: the reason this call cannot reuse safely, or None."""
-        profile = self._store.profile
+        profile = self._profile
         if profile.unsupported is not None:
             return profile.unsupported
         refused = refusals.refused_argument({**extra, **arguments}, encoder_keyed=True)
@@ -153,7 +153,7 @@ class Seq2SeqHook(PatchingHook):
         config = refusals.GenerationSettings(self._model, arguments.get("generation_config"), extra)
         # A hit skips the encoder, so its attentions and hidden states would be missing.
         return (
-            refusals.decoding_problem(config, refusals.Modes(expands=self._store.profile.expands))
+            refusals.decoding_problem(config, refusals.Modes(expands=self._profile.expands))
             or refusals.cache_implementation_problem(config, _SERVED_IMPLEMENTATIONS)
             or refusals.output_problem(config)
         )
@@ -183,7 +183,7 @@ class Seq2SeqHook(PatchingHook):
     def _run(self, request: _Request, bound: inspect.BoundArguments) -> Any:
         """Steps 3 and 4, restore and generate: the original `generate`, whose inner step restores the prefix."""
         store, extra = self._store, bound.arguments["kwargs"]
-        extra[store.profile.cache_kwarg] = request
+        extra[self._profile.cache_kwarg] = request
         settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
         request.expand, request.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
         if settings.cache_implementation:

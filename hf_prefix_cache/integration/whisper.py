@@ -46,7 +46,7 @@ from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import hash_media
-from hf_prefix_cache.store.contract import Fallback, Served, Store
+from hf_prefix_cache.store.contract import Fallback, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -66,8 +66,8 @@ _SERVED_IMPLEMENTATIONS = frozenset({"hybrid"})
 class WhisperHook(PatchingHook):
     """Serves `WhisperForConditionalGeneration.generate(input_features, cache=store)`."""
 
-    def __init__(self, store: Store, model: Any) -> None:
-        super().__init__(store, model)
+    def __init__(self, store: Store, model: Any, serving: Serving) -> None:
+        super().__init__(store, model, serving)
         self._segment = self._patch("generate_with_fallback", self._serve_segment)
         self._segment_signature = inspect.signature(self._segment.original)
         encoder = model.get_encoder()
@@ -77,7 +77,7 @@ class WhisperHook(PatchingHook):
     # ----------------------------------------------------------------- outer call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One `generate` call: check, key, then restore, generate and store (`_run`; each step below)."""
-        ours, session = pipeline.claim(self._store, self._model, kwargs)
+        ours, session = pipeline.claim(self._store, self._model, kwargs, self._serving.serves_uncached)
         if not ours:
             return self._original(*args, **kwargs)
         bound, extra = pipeline.bind_call(self._signature, args, kwargs)
@@ -101,7 +101,7 @@ class WhisperHook(PatchingHook):
             keep_encoder_output(request, hidden)
         bound.arguments["input_features"] = None
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
-        extra[self._store.profile.cache_kwarg] = request
+        extra[self._profile.cache_kwarg] = request
         return request
 
     def _run(
@@ -130,7 +130,7 @@ class WhisperHook(PatchingHook):
 
     def _check(self, features: Any, call: dict[str, Any]) -> str | None:
         """Step 1, check: the reason this call cannot reuse safely, or None."""
-        profile = self._store.profile
+        profile = self._profile
         if profile.unsupported is not None:
             return profile.unsupported
         refused = refusals.refused_argument(call, encoder_keyed=True)

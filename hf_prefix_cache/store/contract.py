@@ -93,17 +93,29 @@ class ReducedReuse(NamedTuple):
 Event = Served | Fallback | FallbackRan | ReducedReuse
 
 
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What a hook is handed once, beside its store: the model's profile (built once; the store holds the same
+    one) and the options a hook acts on.
+
+    `snapshot_interval` and `prompt_snapshot` say where a recurrent model's prefill stops for a
+    snapshot; `serves_uncached` whether `generate` calls that pass no cache are served too
+    (``attach="all"``).
+    """
+
+    profile: ModelProfile
+    snapshot_interval: int | None = None
+    prompt_snapshot: bool = False
+    serves_uncached: bool = False
+
+
 @runtime_checkable
 class Store(Protocol):
     """What a generation hook may ask of a store (implemented by `tree_store.TreeStore` alone)."""
 
+    #: The model the store was made for (a hook refuses another model's store).
     model: Any
-    profile: ModelProfile
-    snapshot_interval: int | None
-    prompt_snapshot: bool
     encoder_outputs: EncoderOutputs
-    #: Whether `generate` calls that pass no cache at all are served too (``attach="all"``).
-    serves_uncached: bool
 
     def namespace(self) -> str:
         """The model's current namespace; re-reads the weights probe (mutates only the cached namespace)."""

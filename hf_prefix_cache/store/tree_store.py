@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache._compat import check_transformers
 from hf_prefix_cache.keys.namespace import fingerprint
-from hf_prefix_cache.model.profile import profile_model
+from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.budgets import on_cuda, parse_nbytes
 from hf_prefix_cache.storage.codec import Layout
@@ -56,17 +55,15 @@ logger = logging.getLogger("hf_prefix_cache")
 class TreeStore(Prefixes):
     """A prefix store for one model's states; `PrefixCache` (the user's object) holds one."""
 
-    def __init__(self, model: Any, resolved: Resolved, encoder_family: str | None = None) -> None:
-        check_transformers()
+    def __init__(self, model: Any, profile: ModelProfile, resolved: Resolved) -> None:
         options = resolved.options
         self.model = model
-        self.profile = profile_model(model, options.sliding_window_mode, encoder_family)
+        self.profile = profile  # built once by `PrefixCache`, which hands the same one to the hook
         self.snapshot_interval = options.snapshot_interval
         self.prompt_snapshot = options.prompt_snapshot
         self.min_store_len = options.min_store_len
         self.max_entries = options.max_entries
         self.remote_write = options.remote_write
-        self.serves_uncached = False  # set by `PrefixCache(attach="all")`
         self._namespaces = Namespaces(model, options.salt)
         if any(p.is_meta for p in model.parameters()):
             # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
