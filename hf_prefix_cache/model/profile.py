@@ -179,6 +179,8 @@ def profile_model(
             break
         adapters[i] = CrossAttentionAdapter()
     indexed = any(isinstance(a, IndexedAttentionAdapter) for a in adapters)
+    # Layers whose entries an indexer ranks, each entry covering this many tokens (DeepSeek-V4's CSA layers).
+    entry_tokens = max((getattr(a, "entry_tokens", None) or 0 for a in adapters), default=0)
     # Indexers whose every top-k can be checked for ties (`indexer_ties.py`) reuse prompts of any length.
     watch_indexers = indexed and bool(indexer_modules(inner))
     return ModelProfile(
@@ -196,7 +198,9 @@ def profile_model(
         media=media,
         item_layers=item_layers,
         encoder_family=encoder_family,
-        exact_prompt_len=_indexer_exact_len(config) if indexed and not watch_indexers else None,
+        exact_prompt_len=(
+            _indexer_exact_len(config) if indexed and not watch_indexers else _ranked_entries_len(config, entry_tokens)
+        ),
         watch_indexers=watch_indexers,
     )
 
@@ -228,6 +232,18 @@ def _indexer_exact_len(config: Any) -> int:
     pool = getattr(text, "index_kpool", None)
     pool = pool if isinstance(pool, int) and pool > 0 else 1
     return (top_k // pool) * pool
+
+
+def _ranked_entries_len(config: Any, entry_tokens: int) -> int | None:
+    """The longest prompt whose every query keeps all its compressed entries through the indexer's top-k.
+
+    DeepSeek-V4's CSA indexer ranks entries of `entry_tokens` tokens each; a query at position `t` sees
+    `(t + 1) // entry_tokens` of them, all kept while that is within `index_topk`. None: no such layer.
+    """
+    if entry_tokens <= 0:
+        return None
+    top_k = getattr(config.get_text_config(decoder=True), "index_topk", None)
+    return top_k * entry_tokens if isinstance(top_k, int) and top_k > 0 else 0
 
 
 def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[dict[str, Any]]) -> Any:
