@@ -18,6 +18,7 @@ from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.model.own_caches import own_cache_base
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23: their
@@ -82,6 +83,9 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
+    #: The `Cache` subclass the model's forward insists on (MiniMax) and the bridge mapping it onto the working
+    #: cache's layers (`own_caches.py`): the working cache is made an instance of both. None for other models.
+    own_cache: tuple[type, type] | None = None
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -202,6 +206,7 @@ def profile_model(
             _indexer_exact_len(config) if indexed and not watch_indexers else _ranked_entries_len(config, entry_tokens)
         ),
         watch_indexers=watch_indexers,
+        own_cache=own_cache_base(model_type) if unsupported is None else None,
     )
 
 
@@ -277,7 +282,7 @@ def _unsupported_reason(
     if model_type in _COLD_MODEL_TYPES:
         return _COLD_MODEL_TYPES[model_type]
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
-    if supports_dynamic is not None and not supports_dynamic():
+    if supports_dynamic is not None and not supports_dynamic() and own_cache_base(model_type) is None:
         return reasons.OWN_CACHE_CLASS
     # M-RoPE models keep rope_deltas on the instance; reuse needs explicit positions, which only some adapters give.
     inner = getattr(model, "model", None)
