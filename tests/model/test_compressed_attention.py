@@ -9,6 +9,7 @@ end inside an open compression window, so a restore must bring back the window's
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,3 +110,27 @@ def test_the_store_is_taken_under_either_cache_argument(argument: str) -> None:
         assert hits.last() == prompt.shape[1] - 1
     finally:
         store.detach()
+
+
+def test_snapshots_survive_the_disk_tier_and_a_new_store(tmp_path: Path) -> None:
+    """Compressed states (empty buffers and unset overlap slices among them) written to disk restore exactly."""
+    model = _tiny_deepseek_v4()
+    prompt = random_prompt(30, seed=7)
+    kwargs: dict[str, Any] = {"disk_dir": tmp_path, "snapshot_interval": INTERVAL, "save_on_exit": False}
+    store = PrefixCache(model, max_bytes=1, **kwargs)  # nothing stays in memory
+    try:
+        assert_same_as_cold(model, prompt, store, new=3)
+        assert store.stats().disk_nbytes > 0 and store.stats().device_nbytes == 0
+    finally:
+        store.detach()
+    fresh = PrefixCache(model, **kwargs)
+    try:
+        hits = Hits(fresh)
+        assert_same_as_cold(model, prompt, fresh, new=3)
+        assert hits.last() == prompt.shape[1] - 1
+        other = torch.cat([prompt[:, :15], random_prompt(8, seed=8)], 1)
+        assert_same_as_cold(model, other, fresh, new=3)
+        assert hits.last() == 12  # the interval snapshot before the divergence at 15
+        assert fresh.stats().skipped_files == 0
+    finally:
+        fresh.detach()
