@@ -34,6 +34,7 @@ from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
+from hf_prefix_cache.model.module_states import ModuleStateBridge
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
@@ -82,8 +83,12 @@ class DecoderOnlyHook(PatchingHook):
         elif serving_modes(store.profile).assisted:
             # Assisted decoding feeds its first forward the whole prompt, whatever the cache holds.
             self._keep(_skip_cached_ids(model, slice_mask=False))
+        # Recurrence kept in module attributes (RecurrentGemma) is kept in the working cache's layers instead.
+        bridge = ModuleStateBridge.install(model, WorkingCache)
+        if bridge is not None:
+            self._keep(bridge)
         scan: ScanContinuation | None = None
-        if store.profile.single_token_steps:
+        if store.profile.single_token_steps and bridge is None:
             scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
             if scan is None:
                 logger.warning(

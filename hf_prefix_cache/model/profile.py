@@ -18,6 +18,7 @@ from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
 from hf_prefix_cache.model.own_caches import own_cache_base
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 
@@ -25,9 +26,9 @@ from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 # full-sequence `mamba_selective_scan` gets no initial state; Jamba was 8.8e-5 off on a tiny
 # model, growing with the state's weight). The hook continues their scan itself (`scan.py`);
 # only if that cannot be installed are tokens fed one per forward once a state exists.
-_SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
-# Recurrence kept in module attributes rather than in the Cache object.
-_MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+# RecurrentGemma's multi-token forward starts its convolution from zeros (`module_states.py`): it has no scan
+# to continue, so a resumed prompt is fed one token per forward.
+_SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba", "recurrent_gemma"})
 # Causal-LM classes of BERT-style families whose attention is bidirectional unless `config.is_decoder`
 # is True (transformers 5.23: their __init__ warns about it, or sets it on a copied config).
 # Without it a later token changes every earlier position's states, so no prefix is reusable.
@@ -277,8 +278,8 @@ def _unsupported_reason(
     decoder_only = not getattr(config, "is_encoder_decoder", False)
     if decoder_only and model_type in BIDIRECTIONAL_UNLESS_DECODER and not getattr(config, "is_decoder", False):
         return reasons.BIDIRECTIONAL_ATTENTION
-    if model_type in _MODULE_STATE_MODEL_TYPES:
-        return reasons.MODULE_STATE
+    if model_type in MODULE_STATE_MODEL_TYPES and not has_module_states(model):
+        return reasons.MODULE_STATE  # recurrence kept in module attributes the bridge does not know
     if model_type in _COLD_MODEL_TYPES:
         return _COLD_MODEL_TYPES[model_type]
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
