@@ -79,7 +79,7 @@ class DecoderOnlyHook(PatchingHook):
     def __init__(self, store: Store, model: Any) -> None:
         super().__init__(store, model)
         if not store.profile.prompt_sliced:
-            self._keep(_skip_cached_ids(model, slice_mask=True))
+            self._keep(_skip_cached_ids(model, slice_mask=True, cache_kwarg=store.profile.cache_kwarg))
         elif serving_modes(store.profile).assisted:
             # Assisted decoding feeds its first forward the whole prompt, whatever the cache holds.
             self._keep(_skip_cached_ids(model, slice_mask=False))
@@ -383,13 +383,15 @@ def _serves_padding(profile: ModelProfile) -> bool:
     )
 
 
-def _skip_cached_ids(model: Any, slice_mask: bool) -> InstancePatch:
+def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = None) -> InstancePatch:
     """Where `generate` does not slice the prompt by the cache (`_compat.generate_slices_prompt`, and the first
     forward of assisted decoding), skip what the working cache holds; `slice_mask` for the former, whose
-    forwards take the mask of the fed ids only."""
+    forwards take the mask of the fed ids only. `cache_kwarg`: a model's own name for it (RWKV's `state`)."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         cache = _compat.cache_in(kwargs)
+        if cache is None and cache_kwarg is not None:
+            cache = kwargs.get(cache_kwarg)
         if isinstance(cache, WorkingCache) and cache.skip_len:
             skip, cache.skip_len = cache.skip_len, None
             kwargs["next_sequence_length"] = input_ids.shape[1] - skip

@@ -19,7 +19,7 @@ from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, ad
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
-from hf_prefix_cache.model.own_caches import own_cache_base
+from hf_prefix_cache.model.own_caches import OwnCache, own_cache_for
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23: their
@@ -84,9 +84,9 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
-    #: The `Cache` subclass the model's forward insists on (MiniMax) and the bridge mapping it onto the working
-    #: cache's layers (`own_caches.py`): the working cache is made an instance of both. None for other models.
-    own_cache: tuple[type, type] | None = None
+    #: How a model's own cache is met (`own_caches.py`): MiniMax's `MiniMaxCache`, RWKV's `state` list. The working
+    #: cache gets its bridge (and is made an instance of the own class). None for other models.
+    own_cache: OwnCache | None = None
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -131,10 +131,13 @@ def profile_model(
     # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     params = set(inspect.signature(inner.forward).parameters)
-    declared = _compat.cache_argument(params, type(inner).__name__)
-    cache_kwarg = declared or _compat.CACHE_KWARGS[0 if _compat.CACHE_RENAMED else 1]
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
+    own = own_cache_for(model_type)
+    # A model's own name for its cache (RWKV's `state`), where no name transformers' caches go by is taken.
+    own_kwarg = own.cache_kwarg if own is not None else None
+    declared = own_kwarg or _compat.cache_argument(params, type(inner).__name__)
+    cache_kwarg = declared or _compat.CACHE_KWARGS[0 if _compat.CACHE_RENAMED else 1]
     media = media_adapter_for(model)
     unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
     if unsupported is None and declared is None:
@@ -145,6 +148,8 @@ def profile_model(
         # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
         try:
             layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+            if own is not None and own.layer_specs is not None:
+                layer_types, per_layer_kwargs = own.layer_specs(config.get_text_config(decoder=True))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             # A config transformers cannot read a cache layout from (BLT in 5.23): its own
             # `generate` fails the same way; construction must not.
@@ -207,7 +212,7 @@ def profile_model(
             _indexer_exact_len(config) if indexed and not watch_indexers else _ranked_entries_len(config, entry_tokens)
         ),
         watch_indexers=watch_indexers,
-        own_cache=own_cache_base(model_type) if unsupported is None else None,
+        own_cache=own if unsupported is None else None,
     )
 
 
@@ -283,7 +288,7 @@ def _unsupported_reason(
     if model_type in _COLD_MODEL_TYPES:
         return _COLD_MODEL_TYPES[model_type]
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
-    if supports_dynamic is not None and not supports_dynamic() and own_cache_base(model_type) is None:
+    if supports_dynamic is not None and not supports_dynamic() and own_cache_for(model_type) is None:
         return reasons.OWN_CACHE_CLASS
     # M-RoPE models keep rope_deltas on the instance; reuse needs explicit positions, which only some adapters give.
     inner = getattr(model, "model", None)

@@ -63,7 +63,7 @@ class WorkingCache(DynamicCache):
     """
 
     def __new__(cls, profile: ModelProfile) -> WorkingCache:
-        # A model taking only its own cache class (MiniMax) gets a working cache that is one too (`own_caches.py`).
+        # A model with its own cache (MiniMax's class, RWKV's state list) gets one bridged to it (`own_caches.py`).
         made = cls if profile.own_cache is None else bridged(cls, profile.own_cache)
         return super().__new__(made)
 
