@@ -34,6 +34,7 @@ from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
+from hf_prefix_cache.model.module_states import ModuleStateBridge
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
@@ -78,12 +79,16 @@ class DecoderOnlyHook(PatchingHook):
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         super().__init__(store, model, serving)
         if not serving.profile.prompt_sliced:
-            self._keep(_skip_cached_ids(model, slice_mask=True))
+            self._keep(_skip_cached_ids(model, slice_mask=True, cache_kwarg=serving.profile.cache_kwarg))
         elif serving_modes(serving.profile).assisted:
             # Assisted decoding feeds its first forward the whole prompt, whatever the cache holds.
             self._keep(_skip_cached_ids(model, slice_mask=False))
+        # Recurrence kept in module attributes (RecurrentGemma) is kept in the working cache's layers instead.
+        bridge = ModuleStateBridge.install(model, WorkingCache)
+        if bridge is not None:
+            self._keep(bridge)
         scan: ScanContinuation | None = None
-        if serving.profile.single_token_steps:
+        if serving.profile.single_token_steps and bridge is None:
             scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
             if scan is None:
                 logger.warning(
@@ -378,13 +383,15 @@ def _serves_padding(profile: ModelProfile) -> bool:
     )
 
 
-def _skip_cached_ids(model: Any, slice_mask: bool) -> InstancePatch:
+def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = None) -> InstancePatch:
     """Where `generate` does not slice the prompt by the cache (`_compat.generate_slices_prompt`, and the first
     forward of assisted decoding), skip what the working cache holds; `slice_mask` for the former, whose
-    forwards take the mask of the fed ids only."""
+    forwards take the mask of the fed ids only. `cache_kwarg`: a model's own name for it (RWKV's `state`)."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         cache = _compat.cache_in(kwargs)
+        if cache is None and cache_kwarg is not None:
+            cache = kwargs.get(cache_kwarg)
         if isinstance(cache, WorkingCache) and cache.skip_len:
             skip, cache.skip_len = cache.skip_len, None
             kwargs["next_sequence_length"] = input_ids.shape[1] - skip

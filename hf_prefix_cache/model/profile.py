@@ -18,15 +18,17 @@ from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
+from hf_prefix_cache.model.own_caches import OwnCache, own_cache_for
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 
 # Models whose scan ignores a cached state when fed several tokens (transformers 5.23: their
 # full-sequence `mamba_selective_scan` gets no initial state; Jamba was 8.8e-5 off on a tiny
 # model, growing with the state's weight). The hook continues their scan itself (`scan.py`);
 # only if that cannot be installed are tokens fed one per forward once a state exists.
-_SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba"})
-# Recurrence kept in module attributes rather than in the Cache object.
-_MODULE_STATE_MODEL_TYPES = frozenset({"recurrent_gemma"})
+# RecurrentGemma's multi-token forward starts its convolution from zeros (`module_states.py`): it has no scan
+# to continue, so a resumed prompt is fed one token per forward.
+_SINGLE_TOKEN_STEP_MODEL_TYPES = frozenset({"mamba", "falcon_mamba", "jamba", "recurrent_gemma"})
 # Causal-LM classes of BERT-style families whose attention is bidirectional unless `config.is_decoder`
 # is True (transformers 5.23: their __init__ warns about it, or sets it on a copied config).
 # Without it a later token changes every earlier position's states, so no prefix is reusable.
@@ -82,6 +84,9 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
+    #: How a model's own cache is met (`own_caches.py`): MiniMax's `MiniMaxCache`, RWKV's `state` list. The working
+    #: cache gets its bridge (and is made an instance of the own class). None for other models.
+    own_cache: OwnCache | None = None
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -126,10 +131,13 @@ def profile_model(
     # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     params = set(inspect.signature(inner.forward).parameters)
-    declared = _compat.cache_argument(params, type(inner).__name__)
-    cache_kwarg = declared or _compat.CACHE_KWARGS[0 if _compat.CACHE_RENAMED else 1]
     config = model.config
     model_type = getattr(config.get_text_config(decoder=True), "model_type", None) or config.model_type
+    own = own_cache_for(model_type)
+    # A model's own name for its cache (RWKV's `state`), where no name transformers' caches go by is taken.
+    own_kwarg = own.cache_kwarg if own is not None else None
+    declared = own_kwarg or _compat.cache_argument(params, type(inner).__name__)
+    cache_kwarg = declared or _compat.CACHE_KWARGS[0 if _compat.CACHE_RENAMED else 1]
     media = media_adapter_for(model)
     unsupported = _unsupported_reason(model, config, model_type, media, encoder_family)
     if unsupported is None and declared is None:
@@ -140,6 +148,8 @@ def profile_model(
         # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
         try:
             layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+            if own is not None and own.layer_specs is not None:
+                layer_types, per_layer_kwargs = own.layer_specs(config.get_text_config(decoder=True))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             # A config transformers cannot read a cache layout from (BLT in 5.23): its own
             # `generate` fails the same way; construction must not.
@@ -179,6 +189,8 @@ def profile_model(
             break
         adapters[i] = CrossAttentionAdapter()
     indexed = any(isinstance(a, IndexedAttentionAdapter) for a in adapters)
+    # Layers whose entries an indexer ranks, each entry covering this many tokens (DeepSeek-V4's CSA layers).
+    entry_tokens = max((getattr(a, "entry_tokens", None) or 0 for a in adapters), default=0)
     # Indexers whose every top-k can be checked for ties (`indexer_ties.py`) reuse prompts of any length.
     watch_indexers = indexed and bool(indexer_modules(inner))
     return ModelProfile(
@@ -196,8 +208,11 @@ def profile_model(
         media=media,
         item_layers=item_layers,
         encoder_family=encoder_family,
-        exact_prompt_len=_indexer_exact_len(config) if indexed and not watch_indexers else None,
+        exact_prompt_len=(
+            _indexer_exact_len(config) if indexed and not watch_indexers else _ranked_entries_len(config, entry_tokens)
+        ),
         watch_indexers=watch_indexers,
+        own_cache=own if unsupported is None else None,
     )
 
 
@@ -230,6 +245,18 @@ def _indexer_exact_len(config: Any) -> int:
     return (top_k // pool) * pool
 
 
+def _ranked_entries_len(config: Any, entry_tokens: int) -> int | None:
+    """The longest prompt whose every query keeps all its compressed entries through the indexer's top-k.
+
+    DeepSeek-V4's CSA indexer ranks entries of `entry_tokens` tokens each; a query at position `t` sees
+    `(t + 1) // entry_tokens` of them, all kept while that is within `index_topk`. None: no such layer.
+    """
+    if entry_tokens <= 0:
+        return None
+    top_k = getattr(config.get_text_config(decoder=True), "index_topk", None)
+    return top_k * entry_tokens if isinstance(top_k, int) and top_k > 0 else 0
+
+
 def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[dict[str, Any]]) -> Any:
     """The decoder's layer types: T5 and Florence-2's text config count the encoder's layers as `num_hidden_layers`."""
     # The model's own config (Florence-2: its text config), not get_text_config's renamed copy of it.
@@ -256,12 +283,12 @@ def _unsupported_reason(
     decoder_only = not getattr(config, "is_encoder_decoder", False)
     if decoder_only and model_type in BIDIRECTIONAL_UNLESS_DECODER and not getattr(config, "is_decoder", False):
         return reasons.BIDIRECTIONAL_ATTENTION
-    if model_type in _MODULE_STATE_MODEL_TYPES:
-        return reasons.MODULE_STATE
+    if model_type in MODULE_STATE_MODEL_TYPES and not has_module_states(model):
+        return reasons.MODULE_STATE  # recurrence kept in module attributes the bridge does not know
     if model_type in _COLD_MODEL_TYPES:
         return _COLD_MODEL_TYPES[model_type]
     supports_dynamic = getattr(type(model), "_supports_default_dynamic_cache", None)
-    if supports_dynamic is not None and not supports_dynamic():
+    if supports_dynamic is not None and not supports_dynamic() and own_cache_for(model_type) is None:
         return reasons.OWN_CACHE_CLASS
     # M-RoPE models keep rope_deltas on the instance; reuse needs explicit positions, which only some adapters give.
     inner = getattr(model, "model", None)

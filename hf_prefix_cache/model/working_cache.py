@@ -22,6 +22,7 @@ from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter, clone_states
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 
@@ -60,6 +61,11 @@ class WorkingCache(DynamicCache):
     of the first `generate` step are already in the cache (where `generate` does not slice the
     prompt: `_compat.generate_slices_prompt`).
     """
+
+    def __new__(cls, profile: ModelProfile) -> WorkingCache:
+        # A model with its own cache (MiniMax's class, RWKV's state list) gets one bridged to it (`own_caches.py`).
+        made = cls if profile.own_cache is None else bridged(cls, profile.own_cache)
+        return super().__new__(made)
 
     def __init__(self, profile: ModelProfile) -> None:
         # The layers DynamicCache(config=...) would build, without re-reading the config per request.

@@ -141,22 +141,6 @@ def test_store_used_as_a_cache_in_forward_says_what_to_do() -> None:
         store.detach()
 
 
-def test_module_state_model_runs_cold_with_a_reason() -> None:
-    """RecurrentGemma keeps its recurrence in modules: every request runs cold and says so."""
-    model = cached_model("recurrent_gemma")
-    store = PrefixCache(model)
-    try:
-        ids = random_prompt(30, seed=1)
-        for _ in range(2):
-            cold = generate(model, ids)
-            warm = generate(model, ids, past_key_values=store)
-            assert torch.equal(cold.sequences, warm.sequences)
-        stats = store.stats()
-        assert stats.fallbacks == {"module_state": 2} and stats.nbytes == 0 and stats.hit_tokens == 0
-    finally:
-        store.detach()
-
-
 def test_calls_without_the_store_are_untouched() -> None:
     """generate() without the store returns what it returned before the store was attached."""
     model = cached_model("gpt2")

@@ -3,11 +3,14 @@
 Lookup is by exact class: a subclass may add state an adapter does not know (an indexer,
 a quantized copy), so an unregistered class is refused with its name rather than guessed.
 Cross-attention layers share their class with full attention; the profile picks
-`CrossAttentionAdapter` for them by index, from the media adapter.
+`CrossAttentionAdapter` for them by index, from the media adapter. Layer classes of one model
+family (DeepSeek-V4's) are named by module and class (`FAMILY_ADAPTERS`), so that no model module
+is imported to look them up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from transformers.cache_utils import (
@@ -21,6 +24,7 @@ from transformers.cache_utils import (
 )
 
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState, NoCacheAdapter
+from hf_prefix_cache.model.layers.compressed import CompressedAttentionAdapter
 from hf_prefix_cache.model.layers.cross import CrossAttentionAdapter
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
@@ -36,6 +40,13 @@ ADAPTERS: dict[type, LayerAdapter] = {
     DummyLayer: NoCacheAdapter(),
 }
 
+_DEEPSEEK_V4 = "transformers.models.deepseek_v4.modeling_deepseek_v4"
+#: Layer classes defined in a model's own module, by `module.ClassName`: each gives its adapter for a layer.
+FAMILY_ADAPTERS: dict[str, Callable[[Any], LayerAdapter]] = {
+    f"{_DEEPSEEK_V4}.DeepseekV4HCACache": lambda layer: CompressedAttentionAdapter(),
+    # Its indexer ranks compressed entries of `compress_rate` tokens each.
+    f"{_DEEPSEEK_V4}.DeepseekV4CSACache": lambda layer: CompressedAttentionAdapter(int(layer.compress_rate)),
+}
 
 SLIDING_WINDOW_MODES = ("every_position", "window")
 
@@ -53,7 +64,8 @@ def adapter_for(
         return WindowStateAdapter()
     if type(layer) is DynamicIndexedLayer:
         return IndexedAttentionAdapter(index_dim) if index_dim is not None else None
-    return ADAPTERS.get(type(layer))
+    family = FAMILY_ADAPTERS.get(f"{type(layer).__module__}.{type(layer).__qualname__}")
+    return family(layer) if family is not None else ADAPTERS.get(type(layer))
 
 
 __all__ = ["ADAPTERS", "SLIDING_WINDOW_MODES", "CrossAttentionAdapter", "LayerAdapter", "LayerState", "adapter_for"]
