@@ -161,7 +161,7 @@ def _gemma4(name: str) -> MediaCase:
 
 
 def _qwen3(name: str) -> MediaCase:
-    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`testing/media/qwen3.py`): A an image; C an image, text, then a video."""
+    """A family of `testing/media/qwen3.py` (Qwen3.5, Qwen3-VL-MoE, ...): A an image; C an image, text, then a video."""
     from hf_prefix_cache.testing.media.qwen3 import Qwen3Family
 
     fam = Qwen3Family(name)
@@ -281,6 +281,8 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "qwen3_5": lambda: _qwen3("qwen3_5"),
     "qwen3_5_moe": lambda: _qwen3("qwen3_5_moe"),
     "qwen3_vl_moe": lambda: _qwen3("qwen3_vl_moe"),
+    "cohere_compass": lambda: _qwen3("cohere_compass"),
+    "cosmos3_omni": lambda: _qwen3("cosmos3_omni"),
     "phi4_multimodal": _phi4,
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),

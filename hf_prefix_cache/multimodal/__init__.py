@@ -42,6 +42,10 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
     "qwen3_vl_moe": Qwen3VLMedia,
+    # Qwen3-VL's tower, placeholders and `get_rope_index`: Cohere Compass on Cohere 2 text layers,
+    # Cosmos 3 Omni (its reasoner) under its own config.
+    "cohere_compass": Qwen3VLMedia,
+    "cosmos3_omni": Qwen3VLMedia,
     "qwen3_5": Qwen3_5Media,
     "qwen3_5_moe": Qwen3_5Media,
     "glm4v": Glm4vMedia,
