@@ -247,6 +247,20 @@ def _phi4() -> MediaCase:
     return MediaCase(phi4.cached_phi4(), tokens, lambda _ids, names: phi4.kwargs([m for n in names for m in media[n]]))
 
 
+def _vibevoice_asr() -> MediaCase:
+    """VibeVoice ASR (`testing/media/vibevoice.py`): A a clip, C another; calls pass ``sample=False`` (no noise)."""
+    import hf_prefix_cache.testing.media.vibevoice as vibevoice
+
+    media = {"a": vibevoice.Clip(SEED_A), "b": vibevoice.Clip(SEED_B), "c": vibevoice.Clip(SEED_C)}
+    tokens = {k: vibevoice.placeholders(m) for k, m in media.items()}
+    return MediaCase(
+        vibevoice.tiny_vibevoice_asr(),
+        tokens,
+        lambda _ids, names: vibevoice.media_kwargs([media[n] for n in names]),
+        1,
+    )
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -319,6 +333,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "minicpm_ocr": lambda: _packed("minicpm_ocr"),
     "nemotron_h_omni": _nemotron_h_omni,
     "inkling_mm_model": _inkling,
+    "vibevoice_asr": _vibevoice_asr,
 }
 
 #: Adapter keys without a media case, and why.

@@ -8,7 +8,8 @@ exact by `tests/media/test_media_generic.py` (LFM2-VL, whose text layers hold co
 `tests/media/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/media/test_media_grid.py`;
 MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
-`tests/media/test_media_inkling.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
+`tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
 `tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`.
 """
@@ -49,9 +50,6 @@ COLD_FAMILIES: dict[str, str] = {
     # MOSS Transcribe-Diarize: a clip's raw audio is cut into `audio_chunk_size` chunks mapped back through
     # `padding_mask`, each chunk padded and merged on its own; needs a per-clip layout of chunks.
     "moss_transcribe_diarize": "clips are cut into chunks mapped through padding_mask: no layout of chunks yet",
-    # VibeVoice ASR: its audio encoder adds Gaussian noise to the latents unless a call passes
-    # `sample=False`, so by default no cached run can equal a cold one; the deterministic path has no row.
-    "vibevoice_asr": "its audio encoder adds random noise (sample=True, the default): no exact cold run to match",
 }
 
 
