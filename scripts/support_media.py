@@ -261,6 +261,15 @@ def _vibevoice_asr() -> MediaCase:
     )
 
 
+def _emu3() -> MediaCase:
+    """Emu3 (`testing/media/emu3.py`): A an image, C another of A's size (so A keeps its padding)."""
+    import hf_prefix_cache.testing.media.emu3 as emu3
+
+    media = {"a": emu3.Image(SEED_A), "b": emu3.Image(SEED_B), "c": emu3.Image(SEED_A + 3)}
+    tokens = {k: emu3.placeholders(m) for k, m in media.items()}
+    return MediaCase(emu3.tiny_emu3(), tokens, lambda _ids, names: emu3.media_kwargs([media[n] for n in names]), 2)
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -300,6 +309,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "phi4_multimodal": _phi4,
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
+    "emu3": _emu3,
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),

@@ -1,7 +1,7 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`); the base class and shared helpers live in
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`, `emu3`); the base class and shared helpers live in
 `base`. Families of the common pattern (rows of a media kwarg scattered over placeholders) are
 rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
 (``"llava/pixtral"``) wins over the family's module. A family missing here runs cold on media
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
+from hf_prefix_cache.multimodal.emu3 import Emu3Media
 from hf_prefix_cache.multimodal.gemma4 import Gemma4Media, Gemma4UnifiedMedia
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
@@ -63,6 +64,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "phi4_multimodal": Phi4MultimodalMedia,
     "gemma4": Gemma4Media,
     "gemma4_unified": Gemma4UnifiedMedia,
+    "emu3": Emu3Media,
 }
 
 

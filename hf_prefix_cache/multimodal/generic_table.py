@@ -38,9 +38,6 @@ COLD_FAMILIES: dict[str, str] = {
     # images of a call packed together, so an image's features depend on the images before it
     # (`tests/media/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
     "minicpmv4_6": "16x mode (the default): an image's features depend on the images packed before it",
-    # Emu3: a VQ-VAE turns each image into code ids embedded as text, one run of (h / f) x (w / f + 1)
-    # placeholders (codes and row ends) counted from `image_sizes`; needs a layout counting code grids.
-    "emu3": "VQ code grids with row ends: no layout counts an image's codes from its size yet",
     # GIT: the image's features are prepended before the prompt's embeddings (no placeholder ids; the
     # cache holds positions the prompt has no ids for) and attend both ways.
     "git": "image tokens are prepended outside input_ids (the cache is longer than the prompt)",
