@@ -270,6 +270,15 @@ def _emu3() -> MediaCase:
     return MediaCase(emu3.tiny_emu3(), tokens, lambda _ids, names: emu3.media_kwargs([media[n] for n in names]), 2)
 
 
+def _ovis2() -> MediaCase:
+    """Ovis2 (`testing/media/ovis2.py`): A an image (its global view), C a tiled one; items span their indicators."""
+    import hf_prefix_cache.testing.media.ovis2 as ovis2
+
+    media = {"a": ovis2.Image(SEED_A), "b": ovis2.Image(SEED_B), "c": ovis2.Image(SEED_C)}
+    tokens = {k: ovis2.placeholders(m) for k, m in media.items()}
+    return MediaCase(ovis2.tiny_ovis2(), tokens, lambda _ids, names: ovis2.media_kwargs([media[n] for n in names]))
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -310,6 +319,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     "emu3": _emu3,
+    "ovis2": _ovis2,
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),

@@ -30,10 +30,6 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {**ROW_FAMILIES, **PATCH_FAMILIES}
 #: requests count `media_inputs:<model_type>`). Documentation as data: the store never reads it;
 #: the support matrix shows it in the media column.
 COLD_FAMILIES: dict[str, str] = {
-    # Its visual-indicator tokens (outside the placeholder runs) get embeddings from the vision
-    # embedding table only when pixels are passed: a suffix holding indicators whose images are all
-    # cached would embed them as text. Not the generic pattern.
-    "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
     # MiniCPM-V 4.6: MiniCPM-o OCR's model, in "16x" mode by default: the tower's window merger runs over all
     # images of a call packed together, so an image's features depend on the images before it
     # (`tests/media/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
