@@ -279,6 +279,15 @@ def _ovis2() -> MediaCase:
     return MediaCase(ovis2.tiny_ovis2(), tokens, lambda _ids, names: ovis2.media_kwargs([media[n] for n in names]))
 
 
+def _moss() -> MediaCase:
+    """MOSS Transcribe-Diarize (`testing/media/moss.py`): A a clip, C a clip of two windows; time markers inside."""
+    import hf_prefix_cache.testing.media.moss as moss
+
+    media = {"a": moss.Clip(SEED_A), "b": moss.Clip(SEED_B), "c": moss.Clip(SEED_C)}
+    tokens = {k: moss.placeholders(m) for k, m in media.items()}
+    return MediaCase(moss.tiny_moss(), tokens, lambda _ids, names: moss.media_kwargs([media[n] for n in names]), 1)
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -320,6 +329,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
     "emu3": _emu3,
     "ovis2": _ovis2,
+    "moss_transcribe_diarize": _moss,
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),

@@ -1,7 +1,7 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`, `emu3`, `ovis2`); the base class and shared helpers live in
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`, `emu3`, `ovis2`, `moss`); the base class and shared helpers live in
 `base`. Families of the common pattern (rows of a media kwarg scattered over placeholders) are
 rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
 (``"llava/pixtral"``) wins over the family's module. A family missing here runs cold on media
@@ -23,6 +23,7 @@ from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaM
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
 from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
 from hf_prefix_cache.multimodal.mllama import MllamaMedia
+from hf_prefix_cache.multimodal.moss import MossTranscribeDiarizeMedia
 from hf_prefix_cache.multimodal.ovis2 import Ovis2Media
 from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
 from hf_prefix_cache.multimodal.qwen_audio import Qwen2AudioMedia
@@ -67,6 +68,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "gemma4_unified": Gemma4UnifiedMedia,
     "emu3": Emu3Media,
     "ovis2": Ovis2Media,
+    "moss_transcribe_diarize": MossTranscribeDiarizeMedia,
 }
 
 

@@ -40,9 +40,6 @@ COLD_FAMILIES: dict[str, str] = {
     # Kosmos-2.5: features go where `image_embeds_position_mask` says (a per-position kwarg that also adds
     # segment embeddings), not onto placeholder ids.
     "kosmos-2.5": "features placed by image_embeds_position_mask, not placeholder ids: no such layout",
-    # MOSS Transcribe-Diarize: a clip's raw audio is cut into `audio_chunk_size` chunks mapped back through
-    # `padding_mask`, each chunk padded and merged on its own; needs a per-clip layout of chunks.
-    "moss_transcribe_diarize": "clips are cut into chunks mapped through padding_mask: no layout of chunks yet",
 }
 
 
