@@ -288,6 +288,19 @@ def _moss() -> MediaCase:
     return MediaCase(moss.tiny_moss(), tokens, lambda _ids, names: moss.media_kwargs([media[n] for n in names]), 1)
 
 
+def _kosmos2_5() -> MediaCase:
+    """Kosmos-2.5 (`testing/media/kosmos2_5.py`): one image per prompt, leading it (its item spans from BOS): no "c"."""
+    import hf_prefix_cache.testing.media.kosmos2_5 as kosmos
+
+    seeds = {"a": SEED_A, "b": SEED_B}
+    return MediaCase(
+        kosmos.tiny_kosmos2_5(),
+        dict.fromkeys(seeds, kosmos.head()),
+        lambda ids, names: kosmos.media_kwargs(ids, seeds[names[0]]),
+        head_len=0,
+    )
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -330,6 +343,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "emu3": _emu3,
     "ovis2": _ovis2,
     "moss_transcribe_diarize": _moss,
+    "kosmos-2.5": _kosmos2_5,
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),

@@ -1,9 +1,9 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`, `emu3`, `ovis2`, `moss`); the base class and shared helpers live in
-`base`. Families of the common pattern (rows of a media kwarg scattered over placeholders) are
-rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`, `emu3`, `ovis2`, `moss`, `kosmos2_5`); the base class
+and shared helpers live in `base`. Families of the common pattern (rows of a media kwarg scattered over
+placeholders) are rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
 (``"llava/pixtral"``) wins over the family's module. A family missing here runs cold on media
 inputs, with the reason `media_inputs:<model_type>`.
 """
@@ -19,6 +19,7 @@ from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
 from hf_prefix_cache.multimodal.glm4v import Glm4vMedia, PaddleOcrVlMedia
 from hf_prefix_cache.multimodal.idefics import Idefics3Media
+from hf_prefix_cache.multimodal.kosmos2_5 import Kosmos2_5Media
 from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
 from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
@@ -69,6 +70,7 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "emu3": Emu3Media,
     "ovis2": Ovis2Media,
     "moss_transcribe_diarize": MossTranscribeDiarizeMedia,
+    "kosmos-2.5": Kosmos2_5Media,
 }
 
 

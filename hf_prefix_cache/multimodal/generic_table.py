@@ -37,9 +37,6 @@ COLD_FAMILIES: dict[str, str] = {
     # GIT: the image's features are prepended before the prompt's embeddings (no placeholder ids; the
     # cache holds positions the prompt has no ids for) and attend both ways.
     "git": "image tokens are prepended outside input_ids (the cache is longer than the prompt)",
-    # Kosmos-2.5: features go where `image_embeds_position_mask` says (a per-position kwarg that also adds
-    # segment embeddings), not onto placeholder ids.
-    "kosmos-2.5": "features placed by image_embeds_position_mask, not placeholder ids: no such layout",
 }
 
 
