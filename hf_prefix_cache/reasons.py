@@ -100,6 +100,9 @@ MEDIA_MIXED_PATCHING = "media_mixed_patching"
 IMAGES_AND_VIDEOS = "images_and_videos"  # both in one prompt, which the model itself cannot run (GLM-4V)
 CROSS_ATTENTION_MASK = "cross_attention_mask"  # not the processor's mask (Mllama)
 VISION_SETTINGS = "vision_settings"  # + ":" + the per-call setting that changes how media encode
+# + ":" + the kwarg: a call with media left a setting that makes its encoder draw random noise (VibeVoice ASR's
+# `sample`, True by default), so no cold run of the prompt repeats another and no reuse can be exact.
+MEDIA_RANDOM = "media_random"
 
 # --- the request ran, but cold or with less reuse
 OUT_OF_MEMORY = "out_of_memory"

@@ -161,7 +161,7 @@ def _gemma4(name: str) -> MediaCase:
 
 
 def _qwen3(name: str) -> MediaCase:
-    """Qwen3.5 / Qwen3.5-MoE / Qwen3-VL-MoE (`testing/media/qwen3.py`): A an image; C an image, text, then a video."""
+    """A family of `testing/media/qwen3.py` (Qwen3.5, Qwen3-VL-MoE, ...): A an image; C an image, text, then a video."""
     from hf_prefix_cache.testing.media.qwen3 import Qwen3Family
 
     fam = Qwen3Family(name)
@@ -247,6 +247,60 @@ def _phi4() -> MediaCase:
     return MediaCase(phi4.cached_phi4(), tokens, lambda _ids, names: phi4.kwargs([m for n in names for m in media[n]]))
 
 
+def _vibevoice_asr() -> MediaCase:
+    """VibeVoice ASR (`testing/media/vibevoice.py`): A a clip, C another; calls pass ``sample=False`` (no noise)."""
+    import hf_prefix_cache.testing.media.vibevoice as vibevoice
+
+    media = {"a": vibevoice.Clip(SEED_A), "b": vibevoice.Clip(SEED_B), "c": vibevoice.Clip(SEED_C)}
+    tokens = {k: vibevoice.placeholders(m) for k, m in media.items()}
+    return MediaCase(
+        vibevoice.tiny_vibevoice_asr(),
+        tokens,
+        lambda _ids, names: vibevoice.media_kwargs([media[n] for n in names]),
+        1,
+    )
+
+
+def _emu3() -> MediaCase:
+    """Emu3 (`testing/media/emu3.py`): A an image, C another of A's size (so A keeps its padding)."""
+    import hf_prefix_cache.testing.media.emu3 as emu3
+
+    media = {"a": emu3.Image(SEED_A), "b": emu3.Image(SEED_B), "c": emu3.Image(SEED_A + 3)}
+    tokens = {k: emu3.placeholders(m) for k, m in media.items()}
+    return MediaCase(emu3.tiny_emu3(), tokens, lambda _ids, names: emu3.media_kwargs([media[n] for n in names]), 2)
+
+
+def _ovis2() -> MediaCase:
+    """Ovis2 (`testing/media/ovis2.py`): A an image (its global view), C a tiled one; items span their indicators."""
+    import hf_prefix_cache.testing.media.ovis2 as ovis2
+
+    media = {"a": ovis2.Image(SEED_A), "b": ovis2.Image(SEED_B), "c": ovis2.Image(SEED_C)}
+    tokens = {k: ovis2.placeholders(m) for k, m in media.items()}
+    return MediaCase(ovis2.tiny_ovis2(), tokens, lambda _ids, names: ovis2.media_kwargs([media[n] for n in names]))
+
+
+def _moss() -> MediaCase:
+    """MOSS Transcribe-Diarize (`testing/media/moss.py`): A a clip, C a clip of two windows; time markers inside."""
+    import hf_prefix_cache.testing.media.moss as moss
+
+    media = {"a": moss.Clip(SEED_A), "b": moss.Clip(SEED_B), "c": moss.Clip(SEED_C)}
+    tokens = {k: moss.placeholders(m) for k, m in media.items()}
+    return MediaCase(moss.tiny_moss(), tokens, lambda _ids, names: moss.media_kwargs([media[n] for n in names]), 1)
+
+
+def _kosmos2_5() -> MediaCase:
+    """Kosmos-2.5 (`testing/media/kosmos2_5.py`): one image per prompt, leading it (its item spans from BOS): no "c"."""
+    import hf_prefix_cache.testing.media.kosmos2_5 as kosmos
+
+    seeds = {"a": SEED_A, "b": SEED_B}
+    return MediaCase(
+        kosmos.tiny_kosmos2_5(),
+        dict.fromkeys(seeds, kosmos.head()),
+        lambda ids, names: kosmos.media_kwargs(ids, seeds[names[0]]),
+        head_len=0,
+    )
+
+
 def _text_ids(n: int, seed: int) -> Any:
     from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -281,9 +335,15 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "qwen3_5": lambda: _qwen3("qwen3_5"),
     "qwen3_5_moe": lambda: _qwen3("qwen3_5_moe"),
     "qwen3_vl_moe": lambda: _qwen3("qwen3_vl_moe"),
+    "cohere_compass": lambda: _qwen3("cohere_compass"),
+    "cosmos3_omni": lambda: _qwen3("cosmos3_omni"),
     "phi4_multimodal": _phi4,
     "gemma4": lambda: _gemma4("gemma4"),
     "gemma4_unified": lambda: _gemma4("gemma4_unified"),
+    "emu3": _emu3,
+    "ovis2": _ovis2,
+    "moss_transcribe_diarize": _moss,
+    "kosmos-2.5": _kosmos2_5,
     # The generic table (multimodal/generic_table.py `GENERIC_FAMILIES`).
     "mistral3": lambda: _generic("mistral3"),
     "llava/pixtral": lambda: _generic("llava_pixtral"),
@@ -317,6 +377,7 @@ MEDIA_CASES: dict[str, Callable[[], MediaCase]] = {
     "minicpm_ocr": lambda: _packed("minicpm_ocr"),
     "nemotron_h_omni": _nemotron_h_omni,
     "inkling_mm_model": _inkling,
+    "vibevoice_asr": _vibevoice_asr,
 }
 
 #: Adapter keys without a media case, and why.

@@ -1,9 +1,9 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`); the base class and shared helpers live in
-`base`. Families of the common pattern (rows of a media kwarg scattered over placeholders) are
-rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
+`qwen_omni`, `glm4v`, `mllama`, `gemma4`, `phi4`, `emu3`, `ovis2`, `moss`, `kosmos2_5`); the base class
+and shared helpers live in `base`. Families of the common pattern (rows of a media kwarg scattered over
+placeholders) are rows of `generic_table`, served by `generic.GenericMedia`; a tower-specific row there
 (``"llava/pixtral"``) wins over the family's module. A family missing here runs cold on media
 inputs, with the reason `media_inputs:<model_type>`.
 """
@@ -13,15 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.multimodal.base import MEDIA_KWARGS, MediaAdapter
+from hf_prefix_cache.multimodal.emu3 import Emu3Media
 from hf_prefix_cache.multimodal.gemma4 import Gemma4Media, Gemma4UnifiedMedia
 from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_table import GENERIC_FAMILIES, generic_key
 from hf_prefix_cache.multimodal.glm4v import Glm4vMedia, PaddleOcrVlMedia
 from hf_prefix_cache.multimodal.idefics import Idefics3Media
+from hf_prefix_cache.multimodal.kosmos2_5 import Kosmos2_5Media
 from hf_prefix_cache.multimodal.llava import Gemma3Media, LlavaMedia, PaliGemmaMedia
 from hf_prefix_cache.multimodal.llava_next import LlavaNextMedia, LlavaNextVideoMedia
 from hf_prefix_cache.multimodal.llava_onevision import LlavaOnevisionMedia
 from hf_prefix_cache.multimodal.mllama import MllamaMedia
+from hf_prefix_cache.multimodal.moss import MossTranscribeDiarizeMedia
+from hf_prefix_cache.multimodal.ovis2 import Ovis2Media
 from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
 from hf_prefix_cache.multimodal.qwen_audio import Qwen2AudioMedia
 from hf_prefix_cache.multimodal.qwen_omni import Qwen2_5OmniThinkerMedia
@@ -42,6 +46,10 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "qwen2_5_vl": Qwen2_5VLMedia,
     "qwen3_vl": Qwen3VLMedia,
     "qwen3_vl_moe": Qwen3VLMedia,
+    # Qwen3-VL's tower, placeholders and `get_rope_index`: Cohere Compass on Cohere 2 text layers,
+    # Cosmos 3 Omni (its reasoner) under its own config.
+    "cohere_compass": Qwen3VLMedia,
+    "cosmos3_omni": Qwen3VLMedia,
     "qwen3_5": Qwen3_5Media,
     "qwen3_5_moe": Qwen3_5Media,
     "glm4v": Glm4vMedia,
@@ -59,6 +67,10 @@ _ADAPTERS: dict[str, type[MediaAdapter]] = {
     "phi4_multimodal": Phi4MultimodalMedia,
     "gemma4": Gemma4Media,
     "gemma4_unified": Gemma4UnifiedMedia,
+    "emu3": Emu3Media,
+    "ovis2": Ovis2Media,
+    "moss_transcribe_diarize": MossTranscribeDiarizeMedia,
+    "kosmos-2.5": Kosmos2_5Media,
 }
 
 

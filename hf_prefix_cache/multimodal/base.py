@@ -68,6 +68,8 @@ MEDIA_KWARGS = (
     "audio_input_ids_mask",
     "audio_embed_sizes",
     "audio_attention_mask",
+    "flattened_patches",
+    "image_embeds_position_mask",
 )
 
 

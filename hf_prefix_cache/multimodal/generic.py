@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.generic_items import (
     area_items,
@@ -48,7 +49,9 @@ class GenericMedia(MediaAdapter):
         names = (
             name for k in rule.kinds for name in (k.data, k.sizes, k.mask, k.merges, *k.extras) if name is not None
         )
-        self.handled = frozenset((*names, *rule.ignored, *(old for old, _ in rule.aliases)))
+        self.handled = frozenset(
+            (*names, *rule.ignored, *(old for old, _ in rule.aliases), *(name for name, _ in rule.call_requires))
+        )
         self.settings = rule.settings
         assert not rule.embeds_suffix or {k.kind for k in rule.kinds} <= {"image", "video", "audio"}, "no such encoder"
         self.embeds_suffix = rule.embeds_suffix
@@ -81,6 +84,17 @@ class GenericMedia(MediaAdapter):
                     return None
                 groups.append(items)
         return merge_items(*groups)
+
+    def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
+        problem = super().why_cold(tokens, kwargs)
+        if problem is not None or not any(kwargs.get(rule.data) is not None for rule in self.rule.kinds):
+            return problem
+        for name, value in self.rule.call_requires:
+            passed = kwargs.get(name)
+            if passed is not value and passed != value:
+                # Left at its default, the encoder samples noise: this call's features repeat no earlier run's.
+                return reasons.with_detail(reasons.MEDIA_RANDOM, name)
+        return None
 
     def placeholder_ids(self) -> tuple[int | None, ...]:
         return tuple(config_token_id(self.config, *rule.token_id) for rule in self.rule.kinds)

@@ -135,6 +135,11 @@ def conv_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems
         if len(kernels) != len(strides) or not all(isinstance(v, int) and v > 0 for v in (*kernels, *strides)):
             return (rule.kind, None, [], None)
         steps += [(0, kernel, stride) for kernel, stride in zip(kernels, strides, strict=True)]
+    if rule.hop:
+        hop = _product(config, rule.hop)
+        if hop is None:
+            return (rule.kind, None, [], None)
+        steps.append((0, 1, hop))  # one placeholder per started hop: (n - 1) // hop + 1
     counts = []
     for n in (mask.sum(-1) + rule.frames_offset).tolist():
         for padding, kernel, stride in steps:

@@ -31,8 +31,9 @@ A family is one `FamilyRule` (in `generic_table`), holding a `KindRule` per medi
   row; adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
-  adapter and runs cold), and which kwargs its processor returns that the model never reads
-  (`FamilyRule.ignored`).
+  adapter and runs cold), which kwargs its processor returns that the model never reads
+  (`FamilyRule.ignored`), and which `generate` kwargs a call with media must set for its
+  encoding to be deterministic (`FamilyRule.call_requires`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class KindRule:
     (none: one placeholder per valid frame), followed by unpadded ones of the kernel and stride
     lists at the config paths `conv_paths` (a wav2vec-style feature encoder); `frames_axis` the
     axis of the frames in `data`,
-    `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1).
+    `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1), `hop`
+    config paths (multiplied; a list counts as its product) of the samples per placeholder after
+    those steps: a row then has one placeholder per started hop (VibeVoice ASR's tokenizer).
     `item_axis` 1 (``"equal"`` kinds) takes one prompt's items along the second axis of a
     ``[1, items, ...]`` kwarg (Fuyu's patches) instead of its rows.
     `requires` holds ``(config attribute path, value)`` pairs this kind's layout relies on: a
@@ -94,6 +97,7 @@ class KindRule:
     frames_axis: int = -1
     frames_offset: int = 0
     conv_paths: tuple[str, ...] = ()
+    hop: tuple[str, ...] = ()
     item_axis: int = 0
     requires: tuple[tuple[str, Any], ...] = ()
 
@@ -114,6 +118,10 @@ class FamilyRule:
     `aliases` holds ``(old name, name)`` pairs of kwargs the model still takes under a
     deprecated name (Video-LLaVA's processor returns `pixel_values_images`): read as the new
     name, and handed to `generate` under it after a hit (the model maps one to the other).
+    `call_requires` holds ``(kwarg, value)`` pairs a call passing media must set (VibeVoice ASR's
+    ``sample=False``: by default its audio encoder adds random noise, so no two runs of a prompt
+    agree): a call with media that leaves one unset or sets another value runs cold
+    (`media_random:<kwarg>`).
     """
 
     kinds: tuple[KindRule, ...]
@@ -122,6 +130,7 @@ class FamilyRule:
     embeds_suffix: bool = False
     ignored: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
+    call_requires: tuple[tuple[str, Any], ...] = ()
 
     def fits(self, config: Any) -> bool:
         """Whether `config` has every value this family's pattern relies on."""

@@ -8,7 +8,8 @@ exact by `tests/media/test_media_generic.py` (LFM2-VL, whose text layers hold co
 `tests/media/test_media_lfm2_vl.py`; the ``"thw"`` rows, Kimi-K2.5 on, by `tests/media/test_media_grid.py`;
 MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
-`tests/media/test_media_inkling.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
+`tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
 `tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`.
 """
@@ -29,29 +30,13 @@ GENERIC_FAMILIES: dict[str, FamilyRule] = {**ROW_FAMILIES, **PATCH_FAMILIES}
 #: requests count `media_inputs:<model_type>`). Documentation as data: the store never reads it;
 #: the support matrix shows it in the media column.
 COLD_FAMILIES: dict[str, str] = {
-    # Its visual-indicator tokens (outside the placeholder runs) get embeddings from the vision
-    # embedding table only when pixels are passed: a suffix holding indicators whose images are all
-    # cached would embed them as text. Not the generic pattern.
-    "ovis2": "visual indicator tokens take vision embeddings only in calls with pixels",
     # MiniCPM-V 4.6: MiniCPM-o OCR's model, in "16x" mode by default: the tower's window merger runs over all
     # images of a call packed together, so an image's features depend on the images before it
     # (`tests/media/test_media_minicpm.py`). Serving it would need a layout whose items are whole prompts' images.
     "minicpmv4_6": "16x mode (the default): an image's features depend on the images packed before it",
-    # Emu3: a VQ-VAE turns each image into code ids embedded as text, one run of (h / f) x (w / f + 1)
-    # placeholders (codes and row ends) counted from `image_sizes`; needs a layout counting code grids.
-    "emu3": "VQ code grids with row ends: no layout counts an image's codes from its size yet",
     # GIT: the image's features are prepended before the prompt's embeddings (no placeholder ids; the
     # cache holds positions the prompt has no ids for) and attend both ways.
     "git": "image tokens are prepended outside input_ids (the cache is longer than the prompt)",
-    # Kosmos-2.5: features go where `image_embeds_position_mask` says (a per-position kwarg that also adds
-    # segment embeddings), not onto placeholder ids.
-    "kosmos-2.5": "features placed by image_embeds_position_mask, not placeholder ids: no such layout",
-    # MOSS Transcribe-Diarize: a clip's raw audio is cut into `audio_chunk_size` chunks mapped back through
-    # `padding_mask`, each chunk padded and merged on its own; needs a per-clip layout of chunks.
-    "moss_transcribe_diarize": "clips are cut into chunks mapped through padding_mask: no layout of chunks yet",
-    # VibeVoice ASR: its audio encoder adds Gaussian noise to the latents unless a call passes
-    # `sample=False`, so by default no cached run can equal a cold one; the deterministic path has no row.
-    "vibevoice_asr": "its audio encoder adds random noise (sample=True, the default): no exact cold run to match",
 }
 
 

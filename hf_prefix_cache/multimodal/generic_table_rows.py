@@ -136,6 +136,23 @@ ROW_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # VibeVoice ASR: each row of `input_values` (`[clips, 1, samples]`) one clip of raw samples padded to one
+    # length, `padding_mask` its valid samples; two causal conv tokenizers (acoustic, semantic) encode each row
+    # on its own, one placeholder per started hop of valid samples (the product of the downsampling ratios).
+    # Its acoustic latents get random noise unless the call passes `sample=False`: only such calls are served.
+    "vibevoice_asr": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_values",
+                count="conv",
+                mask="padding_mask",
+                hop=("acoustic_tokenizer_encoder_config.downsampling_ratios",),
+            ),
+        ),
+        call_requires=(("sample", False),),
+    ),
     # InternVL: each row one tile (or video frame) of `image_seq_length` placeholders, pixel-shuffled.
     "internvl": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
     # Aya Vision: each row one tile, its placeholders after a tile marker; pixel-shuffled per tile.

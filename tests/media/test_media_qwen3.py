@@ -1,4 +1,4 @@
-"""Qwen3.5 (dense, MoE; hybrid recurrent text layers) and Qwen3-VL-MoE serve images and videos exactly.
+"""Qwen3.5 (dense, MoE; hybrid recurrent text layers), Qwen3-VL-MoE, Cohere Compass and Cosmos 3 Omni serve media exactly.
 
 Every request runs cold and through the store: equal tokens, logits within 1e-4. Qwen3.5's
 gated delta-net layers hold recurrent states: the hook prefills media prompts itself, fed the
@@ -43,11 +43,12 @@ def family(request: pytest.FixtureRequest) -> Iterator[tuple[Qwen3Family, Prefix
 
 
 def test_each_family_gets_its_adapter() -> None:
-    """Qwen3.5 computes suffix embeddings for its recurrent prefill; Qwen3-VL-MoE (deepstack) takes Qwen3-VL's."""
+    """Qwen3.5 computes suffix embeddings for its recurrent prefill; the deepstack families take Qwen3-VL's."""
     for name in HYBRID:
         adapter = media_adapter_for(Qwen3Family(name).model)
         assert type(adapter) is Qwen3_5Media and adapter.embeds_suffix
-    assert type(media_adapter_for(Qwen3Family("qwen3_vl_moe").model)) is Qwen3VLMedia
+    for name in ("qwen3_vl_moe", "cohere_compass", "cosmos3_omni"):
+        assert type(media_adapter_for(Qwen3Family(name).model)) is Qwen3VLMedia, name
 
 
 def test_image_and_video_after_a_cached_image(family: tuple[Qwen3Family, PrefixCache]) -> None:

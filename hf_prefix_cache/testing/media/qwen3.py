@@ -1,10 +1,12 @@
-"""Tiny Qwen3.5 (dense, MoE) and Qwen3-VL-MoE models and their media, as their media tests and the sweep build them.
+"""Tiny Qwen3.5 (dense, MoE), Qwen3-VL-MoE, Cohere Compass and Cosmos 3 Omni models and their media.
 
-All three take Qwen2-VL's patch layout (``t*h*w`` flattened rows of ``3*2*2*2`` values per item,
+As their media tests and the sweep build them. All five take Qwen2-VL's patch layout (``t*h*w`` flattened rows of ``3*2*2*2`` values per item,
 2x2 merge: ``t*h*w/4`` placeholders) and write a video as Qwen3-VL does: per frame its
 timestamp text, vision start, ``h*w/4`` placeholders, vision end (`tiny_qwen_media`). Qwen3.5's
 text layers alternate gated delta-net (recurrent state) and full attention, with interleaved
-M-RoPE; Qwen3-VL-MoE is Qwen3-VL (deepstack) with expert layers. Ids as `tiny_vlms`: images
+M-RoPE; Qwen3-VL-MoE is Qwen3-VL (deepstack) with expert layers; Cohere Compass is Qwen3-VL's
+tower and M-RoPE on Cohere 2 text layers (sliding layers with rope, a full layer without), and
+Cosmos 3 Omni is Qwen3-VL under its own config. Ids as `tiny_vlms`: images
 120, videos 121, vision start/end 122/123. Pool seeds 1 and 13 give one layout, other content.
 """
 
@@ -20,7 +22,7 @@ from hf_prefix_cache.testing.media.grid import Medium
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
 from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, IMAGE_ID, VIDEO_ID, _build
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "cohere_compass", "cosmos3_omni")
 #: Families whose text layers hold recurrent states.
 HYBRID = ("qwen3_5", "qwen3_5_moe")
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
@@ -65,9 +67,40 @@ def tiny_qwen3_vl_moe() -> Any:
     return _build(transformers.Qwen3VLMoeForConditionalGeneration, config)
 
 
+def tiny_cohere_compass() -> Any:
+    """Cohere Compass: Qwen3-VL's tower (deepstack) and interleaved M-RoPE on Cohere 2 layers (sliding + NoPE full)."""
+    text = {
+        **_TEXT,
+        "head_dim": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 128,
+        "rope_parameters": {"sliding_attention": _ROPE, "full_attention": None},
+    }
+    vision = {**_VISION, "deepstack_visual_indexes": [0]}
+    config = transformers.CohereCompassConfig(text_config=text, vision_config=vision, **_IDS)
+    return _build(transformers.CohereCompassForConditionalGeneration, config)
+
+
+def tiny_cosmos3_omni() -> Any:
+    """Cosmos 3 Omni (its reasoner): Qwen3-VL's architecture under its own config."""
+    text = {**_TEXT, "head_dim": 16, "rope_parameters": _ROPE}
+    vision = {**_VISION, "deepstack_visual_indexes": [0]}
+    config = transformers.Cosmos3OmniConfig(text_config=text, vision_config=vision, **_IDS)
+    return _build(transformers.Cosmos3OmniForConditionalGeneration, config)
+
+
+_BUILDERS = {
+    "qwen3_5": tiny_qwen3_5,
+    "qwen3_5_moe": tiny_qwen3_5_moe,
+    "qwen3_vl_moe": tiny_qwen3_vl_moe,
+    "cohere_compass": tiny_cohere_compass,
+    "cosmos3_omni": tiny_cosmos3_omni,
+}
+
+
 @functools.cache
 def cached_qwen3(name: str) -> Any:
-    return {"qwen3_5": tiny_qwen3_5, "qwen3_5_moe": tiny_qwen3_5_moe, "qwen3_vl_moe": tiny_qwen3_vl_moe}[name]()
+    return _BUILDERS[name]()
 
 
 class Qwen3Family:

@@ -1,0 +1,81 @@
+"""Kosmos-2.5's image (`multimodal/kosmos2_5.py`) is served exactly: reused whole with its prompt's head, or not at all.
+
+Every request runs cold and through the store: equal tokens, logits within 1e-4, the image and
+its position mask passed every time as the processor would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import Hits, assert_same_as_cold
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.multimodal import media_adapter_for
+from hf_prefix_cache.multimodal.kosmos2_5 import Kosmos2_5Media
+from hf_prefix_cache.testing.media.kosmos2_5 import NEW, SPECIAL_IDS, head, media_kwargs, tiny_kosmos2_5
+from hf_prefix_cache.testing.tiny_vlm_media import text
+
+
+def check(ids: torch.Tensor, seed: int | None, store: PrefixCache, **override: Any) -> Any:
+    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
+    kwargs = {**media_kwargs(ids, seed), "suppress_tokens": SPECIAL_IDS, **override}
+    return assert_same_as_cold(tiny_kosmos2_5(), ids, store, NEW, cache_argument="past_key_values", **kwargs)
+
+
+@pytest.fixture
+def store() -> Iterator[PrefixCache]:
+    cache = PrefixCache(tiny_kosmos2_5())
+    yield cache
+    cache.check_integrity()
+    cache.detach()
+
+
+def test_kosmos2_5_gets_its_adapter() -> None:
+    assert isinstance(media_adapter_for(tiny_kosmos2_5()), Kosmos2_5Media)
+
+
+def test_a_follow_up_reuses_the_image_and_its_text(store: PrefixCache) -> None:
+    """A second turn reuses the image and the first turn whole; its repeat all but the last token."""
+    hits = Hits(store)
+    first = torch.cat([head(), text(6, 2)], dim=1)
+    answer = check(first, 1, store).sequences
+    second = torch.cat([answer, text(5, 3)], dim=1)
+    check(second, 1, store)
+    assert hits.last() == answer.shape[1] - 1
+    check(second, 1, store)
+    assert hits.last() == second.shape[1] - 1
+    assert not store.stats().fallbacks, store.stats().fallbacks
+
+
+def test_another_image_reuses_nothing(store: PrefixCache) -> None:
+    """The image spans the prompt's head from BOS: with other patches nothing is reused, then all of it."""
+    hits = Hits(store)
+    ids = torch.cat([head(), text(6, 2)], dim=1)
+    check(ids, 1, store)
+    check(ids, 13, store)
+    assert hits.last() == 0
+    check(ids, 1, store)
+    assert hits.last() == ids.shape[1] - 1
+    assert not store.stats().fallbacks, store.stats().fallbacks
+
+
+def test_the_same_ids_without_the_image_reuse_nothing(store: PrefixCache) -> None:
+    """A text-only call (no patches, no mask) over the same ids embeds them as text: it shares nothing with the image's."""
+    hits = Hits(store)
+    ids = torch.cat([head(), text(6, 2)], dim=1)
+    check(ids, 1, store)
+    check(ids, None, store)
+    assert hits.last() == 0
+
+
+def test_a_mask_that_is_not_the_processors_runs_cold(store: PrefixCache) -> None:
+    """Segment embeddings follow the mask: one the key cannot vouch for runs cold, counted."""
+    ids = torch.cat([head(), text(6, 2)], dim=1)
+    mask = media_kwargs(ids, 1)["image_embeds_position_mask"].clone()
+    mask[0, -1] = -1  # a text position in the image segment
+    check(ids, 1, store, image_embeds_position_mask=mask)
+    assert store.stats().fallbacks == {"media_placeholders": 1}
