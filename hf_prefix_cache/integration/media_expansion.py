@@ -10,13 +10,18 @@ working cache lacks instead, so each copy gets the suffix's items in prompt orde
 call gives each copy all of them.
 
 `expands_media` says which models `generate` treats that way: those that pre-encode every
-media kind they take (images and videos). Others (audio features) are copied item by item,
-which for a prompt of several items gives the copies each other's items; those calls run cold.
+media kind they take (images and videos) and keep transformers' generic copy. Others run such
+calls cold (`media_batch`): audio features are copied item by item, and GLM-4V's own copy
+interleaves the encoded items ([A, A, B, B]); for a prompt of several items either gives the
+copies each other's items, and a hit, handed only the suffix's items, could not give them the
+same wrong ones.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from transformers import GenerationMixin
 
 from hf_prefix_cache import _compat
 from hf_prefix_cache.integration.patching import InstancePatch
@@ -25,17 +30,21 @@ from hf_prefix_cache.model.working_cache import WorkingCache
 # The modalities `generate` encodes before copying rows (`_prepare_multimodal_encoder_kwargs_for_generation`).
 _PRE_ENCODED = frozenset({"text", "image", "video"})
 _OUTPUTS = "mm_encoder_outputs"
+# transformers' generic copy of rows and of encoded media; GLM-4V's own copy interleaves items ([A, A, B, B]).
+_GENERIC = ("_expand_inputs_for_generation", "_expand_multimodal_outputs")
 
 
 def expands_media(model: Any) -> bool:
-    """Whether `generate` encodes all of this model's media before copying rows (so copies keep their items whole)."""
+    """Whether `generate` encodes all of this model's media before copying rows and copies them as transformers'
+    own `GenerationMixin` does (each row's items whole): a family's own copy may do otherwise."""
     supports = getattr(model, "_supports_mm_encoder_outputs", None)
     modalities = set(getattr(model, "input_modalities", ()) or ())
+    cls = type(model)
     return (
         callable(supports)
         and bool(supports())
         and modalities <= _PRE_ENCODED
-        and callable(getattr(model, "_expand_multimodal_outputs", None))
+        and all(getattr(cls, name, None) is getattr(GenerationMixin, name, False) for name in _GENERIC)
     )
 
 

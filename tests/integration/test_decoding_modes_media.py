@@ -97,16 +97,21 @@ def test_each_sample_is_stored_with_its_media(warm: Any) -> None:
         assert hits.last() == row.shape[0] - 1  # all of the answer but its last token (never fed back)
 
 
-def test_audio_copied_item_by_item_runs_expanded_calls_cold() -> None:
-    """Qwen2-Audio: `generate` copies audio features clip by clip, not whole per row, so beams with audio run cold
-    (`media_batch`), equal to the cold call."""
-    fam = Family("qwen2_audio")
+@pytest.mark.parametrize("name", ["qwen2_audio", "glm4v"])
+def test_media_copied_otherwise_run_expanded_calls_cold(name: str) -> None:
+    """`generate` copies Qwen2-Audio's features clip by clip, and GLM-4V's own copy interleaves encoded images
+    ([A, A, B, B]): a hit, handed only the suffix's items, could not give the rows what a cold call gives them, so
+    beams and samples with such media run cold (`media_batch`), equal to the cold call."""
+    fam = Family(name)
     store = PrefixCache(fam.model)
     try:
-        clips = [fam.image(1), fam.image(2)]
-        ids = torch.cat([text(3, 1), fam.placeholders(clips[0]), text(2, 2), fam.placeholders(clips[1])], dim=1)
-        _same_as_cold(fam, ids, clips, store, **MODES["beams"])
-        assert store.stats().fallbacks == {"media_batch": 1}
+        items = [fam.image(1), fam.image(2)]
+        prefix = torch.cat([text(3, 1), fam.placeholders(items[0]), text(2, 2)], dim=1)
+        ids = torch.cat([prefix, fam.placeholders(items[1]), text(2, 3)], dim=1)
+        _generate(fam, prefix, items[:1], store, max_new_tokens=1)
+        for mode in sorted(MODES):
+            _same_as_cold(fam, ids, items, store, **MODES[mode])
+        assert store.stats().fallbacks == {"media_batch": 2}
         assert store.stats().hit_tokens == 0
     finally:
         store.detach()
