@@ -19,6 +19,7 @@ from transformers import GenerationConfig
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import UnhashableMediaError
 from hf_prefix_cache.integration import refusals
+from hf_prefix_cache.integration.media_expansion import expands_media
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 from hf_prefix_cache.multimodal.media import MediaLayout
@@ -131,15 +132,16 @@ def _settings_problem(
     problem = refusals.decoding_problem(config, modes) or refusals.cache_implementation_problem(config, served)
     if problem is not None:
         return problem
-    if refusals.expand_size(config) > 1 and profile.media is not None:
-        # Media items and M-RoPE positions are keyed and computed for one row.
-        if profile.media.has_positions:
-            return reasons.MROPE_BATCH
-        if any(kwargs.get(name) is not None for name in profile.media.handled):
-            return reasons.MEDIA_BATCH
+    if refusals.expand_size(config) > 1 and _has_media(profile, kwargs) and not expands_media(model):
+        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media_expansion.py`).
+        return reasons.MEDIA_BATCH
     if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
         return problem
     return None
+
+
+def _has_media(profile: ModelProfile, kwargs: dict[str, Any]) -> bool:
+    return profile.media is not None and any(kwargs.get(name) is not None for name in profile.media.handled)
 
 
 def _one_sequence(config: refusals.GenerationSettings) -> bool:

@@ -28,6 +28,7 @@ from transformers import StaticCache
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, refusals
 from hf_prefix_cache.integration.decoder_checks import STATIC, media_layout, serving_modes, why_cold
+from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
@@ -100,6 +101,9 @@ class DecoderOnlyHook(PatchingHook):
                 self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
         self._one_token_steps = serving.profile.single_token_steps and scan is None
+        if serving.profile.media is not None and expands_media(model):
+            # Beams and several sequences: the suffix's encoded media copied whole to each row.
+            self._keep(expand_suffix_media(model))
         if serving.profile.watch_indexers:
             # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
             watch = TieWatch.install(model, WorkingCache)

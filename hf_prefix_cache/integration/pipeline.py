@@ -233,7 +233,7 @@ def store_sequences(
     if length <= 0:
         return
     batched = sequences.shape[0] > 1
-    assert prompt_symbols is None or not batched, "media symbols are for one-row calls"
+    # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
     for row, ids in enumerate(_rows_on_host(sequences, length, prompt)):
         symbols: Sequence[Hashable] = ids
         if prompt_symbols is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -63,12 +64,22 @@ _REFUSED_SETTINGS: Mapping[str, str] = {
 _SERVED_IMPLEMENTATIONS = frozenset({"hybrid"})
 
 
+@dataclass(slots=True)
+class _Request(DecoderRequest):
+    """A `DecoderRequest` that also says how `generate` copies the decoder prompt (beams, several sequences)."""
+
+    expand: int = field(default=1)  # rows generate makes of each decoder prompt row: beams
+    beams: bool = field(default=False)  # beam search: the returned rows are not the cache's rows
+
+
 class WhisperHook(PatchingHook):
     """Serves `WhisperForConditionalGeneration.generate(input_features, cache=store)`."""
 
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         super().__init__(store, model, serving)
         self._segment = self._patch("generate_with_fallback", self._serve_segment)
+        self._reduce = self._patch("_maybe_reduce_batch", self._next_segment)
+        self._request: _Request | None = None  # the request being served, while its generate runs
         self._segment_signature = inspect.signature(self._segment.original)
         encoder = model.get_encoder()
         # Whisper pads every clip to this many mel frames; longer input is long-form.
@@ -88,33 +99,48 @@ class WhisperHook(PatchingHook):
         request = self._key(bound, call, session)
         return self._run(request, bound, args, kwargs)
 
-    def _key(self, bound: inspect.BoundArguments, call: dict[str, Any], session: Session | None) -> DecoderRequest:
+    def _key(self, bound: inspect.BoundArguments, call: dict[str, Any], session: Session | None) -> _Request:
         """Step 2, key: the request of this audio, whose encoder output (stored, or computed now and stored) the
-        call passes in place of `input_features`."""
+        call passes in place of `input_features`.
+
+        Several returned sequences: Whisper copies the clip's features (and decoder prompt) that many
+        times itself, then decodes them as a batch of one sequence each; it cannot copy an encoder
+        output, so the call passes the copies (views of one output) and asks for one sequence each.
+        """
         extra = bound.arguments["kwargs"]
         features, mask = call["input_features"], call.get("attention_mask")
         digest = hash_media(features) if mask is None else hash_media(features, mask)
         # The decoder attends to the audio at every position: its states are only shared for the same audio.
-        request, hidden = open_request(DecoderRequest, self._store, digest, session)
+        request, hidden = open_request(_Request, self._store, digest, session)
         if hidden is None:
             hidden = self._encode(features, mask)
             keep_encoder_output(request, hidden)
         bound.arguments["input_features"] = None
+        settings = refusals.GenerationSettings(self._model, call.get("generation_config"), extra)
+        copies = settings.num_return_sequences or 1
+        if copies > 1:
+            hidden = hidden.expand(copies, -1, -1)
+            extra["num_return_sequences"] = 1
         extra["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         extra[self._profile.cache_kwarg] = request
         return request
 
     def _run(
-        self, request: DecoderRequest, bound: inspect.BoundArguments, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, request: _Request, bound: inspect.BoundArguments, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Steps 3 to 5, restore, generate and store: the original `generate`, whose inner step does all three,
         then the request counted; a clip that needs a second segment reruns cold (`args`, `kwargs` as called)."""
+        self._request, rng = request, _rng_state(self._model.device)
         try:
             output = self._original(*bound.args, **bound.kwargs)
         except _AnotherSegment:
             # What the first segment stored is exact (it saw the clip's first window, as a cold run does).
             self._store.record(Fallback(reasons.WHISPER_SEGMENTS, 0))
+            self._request = None
+            _set_rng_state(self._model.device, rng)  # a sampled rerun draws what the cold call draws
             return self._original(*args, **kwargs)
+        finally:
+            self._request = None
         if request.counted is not None:
             self._store.record(request.counted)
         return output
@@ -170,7 +196,8 @@ class WhisperHook(PatchingHook):
         temperature = call.get("temperature")
         if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
             return reasons.TEMPERATURE_FALLBACK  # several generate calls on one request
-        problem = refusals.decoding_problem(setting) or refusals.cache_implementation_problem(
+        modes = refusals.Modes(expands=self._profile.expands)
+        problem = refusals.decoding_problem(setting, modes) or refusals.cache_implementation_problem(
             setting, _SERVED_IMPLEMENTATIONS
         )
         if problem is not None:
@@ -183,7 +210,7 @@ class WhisperHook(PatchingHook):
         """`generate_with_fallback` with the decoder prefix restored from, and the result stored in, the store."""
         bound = self._segment_signature.bind(*args, **kwargs)
         inner = dict(bound.arguments["kwargs"])
-        request = request_in(DecoderRequest, self._store, inner)
+        request = request_in(_Request, self._store, inner)
         if request is None:
             return self._segment.original(*args, **kwargs)  # not ours (another store's hook may sit below)
         if request.served:
@@ -193,6 +220,11 @@ class WhisperHook(PatchingHook):
         request.served = True
         bound.arguments["kwargs"] = inner
         ids: torch.Tensor = bound.arguments["decoder_input_ids"]
+        # Whisper samples (without beams) when its one temperature is above 0, whatever `do_sample` says.
+        temperature = bound.arguments["temperatures"][0]
+        sampled = temperature is not None and temperature > 0.0
+        request.expand = 1 if sampled else bound.arguments["generation_config"].num_beams or 1
+        request.beams = request.expand > 1
         if not self._restore(request, ids, inner):
             return self._segment.original(*bound.args, **bound.kwargs)  # counted cold
         lease, working = request.lease, request.working
@@ -205,10 +237,20 @@ class WhisperHook(PatchingHook):
             self._store.release(lease)
         # Counted by the outer call, once it knows the request ends here.
         request.counted = Served(int(ids.shape[-1]), lease.cached_len)
-        self._store_segment(request, working, output)
+        self._store_segment(request, working, ids, output)
         return output
 
-    def _restore(self, request: DecoderRequest, ids: torch.Tensor, inner: dict[str, Any]) -> bool:
+    def _next_segment(self, *args: Any, **kwargs: Any) -> Any:
+        """Whisper's loop over the clip's windows: past the served first segment, give up (rerun cold).
+
+        With several sequences only some rows may need another segment, and Whisper would then cut
+        the finished rows out of `input_features`, which a served call does not pass.
+        """
+        if self._request is not None and self._request.served:
+            raise _AnotherSegment
+        return self._reduce.original(*args, **kwargs)
+
+    def _restore(self, request: _Request, ids: torch.Tensor, inner: dict[str, Any]) -> bool:
         """Step 3, restore: the decoder prefix into the cache `inner` passes; False (counted cold, no cache passed)
         for a padded decoder prompt or when memory ran out."""
         mask = inner.get("decoder_attention_mask")
@@ -216,22 +258,39 @@ class WhisperHook(PatchingHook):
             _compat.pop_cache(inner)
             self._store.record(Fallback(reasons.PADDING, int(ids.shape[-1])))
             return False
-        return restore_into(request, ids, inner)
+        return restore_into(request, ids, inner, request.expand)
 
-    def _store_segment(self, request: DecoderRequest, working: WorkingCache, output: Any) -> None:
-        """Step 5, store: the segment's decoder sequence, when it is what the cache holds plus one token."""
-        sequence = _full_sequence(output[1][0])
+    def _store_segment(self, request: _Request, working: WorkingCache, ids: torch.Tensor, output: Any) -> None:
+        """Step 5, store: each row's decoder sequence, when it is what the cache holds plus one token; after beam
+        search, the decoder prompt once (as `decoder_only.py` stores beams)."""
+        if request.beams:
+            working.trim(int(ids.shape[-1]), [0])
+            pipeline.store_sequences(self._store, request.namespace, ids[:1], working, session=request.session)
+            return
+        rows = [_full_sequence(row) for row in output[1]]
         kv_len = working.kv_length()
-        if sequence is not None and kv_len is not None and sequence.shape[-1] == kv_len + 1:
-            pipeline.store_sequences(
-                self._store, request.namespace, sequence.reshape(1, -1), working, session=request.session
-            )
+        if kv_len is not None and all(row is not None and row.shape[-1] == kv_len + 1 for row in rows):
+            sequences = torch.stack([row.reshape(-1) for row in rows if row is not None])
+            pipeline.store_sequences(self._store, request.namespace, sequences, working, session=request.session)
         else:
-            logger.warning("whisper output does not match its cache (%s vs %s); not stored", sequence, kv_len)
+            logger.warning("whisper output does not match its cache (%s vs %s); not stored", rows, kv_len)
 
 
 class _AnotherSegment(Exception):
     """Whisper reached `generate_with_fallback` a second time in one request."""
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The generators sampling draws from: the CPU's, and the model's CUDA device's if it has one."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def _full_sequence(segment_output: Any) -> torch.Tensor | None:

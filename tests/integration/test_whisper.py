@@ -285,6 +285,71 @@ def test_decoder_states_saved_to_disk_are_found_by_a_new_store(tmp_path: Path) -
         store.check_integrity()
 
 
+# ------------------------------------------------------------------------- beams and several sequences
+
+#: Whisper samples when its temperature is above 0; timestamp ids suppressed, so no row loops into a second window.
+EXPANDED = {
+    "beams": {"num_beams": 3},
+    "beams-and-sequences": {"num_beams": 3, "num_return_sequences": 2},
+    "samples": {"temperature": 0.8, "do_sample": True, "num_return_sequences": 3},
+}
+
+
+def _expanded(model: Any, store: PrefixCache | None, features: torch.Tensor, mode: str) -> Any:
+    kwargs = {"past_key_values": store} if store is not None else {}
+    torch.manual_seed(0)
+    return model.generate(
+        features,
+        max_new_tokens=6,
+        return_dict_in_generate=True,
+        output_logits=True,
+        language="en",
+        suppress_tokens=list(range(NO_TIMESTAMPS + 1, 120)),
+        **EXPANDED[mode],
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("mode", sorted(EXPANDED))
+def test_beams_and_samples_reuse_the_encoder_output_and_decoder_prefix(mode: str) -> None:
+    """Beams and several sampled sequences equal the cold call: the stored encoder output replaces the encoder, the
+    decoder prompt is restored into every row, and the prompt (beams) or each sampled sequence is stored."""
+    model, features = whisper(), audio(31)
+    with attached(model) as store:
+        transcribe(model, features, past_key_values=store, language="en")  # stores the audio and its decoder prompt
+        entries = store.stats().entries
+        cold = _expanded(model, None, features, mode)
+        with encoder_calls(model) as calls:
+            warm = _expanded(model, store, features, mode)
+        assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+        diff = max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True))
+        assert diff < LOGIT_TOL
+        assert not calls, "the stored encoder output should replace the encoder"
+        stats = store.stats()
+        assert stats.hit_tokens == 3 and not stats.fallbacks  # start, language, task: all but the last prompt token
+        if mode == "samples":
+            distinct = {tuple(row.tolist()) for row in warm.sequences}
+            assert len(distinct) > 1, "the samples should differ for this test"
+            assert stats.entries == entries + len(distinct)  # each sampled sequence is its own entry
+        else:
+            assert stats.entries == entries  # the prompt once: a prefix of what the first call stored
+        store.check_integrity()
+
+
+def test_samples_that_loop_into_a_second_window_rerun_cold_drawing_what_a_cold_call_draws() -> None:
+    """Sampled rows that decode timestamps loop into another window: the call reruns cold (`whisper_segments`),
+    from the random state it started with, so its samples equal the cold call's."""
+    model, features = whisper(), audio(31)
+    with attached(model) as store:
+        kwargs = {"temperature": 0.8, "do_sample": True, "num_return_sequences": 3, "language": "en"}
+        torch.manual_seed(0)
+        cold = model.generate(features, max_new_tokens=6, **kwargs)
+        torch.manual_seed(0)
+        warm = model.generate(features, max_new_tokens=6, past_key_values=store, **kwargs)
+        assert torch.equal(cold, warm)
+        assert store.stats().fallbacks == {"whisper_segments": 1}
+
+
 # ------------------------------------------------------------------------------- encoder outputs
 
 
@@ -329,16 +394,16 @@ def test_the_default_encoder_budget_is_an_eighth_of_the_device_budget() -> None:
         (audio(21, batch=2), {"language": "en"}, "batch_size"),
         (audio(22), {"language": "en", "return_timestamps": True}, "return_timestamps"),
         (audio(23), {"language": "en", "temperature": (0.0, 0.2)}, "temperature_fallback"),
-        (audio(24), {"language": "en", "num_beams": 2}, "beam_search"),
+        (audio(24), {"language": "en", "use_cache": False}, "use_cache_false"),
         (audio(25, frames=FRAMES - 4), {"language": "en", "return_segments": True}, "return_segments"),
         (audio(26), {"language": "en", "cache_implementation": "dynamic"}, "cache_implementation:dynamic"),
     ],
-    ids=["long-form", "batch", "timestamps", "temperature-fallback", "beams", "segments", "cache-implementation"],
+    ids=["long-form", "batch", "timestamps", "temperature-fallback", "no-cache", "segments", "cache-implementation"],
 )
 def test_what_the_store_does_not_serve_runs_cold_with_a_reason(
     features: torch.Tensor, kwargs: dict[str, Any], reason: str
 ) -> None:
-    """Long-form audio, batches, timestamps, temperature fallback, beams, a cache_implementation and segments of a
+    """Long-form audio, batches, timestamps, temperature fallback, use_cache=False, a cache_implementation and segments of a
     clip shorter than the window run Whisper's own generate."""
     model = whisper()
     with attached(model) as store:
