@@ -43,6 +43,8 @@ from hf_prefix_cache.storage.tier import Place
 if TYPE_CHECKING:
     from collections.abc import Hashable, Sequence
 
+    from hf_prefix_cache.storage.tier import Tier
+
 logger = logging.getLogger("hf_prefix_cache")
 
 _SCHEMES = ("redis", "rediss", "unix")
@@ -375,3 +377,7 @@ class RemoteTier:
         logger.warning("dropping remote prefix-cache chunk %s: %s", key, exc)
         with contextlib.suppress(self._redis_error):  # best effort; the server evicts it eventually
             self._client.delete(key)
+
+
+if TYPE_CHECKING:
+    _IS_A_TIER: type[Tier] = RemoteTier  # mypy checks that the remote tier speaks the protocol
