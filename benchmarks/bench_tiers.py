@@ -257,7 +257,7 @@ def run_bandwidth(model: Any, args: argparse.Namespace, ids: Ids, tmp: str) -> T
             ("load_file+clone", lambda: timed(load_and_clone)[0]),
             ("load_file pread", lambda: timed(load_file, raw_path, backend="pread")[0]),
             ("readinto", lambda: timed(read_raw)[0]),
-            ("checksum", lambda: timed(_checksum, {f"t.{i}": t for i, t in enumerate(tensors)})[0]),
+            ("checksum", lambda: timed(_checksum, {f"t.{i}": t for i, t in enumerate(tensors)}, {})[0]),
         ]
         for group in (memory, files):
             for name, fn in group if rep % 2 == 0 else list(reversed(group)):

@@ -29,7 +29,7 @@ from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.storage.tiers import is_out_of_memory
+from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store, store_behind
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.token_ids import TokenIds

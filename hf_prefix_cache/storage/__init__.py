@@ -1,1 +1,4 @@
-"""Where stored states live: segments of shared runs, host, disk and remote tiers, placement, budgets."""
+"""Where stored states live, as mechanism over one `Tier` protocol: segments, the device, host, disk and remote tiers.
+
+Never imports the tree: which tier a node sits on is the store's placement policy (`store/placement.py`).
+"""

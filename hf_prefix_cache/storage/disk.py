@@ -12,6 +12,10 @@ Writes are atomic (a temporary file in the same folder, flushed, then renamed). 
 unpickled: tensors go through safetensors, metadata through JSON. A file that cannot be read,
 is truncated, fails its checksum or belongs to another model is skipped with a warning.
 
+`DiskTier` is a `Tier` (`tier.py`): `put` writes a file, `get` reads one back, `drop` lets go of
+one; what the disk tier needs besides: `scan` and `stub_for` (a new process finds the files),
+`add_snapshots` (a file gains snapshots), and `empty_trash` (deletions, run outside the store's lock).
+
 Knows segments and files; nothing about the tree.
 """
 
@@ -21,9 +25,9 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -39,6 +43,7 @@ from hf_prefix_cache.storage.codec import (
     stored_devices,
 )
 from hf_prefix_cache.storage.segments import DiskRef, Segment
+from hf_prefix_cache.storage.tier import Place
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -73,14 +78,17 @@ class DiskTier:
         >>> import tempfile
         >>> from hf_prefix_cache.model.states import Run
         >>> from hf_prefix_cache.storage.segments import Segment
+        >>> from hf_prefix_cache.storage.tier import Standalone
         >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
         >>> tier = DiskTier(tempfile.mkdtemp(), Layout(num_layers=1, kv_layers=(0,), state_layers=()))
-        >>> stub = tier.write("ns", (5, 6, 7, 8), Segment(run, 0, 4, run.nbytes_per_token))
+        >>> stub = tier.put(Segment(run, 0, 4, run.nbytes_per_token), Standalone("ns", (5, 6, 7, 8)))
         >>> stub.run is None, stub.disk.hi
         (True, 4)
-        >>> tier.load(stub).run.keys[0].sum().item()
+        >>> tier.get(stub).run.keys[0].sum().item()
         8.0
     """
+
+    name = "disk"
 
     def __init__(self, root: str | os.PathLike[str], layout: Layout) -> None:
         self.root = Path(root)
@@ -91,12 +99,14 @@ class DiskTier:
         return self.root / namespace
 
     # -------------------------------------------------------------- writing
-    def write(self, namespace: str, symbols: tuple[Any, ...], seg: Segment) -> Segment:
-        """Write in-memory segment `seg` (positions `[seg.start, seg.end)` of `symbols`); returns its disk stub.
+    def put(self, seg: Segment, place: Place) -> Segment:
+        """Write in-memory segment `seg` (positions `[seg.start, seg.end)` of `place`'s symbols); returns its disk stub.
 
         Raises:
             TypeError: when a symbol is not an int (only token ids and integer media symbols persist).
         """
+        assert seg.disk is None, "put takes a segment in memory"
+        namespace, symbols = place.namespace, place.symbols()
         if any(type(s) is not int for s in symbols):
             raise TypeError("only integer symbols can be written to disk")
         assert len(symbols) == seg.end, f"{len(symbols)} symbols for a segment ending at {seg.end}"
@@ -146,6 +156,59 @@ class DiskTier:
             {n: s.nbytes for n, s in seg.items.items()},
             {n: s.reach for n, s in seg.snapshots.items()},
         )
+
+    def drop(self, seg: Segment) -> None:
+        """`seg` no longer reads its file: the file is deleted once no segment reads it (see `delete`).
+
+        A file read by the other parts of a split node stays; the placement rewrites it to what
+        they cover (`put` of what `get` reads), so bytes on disk stay counted bytes.
+        """
+        ref = seg.disk
+        assert ref is not None, "drop takes a disk stub"
+        ref.num_refs -= 1
+        if ref.num_refs == 0:
+            self.delete(ref.path)
+
+    def add_snapshots(self, parts: Sequence[Segment], snapshots: Sequence[Snapshot], place: Place) -> list[Segment]:
+        """Rewrite the file that `parts` (the segments sharing it, in order) read, with `snapshots` added.
+
+        `place` is where the last part sits. Returns the parts' new stubs, reading the new file;
+        the old file is deleted only once the new one is in place (a failed write raises and
+        keeps it).
+        """
+        first = parts[0]
+        ref = first.disk
+        assert ref is not None and all(p.disk is ref for p in parts), "add_snapshots takes the stubs sharing one file"
+        assert len(parts) == ref.num_refs, f"{ref.path} counts {ref.num_refs} refs, {len(parts)} segments share it"
+        whole = Segment(None, ref.lo, ref.hi, first.nbytes_per_token, disk=ref)
+        for part in parts:
+            whole.snapshots.update(part.snapshots)
+            whole.items.update(part.items)
+        loaded = self.get(whole)
+        loaded.snapshots.update({s.length: s for s in snapshots})
+        written = self.put(loaded, place)
+        new_ref = written.disk
+        assert new_ref is not None
+        new_ref.num_refs = len(parts)
+        self.delete(ref.path)
+        return [
+            Segment(
+                None,
+                part.start,
+                part.end,
+                part.nbytes_per_token,
+                {n: s for n, s in written.snapshots.items() if part.start < n <= part.end},
+                disk=new_ref,
+                items={n: s for n, s in written.items.items() if part.start < n <= part.end},
+            )
+            for part in parts
+        ]
+
+    def delete_files(self, segs: Sequence[Segment]) -> None:
+        """Delete the files `segs` read, each once (the store forgets them all)."""
+        refs = {id(s.disk): s.disk for s in segs if s.disk is not None}
+        for ref in refs.values():
+            self.delete(ref.path)
 
     def delete(self, path: Path) -> None:
         """Schedule `path` for deletion by the next `empty_trash` (the store calls it outside its lock).
@@ -201,13 +264,13 @@ class DiskTier:
             entry.snapshot_reach,
         )
 
-    def load(self, stub: Segment) -> Segment:
+    def get(self, stub: Segment) -> Segment:
         """Read disk stub `stub` into a host-memory segment, checking the file's checksum.
 
         Raises:
             CorruptFileError: the file is missing, unreadable, altered or does not fit the model.
         """
-        assert stub.disk is not None, "load takes a disk stub"
+        assert stub.disk is not None, "get takes a disk stub"
         path, run_lo, run_hi = stub.disk.path, stub.disk.lo, stub.disk.hi
         try:
             with safe_open(str(path), framework="pt") as f:

@@ -13,13 +13,12 @@ load makes the hit shorter. A server that is down, slow or full never fails a re
 bounded by `timeout`, after a connection error the tier is skipped for a growing back-off (1 s
 up to 30 s) and the client reconnects by itself; the caller counts the reason.
 
-The interface the store uses (kept small so it can move under a `storage/` package):
-
-- `RemoteTier.chunk_len`, `RemoteTier.missing(namespace, symbols, num_chunks)` (one pipelined
-  `EXISTS` round trip), `RemoteTier.queue(writes)` (chunks made by `remote_format.encode_chunk`)
-  and `RemoteTier.flush()` (one pipelined `SET` round trip, called outside the store's lock);
-- `RemoteTier.fetch(namespace, symbols, first, last, need_snapshot)` -> `RemoteHit` (one
-  pipelined `EXISTS`, then one `MGET`).
+`RemoteTier` is a `Tier` (`tier.py`): `put(seg, place)` queues the whole chunks of the place's
+sequence that the server lacks (one pipelined `EXISTS` round trip; chunks made by
+`remote_chunks.py`), sent by `flush` (one pipelined `SET` round trip, called outside the store's
+lock); the caller holds nothing for them. What the remote tier needs besides: `fetch(namespace,
+symbols, first, last, need_snapshot)` -> `RemoteHit` (one pipelined `EXISTS`, then one `MGET`),
+whose host segment `get` hands back as it is; `drop` has nothing to give back (the server evicts).
 
 Knows segments and the server; nothing about the tree.
 """
@@ -35,12 +34,16 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.storage.codec import Layout
+from hf_prefix_cache.storage.codec import CorruptFileError, Layout
+from hf_prefix_cache.storage.remote_chunks import gather_chunks
 from hf_prefix_cache.storage.remote_format import BadChunkError, ChunkWrite, chunk_keys, decode_chunk, join_chunks
 from hf_prefix_cache.storage.segments import Segment
+from hf_prefix_cache.storage.tier import Place
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Sequence
+
+    from hf_prefix_cache.storage.tier import Tier
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -108,6 +111,8 @@ class RemoteTier:
         >>> tier.fetch(namespace, symbols, 0, 4, need_snapshot=False).hi  # doctest: +SKIP
         1024
     """
+
+    name = "remote"
 
     def __init__(
         self,
@@ -212,6 +217,37 @@ class RemoteTier:
             with self._lock:
                 self._down, self._backoff = False, 1.0
             logger.info("remote prefix cache %s reachable again", self.url)
+
+    # ------------------------------------------------------------ the tier's verbs
+    def put(self, seg: Segment, place: Place) -> None:
+        """Queue the whole chunks of `place`'s sequence (ending with `seg`) that the server lacks.
+
+        Costs one `EXISTS` round trip; segments on disk are read only for missing chunks. The
+        writes go out at the next `flush`; a sequence with symbols other than ints is not written.
+        """
+        symbols = place.symbols()
+        num_chunks = len(symbols) // self.chunk_len
+        if num_chunks == 0 or any(type(s) is not int for s in symbols):
+            return None
+        namespace = place.namespace
+        missing = self.missing(namespace, symbols, num_chunks)
+        if not missing:
+            return None
+        chain = chunk_keys(namespace, symbols, self.chunk_len, num_chunks)
+        try:
+            writes = gather_chunks(self.layout, self.chunk_len, place, symbols, chain, missing)
+        except CorruptFileError as exc:
+            logger.warning("not writing a prefix to the remote tier: %s", exc)
+            return None
+        self.queue(writes)
+        return None
+
+    def get(self, seg: Segment) -> Segment:
+        """A segment `fetch` loaded: already in host memory."""
+        return seg
+
+    def drop(self, seg: Segment) -> None:
+        """Nothing to give back: the server evicts what it holds."""
 
     # ------------------------------------------------------------ writing
     def missing(self, namespace: str, symbols: Sequence[Hashable], num_chunks: int) -> list[int]:
@@ -341,3 +377,7 @@ class RemoteTier:
         logger.warning("dropping remote prefix-cache chunk %s: %s", key, exc)
         with contextlib.suppress(self._redis_error):  # best effort; the server evicts it eventually
             self._client.delete(key)
+
+
+if TYPE_CHECKING:
+    _IS_A_TIER: type[Tier] = RemoteTier  # mypy checks that the remote tier speaks the protocol

@@ -1,86 +1,67 @@
-"""Writing to the remote tier: the whole chunks of a stored sequence that the server lacks, gathered from the tree.
+"""The whole chunks of a stored sequence that the remote server lacks, gathered from the segments along it.
 
-Called by `Placement` when an entry leaves the last local tier (or, with ``remote_write="through"``,
-when it is stored). Costs one `EXISTS` round trip; parts of the sequence on disk are read only
-for missing chunks. Moves nothing and counts nothing: the writes are queued on the `RemoteTier`.
+`RemoteTier.put` asks the server which chunks of a place's sequence it lacks (one `EXISTS` round
+trip), then has them made here from the place's segments; segments on disk are read (through
+`Place.load`) only for missing chunks. Moves nothing and counts nothing.
+
+Knows segments and the chunk format; nothing about the tree.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Hashable, Sequence
 
 import torch
 
-from hf_prefix_cache.storage.codec import CorruptFileError
-from hf_prefix_cache.storage.disk import DiskTier
-from hf_prefix_cache.storage.remote import RemoteTier
-from hf_prefix_cache.storage.remote_format import ChunkWrite, chunk_keys, encode_chunk
+from hf_prefix_cache.storage.codec import Layout
+from hf_prefix_cache.storage.remote_format import ChunkWrite, encode_chunk
 from hf_prefix_cache.storage.segments import Segment, join_kv
-from hf_prefix_cache.tree.radix import Node, RadixTree
-
-logger = logging.getLogger("hf_prefix_cache")
+from hf_prefix_cache.storage.tier import Place
 
 
-def queue_missing_chunks(
-    tree: RadixTree[Segment], remote: RemoteTier, disk: DiskTier | None, node: Node[Segment]
-) -> None:
-    """Queue the whole chunks of `node`'s sequence that the remote tier lacks (sent by `RemoteTier.flush`).
+def gather_chunks(
+    layout: Layout,
+    chunk_len: int,
+    place: Place,
+    symbols: Sequence[Hashable],
+    chain: Sequence[str],
+    missing: Sequence[int],
+) -> list[ChunkWrite]:
+    """The chunks `missing` (indices) of `place`'s sequence `symbols` (keyed by `chain`), encoded for writing.
 
-    Costs one `EXISTS` round trip; parts of the sequence on disk are read only for missing chunks.
+    Raises:
+        CorruptFileError: a file on the sequence could not be read.
     """
-    if node.is_root:
-        return
-    symbols = tree.symbols_of(node)
-    num_chunks = len(symbols) // remote.chunk_len
-    if num_chunks == 0 or any(type(s) is not int for s in symbols):
-        return
-    namespace = str(node.namespace)
-    missing = remote.missing(namespace, symbols, num_chunks)
-    if not missing:
-        return
-    chain = chunk_keys(namespace, symbols, remote.chunk_len, num_chunks)
-    path: list[Node[Segment]] = []
-    walk: Node[Segment] | None = node
-    while walk is not None and not walk.is_root:
-        path.append(walk)
-        walk = walk.parent
-    path.reverse()
+    namespace = place.namespace
+    path = place.segments()
     loaded: dict[int, Segment] = {}
-    try:
-        writes = [_chunk(disk, remote, namespace, symbols, chain, index, path, loaded) for index in missing]
-    except CorruptFileError as exc:
-        logger.warning("not writing a prefix to the remote tier: %s", exc)
-        return
-    remote.queue(writes)
+    return [_chunk(layout, chunk_len, place, namespace, symbols, chain, index, path, loaded) for index in missing]
 
 
 def _chunk(
-    disk: DiskTier | None,
-    remote: RemoteTier,
+    layout: Layout,
+    chunk_len: int,
+    place: Place,
     namespace: str,
     symbols: Sequence[Hashable],
     chain: Sequence[str],
     index: int,
-    path: Sequence[Node[Segment]],
+    path: Sequence[Segment],
     loaded: dict[int, Segment],
 ) -> ChunkWrite:
-    """Chunk `index` of the sequence stored along `path`, gathered from its nodes' segments."""
-    lo, hi = index * remote.chunk_len, (index + 1) * remote.chunk_len
+    """Chunk `index` of the sequence stored along `path`, gathered from its segments."""
+    lo, hi = index * chunk_len, (index + 1) * chunk_len
     pieces = []
-    devices: list[torch.device | None] = [None] * remote.layout.num_layers
+    devices: list[torch.device | None] = [None] * layout.num_layers
     snapshot = None
     items = {}
-    for node in path:
-        seg = node.value
-        assert seg is not None
+    for i, seg in enumerate(path):
         if seg.end <= lo or seg.start >= hi:
             continue
         if seg.disk is not None:
-            assert disk is not None, "a disk segment in a store without a disk tier"
-            if id(node) not in loaded:
-                loaded[id(node)] = disk.load(seg)
-            seg = loaded[id(node)]
+            if i not in loaded:
+                loaded[i] = place.load(seg)
+            seg = loaded[i]
         if seg.run is not None:
             pieces.append(seg.run.slice(max(lo, seg.start), min(hi, seg.end)))
             devices = list(seg.run.devices)
@@ -90,7 +71,5 @@ def _chunk(
     if pieces:
         keys, values = join_kv(pieces)
     else:
-        keys = values = [None] * remote.layout.num_layers
-    return encode_chunk(
-        remote.layout, remote.chunk_len, namespace, symbols, index, chain, keys, values, devices, snapshot, items
-    )
+        keys = values = [None] * layout.num_layers
+    return encode_chunk(layout, chunk_len, namespace, symbols, index, chain, keys, values, devices, snapshot, items)

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.tiers import TIER_NAMES
+from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.pressure import PressureMonitor
 from hf_prefix_cache.tree.radix import RadixTree
 

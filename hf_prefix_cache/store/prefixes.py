@@ -24,7 +24,6 @@ from hf_prefix_cache.model.states import ItemState, Run, Snapshot, all_finite, s
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import clamp_below_spans
 from hf_prefix_cache.storage.codec import CorruptFileError
-from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.segments import (
     KVPieces,
     Segment,
@@ -38,6 +37,7 @@ from hf_prefix_cache.store.contract import InsertOutcome, Lease
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.locking import StoreLock
 from hf_prefix_cache.store.pins import Pins
+from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.scope import current as current_scope
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep

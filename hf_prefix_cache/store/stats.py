@@ -9,9 +9,9 @@ from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST
 
 if TYPE_CHECKING:
     from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
-    from hf_prefix_cache.storage.placement import Placement
     from hf_prefix_cache.storage.segments import Segment
     from hf_prefix_cache.store.counters import Counts
+    from hf_prefix_cache.store.placement import Placement
     from hf_prefix_cache.tree.radix import RadixTree
 
 

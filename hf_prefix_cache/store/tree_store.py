@@ -4,8 +4,9 @@ The one implementation of the contract (`contract.Store`: `acquire`, `release`, 
 from its base `Prefixes`, plus `namespace`, counting, `relieve_device`) and of the store's own
 verbs that `PrefixCache` exposes to users (stats, budgets, sessions, pins, `lookup`/`insert`,
 `save`, `clear`). Where a node lives (device, host, disk, the remote tier) is decided by
-`storage/placement.py`. Every tree mutation happens inside the `StoreLock` (`locking.py`), so
-several threads may generate through one store; it runs the blocking work after the lock.
+`store/placement.py`, over the tiers listed in `storage/tiers.py`. Every tree mutation happens
+inside the `StoreLock` (`locking.py`), so several threads may generate through one store; it
+runs the blocking work after the lock.
 
 Knows nothing of `generate`: `integration/` runs the model and calls the contract's verbs.
 """
@@ -25,12 +26,11 @@ from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.budgets import on_cuda, parse_nbytes
 from hf_prefix_cache.storage.codec import Layout
-from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
-from hf_prefix_cache.storage.placement import Placement
+from hf_prefix_cache.storage.mover import Mover
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
-from hf_prefix_cache.storage.tiers import DEVICE, TIER_NAMES, Mover
+from hf_prefix_cache.storage.tiers import DEVICE, TIER_NAMES, TierParts, make_tiers
 from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, Served
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
@@ -40,6 +40,7 @@ from hf_prefix_cache.store.namespaces import Namespaces
 from hf_prefix_cache.store.observe import PrefillCost, RequestCallback
 from hf_prefix_cache.store.options import RemoteOptions, Resolved
 from hf_prefix_cache.store.pins import Pins
+from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.prefixes import Prefixes
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
 from hf_prefix_cache.store.scope import current as current_scope
@@ -99,14 +100,9 @@ class TreeStore(Prefixes):
         cuda = on_cuda(self.model)
         layout = Layout(len(profile.adapters), profile.kv_layers, profile.state_layers, profile.item_layers)
         self._devices = StateDevices(getattr(self.model, "device", None))
+        tiers = make_tiers(TierParts(Mover(pin=cuda, use_streams=cuda), self._devices.get, layout, resolved.disk_root))
         self._placement = Placement(
-            self._tree,
-            list(resolved.budgets),
-            Mover(pin=cuda, use_streams=cuda),
-            DiskTier(resolved.disk_root, layout) if resolved.disk_root is not None else None,
-            self._policy,
-            self._devices.get,
-            _make_remote(resolved.remote, layout),
+            self._tree, tiers, list(resolved.budgets), self._policy, _make_remote(resolved.remote, layout)
         )
         if resolved.remote is not None and profile.has_state:
             interval, chunk_len = self.snapshot_interval, resolved.remote.chunk_len

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.model.states import Snapshot
-from hf_prefix_cache.storage.placement import Placement
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.locking import StoreLock
+from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.tree.radix import RadixTree
 
 

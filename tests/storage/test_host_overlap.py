@@ -17,8 +17,9 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.landing import DeferredCopies, Landing
 from hf_prefix_cache.model.states import Run
 from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.storage.mover import Mover, _layer_blocks, segment_to_device, segment_to_host
 from hf_prefix_cache.storage.segments import Segment
-from hf_prefix_cache.storage.tiers import DEVICE, HOST, Mover, _layer_blocks, segment_to_device, segment_to_host
+from hf_prefix_cache.storage.tiers import DEVICE, HOST
 from hf_prefix_cache.store import prefixes
 
 L = TypeVar("L", bound=Landing)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hf_prefix_cache.storage.host_pool import HostPool, size_class
-from hf_prefix_cache.storage.tiers import Mover
+from hf_prefix_cache.storage.mover import Mover
 
 
 def test_size_classes_serve_every_size_within_a_quarter() -> None:

@@ -1,7 +1,7 @@
 """PlacementCounters: what placing stored entries on tiers did, for `CacheStats`.
 
-Shared by the parts of placement (`moves.py`, `disk_files.py`, `disk_index.py`, `adoption.py`):
-each counts its own events here, so the store reads one set of counters.
+Shared by the parts of placement (`placement.py`, `disk_nodes.py`): each counts its own events
+here, so the store reads one set of counters.
 """
 
 from __future__ import annotations
