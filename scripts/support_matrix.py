@@ -38,11 +38,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import support_inputs
 import support_media
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,6 +150,7 @@ _MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mr
 _QWEN4_INDEXER = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16}
 _QWEN4_INDEXER.update(indexer_budget=8, indexer_compress_ratio=4)
 _COMPASS_ROPE = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+_OPT_WIDTH = {"word_embed_proj_dim": 64}
 _OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -211,11 +213,23 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # Rotary settings per layer kind, empty in the default config.
     "cohere_compass_text": _COMPASS_ROPE,
     "cohere_compass": {"text_config": _COMPASS_ROPE},
+    # Query-token models: 8 queries (not 32), each with a placeholder id (None by default: no image merged).
+    # The default OPT text model projects its embeddings to a width of its own.
+    "blip-2": {"num_query_tokens": 8, "image_token_index": 120, "text_config": _OPT_WIDTH},
+    "instructblip": {"num_query_tokens": 8, "image_token_index": 120, "text_config": _OPT_WIDTH},
+    "instructblipvideo": {"num_query_tokens": 8, "video_token_index": 120, "text_config": _OPT_WIDTH},
+    # T5-style attention: heads of d_kv each.
+    "pix2struct": {"vision_config": {"d_kv": 16}, "text_config": {"d_kv": 16}},
+    # The width its vision encoder projects to for the decoder, and windows to fit a 4 x 4 patch grid.
+    "pp_formulanet": {"vision_config": {"decoder_hidden_size": 64, "window_size": 2, "global_attn_indexes": [1]}},
+    "kosmos-2": {"latent_query_num": 8},
+    # The thinkers' rotary index reads these ids, which their config classes leave unset (None).
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
+    "udop": {"image_size": 32, "patch_size": 8},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 _TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})
-# Calls a model needs before it can generate at all.
-_PREPARE: dict[str, Callable[[Any], None]] = {"xmod": lambda model: model.set_default_language("en_XX")}
 _SUB_CONFIGS = (
     "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
     "encoder_config", "decoder_config", "global_config", "patcher_config",
@@ -318,8 +332,8 @@ def build(model_type: str, auto_class: str) -> Any:
     except (ValueError, ImportError):
         model = auto.from_config(config, dtype=torch.float32)
     model = model.float().eval()
-    if model_type in _PREPARE:
-        _PREPARE[model_type](model)
+    if model_type in support_inputs.PREPARE:
+        support_inputs.PREPARE[model_type](model)
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, 1
     gen.do_sample, gen.max_length, gen.min_new_tokens = False, None, None
@@ -363,9 +377,7 @@ def _prompt_ids(model: Any, count: int, gen: Any) -> Any:
     return allowed[torch.randint(0, len(allowed), (1, count), generator=gen)]
 
 
-def _generate(model: Any, ids: Any, store: Any = None) -> Any:
-    import torch
-
+def _generate(model: Any, feed: support_inputs.Feed, ids: Any, store: Any = None) -> Any:
     kwargs: dict[str, Any] = {} if store is None else {"past_key_values": store}
     # Answers never produce a special id either, so later prompts stay text only.
     gen = model.generation_config
@@ -374,8 +386,7 @@ def _generate(model: Any, ids: Any, store: Any = None) -> Any:
         forced.update(value if isinstance(value, list) else [value])
     kwargs["suppress_tokens"] = [i for i in special_ids(model.config) if 0 <= i < VOCAB and i not in forced] or None
     return model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
+        **feed.call(ids),
         max_new_tokens=4,
         do_sample=False,
         output_logits=True,
@@ -395,8 +406,11 @@ def scenario(model: Any) -> tuple[str, str, str]:
     if family.encoder_keyed:
         return "not run", f"encoder-decoder ({family.name}): needs the encoder-input scenario", ""
     store = PrefixCache(model)
+    feed = support_inputs.feed(model)
     gen = torch.Generator().manual_seed(0)
     first = _prompt_ids(model, 24, gen)
+    if feed.head is not None:
+        first = torch.cat([feed.head, first], dim=1)
     hits: list[int] = []
     worst = 0.0
     prompts = [first]
@@ -404,11 +418,11 @@ def scenario(model: Any) -> tuple[str, str, str]:
         ids = prompts[-1]
         before = store.stats().hit_tokens
         try:
-            cold = _generate(model, ids)
+            cold = _generate(model, feed, ids)
         except Exception as exc:  # noqa: BLE001 - the family cannot generate here at all
             return "error", _short(f"cold generate: {type(exc).__name__}: {exc}"), ""
         try:
-            warm = _generate(model, ids, store)
+            warm = _generate(model, feed, ids, store)
         except Exception as exc:  # noqa: BLE001 - cold works, the store's run does not: a bug
             return "WRONG", _short(f"cached generate raised at step {step}: {type(exc).__name__}: {exc}"), ""
         hits.append(store.stats().hit_tokens - before)
