@@ -34,6 +34,8 @@ class Feed:
     fixed: dict[str, Any] = field(default_factory=dict)
     #: Inputs that follow the prompt (masks as long as it), from the whole prompt's ids.
     per_prompt: Callable[[Any], dict[str, Any]] | None = None
+    #: Whether a later prompt holds the answer (False: its output is no text, so only the text grows).
+    answer_in_prompt: bool = True
 
     def call(self, ids: Any) -> dict[str, Any]:
         """generate's keyword arguments for the whole prompt `ids` (head included)."""
@@ -209,6 +211,8 @@ FEEDS: dict[str, Callable[[Any], Feed]] = {
     "speech-encoder-decoder": _waveform("inputs"),
     "pop2piano": _pop2piano,
     "voxtral_realtime": _streaming_audio,
+    # text to speech: the prompt is the text its encoder reads; it answers in audio codes, not in text
+    "dia": lambda _model: Feed(answer_in_prompt=False),
     # image-text encoder-decoders: the encoder's pixels
     "vision-encoder-decoder": _vision_encoder,
     "pp_formulanet": _vision_config_encoder,
@@ -236,8 +240,14 @@ def _name_composers(model: Any) -> None:
     model.generation_config.composer_to_feature_token = {f"composer{i + 1}": i for i in range(size)}
 
 
+def _end_audio(model: Any) -> None:
+    """Dia filters its end-of-audio token per channel and reads its id from the config, where the sweep sets none."""
+    model.config.decoder_config.eos_token_id = model.config.decoder_config.vocab_size - 1
+
+
 #: Calls a model needs (besides its inputs) before it can generate at all.
 PREPARE: dict[str, Callable[[Any], None]] = {
     "xmod": lambda model: model.set_default_language("en_XX"),
     "pop2piano": _name_composers,
+    "dia": _end_audio,
 }

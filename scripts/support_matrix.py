@@ -15,10 +15,14 @@ store counted in ``stats().fallbacks``, ``WRONG`` (cached differs from cold: a b
 ``not buildable`` (why) or ``timeout``. Each model type runs in a worker process with a
 time limit, so one hanging family does not stop the sweep.
 
-That scenario is text-only for every mapping. A model type whose media an adapter serves also
-gets a media cell from `support_media.py`: cold, hit, changed medium and repeat with the test
-suite's tiny media model of the family (hit tokens of the last three steps, or why not served).
-Speech seq2seq types need audio input and are recorded from the store's profile only.
+The prompt is random text ids. Types that cannot generate from text ids alone get what their
+forward needs besides, from `support_inputs.py` (the same on every call): an encoder-decoder
+whose encoder reads audio features, a waveform, pixels or patches gets them as its encoder input
+and the prompt as `decoder_input_ids`; a model whose forward needs an image (BLIP-2, Kosmos-2,
+Idefics, ...) gets one, with its placeholder ids leading every prompt. A model type whose media
+an adapter serves also gets a media cell from `support_media.py`: cold, hit, changed medium and
+repeat with the test suite's tiny media model of the family (hit tokens of the last three
+steps, or why not served).
 
 Usage::
 
@@ -227,6 +231,24 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_5_omni_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
     "udop": {"image_size": 32, "patch_size": 8},
+    # Head sizes its config derives (nope + rope) where the MLA rule above sets the rotary part only.
+    "mistral4": {"head_dim": 16},
+    # Sliding-window heads read the window even where every layer is full attention.
+    "step3p7": {"text_config": {"sliding_window": 8}},
+    # Multi-head attention (its eager attention does not repeat grouped key / value heads).
+    "unlimited_ocr": {"text_config": {"num_key_value_heads": 4}},
+    # The embedding is as large as the unpadded vocabulary.
+    # Cross-attention sizes of its decoder, outside the generic names.
+    "dia": {
+        "decoder_config": {
+            "cross_num_attention_heads": 4,
+            "cross_head_dim": 16,
+            "cross_num_key_value_heads": 2,
+            "cross_hidden_size": 64,
+        }
+    },  # fmt: skip
+    "inkling2_text": {"unpadded_vocab_size": VOCAB},
+    "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 _TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})
@@ -434,7 +456,7 @@ def scenario(model: Any) -> tuple[str, str, str]:
             return "WRONG", f"logits differ by {diff:.2e} at step {step}", ""
         if step == 0:
             more = _prompt_ids(model, 8, gen)
-            prompts.append(torch.cat([warm.sequences, more], dim=1))
+            prompts.append(torch.cat([warm.sequences if feed.answer_in_prompt else ids, more], dim=1))
         else:
             prompts.append(ids)
     fallbacks = store.stats().fallbacks
@@ -623,8 +645,17 @@ def render(rows: Iterable[Row]) -> str:
         "Each model type is built as a tiny random-weight float32 model from its config class and run",
         "through a store: a cold first prompt, a second turn that should reuse it (hit), and an exact",
         "repeat, each compared with a cold run (tokens identical, logits within 1e-4). Prompts are",
-        "text only, for every mapping, and never hold (or generate) a token id the config names, so a",
-        "media model sees no placeholder without its medium. CI regenerates every row",
+        "random text ids that never hold (or generate) a token id the config names, so a media model",
+        "sees no placeholder without its medium. A type that cannot generate from text ids alone gets",
+        "what its forward needs besides, built from its tiny config and the same on every call",
+        "(`scripts/support_inputs.py`): encoder-decoders whose encoder reads audio features (Speech2Text,",
+        "Canary, Cohere ASR, SeamlessM4T, Pop2Piano), a waveform (Moonshine, SpeechT5, speech",
+        "encoder-decoder), pixels or patches (vision encoder-decoder, PP-FormulaNet, Pix2Struct) or a",
+        "page of boxed words (UDOP) get it as their encoder input and the prompt as `decoder_input_ids`;",
+        "models whose forward needs a medium get one image (BLIP, BLIP-2, InstructBLIP, Kosmos-2,",
+        "Idefics), four frames (InstructBLIP-Video) or streamed audio (Voxtral Realtime), with the",
+        "medium's placeholder ids leading every prompt where the model reads them; Dia (text to speech)",
+        "answers in audio codes, so its later prompts grow by text only. CI regenerates every row",
         "(`tests/project/test_support_matrix.py`). `served`: exact with the hit tokens shown;",
         "`cold`: the store ran cold and counted these reasons in `stats().fallbacks`; `not buildable`:",
         "the tiny config or model could not be made; `error`: generate itself failed (cold as well);",
