@@ -154,7 +154,10 @@ _MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mr
 _QWEN4_INDEXER = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16}
 _QWEN4_INDEXER.update(indexer_budget=8, indexer_compress_ratio=4)
 _COMPASS_ROPE = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
-_OPT_WIDTH = {"word_embed_proj_dim": 64}
+_QUERY_MODELS: dict[str, Any] = {
+    "text_config": {"word_embed_proj_dim": 64},
+    "qformer_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
+}
 _OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -218,10 +221,10 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "cohere_compass_text": _COMPASS_ROPE,
     "cohere_compass": {"text_config": _COMPASS_ROPE},
     # Query-token models: 8 queries (not 32), each with a placeholder id (None by default: no image merged).
-    # The default OPT text model projects its embeddings to a width of its own.
-    "blip-2": {"num_query_tokens": 8, "image_token_index": 120, "text_config": _OPT_WIDTH},
-    "instructblip": {"num_query_tokens": 8, "image_token_index": 120, "text_config": _OPT_WIDTH},
-    "instructblipvideo": {"num_query_tokens": 8, "video_token_index": 120, "text_config": _OPT_WIDTH},
+    # The default OPT text model projects its embeddings to a width of its own; the Q-Former is a BERT of its own.
+    "blip-2": {"num_query_tokens": 8, "image_token_index": 120, **_QUERY_MODELS},
+    "instructblip": {"num_query_tokens": 8, "image_token_index": 120, **_QUERY_MODELS},
+    "instructblipvideo": {"num_query_tokens": 8, "video_token_index": 120, **_QUERY_MODELS},
     # T5-style attention: heads of d_kv each.
     "pix2struct": {"vision_config": {"d_kv": 16}, "text_config": {"d_kv": 16}},
     # The width its vision encoder projects to for the decoder, and windows to fit a 4 x 4 patch grid.
