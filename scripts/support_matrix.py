@@ -15,10 +15,14 @@ store counted in ``stats().fallbacks``, ``WRONG`` (cached differs from cold: a b
 ``not buildable`` (why) or ``timeout``. Each model type runs in a worker process with a
 time limit, so one hanging family does not stop the sweep.
 
-That scenario is text-only for every mapping. A model type whose media an adapter serves also
-gets a media cell from `support_media.py`: cold, hit, changed medium and repeat with the test
-suite's tiny media model of the family (hit tokens of the last three steps, or why not served).
-Speech seq2seq types need audio input and are recorded from the store's profile only.
+The prompt is random text ids. Types that cannot generate from text ids alone get what their
+forward needs besides, from `support_inputs.py` (the same on every call): an encoder-decoder
+whose encoder reads audio features, a waveform, pixels or patches gets them as its encoder input
+and the prompt as `decoder_input_ids`; a model whose forward needs an image (BLIP-2, Kosmos-2,
+Idefics, ...) gets one, with its placeholder ids leading every prompt. A model type whose media
+an adapter serves also gets a media cell from `support_media.py`: cold, hit, changed medium and
+repeat with the test suite's tiny media model of the family (hit tokens of the last three
+steps, or why not served).
 
 Usage::
 
@@ -38,11 +42,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import support_inputs
 import support_media
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,6 +154,10 @@ _MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mr
 _QWEN4_INDEXER = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16}
 _QWEN4_INDEXER.update(indexer_budget=8, indexer_compress_ratio=4)
 _COMPASS_ROPE = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+_QUERY_MODELS: dict[str, Any] = {
+    "text_config": {"word_embed_proj_dim": 64},
+    "qformer_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
+}
 _OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -211,11 +220,41 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     # Rotary settings per layer kind, empty in the default config.
     "cohere_compass_text": _COMPASS_ROPE,
     "cohere_compass": {"text_config": _COMPASS_ROPE},
+    # Query-token models: 8 queries (not 32), each with a placeholder id (None by default: no image merged).
+    # The default OPT text model projects its embeddings to a width of its own; the Q-Former is a BERT of its own.
+    "blip-2": {"num_query_tokens": 8, "image_token_index": 120, **_QUERY_MODELS},
+    "instructblip": {"num_query_tokens": 8, "image_token_index": 120, **_QUERY_MODELS},
+    "instructblipvideo": {"num_query_tokens": 8, "video_token_index": 120, **_QUERY_MODELS},
+    # T5-style attention: heads of d_kv each.
+    "pix2struct": {"vision_config": {"d_kv": 16}, "text_config": {"d_kv": 16}},
+    # The width its vision encoder projects to for the decoder, and windows to fit a 4 x 4 patch grid.
+    "pp_formulanet": {"vision_config": {"decoder_hidden_size": 64, "window_size": 2, "global_attn_indexes": [1]}},
+    "kosmos-2": {"latent_query_num": 8},
+    # The thinkers' rotary index reads these ids, which their config classes leave unset (None).
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
+    "udop": {"image_size": 32, "patch_size": 8},
+    # Head sizes its config derives (nope + rope) where the MLA rule above sets the rotary part only.
+    "mistral4": {"head_dim": 16},
+    # Sliding-window heads read the window even where every layer is full attention.
+    "step3p7": {"text_config": {"sliding_window": 8}},
+    # Multi-head attention (its eager attention does not repeat grouped key / value heads).
+    "unlimited_ocr": {"text_config": {"num_key_value_heads": 4}},
+    # The embedding is as large as the unpadded vocabulary.
+    # Cross-attention sizes of its decoder, outside the generic names.
+    "dia": {
+        "decoder_config": {
+            "cross_num_attention_heads": 4,
+            "cross_head_dim": 16,
+            "cross_num_key_value_heads": 2,
+            "cross_hidden_size": 64,
+        }
+    },  # fmt: skip
+    "inkling2_text": {"unpadded_vocab_size": VOCAB},
+    "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 _TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})
-# Calls a model needs before it can generate at all.
-_PREPARE: dict[str, Callable[[Any], None]] = {"xmod": lambda model: model.set_default_language("en_XX")}
 _SUB_CONFIGS = (
     "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
     "encoder_config", "decoder_config", "global_config", "patcher_config",
@@ -318,8 +357,8 @@ def build(model_type: str, auto_class: str) -> Any:
     except (ValueError, ImportError):
         model = auto.from_config(config, dtype=torch.float32)
     model = model.float().eval()
-    if model_type in _PREPARE:
-        _PREPARE[model_type](model)
+    if model_type in support_inputs.PREPARE:
+        support_inputs.PREPARE[model_type](model)
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, 1
     gen.do_sample, gen.max_length, gen.min_new_tokens = False, None, None
@@ -363,9 +402,7 @@ def _prompt_ids(model: Any, count: int, gen: Any) -> Any:
     return allowed[torch.randint(0, len(allowed), (1, count), generator=gen)]
 
 
-def _generate(model: Any, ids: Any, store: Any = None) -> Any:
-    import torch
-
+def _generate(model: Any, feed: support_inputs.Feed, ids: Any, store: Any = None) -> Any:
     kwargs: dict[str, Any] = {} if store is None else {"past_key_values": store}
     # Answers never produce a special id either, so later prompts stay text only.
     gen = model.generation_config
@@ -374,8 +411,7 @@ def _generate(model: Any, ids: Any, store: Any = None) -> Any:
         forced.update(value if isinstance(value, list) else [value])
     kwargs["suppress_tokens"] = [i for i in special_ids(model.config) if 0 <= i < VOCAB and i not in forced] or None
     return model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
+        **feed.call(ids),
         max_new_tokens=4,
         do_sample=False,
         output_logits=True,
@@ -395,8 +431,11 @@ def scenario(model: Any) -> tuple[str, str, str]:
     if family.encoder_keyed:
         return "not run", f"encoder-decoder ({family.name}): needs the encoder-input scenario", ""
     store = PrefixCache(model)
+    feed = support_inputs.feed(model)
     gen = torch.Generator().manual_seed(0)
     first = _prompt_ids(model, 24, gen)
+    if feed.head is not None:
+        first = torch.cat([feed.head, first], dim=1)
     hits: list[int] = []
     worst = 0.0
     prompts = [first]
@@ -404,11 +443,11 @@ def scenario(model: Any) -> tuple[str, str, str]:
         ids = prompts[-1]
         before = store.stats().hit_tokens
         try:
-            cold = _generate(model, ids)
+            cold = _generate(model, feed, ids)
         except Exception as exc:  # noqa: BLE001 - the family cannot generate here at all
             return "error", _short(f"cold generate: {type(exc).__name__}: {exc}"), ""
         try:
-            warm = _generate(model, ids, store)
+            warm = _generate(model, feed, ids, store)
         except Exception as exc:  # noqa: BLE001 - cold works, the store's run does not: a bug
             return "WRONG", _short(f"cached generate raised at step {step}: {type(exc).__name__}: {exc}"), ""
         hits.append(store.stats().hit_tokens - before)
@@ -420,7 +459,7 @@ def scenario(model: Any) -> tuple[str, str, str]:
             return "WRONG", f"logits differ by {diff:.2e} at step {step}", ""
         if step == 0:
             more = _prompt_ids(model, 8, gen)
-            prompts.append(torch.cat([warm.sequences, more], dim=1))
+            prompts.append(torch.cat([warm.sequences if feed.answer_in_prompt else ids, more], dim=1))
         else:
             prompts.append(ids)
     fallbacks = store.stats().fallbacks
@@ -609,8 +648,17 @@ def render(rows: Iterable[Row]) -> str:
         "Each model type is built as a tiny random-weight float32 model from its config class and run",
         "through a store: a cold first prompt, a second turn that should reuse it (hit), and an exact",
         "repeat, each compared with a cold run (tokens identical, logits within 1e-4). Prompts are",
-        "text only, for every mapping, and never hold (or generate) a token id the config names, so a",
-        "media model sees no placeholder without its medium. CI regenerates every row",
+        "random text ids that never hold (or generate) a token id the config names, so a media model",
+        "sees no placeholder without its medium. A type that cannot generate from text ids alone gets",
+        "what its forward needs besides, built from its tiny config and the same on every call",
+        "(`scripts/support_inputs.py`): encoder-decoders whose encoder reads audio features (Speech2Text,",
+        "Canary, Cohere ASR, SeamlessM4T, Pop2Piano), a waveform (Moonshine, SpeechT5, speech",
+        "encoder-decoder), pixels or patches (vision encoder-decoder, PP-FormulaNet, Pix2Struct) or a",
+        "page of boxed words (UDOP) get it as their encoder input and the prompt as `decoder_input_ids`;",
+        "models whose forward needs a medium get one image (BLIP, BLIP-2, InstructBLIP, Kosmos-2,",
+        "Idefics), four frames (InstructBLIP-Video) or streamed audio (Voxtral Realtime), with the",
+        "medium's placeholder ids leading every prompt where the model reads them; Dia (text to speech)",
+        "answers in audio codes, so its later prompts grow by text only. CI regenerates every row",
         "(`tests/project/test_support_matrix.py`). `served`: exact with the hit tokens shown;",
         "`cold`: the store ran cold and counted these reasons in `stats().fallbacks`; `not buildable`:",
         "the tiny config or model could not be made; `error`: generate itself failed (cold as well);",

@@ -22,6 +22,7 @@ from hf_prefix_cache.testing.tiny_models import TINY_MODELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
+import support_inputs  # noqa: E402
 import support_matrix  # noqa: E402
 import support_media  # noqa: E402
 
@@ -135,6 +136,41 @@ def test_row_is_up_to_date(model_type: str) -> None:
 def test_found_by_the_sweep_runs_cold_with_its_reason(model_type: str, reason: str) -> None:
     row = support_matrix.run_row(model_type, SWEPT[model_type])
     assert (row.status, row.detail) == ("cold", f"`{reason}`")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "reason"),
+    [
+        # Fed token ids, their encoders once failed on ids where they read features (Speech2Text),
+        # a waveform (Moonshine) or patches (Pix2Struct); no family serves these encoder-decoders.
+        ("speech_to_text", "encoder_decoder"),
+        ("moonshine", "encoder_decoder"),
+        ("pix2struct", "encoder_decoder"),
+        # Its generate takes pixels first: once called with ids as pixels; it builds the prompt's embeddings itself.
+        ("blip-2", "no_cache_argument"),
+        # Needs its image and the mask of the image's positions: media without an adapter.
+        ("kosmos-2", "media_inputs:kosmos-2"),
+    ],
+)
+def test_a_type_fed_its_real_inputs_runs_cold_with_its_reason(model_type: str, reason: str) -> None:
+    """Each once ended as `error` (generate failed on the sweep's inputs); fed features, pixels or
+    placeholders, cold and cached runs agree and the store counts why it ran cold."""
+    row = support_matrix.run_row(model_type, SWEPT[model_type])
+    assert (row.status, row.detail) == ("cold", f"`{reason}`"), row.line()
+
+
+def test_every_fed_type_is_a_swept_type_of_some_release() -> None:
+    """A feed names a model type the sweep builds (on this release, or the newest, for types it lacks)."""
+    unknown = sorted(t for t in support_inputs.FEEDS if t not in SWEPT and t not in ROWS)
+    assert not unknown
+
+
+@doc_release_only
+def test_no_row_is_an_error_of_the_sweeps_inputs() -> None:
+    """The only `error` rows left are transformers' own failures, whatever the inputs (BLT: its own
+    `generate` reads a config attribute BltConfig lacks)."""
+    errors = {t: line for t, line in ROWS.items() if support_matrix._row_from_line(line).status == "error"}
+    assert sorted(errors) == ["blt"], "\n".join(errors.values())
 
 
 @pytest.mark.parametrize("model_type", ["megatron-bert", "xlm-roberta-xl", "rembert"])
