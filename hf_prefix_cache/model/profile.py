@@ -101,6 +101,22 @@ class ModelProfile:
         return not self.has_state and not self.item_layers
 
     @property
+    def joins_rows(self) -> bool:
+        """Whether rows with recurrent states can each be prefilled alone and joined into one batch (batches, left
+        padding, beams, several returned sequences; `integration/recurrent_rows.py`).
+
+        Every state is a recurrent or conv state whose first dimension is the batch (window states are
+        not), with no media and no media item blocks: each row's prompt is keyed and prefilled as a
+        one-row call's, then the rows' keys and states are laid side by side.
+        """
+        return (
+            self.has_state
+            and self.media is None
+            and not self.item_layers
+            and not any(isinstance(a, WindowStateAdapter) for a in self.adapters)
+        )
+
+    @property
     def serves_static(self) -> bool:
         """Whether a static cache can take a restored prefix (`model/static.py`): every cache layer keeps plain
         per-token keys whose static form is one buffer, with no state and no media item blocks."""
