@@ -113,7 +113,7 @@ class DecoderOnlyHook(PatchingHook):
             reason = self._key(call)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
-        if store.profile.has_state and (len(call.rows) > 1 or call.expand > 1):
+        if store.profile.has_state and (len(call.rows) > 1 or call.expand > 1 or any(call.pads)):
             return self._serve_state_rows(call)  # each row prefilled alone, then joined (`recurrent_rows.py`)
         if any(call.pads) or any(row != call.rows[0] for row in call.rows[1:]):
             return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast

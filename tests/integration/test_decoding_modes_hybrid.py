@@ -70,6 +70,20 @@ def test_a_left_padded_batch_with_states_restores_each_rows_own_prefix(stored: A
     assert store.stats().fallbacks == {}
 
 
+@pytest.mark.parametrize("stored", ["bamba", "mamba2"], indirect=True)
+def test_one_left_padded_row_with_states_reuses_its_prefix(stored: Any) -> None:
+    """A single row behind padding (a batch of one from a padding tokenizer) is served like a row of a batch."""
+    model, store, prompts = stored
+    ids, mask = left_padded(prompts[:2])
+    ids, mask = ids[1:], mask[1:]  # 33 tokens behind 7 columns of padding
+    cold = run(model, ids, mask, None)
+    hits = Hits(store)
+    warm = run(model, ids, mask, store)
+    _same(cold, warm)
+    assert hits.last() == 20
+    assert store.stats().fallbacks == {}
+
+
 @pytest.mark.parametrize("stored", ["bamba", "qwen3_next"], indirect=True)
 @pytest.mark.parametrize("mode", ["beams", "samples", "beams_from_config"])
 def test_one_prompt_expanded_to_beams_or_samples_reuses_its_prefix(stored: Any, mode: str) -> None:
