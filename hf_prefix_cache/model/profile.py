@@ -107,13 +107,15 @@ class ModelProfile:
 
         Every state is a recurrent or conv state whose first dimension is the batch (window states are
         not), with no media and no media item blocks: each row's prompt is keyed and prefilled as a
-        one-row call's, then the rows' keys and states are laid side by side.
+        one-row call's, then the rows' keys and states are laid side by side. No indexed layers
+        (Qwen4-Exp): their indexers keep positions a padded row does not share, and their top-k ties
+        are watched per call, not per row (a padded Qwen4-Exp batch was 5e-2 off its cold run).
         """
         return (
             self.has_state
             and self.media is None
             and not self.item_layers
-            and not any(isinstance(a, WindowStateAdapter) for a in self.adapters)
+            and not any(isinstance(a, (WindowStateAdapter, IndexedAttentionAdapter)) for a in self.adapters)
         )
 
     @property

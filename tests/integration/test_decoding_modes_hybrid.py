@@ -15,6 +15,7 @@ from conftest import CACHE_NAME, LOGIT_TOL, Hits, cached_model, max_logit_diff, 
 from transformers import pipeline
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.tiny_attention import tiny_qwen4_exp
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
 from tests.integration.test_batches import left_padded, run
 
@@ -167,3 +168,29 @@ def test_assisted_decoding_on_states_is_left_to_transformers_refusal(stored: Any
         run(model, ids, torch.ones_like(ids), store, prompt_lookup_num_tokens=3)
     assert str(cold.value) == str(warm.value)
     assert store.stats().fallbacks == {"assisted_decoding": 1}
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ({}, "batch_size"),
+        ({"num_beams": 2}, "beam_search"),
+        ({"do_sample": True, "num_return_sequences": 2}, "num_return_sequences"),
+    ],
+    ids=["padded_batch", "beams", "samples"],
+)
+def test_states_beside_indexed_attention_run_rows_cold_with_a_reason(mode: dict[str, Any], reason: str) -> None:
+    """Qwen4-Exp's indexers keep positions a padded row does not share and watch ties per call, so its batches,
+    beams and samples run cold, counted (row by row, a padded batch was 5e-2 off its cold run)."""
+    model = tiny_qwen4_exp()
+    store = PrefixCache(model)
+    try:
+        prompts = [random_prompt(n, seed=seed) for n, seed, _ in ROWS[:2]]
+        _store_prefixes(model, store, prompts, ROWS[:2])
+        ids, mask = left_padded(prompts) if not mode else (prompts[0], torch.ones_like(prompts[0]))
+        cold = run(model, ids, mask, None, **mode)
+        warm = run(model, ids, mask, store, **mode)
+        _same(cold, warm)
+        assert store.stats().fallbacks == {reason: 1}
+    finally:
+        store.detach()
