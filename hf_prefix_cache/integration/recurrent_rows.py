@@ -15,9 +15,12 @@ them. A padded row of a cold batch equals the same row alone to 1e-6 on every hy
 recurrent family tested (`tests/integration/test_decoding_modes_hybrid.py` checks each mode
 against the cold call).
 
-Afterwards, sampled and greedy rows are stored one entry each (copied out row by row); beams
-store each prompt row as far as it was prefilled, from the one-row cache it was prefilled in,
-since beam search reorders the rows every step.
+Each prompt row is stored as far as it was prefilled as soon as it was (from the one-row cache
+it was prefilled in), so the rows after it restore from its snapshots: a batch of questions
+after a shared system prompt, stored with another question and so without a snapshot at the
+prompt's end, computes that prompt once, in its first row. Afterwards, sampled and greedy rows
+are stored one entry each (copied out row by row); beams store nothing more, since beam search
+reorders the rows every step.
 """
 
 from __future__ import annotations
@@ -100,7 +103,11 @@ def serve(
             fed, snapshots = prefill_states(
                 model, profile, cache, ids, lease, store.snapshot_interval, one_token_steps, prompt_end=True
             )
+            assert fed == ids.shape[1] - 1, f"a row of {ids.shape[1]} tokens prefilled to {fed}"
             prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
+            # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
+            # (a shared system prompt stored with another question has no snapshot at its end), and its end.
+            _store_prompt(store, call.namespace, row, prefilled[row])
         parts = [prefilled[row] for row in call.rows]
         length = prompt_len - 1  # every row fed up to the last column
         batch = store.new_cache()
@@ -120,22 +127,19 @@ def serve(
         Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
     )
     logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
-    if call.beams:
-        _store_prompts(store, call.namespace, prefilled)
-    else:
+    if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         _store_rows(store, call, sequences, batch, parts)
     return output
 
 
-def _store_prompts(store: Store, namespace: str, prefilled: dict[TokenIds, _Prefilled]) -> None:
-    """Beams: each distinct prompt row as far as it was fed, from its one-row cache (untouched by the join: copies)."""
-    for row, part in prefilled.items():
-        if part.fed <= part.lease.cached_len:
-            continue  # nothing new: all of it was restored
-        # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
-        earlier = [s for s in part.snapshots if s.length != part.fed]
-        store.insert_sequence(namespace, row[: part.fed], part.cache, earlier, computed_from=part.lease.cached_len)
+def _store_prompt(store: Store, namespace: str, row: TokenIds, part: _Prefilled) -> None:
+    """A prompt row as far as it was fed, with its snapshots, from its one-row cache (the join copies it)."""
+    if part.fed <= part.lease.cached_len:
+        return  # nothing new: all of it was restored
+    # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
+    earlier = [s for s in part.snapshots if s.length != part.fed]
+    store.insert_sequence(namespace, row[: part.fed], part.cache, earlier, computed_from=part.lease.cached_len)
 
 
 def _store_rows(
@@ -144,15 +148,10 @@ def _store_rows(
     """Each returned row (the cache's rows: greedy or sampled) as its own entry, without its padding."""
     kv_len = batch.kv_length()
     length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
-    seen: set[int] = set()
     for r, ids in enumerate(token_rows(sequences[:, :length])):
         i = r // call.expand
         pad = call.pads[i]
         if length <= pad:
             continue
-        part = parts[i]
-        # The prompt's snapshots go with the first row that extends it; later rows find the prompt stored.
-        snapshots = part.snapshots if id(part) not in seen else []
-        seen.add(id(part))
-        one = batch.copy_row(r, pad, length)
-        store.insert_sequence(call.namespace, ids[pad:], one, snapshots, computed_from=part.lease.cached_len)
+        one = batch.copy_row(r, pad, length)  # the prompt and its snapshots are stored already (`_store_prompt`)
+        store.insert_sequence(call.namespace, ids[pad:], one, computed_from=parts[i].lease.cached_len)

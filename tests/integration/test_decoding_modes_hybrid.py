@@ -104,6 +104,28 @@ def test_one_prompt_expanded_to_beams_or_samples_reuses_its_prefix(stored: Any, 
     assert store.stats().fallbacks == {}
 
 
+@pytest.mark.parametrize("name", ["bamba", "qwen3_next"])
+def test_rows_after_a_shared_prefix_restore_from_the_first_rows_snapshot(name: str) -> None:
+    """A system prompt stored with another question has no snapshot at its end: the batch's first row computes it
+    and stores its snapshot there before the next rows restore, so only that row computes the shared prefix."""
+    model = cached_model(name)
+    store = PrefixCache(model)
+    try:
+        system = random_prompt(30, seed=15)
+        questions = [torch.cat([system, random_prompt(4 + 3 * i, seed=300 + i)], 1) for i in range(4)]
+        _store_prefixes(model, store, questions[:1], [(0, 0, questions[0].shape[1])])
+        ids, mask = left_padded(questions[1:])
+        cold = run(model, ids, mask, None)
+        hits = Hits(store)
+        warm = run(model, ids, mask, store)
+        _same(cold, warm)
+        assert hits.last() == 0 + 30 + 30
+        assert store.stats().fallbacks == {}
+        store.check_integrity()
+    finally:
+        store.detach()
+
+
 @pytest.mark.parametrize("stored", ["bamba"], indirect=True)
 def test_after_beams_the_prompt_is_stored_once(stored: Any) -> None:
     """Beams reorder the rows, so each prompt row is stored from its own prefill: the same call again reuses all but
