@@ -13,6 +13,8 @@ vision keys/values of the prefix's images (item states) and store those of new i
 Recurrent models prefill their uncached prompt in snapshot-sized chunks first
 (`recurrent_prefill.py`); with media (families whose adapter computes suffix embeddings,
 LFM2-VL), fed the embeddings the model would compute, so `generate` then gets no media at all.
+Their batches, left-padded rows, beams and samples prefill each row alone and join the rows
+(`recurrent_rows.py`).
 """
 
 from __future__ import annotations
