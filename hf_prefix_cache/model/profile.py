@@ -17,6 +17,7 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
+from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
 
@@ -105,9 +106,10 @@ class ModelProfile:
         """Whether rows with recurrent states can each be prefilled alone and joined into one batch (batches, left
         padding, beams, several returned sequences; `integration/recurrent_rows.py`).
 
-        Every state is a recurrent or conv state whose first dimension is the batch (window states are
-        not), with no media and no media item blocks: each row's prompt is keyed and prefilled as a
-        one-row call's, then the rows' keys and states are laid side by side. No indexed layers
+        Every state is a recurrent or conv state (`RecurrentAdapter`) whose first dimension is the batch
+        (window states and other snapshot-only layers are not joined), with no media and no media item
+        blocks: each row's prompt is keyed and prefilled as a one-row call's, then the rows' keys and
+        states are laid side by side. No indexed layers
         (Qwen4-Exp): their indexers keep positions a padded row does not share, and their top-k ties
         are watched per call, not per row (a padded Qwen4-Exp batch was 5e-2 off its cold run).
         """
@@ -115,7 +117,8 @@ class ModelProfile:
             self.has_state
             and self.media is None
             and not self.item_layers
-            and not any(isinstance(a, (WindowStateAdapter, IndexedAttentionAdapter)) for a in self.adapters)
+            and all(isinstance(a, RecurrentAdapter) for a in self.adapters if a.has_state)
+            and not any(isinstance(a, IndexedAttentionAdapter) for a in self.adapters)
         )
 
     @property
