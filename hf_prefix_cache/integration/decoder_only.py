@@ -277,9 +277,9 @@ class DecoderOnlyHook(PatchingHook):
             call.namespace,
             call.drop_impl,
         )
-        return recurrent_rows.serve(
-            self._store, self._model, self._original, rows, self._one_token_steps, refusals.CACHE_IMPLEMENTATION
-        )
+        store = self._store
+        prefill = recurrent_rows.Prefill(self._model, store.profile, store.snapshot_interval, self._one_token_steps)
+        return recurrent_rows.serve(store, prefill, self._original, rows, refusals.CACHE_IMPLEMENTATION)
 
     def _prefill(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
         """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""

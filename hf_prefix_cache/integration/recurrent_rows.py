@@ -36,6 +36,7 @@ from hf_prefix_cache import reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.refusals import token_rows
+from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Lease, Served, Store
@@ -63,6 +64,17 @@ class StateRows:
     drop_impl: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """How the hook prefills a recurrent model's prompt (`recurrent_prefill.prefill_states`): the model, its profile,
+    the store's snapshot interval, and whether tokens go one per forward once a state exists."""
+
+    model: Any
+    profile: ModelProfile
+    snapshot_interval: int | None
+    one_token_steps: bool
+
+
 @dataclass(slots=True)
 class _Prefilled:
     """One distinct prompt row restored and prefilled alone: its lease, its one-row cache, how far it was fed."""
@@ -75,10 +87,9 @@ class _Prefilled:
 
 def serve(
     store: Store,
-    model: Any,
+    prefill: Prefill,
     original: Callable[..., Any],
     call: StateRows,
-    one_token_steps: bool,
     drop_kwarg: str,
 ) -> Any:
     """Restore and prefill each distinct row alone, join them, run `original` (`generate`) on the batch, store the rows.
@@ -86,7 +97,7 @@ def serve(
     `drop_kwarg` is the cache-implementation kwarg set to None when `call.drop_impl` (the working cache serves it).
     Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice.
     """
-    profile = store.profile
+    profile = prefill.profile
     prompt_len = call.input_ids.shape[-1]
     prefilled: dict[TokenIds, _Prefilled] = {}
     try:
@@ -101,7 +112,15 @@ def serve(
             ids = call.input_ids[i : i + 1, call.pads[i] :]
             # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
             fed, snapshots = prefill_states(
-                model, profile, cache, ids, lease, store.snapshot_interval, one_token_steps, prompt_end=True
+                prefill.model,
+                profile,
+                cache,
+                ids,
+                lease,
+                prefill.snapshot_interval,
+                prefill.one_token_steps,
+                None,
+                prompt_end=True,
             )
             assert fed == ids.shape[1] - 1, f"a row of {ids.shape[1]} tokens prefilled to {fed}"
             prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
