@@ -39,6 +39,11 @@ BIDIRECTIONAL_UNLESS_DECODER = frozenset(
         "trocr", "xlm-roberta", "xlm-roberta-xl", "xmod",
     }
 )  # fmt: skip
+# Types whose rows with states are not joined (`ModelProfile.joins_rows`): batches, beams and samples run cold. Their
+# states are kept by bridges to the model's own cache or modules (main's `own_caches.py`, `module_states.py`), and a
+# left-padded batch through the row-by-row path was off its cold run (MiniMax 3.6e-3, RecurrentGemma and RWKV by
+# more than 1): their layers do not leave a state as it was over masked padding.
+_ROWS_NOT_JOINED = frozenset({"minimax", "recurrent_gemma", "rwkv"})
 # Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
 _COLD_MODEL_TYPES = {
     # full-causal masks over sliding-window cache layers: chunking changes output
@@ -83,6 +88,8 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
+    #: Whether rows with states may be prefilled alone and joined (False for `_ROWS_NOT_JOINED`; see `joins_rows`).
+    joinable_states: bool = True
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -115,6 +122,7 @@ class ModelProfile:
         """
         return (
             self.has_state
+            and self.joinable_states
             and self.media is None
             and not self.item_layers
             and all(isinstance(a, RecurrentAdapter) for a in self.adapters if a.has_state)
@@ -219,6 +227,7 @@ def profile_model(
         encoder_family=encoder_family,
         exact_prompt_len=_indexer_exact_len(config) if indexed and not watch_indexers else None,
         watch_indexers=watch_indexers,
+        joinable_states=model_type not in _ROWS_NOT_JOINED,
     )
 
 
