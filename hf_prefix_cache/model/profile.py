@@ -80,6 +80,8 @@ class ModelProfile:
     prompt_sliced: bool = True  # `generate` feeds only the ids past the cache (else the hook skips them)
     media: MediaAdapter | None = None
     item_layers: tuple[int, ...] = ()
+    #: Whether rows with states may be prefilled alone and joined (False for `_ROWS_NOT_JOINED`; see `joins_rows`).
+    joinable_states: bool = True
     encoder_family: str | None = None
     #: Prompts longer than this run cold (None: no limit): a sparse-attention indexer selects keys by score
     #: only past its top-k, and the selection among ties then depends on the call's shape (`reasons.INDEXER_TOP_K`);
@@ -88,8 +90,6 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
-    #: Whether rows with states may be prefilled alone and joined (False for `_ROWS_NOT_JOINED`; see `joins_rows`).
-    joinable_states: bool = True
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -224,10 +224,10 @@ def profile_model(
         prompt_sliced=_compat.generate_slices_prompt(cache_kwarg, [cls for cls, _ in specs]),
         media=media,
         item_layers=item_layers,
+        joinable_states=model_type not in _ROWS_NOT_JOINED,
         encoder_family=encoder_family,
         exact_prompt_len=_indexer_exact_len(config) if indexed and not watch_indexers else None,
         watch_indexers=watch_indexers,
-        joinable_states=model_type not in _ROWS_NOT_JOINED,
     )
 
 
