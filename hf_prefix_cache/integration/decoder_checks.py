@@ -65,17 +65,19 @@ def why_cold(
 
 
 def serving_modes(profile: ModelProfile) -> refusals.Modes:
-    """The decoding modes this model is served in: expanded rows where its layers keep every position,
-    assisted decoding where transformers' `crop` keeps them exact (and `generate` slices the prompt)."""
-    return refusals.Modes(expands=profile.expands, assisted=profile.is_croppable and profile.prompt_sliced)
+    """The decoding modes this model is served in: expanded rows where its layers keep every position or its
+    rows' recurrent states can be joined (`recurrent_rows.py`), assisted decoding where transformers' `crop`
+    keeps them exact (and `generate` slices the prompt)."""
+    expands = profile.expands or profile.joins_rows
+    return refusals.Modes(expands=expands, assisted=profile.is_croppable and profile.prompt_sliced)
 
 
 def _ids_problem(profile: ModelProfile, input_ids: Any) -> str | None:
     """Ids that are not one 2-D integer tensor, or rows this model cannot serve in a batch."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
         return reasons.NO_INPUT_IDS
-    if input_ids.shape[0] != 1 and profile.has_state:
-        # Recurrent states would need one snapshot chain per row.
+    if input_ids.shape[0] != 1 and profile.has_state and not profile.joins_rows:
+        # Window states and states beside media are restored for one row only.
         return reasons.BATCH_SIZE
     if input_ids.shape[1] == 0:
         return reasons.EMPTY_PROMPT

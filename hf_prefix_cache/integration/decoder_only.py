@@ -13,6 +13,8 @@ vision keys/values of the prefix's images (item states) and store those of new i
 Recurrent models prefill their uncached prompt in snapshot-sized chunks first
 (`recurrent_prefill.py`); with media (families whose adapter computes suffix embeddings,
 LFM2-VL), fed the embeddings the model would compute, so `generate` then gets no media at all.
+Their batches, left-padded rows, beams and samples prefill each row alone and join the rows
+(`recurrent_rows.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
-from hf_prefix_cache.integration import pipeline, refusals
+from hf_prefix_cache.integration import pipeline, recurrent_rows, refusals
 from hf_prefix_cache.integration.decoder_checks import STATIC, media_layout, serving_modes, why_cold
 from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
@@ -122,6 +124,8 @@ class DecoderOnlyHook(PatchingHook):
             reason = self._key(call)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
+        if self._profile.has_state and (len(call.rows) > 1 or call.expand > 1 or any(call.pads)):
+            return self._serve_state_rows(call)  # each row prefilled alone, then joined (`recurrent_rows.py`)
         if any(call.pads) or any(row != call.rows[0] for row in call.rows[1:]):
             return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast
         restored = pipeline.restore(
@@ -269,6 +273,25 @@ class DecoderOnlyHook(PatchingHook):
             pipeline.store_rows(store, call.namespace, sequences, cache, pads, computed)
         return output
 
+    def _serve_state_rows(self, call: _Call) -> Any:
+        """Steps 3-5 for rows of their own (a batch, left padding, beams, samples) on a model with recurrent states."""
+        rows = recurrent_rows.StateRows(
+            call.args,
+            call.kwargs,
+            call.input_ids,
+            call.rows,
+            call.pads,
+            call.expand,
+            call.beams,
+            call.namespace,
+            call.drop_impl,
+        )
+        store = self._store
+        prefill = recurrent_rows.Prefill(
+            self._model, self._profile, self._serving.snapshot_interval, self._one_token_steps
+        )
+        return recurrent_rows.serve(store, prefill, self._original, rows, refusals.CACHE_IMPLEMENTATION)
+
     def _prefill(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
         """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
         media = self._profile.media
@@ -375,7 +398,11 @@ class DecoderOnlyHook(PatchingHook):
 def _serves_padding(profile: ModelProfile) -> bool:
     """Whether left-padded rows can restore behind their padding: transformers gives the fed positions ids from
     the mask (the model takes `position_ids`) and masks the cached padding columns (`generate` slices the prompt
-    and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row."""
+    and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row.
+    Rows with recurrent states are prefilled alone (`recurrent_rows.py`): masked padding leaves a state as it was,
+    and positions follow the mask where the model takes them (a model of states alone has none)."""
+    if profile.joins_rows:
+        return profile.accepts_position_ids or not profile.has_kv
     # Qwen4-Exp's indexers keep positions, which a restore rebuilds as 0..L-1: not a padded row's.
     rebuilt = any(isinstance(a, IndexedAttentionAdapter) and a.keeps_positions for a in profile.adapters)
     return (

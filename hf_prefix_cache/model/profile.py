@@ -17,6 +17,7 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
+from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
 from hf_prefix_cache.model.own_caches import OwnCache, own_cache_for
@@ -40,6 +41,11 @@ BIDIRECTIONAL_UNLESS_DECODER = frozenset(
         "trocr", "xlm-roberta", "xlm-roberta-xl", "xmod",
     }
 )  # fmt: skip
+# Types whose rows with states are not joined (`ModelProfile.joins_rows`): batches, beams and samples run cold. Their
+# states are kept by bridges to the model's own cache or modules (main's `own_caches.py`, `module_states.py`), and a
+# left-padded batch through the row-by-row path was off its cold run (MiniMax 3.6e-3, RecurrentGemma and RWKV by
+# more than 1): their layers do not leave a state as it was over masked padding.
+_ROWS_NOT_JOINED = frozenset({"minimax", "recurrent_gemma", "rwkv"})
 # Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
 _COLD_MODEL_TYPES = {
     # full-causal masks over sliding-window cache layers: chunking changes output
@@ -76,6 +82,8 @@ class ModelProfile:
     prompt_sliced: bool = True  # `generate` feeds only the ids past the cache (else the hook skips them)
     media: MediaAdapter | None = None
     item_layers: tuple[int, ...] = ()
+    #: Whether rows with states may be prefilled alone and joined (False for `_ROWS_NOT_JOINED`; see `joins_rows`).
+    joinable_states: bool = True
     encoder_family: str | None = None
     #: Prompts longer than this run cold (None: no limit): a sparse-attention indexer selects keys by score
     #: only past its top-k, and the selection among ties then depends on the call's shape (`reasons.INDEXER_TOP_K`);
@@ -104,6 +112,27 @@ class ModelProfile:
         item blocks), so the rows can be copies of one prefix and trimmed back to the prompt after.
         """
         return not self.has_state and not self.item_layers
+
+    @property
+    def joins_rows(self) -> bool:
+        """Whether rows with recurrent states can each be prefilled alone and joined into one batch (batches, left
+        padding, beams, several returned sequences; `integration/recurrent_rows.py`).
+
+        Every state is a recurrent or conv state (`RecurrentAdapter`) whose first dimension is the batch
+        (window states and other snapshot-only layers are not joined), with no media and no media item
+        blocks: each row's prompt is keyed and prefilled as a one-row call's, then the rows' keys and
+        states are laid side by side. No indexed layers
+        (Qwen4-Exp): their indexers keep positions a padded row does not share, and their top-k ties
+        are watched per call, not per row (a padded Qwen4-Exp batch was 5e-2 off its cold run).
+        """
+        return (
+            self.has_state
+            and self.joinable_states
+            and self.media is None
+            and not self.item_layers
+            and all(isinstance(a, RecurrentAdapter) for a in self.adapters if a.has_state)
+            and not any(isinstance(a, IndexedAttentionAdapter) for a in self.adapters)
+        )
 
     @property
     def serves_static(self) -> bool:
@@ -207,6 +236,7 @@ def profile_model(
         prompt_sliced=_compat.generate_slices_prompt(cache_kwarg, [cls for cls, _ in specs]),
         media=media,
         item_layers=item_layers,
+        joinable_states=model_type not in _ROWS_NOT_JOINED,
         encoder_family=encoder_family,
         exact_prompt_len=(
             _indexer_exact_len(config) if indexed and not watch_indexers else _ranked_entries_len(config, entry_tokens)

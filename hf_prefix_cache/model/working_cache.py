@@ -20,7 +20,7 @@ from transformers import Cache, DynamicCache
 from hf_prefix_cache.model.landing import Landing, combine
 from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
-from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter, clone_states
+from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter, clone_states, join_rows, select_row
 from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
@@ -260,19 +260,30 @@ class WorkingCache(DynamicCache):
 
         Row `i` of the batch holds `parts[i]`'s first `length - pad` positions at columns `[pad, length)`
         and zeros at its padding columns (masked: attention gives them no weight); each row is repeated
-        `expand` times (beams, several sequences). Only where every layer keeps per-token keys
-        (`ModelProfile.expands`). Copies: the rows' stored tensors are never written.
+        `expand` times (beams, several sequences). Where every layer keeps per-token keys
+        (`ModelProfile.expands`), a part may hold more positions than its row takes; models with recurrent
+        states (`ModelProfile.joins_rows`) join each part's states too, so each part must hold exactly
+        `length - pad` positions (its row prefilled alone up to that column). Copies: the rows' stored
+        tensors are never written.
 
         ``` text
         part 0, pad 0:  [ k0 k1 k2 k3 k4 ]      length 5
         part 1, pad 2:  [ 0  0  k0 k1 k2 ]
         ```
         """
-        assert self.profile.expands, "batches restored row by row are for layers of per-token keys"
+        assert self.profile.expands or self.profile.joins_rows, "these layers cannot be restored row by row"
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
+            if adapter.has_state:
+                assert isinstance(adapter, RecurrentAdapter), f"layer {i}: a window state is not joined by row"
+                # A row with no token before `length` has no state yet: `join_rows` gives it zeros (a fresh state).
+                states = [adapter.state_refs(part.layers[i]) if pad < length else None for part, pad in parts]
+                adapter.load_state(layer, join_rows(states, expand))
             if not adapter.has_kv:
                 continue
             held = [(adapter.capture_kv(part.layers[i]) if pad < length else None, pad) for part, pad in parts]
+            assert self.profile.expands or all(kv is None or kv[0].shape[-2] == length - pad for kv, pad in held), (
+                "a row with states holds other positions than its keys would"
+            )
             template = next(kv for kv, _ in held if kv is not None)
             k = torch.cat([_behind_padding(kv[0] if kv else None, template[0], length, pad) for kv, pad in held])
             v = torch.cat([_behind_padding(kv[1] if kv else None, template[1], length, pad) for kv, pad in held])
@@ -281,11 +292,17 @@ class WorkingCache(DynamicCache):
             adapter.restore_kv(layer, k, v, length)
 
     def copy_row(self, row: int, start: int, end: int) -> WorkingCache:
-        """A one-row cache holding copies of positions `[start, end)` of batch `row` (to store that row alone)."""
-        assert self.profile.expands, "rows are copied out of layers of per-token keys only"
+        """A one-row cache holding copies of positions `[start, end)` of batch `row` (to store that row alone).
+
+        Recurrent states summarise the whole row: they are copied as they are (the row's padding left
+        them as they were before it, `joins_rows`), so `end` must be all the cache holds.
+        """
+        assert self.profile.expands or self.profile.joins_rows, "these layers cannot be copied out by row"
         self.land()
         out = WorkingCache(self.profile)
         for layer, fresh, adapter in zip(self.layers, out.layers, self.profile.adapters, strict=True):
+            if isinstance(adapter, RecurrentAdapter):
+                adapter.load_state(fresh, select_row(adapter.state_refs(layer), row))
             kv = adapter.capture_kv(layer) if adapter.has_kv else None
             if kv is not None:
                 k, v = (t[row : row + 1, :, start:end].clone() for t in kv)

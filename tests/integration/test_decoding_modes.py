@@ -124,17 +124,6 @@ def test_each_sampled_sequence_is_stored_as_its_own_entry(warm_store: Any) -> No
         assert hits.last() == row.shape[0] - 1
 
 
-@pytest.mark.parametrize("warm_store", ["bamba"], indirect=True)
-@pytest.mark.parametrize(("mode", "reason"), [("beams", "beam_search"), ("samples", "num_return_sequences")])
-def test_models_with_states_run_expanded_calls_cold_with_a_reason(warm_store: Any, mode: str, reason: str) -> None:
-    """A recurrent state has one row per snapshot, so beams and samples on a hybrid model run cold, counted."""
-    _, model, store, ids = warm_store
-    cold = _run(model, ids, mode, None)
-    warm = _run(model, ids, mode, store)
-    assert torch.equal(cold.sequences, warm.sequences)
-    assert store.stats().fallbacks == {reason: 1}
-
-
 _COMPILED = """
 import sys, torch
 sys.path.insert(0, "tests")

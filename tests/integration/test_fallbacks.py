@@ -156,10 +156,10 @@ def test_calls_without_the_store_are_untouched() -> None:
     assert "generate" not in vars(model)
 
 
-def test_batch_on_a_recurrent_model_runs_cold() -> None:
-    """Batches on models with recurrent layers are not reused (one snapshot chain per row would be needed)."""
-    model = cached_model("bamba")
-    store = PrefixCache(model)
+def test_batch_on_a_model_with_window_states_runs_cold() -> None:
+    """Batches on models whose sliding layers are kept as windows are not reused (a window restores for one row)."""
+    model = cached_model("mistral")
+    store = PrefixCache(model, sliding_window_mode="window")
     try:
         ids = torch.cat([random_prompt(20, seed=1), random_prompt(20, seed=2)])
         cold = model.generate(ids, max_new_tokens=3, do_sample=False)

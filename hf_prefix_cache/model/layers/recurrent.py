@@ -7,6 +7,10 @@ Hybrid layers carry keys too: those of `LinearAttentionAndFullAttentionLayer` ar
 full attention, those of `LinearAttentionAndSlidingWindowAttentionLayer` as a sliding layer
 that records every position (in both sliding-window modes: its window cannot be snapshotted
 apart from its recurrent state).
+
+A batch whose rows were prefilled one by one is joined row-wise (`join_rows`: each row's state,
+zeros for a row that has seen no token yet, repeated for beams or several sequences), and one
+row is copied out to be stored alone (`select_row`): a state's first dimension is the batch.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from hf_prefix_cache.model.layers.base import LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
@@ -65,6 +70,57 @@ class RecurrentAdapter:
         first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
         if first is not None:
             layer.dtype, layer.device = first.dtype, first.device
+
+
+def join_rows(states: Sequence[LayerState | None], repeats: int = 1) -> LayerState:
+    """One batch's state from per-row `states` (one row each), in order, each row repeated `repeats` times (copies).
+
+    A row given None, or whose tensor at an index is missing, has seen no token: it gets zeros, which the
+    layers treat as a fresh state (an empty conv window, a zero recurrence). Flags come from the rows that
+    have the state.
+    """
+    given = [s for s in states if s is not None]
+    assert given, "a join needs at least one row with a state"
+    tensors: dict[str, dict[int, torch.Tensor | None]] = {}
+    for name in given[0].tensors:
+        tensors[name] = {}
+        for idx in given[0].tensors[name]:
+            rows = [s.tensors[name].get(idx) if s is not None else None for s in states]
+            template = next((t for t in rows if t is not None), None)
+            if template is None:
+                tensors[name][idx] = None
+                continue
+            assert all(t is None or t.shape[0] == 1 for t in rows), f"{name}[{idx}]: rows of one batch row each"
+            # Conv states that record their past (`activate_past_recording`, hybrid sliding layers) are as long as
+            # their row: shorter rows get zeros in front, the inputs their masked padding gives a cold batch.
+            width = max(t.shape[-1] for t in rows if t is not None)
+            joined = torch.cat(
+                [F.pad(t, (width - t.shape[-1], 0)) if t is not None else _zeros(template, width) for t in rows]
+            )
+            tensors[name][idx] = joined.repeat_interleave(repeats, dim=0) if repeats > 1 else joined
+    flags: dict[str, dict[int, Any]] = {name: {} for name in given[0].flags}
+    for name, per_idx in flags.items():
+        for s in given:
+            for idx, value in s.flags[name].items():
+                if value or idx not in per_idx:  # an initialized row's flag wins over an empty row's
+                    per_idx[idx] = value
+    return LayerState(tensors=tensors, flags=flags)
+
+
+def _zeros(template: torch.Tensor, width: int) -> torch.Tensor:
+    return template.new_zeros((*template.shape[:-1], width))
+
+
+def select_row(state: LayerState, row: int) -> LayerState:
+    """Clones of batch row `row` of `state` (one row, to store alone)."""
+    rows = LayerState(
+        tensors={
+            name: {i: (t[row : row + 1] if t is not None else None) for i, t in per.items()}
+            for name, per in state.tensors.items()
+        },
+        flags=state.flags,
+    )
+    return clone_states([rows])[0]
 
 
 def clone_many(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,0 +1,174 @@
+"""Batches, left padding, beams and samples on models with recurrent states: rows prefilled alone, then joined.
+
+A recurrent state has one snapshot per stored prefix length, so the rows of a batch cannot
+restore to one shared column the way attention keys do (`pipeline.restore_rows`). Instead each
+distinct prompt row runs as a one-row call would: it restores its own longest stored prefix and
+prefills the rest of its prompt but the last token (`recurrent_prefill.py`), snapshotting as
+usual. The rows are then laid side by side (`WorkingCache.restore_rows`): keys behind each row's
+left padding, states as they are, each row repeated for its beams or returned sequences.
+`generate` gets the caller's ids and mask unchanged and feeds the last column itself.
+
+Exact because masked left padding leaves a recurrent layer's state as it was: transformers'
+Mamba, Mamba-2, gated-delta-net and short-conv layers zero the inputs of masked positions (the
+state after the padding is the fresh one), and positions follow the mask where the model takes
+them. A padded row of a cold batch equals the same row alone to 1e-6 on every hybrid and
+recurrent family tested (`tests/integration/test_decoding_modes_hybrid.py` checks each mode
+against the cold call).
+
+Each prompt row is stored as far as it was prefilled as soon as it was (from the one-row cache
+it was prefilled in), so the rows after it restore from its snapshots: a batch of questions
+after a shared system prompt, stored with another question and so without a snapshot at the
+prompt's end, computes that prompt once, in its first row. Afterwards, sampled and greedy rows
+are stored one entry each (copied out row by row); beams store nothing more, since beam search
+reorders the rows every step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hf_prefix_cache import reasons
+from hf_prefix_cache.integration import pipeline
+from hf_prefix_cache.integration.recurrent_prefill import prefill_states
+from hf_prefix_cache.integration.refusals import token_rows
+from hf_prefix_cache.model.profile import ModelProfile
+from hf_prefix_cache.model.states import Snapshot
+from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.store.contract import Lease, Served, Store
+from hf_prefix_cache.token_ids import TokenIds
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+@dataclass(frozen=True, slots=True)
+class StateRows:
+    """One `generate` call with rows of their own on a model with recurrent states, as the hook read it.
+
+    `rows` are each row's tokens after its left padding `pads`; `expand` the rows `generate` makes
+    of each (beams or returned sequences); `beams` whether they are beams (reordered every step).
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    input_ids: torch.Tensor
+    rows: Sequence[TokenIds]
+    pads: tuple[int, ...]
+    expand: int
+    beams: bool
+    namespace: str
+    drop_impl: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """How the hook prefills a recurrent model's prompt (`recurrent_prefill.prefill_states`): the model, its profile,
+    the store's snapshot interval, and whether tokens go one per forward once a state exists."""
+
+    model: Any
+    profile: ModelProfile
+    snapshot_interval: int | None
+    one_token_steps: bool
+
+
+@dataclass(slots=True)
+class _Prefilled:
+    """One distinct prompt row restored and prefilled alone: its lease, its one-row cache, how far it was fed."""
+
+    lease: Lease
+    cache: WorkingCache
+    fed: int
+    snapshots: list[Snapshot]
+
+
+def serve(
+    store: Store,
+    prefill: Prefill,
+    original: Callable[..., Any],
+    call: StateRows,
+    drop_kwarg: str,
+) -> Any:
+    """Restore and prefill each distinct row alone, join them, run `original` (`generate`) on the batch, store the rows.
+
+    `drop_kwarg` is the cache-implementation kwarg set to None when `call.drop_impl` (the working cache serves it).
+    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice.
+    """
+    profile = prefill.profile
+    prompt_len = call.input_ids.shape[-1]
+    prefilled: dict[TokenIds, _Prefilled] = {}
+    try:
+        for i, row in enumerate(call.rows):
+            if row in prefilled:
+                continue  # identical rows restore and prefill once
+            restored = pipeline.restore(store, call.namespace, [row], row)
+            if restored is None:
+                pipeline.release_all(store, [p.lease for p in prefilled.values()])
+                return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
+            lease, cache = restored
+            ids = call.input_ids[i : i + 1, call.pads[i] :]
+            # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
+            fed, snapshots = prefill_states(
+                prefill.model,
+                profile,
+                cache,
+                ids,
+                lease,
+                prefill.snapshot_interval,
+                prefill.one_token_steps,
+                None,
+                prompt_end=True,
+            )
+            assert fed == ids.shape[1] - 1, f"a row of {ids.shape[1]} tokens prefilled to {fed}"
+            prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
+            # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
+            # (a shared system prompt stored with another question has no snapshot at its end), and its end.
+            _store_prompt(store, call.namespace, row, prefilled[row])
+        parts = [prefilled[row] for row in call.rows]
+        length = prompt_len - 1  # every row fed up to the last column
+        batch = store.new_cache()
+        if length:
+            batch.restore_rows([(p.cache, pad) for p, pad in zip(parts, call.pads, strict=True)], length, call.expand)
+        if not profile.prompt_sliced:
+            batch.skip_len = length
+        kwargs = dict(call.kwargs)
+        kwargs[profile.cache_kwarg] = batch
+        if call.drop_impl:
+            kwargs[drop_kwarg] = None
+        output = original(*call.args, **kwargs)
+    finally:
+        pipeline.release_all(store, [p.lease for p in prefilled.values()])
+    reused = [p.lease.cached_len for p in parts]
+    store.record(Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True))))
+    logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
+    if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        _store_rows(store, call, sequences, batch, parts)
+    return output
+
+
+def _store_prompt(store: Store, namespace: str, row: TokenIds, part: _Prefilled) -> None:
+    """A prompt row as far as it was fed, with its snapshots, from its one-row cache (the join copies it)."""
+    if part.fed <= part.lease.cached_len:
+        return  # nothing new: all of it was restored
+    # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
+    earlier = [s for s in part.snapshots if s.length != part.fed]
+    store.insert_sequence(namespace, row[: part.fed], part.cache, earlier, computed_from=part.lease.cached_len)
+
+
+def _store_rows(
+    store: Store, call: StateRows, sequences: torch.Tensor, batch: WorkingCache, parts: Sequence[_Prefilled]
+) -> None:
+    """Each returned row (the cache's rows: greedy or sampled) as its own entry, without its padding."""
+    kv_len = batch.kv_length()
+    length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
+    for r, ids in enumerate(token_rows(sequences[:, :length])):
+        i = r // call.expand
+        pad = call.pads[i]
+        if length <= pad:
+            continue
+        one = batch.copy_row(r, pad, length)  # the prompt and its snapshots are stored already (`_store_prompt`)
+        store.insert_sequence(call.namespace, ids[pad:], one, computed_from=parts[i].lease.cached_len)
