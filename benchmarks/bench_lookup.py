@@ -16,7 +16,7 @@ Methods, timed per lookup (median over ``--queries`` queries, after one warm-up 
   the common prefix with a per-token Python loop, keep the longest.
 * ``scan-np``: the same scan vectorised with numpy: entries in one ``[N, seq-len]`` int32
   array, ``(array == query)`` then the first mismatch per row, then the max.
-* ``store``: ``TreeStore.acquire(namespace, tokens, cache)`` + ``TreeStore.release(lease)`` on a
+* ``store``: ``TreeStore.acquire(PrefixKey(namespace, tokens), cache)`` + ``TreeStore.release(lease)`` on a
   store (``attach=False``) holding the same entries, for a microscopic Llama (1 layer, 1 KV
   head of dim 2: 16 bytes per token), filled with ``insert_sequence`` from a working cache
   whose keys are views of one zero tensor. Includes pinning the path and gathering the
@@ -49,6 +49,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.tree.radix import RadixTree
 
@@ -138,7 +139,7 @@ class StoreFiller:
         cache = store_of(self.store).new_cache()
         kv = self._zeros[..., : len(tokens), :]
         cache.restore(len(tokens), [kv], [kv], None)
-        store_of(self.store).insert_sequence(self.namespace, tokens, cache, [])
+        store_of(self.store).insert_sequence(PrefixKey(self.namespace, tokens), cache, [])
 
 
 def time_per_query(match: Callable[[Any], int], inputs: Sequence[Any], expected: list[int]) -> float:
@@ -252,7 +253,7 @@ def _tree_match(tree: RadixTree[FakeValue], tokens: list[int]) -> int:
 
 
 def _acquire_release(store: PrefixCache, namespace: str, cache: WorkingCache, tokens: list[int]) -> int:
-    lease = store_of(store).acquire(namespace, tokens, cache)  # restores views into the one reused cache
+    lease = store_of(store).acquire(PrefixKey(namespace, tokens), cache)  # restores views into the one reused cache
     store_of(store).release(lease)
     return lease.matched_len
 

@@ -20,7 +20,6 @@ Their batches, left-padded rows, beams and samples prefill each row alone and jo
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +34,7 @@ from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.module_states import ModuleStateBridge
@@ -68,12 +68,9 @@ class _Call:
     static_len: int = 0  # cache_implementation="static": the positions of the static cache (0: not static)
     static: StaticCache | None = None  # the static cache generate ran on, to copy out afterwards
     layout: MediaLayout | None = None
-    symbols: Sequence[Hashable] = ()
-    namespace: str = ""
+    key: PrefixKey = PrefixKey("", ())  # the first row's key (`_key`); the others differ only in their symbols
     base_namespace: str = ""  # the model's, before the prompt and its media extended it
     scope: list[Any] = field(default_factory=list)
-    spans: Sequence[tuple[int, int]] = ()
-    item_spans: Sequence[tuple[int, int]] = ()
 
 
 class DecoderOnlyHook(PatchingHook):
@@ -128,9 +125,7 @@ class DecoderOnlyHook(PatchingHook):
             return self._serve_state_rows(call)  # each row prefilled alone, then joined (`recurrent_rows.py`)
         if any(call.pads) or any(row != call.rows[0] for row in call.rows[1:]):
             return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast
-        restored = pipeline.restore(
-            store, call.namespace, call.rows, call.symbols, call.spans, call.item_spans, expand=call.expand
-        )
+        restored = pipeline.restore(store, call.key, call.rows, expand=call.expand)
         if restored is None:
             return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
         lease, cache = restored
@@ -187,18 +182,18 @@ class DecoderOnlyHook(PatchingHook):
             return reason
         call.layout = layout
         # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
-        call.symbols = layout.symbols(call.rows[0]) if layout is not None else call.rows[0]
-        call.namespace = call.base_namespace = store.namespace()
+        symbols = layout.symbols(call.rows[0]) if layout is not None else call.rows[0]
+        namespace = call.base_namespace = store.namespace()
         if media is not None and media.whole_prompt_only:
             # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
-            prompt = [str(s) for s in call.symbols]
-            call.namespace = store.sub_namespace(call.namespace, prompt, media.prompt_parts(call.kwargs))
+            prompt = [str(s) for s in symbols]
+            namespace = store.sub_namespace(namespace, prompt, media.prompt_parts(call.kwargs))
         call.scope = media.scope(layout.items) if media is not None and layout is not None else []
         if call.scope:
             # Every position sees every medium of the prompt: share only between prompts with the same media.
-            call.namespace = store.sub_namespace(call.namespace, call.scope)
-        call.spans = layout.spans if layout is not None else ()
-        call.item_spans = call.spans if self._profile.item_layers else ()
+            namespace = store.sub_namespace(namespace, call.scope)
+        spans = layout.spans if layout is not None else ()
+        call.key = PrefixKey(namespace, symbols, spans, spans if self._profile.item_layers else ())
         return None
 
     def _run(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[Any, list[Snapshot]]:
@@ -233,7 +228,9 @@ class DecoderOnlyHook(PatchingHook):
         positions, masks, processors and outputs are those of the cold call.
         """
         store, profile = self._store, self._profile
-        restored = pipeline.restore_rows(store, call.namespace, call.rows, call.pads, call.expand)
+        restored = pipeline.restore_rows(
+            store, [call.key.with_symbols(row) for row in call.rows], call.pads, call.expand
+        )
         if restored is None:
             return pipeline.run_cold(
                 store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, call.args, call.kwargs
@@ -265,12 +262,12 @@ class DecoderOnlyHook(PatchingHook):
         if call.beams:
             # As in `_store_result`: the prompt of each row, from the first of its beams.
             cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
-            pipeline.store_rows(store, call.namespace, call.input_ids, cache, call.pads, reused)
+            pipeline.store_rows(store, call.key, call.input_ids, cache, call.pads, reused)
         else:
             expanded = [i for i in range(len(call.rows)) for _ in range(call.expand)]
             sequences = output if isinstance(output, torch.Tensor) else output.sequences
             pads, computed = [call.pads[i] for i in expanded], [reused[i] for i in expanded]
-            pipeline.store_rows(store, call.namespace, sequences, cache, pads, computed)
+            pipeline.store_rows(store, call.key, sequences, cache, pads, computed)
         return output
 
     def _serve_state_rows(self, call: _Call) -> Any:
@@ -283,7 +280,7 @@ class DecoderOnlyHook(PatchingHook):
             call.pads,
             call.expand,
             call.beams,
-            call.namespace,
+            call.key,
             call.drop_impl,
         )
         store = self._store
@@ -306,7 +303,7 @@ class DecoderOnlyHook(PatchingHook):
             self._serving.snapshot_interval,
             self._one_token_steps,
             embeds,
-            call.spans,
+            call.key.spans,
             self._serving.prompt_snapshot,
             positions,
         )
@@ -318,7 +315,7 @@ class DecoderOnlyHook(PatchingHook):
         store, rows = self._store, call.rows
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.record(Served(len(rows[0]), lease.cached_len, len(rows), call.symbols if has_media else None))
+        store.record(Served(len(rows[0]), lease.cached_len, len(rows), call.key.symbols if has_media else None))
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,
@@ -326,7 +323,7 @@ class DecoderOnlyHook(PatchingHook):
             f" (x{len(rows)} rows)" if len(rows) > 1 else "",
         )
         logger.debug(
-            "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.namespace
+            "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.key.namespace
         )
         if call.layout is not None and call.layout.has_padded:
             self._count_padded_media(call, lease)
@@ -334,11 +331,10 @@ class DecoderOnlyHook(PatchingHook):
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
         # The cross-attention layers now hold every image; the restored ones are stored already.
-        ends = [end for _, end in call.item_spans]
-        items = cache.capture_items(ends, lease.num_items) if call.item_spans else []
+        ends = [end for _, end in call.key.item_spans]
+        items = cache.capture_items(ends, lease.num_items) if call.key.item_spans else []
         if pipeline.is_exact_repeat(store, cache, lease) and not (items or call.session):
             return  # an exact repeat: all of it was matched (and marked used) when acquired
-        prompt = call.symbols if has_media else None  # media symbols replace a one-row prompt's placeholders
         if call.beams:
             # The finished beams are not the cache's rows (beams are reordered every step and end at
             # different steps), but every row holds the same prompt: store the prompt once, from the first.
@@ -351,11 +347,10 @@ class DecoderOnlyHook(PatchingHook):
             cache.trim(kv_len, range(len(rows)))
         pipeline.store_sequences(
             store,
-            call.namespace,
+            call.key,
             sequences,
             cache,
             snapshots,
-            prompt,
             call.session,
             items,
             lease.cached_len,
@@ -368,7 +363,7 @@ class DecoderOnlyHook(PatchingHook):
         first = min(item.start for item in call.layout.items if item.unpadded is not None)
         if lease.matched_len > first:
             return
-        if self._store.stored_len(call.namespace, call.layout.unpadded_symbols(call.rows[0])) > first:
+        if self._store.stored_len(call.key.namespace, call.layout.unpadded_symbols(call.rows[0])) > first:
             self._store.record(ReducedReuse(reasons.MEDIA_PADDING))
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:

@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.refusals import token_rows
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Fallback, Lease, Served, Store
 from hf_prefix_cache.store.sessions import Session
@@ -54,6 +55,11 @@ class DecoderRequest:
     lease: Lease | None = field(default=None)
     working: WorkingCache | None = field(default=None)
     counted: Served | None = field(default=None)  # to count when the call ends
+
+    @property
+    def key(self) -> PrefixKey:
+        """The request's key with no symbols of its own: each decoder row it stores or restores brings them."""
+        return PrefixKey(self.namespace, ())
 
 
 R = TypeVar("R", bound=DecoderRequest)
@@ -97,7 +103,7 @@ def restore_into(
     pass no cache.
     """
     store, rows = request.store, token_rows(decoder_ids)
-    restored = pipeline.restore(store, request.namespace, rows, rows[0], expand=expand)
+    restored = pipeline.restore(store, request.key.with_symbols(rows[0]), rows, expand=expand)
     if restored is None:
         _compat.pop_cache(model_kwargs)
         store.record(Fallback(reasons.OUT_OF_MEMORY, len(rows[0])))

@@ -27,6 +27,7 @@ import torch
 from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
@@ -103,32 +104,24 @@ def run_cold(
 
 
 def restore(
-    store: Store,
-    namespace: str,
-    rows: Sequence[Sequence[int]],
-    symbols: Sequence[Hashable],
-    spans: Sequence[tuple[int, int]] = (),
-    item_spans: Sequence[tuple[int, int]] = (),
-    expand: int = 1,
+    store: Store, key: PrefixKey, rows: Sequence[Sequence[int]], expand: int = 1
 ) -> tuple[Lease, WorkingCache] | None:
     """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
-    `symbols` are the first row's tree symbols; each row is restored `expand` times (`generate` makes
-    that many rows of each for beams or several returned sequences). None when memory ran out twice: after a first
-    out-of-memory error the store moves its unpinned entries off the device and it is tried once
-    more. A failed attempt leaves nothing pinned and no half-restored cache.
+    `key` is the first row's (its tree symbols, media spans included); each row is restored
+    `expand` times (`generate` makes that many rows of each for beams or several returned
+    sequences). None when memory ran out twice: after a first out-of-memory error the store moves
+    its unpinned entries off the device and it is tried once more. A failed attempt leaves nothing
+    pinned and no half-restored cache.
     """
     shared = common_prefix_len(rows)
     for attempt in range(2):
         try:
             cache = store.new_cache()
             lease = store.acquire(
-                namespace,
-                symbols[:shared],
+                key.prefix(shared),
                 cache,
                 limit=min(shared, len(rows[0]) - 1),
-                spans=spans,
-                item_spans=item_spans,
                 batch_size=len(rows) * expand,
                 overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
@@ -143,9 +136,9 @@ def restore(
 
 
 def restore_rows(
-    store: Store, namespace: str, rows: Sequence[Sequence[int]], pads: Sequence[int], expand: int = 1
+    store: Store, keys: Sequence[PrefixKey], pads: Sequence[int], expand: int = 1
 ) -> tuple[list[Lease], WorkingCache, int] | None:
-    """Leases on each row's own longest stored prefix, restored into one batch behind the rows' left padding.
+    """Leases on each row's own longest stored prefix (one key a row), restored into one batch behind its left padding.
 
     The cache holds the same number of columns in every row, so the batch restores to the column
     `length` that every row reaches (its padding plus its stored prefix): row `i` gets
@@ -157,9 +150,9 @@ def restore_rows(
         leases: list[Lease] = []
         try:
             parts = []
-            for row in rows:
+            for key in keys:
                 part = store.new_cache()
-                leases.append(store.acquire(namespace, row, part, limit=len(row) - 1))
+                leases.append(store.acquire(key, part, limit=len(key.symbols) - 1))
                 parts.append(part)
             # A row that restored nothing bounds the batch by its padding alone.
             length = min(pad + lease.cached_len for pad, lease in zip(pads, leases, strict=True))
@@ -187,7 +180,7 @@ def release_all(store: Store, leases: Sequence[Lease]) -> None:
 
 def store_rows(
     store: Store,
-    namespace: str,
+    key: PrefixKey,
     sequences: torch.Tensor,
     cache: WorkingCache,
     pads: Sequence[int],
@@ -195,7 +188,8 @@ def store_rows(
 ) -> None:
     """Store each row of `sequences` (a batch whose rows have their own left `pads`) with its states.
 
-    Row `i` of the cache holds its tokens from column `pads[i]` on; they are copied out row by row
+    Each row is stored under `key`'s namespace. Row `i` of the cache holds its tokens from column `pads[i]` on;
+    they are copied out row by row
     (`WorkingCache.copy_row`) and stored as their own sequence. `computed_from[i]` is how many of
     the row's tokens were restored rather than computed by this request.
     """
@@ -206,16 +200,15 @@ def store_rows(
         if kv_len <= pad:
             continue
         part = cache.copy_row(row, pad, kv_len)
-        store.insert_sequence(namespace, ids[pad:], part, computed_from=computed_from[row])
+        store.insert_sequence(key.with_symbols(ids[pad:]), part, computed_from=computed_from[row])
 
 
 def store_sequences(
     store: Store,
-    namespace: str,
+    key: PrefixKey,
     sequences: torch.Tensor,
     cache: WorkingCache,
     snapshots: Sequence[Snapshot] = (),
-    prompt_symbols: Sequence[Hashable] | None = None,
     session: Session | None = None,
     items: Sequence[ItemState] = (),
     computed_from: int = 0,
@@ -223,8 +216,9 @@ def store_sequences(
 ) -> None:
     """Store each row of `sequences` with the states `cache` holds for it.
 
-    The last generated token is never fed back, so the cache covers all but it. A one-row
-    call's prompt placeholders are replaced by `prompt_symbols` (media symbols); `items` are
+    Each row is stored under `key`'s namespace. The last generated token is never fed back, so
+    the cache covers all but it. Where the prompt holds media (`key.spans`), its placeholders are
+    replaced by the key's media symbols in every row (rows of one prompt: samples); `items` are
     its media item states and `session` pins its entry. `prompt`, the prompt's ids and their
     rows already read to the host, spares reading them again (see `_rows_on_host`).
     """
@@ -233,14 +227,14 @@ def store_sequences(
     if length <= 0:
         return
     batched = sequences.shape[0] > 1
+    prompt_symbols = key.symbols if key.spans else None
     # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
     for row, ids in enumerate(_rows_on_host(sequences, length, prompt)):
         symbols: Sequence[Hashable] = ids
         if prompt_symbols is not None:
             symbols = [*prompt_symbols[:length], *ids[len(prompt_symbols) :]]
         store.insert_sequence(
-            namespace,
-            symbols,
+            key.with_symbols(symbols),
             cache,
             snapshots,
             row=row if batched else None,

@@ -36,6 +36,7 @@ from hf_prefix_cache import reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.refusals import token_rows
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -60,7 +61,7 @@ class StateRows:
     pads: tuple[int, ...]
     expand: int
     beams: bool
-    namespace: str
+    key: PrefixKey  # the first row's; each row's is the same over its own symbols
     drop_impl: bool
 
 
@@ -104,7 +105,7 @@ def serve(
         for i, row in enumerate(call.rows):
             if row in prefilled:
                 continue  # identical rows restore and prefill once
-            restored = pipeline.restore(store, call.namespace, [row], row)
+            restored = pipeline.restore(store, call.key.with_symbols(row), [row])
             if restored is None:
                 pipeline.release_all(store, [p.lease for p in prefilled.values()])
                 return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
@@ -126,7 +127,7 @@ def serve(
             prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
             # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
             # (a shared system prompt stored with another question has no snapshot at its end), and its end.
-            _store_prompt(store, call.namespace, row, prefilled[row])
+            _store_prompt(store, call.key.with_symbols(row), prefilled[row])
         parts = [prefilled[row] for row in call.rows]
         length = prompt_len - 1  # every row fed up to the last column
         batch = store.new_cache()
@@ -150,13 +151,13 @@ def serve(
     return output
 
 
-def _store_prompt(store: Store, namespace: str, row: TokenIds, part: _Prefilled) -> None:
+def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
     """A prompt row as far as it was fed, with its snapshots, from its one-row cache (the join copies it)."""
     if part.fed <= part.lease.cached_len:
         return  # nothing new: all of it was restored
     # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
     earlier = [s for s in part.snapshots if s.length != part.fed]
-    store.insert_sequence(namespace, row[: part.fed], part.cache, earlier, computed_from=part.lease.cached_len)
+    store.insert_sequence(key.prefix(part.fed), part.cache, earlier, computed_from=part.lease.cached_len)
 
 
 def _store_rows(
@@ -171,4 +172,4 @@ def _store_rows(
         if length <= pad:
             continue
         one = batch.copy_row(r, pad, length)  # the prompt and its snapshots are stored already (`_store_prompt`)
-        store.insert_sequence(call.namespace, ids[pad:], one, computed_from=parts[i].lease.cached_len)
+        store.insert_sequence(call.key.with_symbols(ids[pad:]), one, computed_from=parts[i].lease.cached_len)

@@ -227,7 +227,7 @@ class Seq2SeqHook(PatchingHook):
             assert request.decoder_ids is not None
             working.trim(request.prompt_len, [0])
             sequences = request.decoder_ids
-        pipeline.store_sequences(self._store, request.namespace, sequences, working, session=request.session)
+        pipeline.store_sequences(self._store, request.key, sequences, working, session=request.session)
         return output
 
 

@@ -265,13 +265,13 @@ class WhisperHook(PatchingHook):
         search, the decoder prompt once (as `decoder_only.py` stores beams)."""
         if request.beams:
             working.trim(int(ids.shape[-1]), [0])
-            pipeline.store_sequences(self._store, request.namespace, ids[:1], working, session=request.session)
+            pipeline.store_sequences(self._store, request.key, ids[:1], working, session=request.session)
             return
         rows = [_full_sequence(row) for row in output[1]]
         kv_len = working.kv_length()
         if kv_len is not None and all(row is not None and row.shape[-1] == kv_len + 1 for row in rows):
             sequences = torch.stack([row.reshape(-1) for row in rows if row is not None])
-            pipeline.store_sequences(self._store, request.namespace, sequences, working, session=request.session)
+            pipeline.store_sequences(self._store, request.key, sequences, working, session=request.session)
         else:
             logger.warning("whisper output does not match its cache (%s vs %s); not stored", rows, kv_len)
 

@@ -1,1 +1,1 @@
-"""What identifies reusable work besides token ids: the model namespace and the weights probe."""
+"""What identifies reusable work: the request key per row (`PrefixKey`), the model namespace and the weights probe."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from hf_prefix_cache.keys.prefix_key import PrefixKey
     from hf_prefix_cache.model.profile import ModelProfile
     from hf_prefix_cache.model.states import ItemState, Snapshot
     from hf_prefix_cache.model.working_cache import WorkingCache
@@ -142,23 +143,21 @@ class Store(Protocol):
 
     def acquire(
         self,
-        namespace: str,
-        symbols: Sequence[Hashable],
+        key: PrefixKey,
         into: WorkingCache,
         *,
         limit: int | None = None,
-        spans: Sequence[tuple[int, int]] = (),
-        item_spans: Sequence[tuple[int, int]] = (),
         batch_size: int = 1,
         overlap: bool = False,
     ) -> Lease:
-        """Match `symbols`, pin the matched entry, restore the usable prefix into `into`, return the lease.
+        """Match `key`, pin the matched entry, restore the usable prefix into `into`, return the lease.
 
         Restores at most `limit` symbols (default: all but the last), never inside one of the
-        media `spans`. Mutates the tree's pins and use clocks, and may move entries between
-        tiers to bring the prefix to the device. On any error nothing stays pinned. With
-        `overlap`, keys still being copied back from host memory may be set in `into` layer by
-        layer at first use (`WorkingCache.restore`), so only give it to the model's forward.
+        key's media `spans`, repeated to `batch_size` rows. Mutates the tree's pins and use
+        clocks, and may move entries between tiers to bring the prefix to the device. On any
+        error nothing stays pinned. With `overlap`, keys still being copied back from host
+        memory may be set in `into` layer by layer at first use (`WorkingCache.restore`), so only
+        give it to the model's forward.
         """
         ...
 
@@ -168,8 +167,7 @@ class Store(Protocol):
 
     def insert_sequence(
         self,
-        namespace: str,
-        symbols: Sequence[Hashable],
+        key: PrefixKey,
         cache: WorkingCache,
         snapshots: Sequence[Snapshot] = (),
         *,
@@ -178,10 +176,11 @@ class Store(Protocol):
         items: Sequence[ItemState] = (),
         computed_from: int = 0,
     ) -> InsertOutcome:
-        """Store `cache`'s states of all of `symbols` (plus earlier `snapshots` and media `items`).
+        """Store `cache`'s states of all of the key's symbols (plus earlier `snapshots` and media `items`).
 
-        The cache must hold exactly `len(symbols)` positions. Mutates the tree and may evict or
-        move other entries to stay within the budgets; `session`, when given, pins the new entry.
+        The cache (its `row`, for a batch) must hold exactly `len(key.symbols)` positions. Mutates
+        the tree and may evict or move other entries to stay within the budgets; `session`, when
+        given, pins the new entry.
         """
         ...
 

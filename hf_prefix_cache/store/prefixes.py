@@ -11,13 +11,14 @@ is a `Prefixes` with the rest of the store around it; these are the contract's v
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import Landing, land_all
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot, all_finite, state_tensors
@@ -98,28 +99,26 @@ class Prefixes:
     # ------------------------------------------------------------------ acquire
     def acquire(
         self,
-        namespace: str,
-        symbols: Sequence[Hashable],
+        key: PrefixKey,
         into: WorkingCache,
         *,
         limit: int | None = None,
-        spans: Sequence[tuple[int, int]] = (),
-        item_spans: Sequence[tuple[int, int]] = (),
         batch_size: int = 1,
         overlap: bool = False,
     ) -> Lease:
-        """Match `symbols`, pin the matched path, restore the usable prefix into `into` (see `contract.Store`).
+        """Match `key`, pin the matched path, restore the usable prefix into `into` (see `contract.Store`).
 
         Restores at most `limit` symbols (default: all but the last, which is fed for its logits),
-        never cutting inside one of the media `spans`. Media items whose spans are in `item_spans`
-        restore with their stored item states; a prefix is cut before the first such item it holds
+        never cutting inside one of the key's media `spans`. Media items whose spans are in its
+        `item_spans` restore with their stored item states; a prefix is cut before the first such item it holds
         without one. A disk file found corrupt is dropped and the match retried. A request scope
         active here (`store/scope.py`) is told the restored length. `overlap`: see `_restore`.
 
         Raises:
             torch.OutOfMemoryError: bringing the entry back or restoring it did not fit (nothing stays pinned).
         """
-        tokens: Sequence[Any] = symbols  # the tree compares any hashable symbols
+        namespace, spans, item_spans = key.namespace, key.spans, key.item_spans
+        tokens: Sequence[Any] = key.symbols  # the tree compares any hashable symbols
         if limit is None:
             limit = len(tokens) - 1
         if self._placement.remote is not None:
@@ -219,8 +218,7 @@ class Prefixes:
     # ------------------------------------------------------------------ insert
     def insert_sequence(
         self,
-        namespace: str,
-        symbols: Sequence[Hashable],
+        key: PrefixKey,
         cache: WorkingCache,
         snapshots: Sequence[Snapshot] = (),
         *,
@@ -229,7 +227,7 @@ class Prefixes:
         items: Sequence[ItemState] = (),
         computed_from: int = 0,
     ) -> InsertOutcome:
-        """Store the states in `cache` for `symbols` (all of them), plus earlier `snapshots`.
+        """Store the states in `cache` for the key's `symbols` (all of them), plus earlier `snapshots`.
 
         Positions from `computed_from` on, `snapshots` and `items` were computed by this request:
         if any of them holds NaN or infinity (a poisoned image, an adapter gone wrong), nothing
@@ -241,7 +239,7 @@ class Prefixes:
         `items` are media item states, each kept by the node holding its placeholder's end
         (nodes that already hold one keep theirs).
         """
-        tokens: Sequence[Any] = symbols
+        namespace, tokens = key.namespace, key.symbols
         length = len(tokens)
         if length == 0:
             return InsertOutcome(0)

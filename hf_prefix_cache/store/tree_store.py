@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.keys.namespace import fingerprint
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.budgets import on_cuda, parse_nbytes
@@ -297,7 +298,7 @@ class TreeStore(Prefixes):
             raise ValueError("lookup() needs at least one token id")
         check_manual_media(self.profile, tokens)
         cache = self.new_cache()
-        lease = self.acquire(self.namespace(), tokens, cache)
+        lease = self.acquire(PrefixKey(self.namespace(), tokens), cache)
         return Lookup(self, lease, cache)
 
     def insert(self, token_ids: torch.Tensor | Sequence[int], cache: WorkingCache) -> int:
@@ -309,7 +310,7 @@ class TreeStore(Prefixes):
         kv_len = cache.kv_length()
         if kv_len is not None and kv_len != len(tokens):
             raise ValueError(f"the cache holds {kv_len} positions but {len(tokens)} token ids were given")
-        return self.insert_sequence(self.namespace(), tokens, cache).new_tokens
+        return self.insert_sequence(PrefixKey(self.namespace(), tokens), cache).new_tokens
 
 
 def _save_at_exit(ref: weakref.ref[TreeStore]) -> None:

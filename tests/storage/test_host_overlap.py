@@ -14,6 +14,7 @@ from conftest import assert_same_as_cold, cached_model, distinct_prompt, generat
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import DeferredCopies, Landing
 from hf_prefix_cache.model.states import Run
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -185,13 +186,13 @@ def test_other_cache_methods_land_every_layer_first(call: Any) -> None:
     try:
         tree_store, tokens = store._store, ids[0].tolist()
         landing = tree_store.new_cache()
-        lease = tree_store.acquire(tree_store.namespace(), tokens, landing, overlap=True)
+        lease = tree_store.acquire(PrefixKey(tree_store.namespace(), tokens), landing, overlap=True)
         assert all(torch.isnan(layer.keys).all() for layer in landing.layers)  # stand-ins until first use
         call(landing)
         landed = [(layer.keys.clone(), layer.values.clone()) for layer in landing.layers]  # before anything else lands
         tree_store.release(lease)
         eager = tree_store.new_cache()
-        lease = tree_store.acquire(tree_store.namespace(), tokens, eager)
+        lease = tree_store.acquire(PrefixKey(tree_store.namespace(), tokens), eager)
         call(eager)
         tree_store.release(lease)
         assert "update" not in vars(landing) and "crop" not in vars(landing)  # the waiting methods are gone

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import InsertOutcome, Store
 from hf_prefix_cache.testing.tiny_models import build
@@ -24,8 +25,10 @@ def test_lease_is_frozen_and_released_in_one_place() -> None:
     store = PrefixCache(build("llama"), attach=False)
     ids = list(range(4, 30))
     cache = store._store.new_cache()
-    assert store._store.insert_sequence(store._store.namespace(), ids, _filled(store, ids)) == InsertOutcome(len(ids))
-    lease = store._store.acquire(store._store.namespace(), ids + [99], cache)
+    assert store._store.insert_sequence(PrefixKey(store._store.namespace(), ids), _filled(store, ids)) == InsertOutcome(
+        len(ids)
+    )
+    lease = store._store.acquire(PrefixKey(store._store.namespace(), ids + [99]), cache)
     assert (lease.cached_len, lease.matched_len, lease.num_items) == (len(ids), len(ids), 0)
     assert cache.get_seq_length() == len(ids)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -40,7 +43,7 @@ def test_lease_is_frozen_and_released_in_one_place() -> None:
 def test_insert_outcome_names_why_nothing_was_stored() -> None:
     store = PrefixCache(build("llama"), attach=False, min_store_len=10)
     ids = list(range(4, 9))
-    outcome = store._store.insert_sequence(store._store.namespace(), ids, _filled(store, ids))
+    outcome = store._store.insert_sequence(PrefixKey(store._store.namespace(), ids), _filled(store, ids))
     assert outcome == InsertOutcome(0, skipped="entry_below_min_store_len")
     assert store.stats().fallbacks == {"entry_below_min_store_len": 1}
 
@@ -48,7 +51,7 @@ def test_insert_outcome_names_why_nothing_was_stored() -> None:
 def test_acquire_that_fails_leaves_nothing_pinned() -> None:
     store = PrefixCache(build("llama"), attach=False)
     ids = list(range(4, 30))
-    store._store.insert_sequence(store._store.namespace(), ids, _filled(store, ids))
+    store._store.insert_sequence(PrefixKey(store._store.namespace(), ids), _filled(store, ids))
     cache = store._store.new_cache()
 
     def failing_restore(*args: object, **kwargs: object) -> None:
@@ -56,7 +59,7 @@ def test_acquire_that_fails_leaves_nothing_pinned() -> None:
 
     cache.restore = failing_restore  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="injected"):
-        store._store.acquire(store._store.namespace(), ids + [99], cache)
+        store._store.acquire(PrefixKey(store._store.namespace(), ids + [99]), cache)
     assert all(n.lock_ref == 0 for n in store._store._tree.iter_nodes())
 
 
