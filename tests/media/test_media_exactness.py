@@ -7,7 +7,6 @@ within 1e-4), passing all media every time as a processor would; the store must 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,20 +14,14 @@ import torch
 from conftest import Hits, assert_same_as_cold, generate, max_logit_diff
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.testing.media.families import ANYRES, FAMILIES, FRAMED, NEW, QWEN_VL, SPECIAL_IDS, Family
+from hf_prefix_cache.testing.media.families import ANYRES, FAMILIES, FRAMED, GLM, NEW, QWEN_VL, SPECIAL_IDS, Family
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.tiny_processors import llava_next_processor
 from hf_prefix_cache.testing.tiny_vlm_media import pil_image, qwen_pixels, run, text, video_frames
 from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID
+from media.conftest import family_fixture
 
-
-@pytest.fixture(params=FAMILIES)
-def family(request: pytest.FixtureRequest) -> Iterator[tuple[Family, PrefixCache]]:
-    fam = Family(request.param)
-    store = PrefixCache(fam.model)
-    yield fam, store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+family = family_fixture(Family, FAMILIES)
 
 
 def _num_patches(fam: Family, kwargs: dict[str, Any]) -> int:
@@ -121,55 +114,64 @@ def test_prompt_ending_in_an_image_never_cuts_inside_it(family: tuple[Family, Pr
     assert hits.last() == head.shape[1] + (1 if fam.name in FRAMED else 0)
 
 
-@pytest.mark.parametrize("name", [*QWEN_VL, "qwen3_vl"])
+#: M-RoPE families: explicit positions of the whole prompt, and a `rope_deltas` left on the model by each request.
+MROPE = [*QWEN_VL, "qwen3_vl", *GLM, "paddleocr_vl"]
+
+
+def _suppressed(name: str) -> dict[str, Any]:
+    # GLM-4V and PaddleOCR-VL answers never contain placeholder or framing ids, so a later prompt built from one stays valid.
+    return {"suppress_tokens": SPECIAL_IDS} if name in (*GLM, "paddleocr_vl") else {}
+
+
+@pytest.mark.parametrize("name", MROPE)
 def test_stale_rope_deltas_from_another_request_are_never_used(name: str) -> None:
-    """Qwen2-VL family: a hit after an unrelated request (which leaves its rope_deltas on the model) stays exact."""
+    """A hit after an unrelated request (which leaves its rope_deltas on the model) stays exact."""
     fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
+    extra = _suppressed(name)
+    with served(fam.model, clean=False) as store:
         img1, img2 = fam.image(0), fam.image(1)
         ids = torch.cat([text(3, 1), fam.placeholders(img1), text(2, 2), fam.placeholders(img2), text(4, 3)], dim=1)
-        cold = generate(fam.model, ids, NEW, **fam.kwargs(ids, [img1, img2]))
-        generate(fam.model, ids, NEW, past_key_values=store, **fam.kwargs(ids, [img1, img2]))
+        cold = generate(fam.model, ids, NEW, **extra, **fam.kwargs(ids, [img1, img2]))
+        generate(fam.model, ids, NEW, past_key_values=store, **extra, **fam.kwargs(ids, [img1, img2]))
         follow = torch.cat([cold.sequences, text(5, 4)], dim=1)
-        cold_follow = generate(fam.model, follow, NEW, **fam.kwargs(follow, [img1, img2]))
+        cold_follow = generate(fam.model, follow, NEW, **extra, **fam.kwargs(follow, [img1, img2]))
         for other in (torch.cat([text(2, 7), fam.placeholders(img2)], dim=1), text(30, 8)):
             kwargs = fam.kwargs(other, [img2]) if other.shape[1] < 30 else {}
-            generate(fam.model, other, NEW, **kwargs)  # cold, unrelated: leaves its own rope_deltas
-            warm = generate(fam.model, follow, NEW, past_key_values=store, **fam.kwargs(follow, [img1, img2]))
+            generate(fam.model, other, NEW, **extra, **kwargs)  # cold, unrelated: leaves its own rope_deltas
+            warm = generate(fam.model, follow, NEW, past_key_values=store, **extra, **fam.kwargs(follow, [img1, img2]))
             assert torch.equal(warm.sequences, cold_follow.sequences)
             assert max_logit_diff(warm, cold_follow) < 1e-4
         assert store.stats().hit_tokens == (cold.sequences.shape[1] - 1) + (follow.shape[1] - 1)
-    finally:
-        store.detach()
+        assert not store.stats().fallbacks
 
 
-@pytest.mark.parametrize("name", [*QWEN_VL, "qwen3_vl"])
-def test_qwen2_vl_text_only_prompts_reuse_exactly(name: str) -> None:
-    """The Qwen2-VL family serves text-only chats too (explicit positions), after media requests changed rope_deltas."""
+@pytest.mark.parametrize("name", MROPE)
+def test_text_only_prompts_reuse_exactly(name: str) -> None:
+    """Text-only chats are served too (explicit positions), after media requests changed rope_deltas."""
     fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
+    extra = _suppressed(name)
+    with served(fam.model, clean=False) as store:
         img = fam.image(0)
         other = torch.cat([text(2, 7), fam.placeholders(img)], dim=1)
-        turn = text(20, 9)
+        turn, expected = text(20, 9), 0
         for i in range(3):
-            cold = generate(fam.model, turn, NEW)
-            generate(fam.model, other, NEW, **fam.kwargs(other, [img]))  # leaves image rope_deltas on the model
-            warm = generate(fam.model, turn, NEW, past_key_values=store)
+            cold = generate(fam.model, turn, NEW, **extra)
+            generate(
+                fam.model, other, NEW, **extra, **fam.kwargs(other, [img])
+            )  # leaves image rope_deltas on the model
+            warm = generate(fam.model, turn, NEW, past_key_values=store, **extra)
             assert torch.equal(warm.sequences, cold.sequences)
             assert max_logit_diff(warm, cold) < 1e-4
+            if i:
+                expected += turn.shape[1] - 4 - 1  # the previous prompt and answer, but the answer's last token
             turn = torch.cat([cold.sequences, text(4, 20 + i)], dim=1)
-        assert store.stats().hit_tokens > 0 and not store.stats().fallbacks
-    finally:
-        store.detach()
+        assert store.stats().hit_tokens == expected > 0 and not store.stats().fallbacks
 
 
 def test_llava_adjacent_images_in_one_placeholder_run() -> None:
     """LLaVA images with nothing between them are told apart by their equal placeholder counts."""
     fam = Family("llava")
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         img1, img2, img3 = fam.image(1), fam.image(2), fam.image(3)
         head = torch.cat([text(3, 1), fam.placeholders(img1)], dim=1)
         fam.check(torch.cat([head, text(2, 2)], dim=1), [img1], store)
@@ -177,16 +179,13 @@ def test_llava_adjacent_images_in_one_placeholder_run() -> None:
         fam.check(ids, [img1, img2, img3], store)
         assert store.stats().hit_tokens == head.shape[1]
         assert fam.encoded(ids, [img1, img2, img3], store) == 0
-    finally:
-        store.detach()
 
 
 @pytest.mark.parametrize("name", QWEN_VL)
 def test_qwen2_vl_image_cached_then_video_in_the_suffix(name: str) -> None:
     """The Qwen2-VL family keys images and videos apart; a video after a cached image is the only medium encoded."""
     fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         image = fam.image(1)
         video_rows, video_grid = qwen_pixels(5, (2, 4, 4))
         n_video = int(video_grid.prod()) // 4
@@ -216,15 +215,12 @@ def test_qwen2_vl_image_cached_then_video_in_the_suffix(name: str) -> None:
             assert_same_as_cold(fam.model, ids, store, new=NEW, **{**kwargs, "second_per_grid_ts": torch.tensor([2.0])})
             assert store.stats().hit_tokens - before == head.shape[1] + 2
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_llava_next_image_padded_differently_in_a_later_prompt_still_matches() -> None:
     """LLaVA-NeXT: a small image, padded to a larger one's patch count in turn 2, keeps its key."""
     fam = Family("llava_next")
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         small, large = pil_image(1, 32, 32), pil_image(2, 30, 60)
         alone = llava_next_processor()([small], return_tensors="pt")["pixel_values"]
         both = llava_next_processor()([small, large], return_tensors="pt")["pixel_values"]
@@ -235,15 +231,12 @@ def test_llava_next_image_padded_differently_in_a_later_prompt_still_matches() -
         before = store.stats().hit_tokens
         fam.check(turn, [small, large], store)
         assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
-    finally:
-        store.detach()
 
 
 def test_llava_next_video_image_cached_then_video_in_the_suffix() -> None:
     """LLaVA-NeXT-Video: a video after a cached image is the only medium encoded; a changed video reuses up to it."""
     fam = Family("llava_next_video")
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         image = fam.image(1)
         head = torch.cat([text(4, 1), fam.placeholders(image), text(3, 2)], dim=1)
         fam.check(head, [image], store)
@@ -254,5 +247,3 @@ def test_llava_next_video_image_cached_then_video_in_the_suffix() -> None:
             assert_same_as_cold(fam.model, ids, store, new=NEW, suppress_tokens=SPECIAL_IDS, **kwargs)
             assert store.stats().hit_tokens - before == expected
         assert not store.stats().fallbacks
-    finally:
-        store.detach()

@@ -13,6 +13,7 @@ from conftest import assert_same_as_cold, generate
 from hf_prefix_cache import PrefixCache, multimodal
 from hf_prefix_cache.multimodal import generic_table
 from hf_prefix_cache.testing.media.generic_images import tiny_vipllava
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.tiny_processors import llava_next_processor
 from hf_prefix_cache.testing.tiny_vlm_media import llava_next_tokens, llava_pixels, pil_image, run, text
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, IMAGE_ID, _build
@@ -20,14 +21,11 @@ from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 
 def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         for _ in range(2):
             assert_same_as_cold(model, ids, store, new=3, **kwargs)
         assert store.stats().hit_tokens == 0
         return store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_family_without_a_media_adapter_runs_cold(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,13 +67,10 @@ def test_overriding_how_media_are_encoded_runs_cold(name: str, setting: str, val
         (n,) = llava_next_tokens(model, kwargs["pixel_values"], kwargs["image_sizes"])
     ids = torch.cat([text(4, 1), run(IMAGE_ID, n), text(4, 2)], dim=1)
     assert _fallbacks(model, ids, **kwargs, **{setting: value}) == {f"vision_settings:{setting}": 2}
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         for _ in range(2):
             assert_same_as_cold(model, ids, store, new=3, **kwargs, **{setting: getattr(model.config, setting)})
         assert store.stats().hit_tokens == ids.shape[1] - 1 and not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def tiny_qwen3_vl_moe() -> Any:
@@ -116,13 +111,10 @@ def test_mrope_model_without_positions_runs_cold_even_for_text(monkeypatch: pyte
 def test_mrope_model_with_its_adapter_serves_text() -> None:
     """With its adapter (explicit positions), Qwen3-VL-MoE reuses text prompts."""
     model, ids = tiny_qwen3_vl_moe(), text(12, 1)
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         for _ in range(2):
             assert_same_as_cold(model, ids, store, new=3)
         assert store.stats().hit_tokens == ids.shape[1] - 1 and not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_media_kwarg_the_family_does_not_know_runs_cold() -> None:
@@ -145,29 +137,23 @@ def test_batched_media_requests_run_cold() -> None:
 def test_placeholders_that_do_not_match_the_media_run_cold() -> None:
     """Two images' placeholders with one image run cold, and transformers' own error reaches the caller."""
     model = cached_vlm("llava")
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2), run(IMAGE_ID, 16)], dim=1)
         with pytest.raises(ValueError, match="do not match"):
             generate(model, ids, 3, past_key_values=store, pixel_values=llava_pixels(1)[None])
         assert store.stats().fallbacks == {"media_placeholders": 1}
-    finally:
-        store.detach()
 
 
 def test_unhashable_media_run_cold() -> None:
     """Media of a type with no content hash (a list) run cold as `unhashable_media`."""
     model = cached_vlm("llava")
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1)
         # Whatever transformers then does with a list, the store must not serve it.
         with contextlib.suppress(Exception):
             generate(model, ids, 3, past_key_values=store, pixel_values=[llava_pixels(1)])
         assert store.stats().fallbacks == {"unhashable_media": 1}
         assert store.stats().entries == 0
-    finally:
-        store.detach()
 
 
 @pytest.mark.parametrize(
@@ -202,8 +188,7 @@ def test_low_level_api_serves_text_on_llava() -> None:
 def test_text_batches_on_a_vision_language_model_store_each_row() -> None:
     """A text-only batch on LLaVA stores every row under its own ids, so each row later reuses its own prompt."""
     model = cached_vlm("llava")
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         common = text(8, 1)
         rows = torch.cat([torch.cat([common, text(6, 2)], dim=1), torch.cat([common, text(6, 3)], dim=1)])
         rows[1, 8] = 99 if rows[0, 8] != 99 else 98  # the rows diverge right after the common part
@@ -213,8 +198,6 @@ def test_text_batches_on_a_vision_language_model_store_each_row() -> None:
             before = store.stats().hit_tokens
             assert_same_as_cold(model, follow, store, new=3)
             assert store.stats().hit_tokens - before == out.sequences.shape[1] - 1
-    finally:
-        store.detach()
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
@@ -238,8 +221,7 @@ def test_media_without_the_processor_marks_run_cold(family: str, marks: str) -> 
         media, name = {"pixel_values": llava_pixels(1)[None]}, "token_type_ids"
     ids = torch.cat([text(4, 1), run(start, 1), run(IMAGE_ID, size), run(end, 1), text(4, 2)], dim=1)
     proper = (ids == IMAGE_ID).int()
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         # Stored with the processor's marks first: the same tokens and image.
         assert_same_as_cold(model, ids, store, new=3, **media, **{name: proper})
         before = store.stats().hit_tokens
@@ -247,5 +229,3 @@ def test_media_without_the_processor_marks_run_cold(family: str, marks: str) -> 
         assert_same_as_cold(model, ids, store, new=3, **media, **other)
         assert store.stats().hit_tokens == before
         assert store.stats().fallbacks == {(f"{name}_missing" if marks == "missing" else name): 1}
-    finally:
-        store.detach()

@@ -17,7 +17,6 @@ frames). An image is ``<boi> IMG x4 <eoi>``, a clip ``<boa> AUD x4 <eoa>``; the 
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +31,11 @@ from hypothesis import strategies as st
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.testing.media.harness import conversation_store, converse_checked, expected_reuse
 from hf_prefix_cache.testing.tiny_build import _finalize
 from hf_prefix_cache.testing.tiny_vlm_media import text
-from media.test_media_generic import Prompt, expected_reuse
+from media.conftest import store_fixture
+from media.test_media_generic import Prompt
 
 pytest.importorskip(
     "timm", reason="Gemma 3n's vision tower needs timm; tests/media/test_gemma3n_env.py runs this with .timm-packages"
@@ -186,13 +187,7 @@ def encoded(ids: torch.Tensor, media: list[Medium], store: PrefixCache | None = 
     return seen
 
 
-@pytest.fixture
-def store() -> Any:
-    store = PrefixCache(tiny_gemma3n())
-    yield store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+store = store_fixture(tiny_gemma3n)
 
 
 def test_gemma3n_gets_the_generic_adapter() -> None:
@@ -339,22 +334,11 @@ requests = st.lists(st.tuples(st.lists(pieces, min_size=1, max_size=3), st.boole
 def test_random_conversations_reuse_exactly_what_the_rules_allow(conversation: list[Any]) -> None:
     """Random chats of text, images and clips equal their cold runs and reuse exactly the longest keyed prefix."""
     pool = [medium(seed) for seed in POOL_SEEDS]
-    store = PrefixCache(tiny_gemma3n())
-    stored: list[list[Hashable]] = []
-    previous: tuple[Prompt, list[int]] | None = None
-    try:
-        for new_pieces, continues in conversation:
-            prompt = previous[0].continued(previous[1]) if continues and previous is not None else Prompt(pool)
-            for piece in new_pieces:
-                prompt.add_medium(piece) if isinstance(piece, int) else prompt.add_text(piece)
-            ids = torch.tensor([prompt.ids])
-            before = store.stats().hit_tokens
-            out = check(ids, [pool[i] for i in prompt.media], store)
-            assert store.stats().hit_tokens - before == expected_reuse(prompt, stored)
-            answer = out.sequences[0, ids.shape[1] :].tolist()
-            stored.append(prompt.symbols + answer[:-1])
-            previous = (prompt, answer)
-        assert not store.stats().fallbacks, store.stats().fallbacks
-        store.check_integrity()
-    finally:
-        store.detach()
+    with conversation_store(tiny_gemma3n()) as store:
+        converse_checked(
+            store,
+            conversation,
+            lambda: Prompt(pool),
+            lambda ids, prompt: check(ids, [pool[i] for i in prompt.media], store),
+            expected_reuse,
+        )

@@ -7,10 +7,8 @@ so cuts fall only before a whole placeholder run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
 from conftest import Hits, assert_same_as_cold, generate
 
@@ -19,6 +17,7 @@ from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.gemma4 import Gemma4Media, Gemma4UnifiedMedia
 from hf_prefix_cache.testing.media.gemma4 import FAMILIES, IMG, Gemma4Family, Medium
 from hf_prefix_cache.testing.tiny_vlm_media import text
+from media.conftest import family_fixture
 
 NEW = 4
 SPECIAL_IDS = list(range(100, 128))
@@ -34,13 +33,7 @@ def cat(*parts: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-@pytest.fixture(params=FAMILIES)
-def family(request: pytest.FixtureRequest) -> Iterator[tuple[Gemma4Family, PrefixCache]]:
-    fam = Gemma4Family(request.param)
-    store = PrefixCache(fam.model)
-    yield fam, store
-    store.check_integrity()
-    store.detach()
+family = family_fixture(Gemma4Family, FAMILIES, no_fallbacks=False)
 
 
 def test_each_family_gets_its_adapter() -> None:

@@ -11,8 +11,7 @@ medium, a medium re-sent, the suffix-only encoding and Pixtral's per-prompt padd
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import pytest
@@ -32,7 +31,9 @@ from hf_prefix_cache.testing.media.generic import NEW, PIXTRAL, GenericFamily, M
 from hf_prefix_cache.testing.media.generic_ids import BREAK, IMG, SPECIAL_IDS
 from hf_prefix_cache.testing.media.generic_images import pixtral_processor, tiny_llava_pixtral
 from hf_prefix_cache.testing.media.generic_models import GENERIC_FAMILIES
+from hf_prefix_cache.testing.media.harness import conversation_store, converse_checked, expected_reuse, served
 from hf_prefix_cache.testing.tiny_vlm_media import pil_image, text
+from media.conftest import family_fixture
 
 POOL_SIZE = 3
 
@@ -61,14 +62,7 @@ def runnable(names: Iterable[str]) -> list[Any]:
     ]
 
 
-@pytest.fixture(params=runnable(GENERIC_FAMILIES))
-def family(request: pytest.FixtureRequest) -> Iterator[tuple[GenericFamily, PrefixCache]]:
-    fam = GenericFamily(request.param)
-    store = PrefixCache(fam.model)
-    yield fam, store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+family = family_fixture(GenericFamily, runnable(GENERIC_FAMILIES))
 
 
 def test_generic_families_get_the_generic_adapter() -> None:
@@ -127,9 +121,8 @@ def test_pixtral_padding_per_prompt_keeps_an_image_key(name: str) -> None:
     fam = GenericFamily(name)
     processor = pixtral_processor(spatial_merge_size=1 if name == "llava_pixtral" else 2)
     small, large = pil_image(0, 32, 16), pil_image(1, 48, 64)
-    store = PrefixCache(fam.model)
-    hits = Hits(store)
-    try:
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
         one = processor(text="describe [IMG] please", images=[small], return_tensors="pt")
         two = processor(text="describe [IMG] please and compare [IMG]", images=[small, large], return_tensors="pt")
         assert one["pixel_values"].shape != two["pixel_values"].shape  # the same picture, padded per prompt
@@ -143,17 +136,14 @@ def test_pixtral_padding_per_prompt_keeps_an_image_key(name: str) -> None:
         last_placeholder = max(i for i, t in enumerate(one["input_ids"][0].tolist()) if t == IMG)
         assert hits.last() == shared > last_placeholder
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 @pytest.mark.parametrize("name", PIXTRAL)
 def test_pixtral_padding_content_is_not_keyed_and_not_consumed(name: str) -> None:
     """Noise where a processor pads (past `image_sizes`) changes neither the key nor the answer."""
     fam = GenericFamily(name)
-    store = PrefixCache(fam.model)
-    hits = Hits(store)
-    try:
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
         small, large = fam.medium(2), fam.medium(0)  # 3x2 and 2x3 placeholders: each padded in one dimension
         ids = torch.cat([text(3, 1), fam.placeholders(small), text(2, 2), fam.placeholders(large), text(4, 3)], dim=1)
         kwargs = fam.kwargs([small, large])
@@ -164,16 +154,13 @@ def test_pixtral_padding_content_is_not_keyed_and_not_consumed(name: str) -> Non
         noisy[0, :, :, width:] = torch.rand(noisy.shape[1], noisy.shape[2], noisy.shape[3] - width)
         _check_kwargs(fam, ids, {**kwargs, "pixel_values": noisy}, store)
         assert hits.last() == ids.shape[1] - 1
-    finally:
-        store.detach()
 
 
 def test_pixtral_break_tokens_are_keyed_with_the_image() -> None:
     """The text inside an image's span (its row breaks) is hashed with it: other break ids, no reuse past its start."""
     fam = GenericFamily("mistral3")
-    store = PrefixCache(fam.model)
-    hits = Hits(store)
-    try:
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
         image = fam.medium(0)
         head = text(3, 1)
         ids = torch.cat([head, fam.placeholders(image), text(4, 2)], dim=1)
@@ -182,22 +169,17 @@ def test_pixtral_break_tokens_are_keyed_with_the_image() -> None:
         check(fam, ids, [image], store)
         check(fam, other, [image], store)
         assert hits.last() == head.shape[1]
-    finally:
-        store.detach()
 
 
 def test_pixtral_rows_that_do_not_match_the_sizes_run_cold() -> None:
     """A 3x2 grid of placeholders for a 2x3 image (same count, so transformers accepts it) is not keyed: cold."""
     fam = GenericFamily("mistral3")
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         wide, tall = fam.medium(0), fam.medium(2)
         assert wide.tokens != tall.tokens and wide.tokens.count(IMG) == tall.tokens.count(IMG)
         ids = torch.cat([text(3, 1), fam.placeholders(tall), text(4, 2)], dim=1)
         check(fam, ids, [wide], store)
         assert store.stats().fallbacks == {"media_placeholders": 1}
-    finally:
-        store.detach()
 
 
 def _common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -228,14 +210,11 @@ def test_llava_with_pixtral_and_the_default_strategy_runs_cold() -> None:
 def test_overridden_vision_setting_runs_cold() -> None:
     """A `generate` kwarg changing how media are encoded runs cold (items are keyed by content only)."""
     fam = GenericFamily("internvl")
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         m1 = fam.medium(1)
         ids = torch.cat([text(3, 1), fam.placeholders(m1), text(4, 2)], dim=1)
         check(fam, ids, [m1], store, vision_feature_layer=-2)
         assert store.stats().fallbacks == {"vision_settings:vision_feature_layer": 1}
-    finally:
-        store.detach()
 
 
 # ------------------------------------------------------------------ random conversations
@@ -282,20 +261,6 @@ class Prompt:
         return out
 
 
-def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
-    best = 0
-    for seq in stored:
-        n = 0
-        while n < min(len(seq), len(prompt.symbols)) and seq[n] == prompt.symbols[n]:
-            n += 1
-        best = max(best, n)
-    cut = min(best, len(prompt.ids) - 1)
-    for start, end in prompt.spans:
-        if start < cut < end:
-            cut = start
-    return cut
-
-
 #: Families whose own continuation of a prompt can differ from its prefill on random text, without a store:
 #: Mistral Large 4's indexer keeps its top-k keys by scores that tie exactly on repeated tokens, and
 #: transformers' choice among ties changes with the query count (README, `DynamicIndexedLayer`). A store runs
@@ -339,40 +304,15 @@ def test_under_memory_pressure_reuse_stays_exact(name: str, conversation: list[A
 def _converse(name: str, conversation: list[Any], pressure: bool) -> None:
     fam = GenericFamily(name)
     pool = [fam.medium(seed) for seed in range(POOL_SIZE)]
-    folder = tempfile.TemporaryDirectory()
-    if pressure:
-        config = fam.model.config.get_text_config()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
-        store = PrefixCache(
-            fam.model, max_bytes=40 * per_token, disk_dir=folder.name, max_disk_bytes=60 * per_token, save_on_exit=False
+    with conversation_store(fam.model, pressure=pressure) as store:
+        converse_checked(
+            store,
+            conversation,
+            lambda: Prompt(pool),
+            lambda ids, prompt: check(fam, ids, [pool[i] for i in prompt.media], store),
+            expected_reuse,
+            at_most=pressure,
         )
-    else:
-        store = PrefixCache(fam.model)
-    stored: list[list[Hashable]] = []
-    previous: tuple[Prompt, list[int]] | None = None
-    try:
-        for new_pieces, continues in conversation:
-            prompt = previous[0].continued(previous[1]) if continues and previous is not None else Prompt(pool)
-            for piece in new_pieces:
-                prompt.add_medium(piece) if isinstance(piece, int) else prompt.add_text(piece)
-            ids = torch.tensor([prompt.ids])
-            before = store.stats().hit_tokens
-            out = check(fam, ids, [pool[i] for i in prompt.media], store)
-            reused = store.stats().hit_tokens - before
-            if pressure:
-                assert reused <= expected_reuse(prompt, stored)
-            else:
-                assert reused == expected_reuse(prompt, stored)
-            answer = out.sequences[0, ids.shape[1] :].tolist()
-            stored.append(prompt.symbols + answer[:-1])
-            previous = (prompt, answer)
-        # Under pressure an answer longer than every budget is not stored, and says so.
-        assert set(store.stats().fallbacks) <= ({"entry_over_budget"} if pressure else set()), store.stats().fallbacks
-        store.check_integrity()
-    finally:
-        store.detach()
-        folder.cleanup()
 
 
 @pytest.mark.parametrize("name", ["mistral3", "internvl"])

@@ -1,6 +1,7 @@
 """The GLM-4V family (GLM-4.1V, GLM-4.5V, GLM-4.6V, GLM-GA, GLM-OCR) and PaddleOCR-VL through the store equal cold runs.
 
-These M-RoPE models get explicit positions of the whole prompt (`get_rope_index` over all
+These M-RoPE models (their stale-`rope_deltas` and text-only cases run with the Qwen2-VL family's in
+`test_media_exactness.py`) get explicit positions of the whole prompt (`get_rope_index` over all
 grids), and only the media of the uncached suffix. Every request runs cold and through the
 store (`assert_same_as_cold`: equal tokens, logits within 1e-4); hits are counted in
 `stats().hit_tokens`, and the vision tower's work by the patch rows of the grids it is given.
@@ -10,32 +11,26 @@ marked 2 in `mm_token_type_ids`; the model cannot take images and videos in one 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from conftest import Hits, assert_same_as_cold, generate, max_logit_diff
+from conftest import Hits, assert_same_as_cold, generate
 from hypothesis import HealthCheck, given, settings
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import GLM, GLM_VIDEO, NEW, SPECIAL_IDS, Family
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.tiny_vlm_media import glm_marks, glm_video_tokens, qwen_pixels, run, text
 from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID
+from media.conftest import family_fixture
 from media.test_media_property import _converse, requests
 
 SERVED = (*GLM, "paddleocr_vl")
 MEDIA = (*SERVED, GLM_VIDEO)
 
 
-@pytest.fixture(params=MEDIA)
-def family(request: pytest.FixtureRequest) -> Iterator[tuple[Family, PrefixCache]]:
-    fam = Family(request.param)
-    store = PrefixCache(fam.model)
-    yield fam, store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+family = family_fixture(Family, MEDIA)
 
 
 def _framing(fam: Family) -> int:
@@ -56,11 +51,6 @@ def tower_rows(fam: Family, ids: torch.Tensor, media: list[Any], store: PrefixCa
     finally:
         handle.remove()
     return sum(seen)
-
-
-def _generate(model: Any, ids: torch.Tensor, new: int, **kwargs: Any) -> Any:
-    # Answers never contain placeholder or framing ids, so a later prompt built from one stays valid.
-    return generate(model, ids, new, suppress_tokens=SPECIAL_IDS, **kwargs)
 
 
 def _rows(medium: Any) -> int:
@@ -139,60 +129,12 @@ def test_prompt_ending_inside_a_medium_never_cuts_inside_it(family: tuple[Family
     assert hits.last() == head.shape[1] + _framing(fam)
 
 
-@pytest.mark.parametrize("name", SERVED)
-def test_stale_rope_deltas_from_another_request_are_never_used(name: str) -> None:
-    """A hit after an unrelated request (which leaves its rope_deltas on the model) stays exact."""
-    fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
-        img1, img2 = fam.image(0), fam.image(1)
-        ids = torch.cat([text(3, 1), fam.placeholders(img1), text(2, 2), fam.placeholders(img2), text(4, 3)], dim=1)
-        cold = _generate(fam.model, ids, NEW, **fam.kwargs(ids, [img1, img2]))
-        _generate(fam.model, ids, NEW, past_key_values=store, **fam.kwargs(ids, [img1, img2]))
-        follow = torch.cat([cold.sequences, text(5, 4)], dim=1)
-        cold_follow = _generate(fam.model, follow, NEW, **fam.kwargs(follow, [img1, img2]))
-        for other in (torch.cat([text(2, 7), fam.placeholders(img2)], dim=1), text(30, 8)):
-            kwargs = fam.kwargs(other, [img2]) if other.shape[1] < 30 else {}
-            _generate(fam.model, other, NEW, **kwargs)  # cold, unrelated: leaves its own rope_deltas
-            warm = _generate(fam.model, follow, NEW, past_key_values=store, **fam.kwargs(follow, [img1, img2]))
-            assert torch.equal(warm.sequences, cold_follow.sequences)
-            assert max_logit_diff(warm, cold_follow) < 1e-4
-        assert store.stats().hit_tokens == (cold.sequences.shape[1] - 1) + (follow.shape[1] - 1)
-        assert not store.stats().fallbacks
-    finally:
-        store.detach()
-
-
-@pytest.mark.parametrize("name", SERVED)
-def test_text_only_prompts_reuse_exactly(name: str) -> None:
-    """Text-only chats are served too (explicit positions), after media requests changed rope_deltas."""
-    fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
-        img = fam.image(0)
-        other = torch.cat([text(2, 7), fam.placeholders(img)], dim=1)
-        turn, expected = text(20, 9), 0
-        for i in range(3):
-            cold = _generate(fam.model, turn, NEW)
-            _generate(fam.model, other, NEW, **fam.kwargs(other, [img]))  # leaves image rope_deltas on the model
-            warm = _generate(fam.model, turn, NEW, past_key_values=store)
-            assert torch.equal(warm.sequences, cold.sequences)
-            assert max_logit_diff(warm, cold) < 1e-4
-            if i:
-                expected += turn.shape[1] - 4 - 1  # the previous prompt and answer, but the answer's last token
-            turn = torch.cat([cold.sequences, text(4, 20 + i)], dim=1)
-        assert store.stats().hit_tokens == expected and not store.stats().fallbacks
-    finally:
-        store.detach()
-
-
 @pytest.mark.parametrize("name", GLM)
 def test_video_after_a_cached_video_and_a_changed_video(name: str) -> None:
     """GLM videos: a second video after a cached one is the only one encoded; another video of the same
     grid at the same place reuses up to its video start and begin-of-image ids."""
     fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         hits = Hits(store)
         v1, v2, v3 = qwen_pixels(5, (2, 4, 4)), qwen_pixels(6, (3, 2, 4)), qwen_pixels(7, (3, 2, 4))
         head = torch.cat([text(4, 1), glm_video_tokens(v1[1]), text(3, 2)], dim=1)
@@ -207,8 +149,6 @@ def test_video_after_a_cached_video_and_a_changed_video(name: str) -> None:
             assert_same_as_cold(fam.model, prompt, store, new=NEW, suppress_tokens=SPECIAL_IDS, **kwargs)
             assert hits.last() == expected
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 @pytest.mark.parametrize("name", GLM)
@@ -216,8 +156,7 @@ def test_images_and_videos_in_one_prompt_run_cold(name: str) -> None:
     """GLM-4V fills every image placeholder with image and video features alike, so a prompt with both
     fails cold; through the store it runs cold too (`images_and_videos`) and fails the same way."""
     fam = Family(name)
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         image, video = fam.image(1), qwen_pixels(5, (2, 4, 4))
         head = torch.cat([text(4, 1), fam.placeholders(image), text(3, 2)], dim=1)
         fam.check(head, [image], store)
@@ -234,8 +173,6 @@ def test_images_and_videos_in_one_prompt_run_cold(name: str) -> None:
             generate(fam.model, ids, NEW, past_key_values=store, **kwargs)
         assert store.stats().fallbacks == {"images_and_videos": 1}
         assert store.stats().hit_tokens == 0
-    finally:
-        store.detach()
 
 
 @pytest.mark.parametrize("name", [*SERVED, GLM_VIDEO])

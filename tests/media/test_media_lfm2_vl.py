@@ -11,7 +11,6 @@ and of those snapshots.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Hashable, Iterator
 from typing import Any
 
@@ -27,8 +26,9 @@ from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMI
 from hf_prefix_cache.testing.media.generic import NEW, GenericFamily, Medium, lfm2_vl_kwargs, lfm2_vl_medium
 from hf_prefix_cache.testing.media.generic_ids import IMG, SPECIAL_IDS
 from hf_prefix_cache.testing.media.generic_images import LFM2_ROW_LEN
+from hf_prefix_cache.testing.media.harness import conversation_store, converse, expected_reuse, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
-from media.test_media_generic import POOL_SIZE, Prompt, check, expected_reuse, requests
+from media.test_media_generic import POOL_SIZE, Prompt, check, requests
 
 
 @pytest.fixture
@@ -119,9 +119,8 @@ def test_changed_image_with_identical_tokens_stops_at_its_start(fam: GenericFami
 
 def test_changed_tile_reuses_the_tiles_before_it(fam: GenericFamily) -> None:
     """Tiles are items: a prompt whose image differs only in its thumbnail reuses up to the thumbnail."""
-    store = PrefixCache(fam.model, snapshot_interval=1)
-    hits = Hits(store)
-    try:
+    with served(fam.model, snapshot_interval=1, clean=False) as store:
+        hits = Hits(store)
         image = fam.medium(2)
         changed = Medium(image.kind, (*image.rows[:2], image.rows[2] + 0.5), image.tokens, image.spans)
         head = text(4, 1)
@@ -131,8 +130,6 @@ def test_changed_tile_reuses_the_tiles_before_it(fam: GenericFamily) -> None:
         assert hits.last() == head.shape[1] + image.spans[2][0]
         assert fam.encoded(ids, [changed], store) == 0  # now an exact repeat
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_exact_repeat_encodes_nothing(fam: GenericFamily, store: PrefixCache) -> None:
@@ -162,9 +159,8 @@ def test_follow_up_text_turn_runs_no_tower(fam: GenericFamily, store: PrefixCach
 
 def test_unframed_rows_share_one_run(fam: GenericFamily) -> None:
     """Without the processor's framing ids an image's tile, tile and thumbnail placeholders form one run, cut by counts."""
-    store = PrefixCache(fam.model, snapshot_interval=1)
-    hits = Hits(store)
-    try:
+    with served(fam.model, snapshot_interval=1, clean=False) as store:
+        hits = Hits(store)
         tiled, single = lfm2_vl_medium(2, framed=False), lfm2_vl_medium(1, framed=False)
         assert tiled.tokens == (IMG,) * 10
         head = text(4, 1)
@@ -176,15 +172,12 @@ def test_unframed_rows_share_one_run(fam: GenericFamily) -> None:
         check(fam, ids, [tiled, single], store)
         assert hits.last() == ids.shape[1] - 1
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_padding_is_not_keyed_and_the_shape_is(fam: GenericFamily) -> None:
     """Noise in a row's padding, or more padding, keeps its key; the same patches declared as another h x w do not."""
-    store = PrefixCache(fam.model, snapshot_interval=1)
-    hits = Hits(store)
-    try:
+    with served(fam.model, snapshot_interval=1, clean=False) as store:
+        hits = Hits(store)
         image = fam.medium(2)  # two 4x4 tiles and a 2x4 thumbnail, each padded to 24 patches
         head = text(3, 1)
         ids = torch.cat([head, fam.placeholders(image), text(4, 2)], dim=1)
@@ -205,8 +198,6 @@ def test_padding_is_not_keyed_and_the_shape_is(fam: GenericFamily) -> None:
         _check_kwargs(fam, ids, {**kwargs, "spatial_shapes": shapes}, store)
         assert hits.last() == head.shape[1] + image.spans[2][0]
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_rows_the_rule_cannot_key_get_no_layout(fam: GenericFamily) -> None:
@@ -234,14 +225,11 @@ def test_prompt_ending_on_a_placeholder_runs_cold(fam: GenericFamily, framed: bo
     image = lfm2_vl_medium(0, framed=framed)
     tokens = image.tokens[:-1] if framed else image.tokens  # drop the image-end id
     ids = torch.cat([text(3, 1), torch.tensor([tokens])], dim=1)
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         for _ in range(2):
             _check_kwargs(fam, ids, fam.kwargs([image]), store)
         assert store.stats().fallbacks == {"media_prompt_end": 2}
         assert store.stats().hit_tokens == 0
-    finally:
-        store.detach()
 
 
 def _check_kwargs(fam: GenericFamily, ids: torch.Tensor, kwargs: dict[str, Any], store: PrefixCache) -> Any:
@@ -310,49 +298,29 @@ def test_under_memory_pressure_reuse_stays_exact(conversation: list[Any]) -> Non
 def _converse(conversation: list[Any], pressure: bool) -> None:
     fam = GenericFamily("lfm2_vl")
     pool = [fam.medium(seed) for seed in range(POOL_SIZE)]
-    folder = tempfile.TemporaryDirectory()
+    budget = None
     if pressure:
         # What 20 text tokens with their snapshots take, from one request through a roomy store.
-        sizing = PrefixCache(fam.model, snapshot_interval=INTERVAL)
-        try:
+        with served(fam.model, snapshot_interval=INTERVAL, clean=False) as sizing:
             generate(fam.model, torch.tensor([[4] * 20]), 1, past_key_values=sizing)
-            unit = sizing.stats().nbytes
-        finally:
-            sizing.detach()
-        store = PrefixCache(
-            fam.model,
-            snapshot_interval=INTERVAL,
-            max_bytes=unit,
-            disk_dir=folder.name,
-            max_disk_bytes=2 * unit,
-            save_on_exit=False,
-        )
-    else:
-        store = PrefixCache(fam.model, snapshot_interval=INTERVAL)
+            budget = (sizing.stats().nbytes, 2 * sizing.stats().nbytes)
     stored: list[_Stored] = []
-    previous: tuple[Prompt, list[int]] | None = None
-    try:
-        for new_pieces, continues in conversation:
-            prompt = previous[0].continued(previous[1]) if continues and previous is not None else Prompt(pool)
-            for piece in new_pieces:
-                prompt.add_medium(piece) if isinstance(piece, int) else prompt.add_text(piece)
-            ids = torch.tensor([prompt.ids])
-            before = store.stats().hit_tokens
-            expected, snapshots = _reuse_and_snapshots(prompt, stored)
-            out = check(fam, ids, [pool[i] for i in prompt.media], store)
-            reused = store.stats().hit_tokens - before
-            if pressure:
-                # Evictions change later snapshot points: only the attention-only rule bounds the hit.
-                assert reused <= expected_reuse(prompt, [seq.symbols for seq in stored])
-            else:
-                assert reused == expected
-            answer = out.sequences[0, ids.shape[1] :].tolist()
-            symbols = prompt.symbols + answer[:-1]
-            stored.append(_Stored(symbols, snapshots | {len(symbols)}))
-            previous = (prompt, answer)
-        # Under pressure an answer longer than every budget is not stored, and says so.
-        assert set(store.stats().fallbacks) <= ({"entry_over_budget"} if pressure else set()), store.stats().fallbacks
-        store.check_integrity()
-    finally:
-        store.detach()
-        folder.cleanup()
+
+    def serve(prompt: Prompt) -> list[int]:
+        ids = torch.tensor([prompt.ids])
+        before = store.stats().hit_tokens
+        expected, snapshots = _reuse_and_snapshots(prompt, stored)
+        out = check(fam, ids, [pool[i] for i in prompt.media], store)
+        reused = store.stats().hit_tokens - before
+        if pressure:
+            # Evictions change later snapshot points: only the attention-only rule bounds the hit.
+            assert reused <= expected_reuse(prompt, [seq.symbols for seq in stored])
+        else:
+            assert reused == expected
+        answer: list[int] = out.sequences[0, ids.shape[1] :].tolist()
+        symbols = prompt.symbols + answer[:-1]
+        stored.append(_Stored(symbols, snapshots | {len(symbols)}))
+        return answer
+
+    with conversation_store(fam.model, pressure=pressure, budget=budget, snapshot_interval=INTERVAL) as store:
+        converse(conversation, lambda: Prompt(pool), serve)

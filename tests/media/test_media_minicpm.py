@@ -8,37 +8,24 @@ suffix embeddings. Every request runs cold and through the store: equal tokens, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
-from conftest import Hits, assert_same_as_cold, generate
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.testing.media import harness
+from hf_prefix_cache.testing.media.harness import same_tokens_twice, served
 from hf_prefix_cache.testing.media.packed import FAMILIES, Image, PackedFamily, cached_packed
 from hf_prefix_cache.testing.tiny_vlm_media import text
+from media.conftest import family_fixture
 
-NEW = 4
-SPECIAL_IDS = list(range(100, 128))
-
-
-def check(fam: PackedFamily, ids: torch.Tensor, images: list[Image], store: PrefixCache, **extra: Any) -> Any:
-    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
-    kwargs = {**fam.kwargs(images), "suppress_tokens": SPECIAL_IDS, **extra}
-    return assert_same_as_cold(fam.model, ids, store, NEW, cache_argument="past_key_values", **kwargs)
+family = family_fixture(PackedFamily, FAMILIES)
 
 
-@pytest.fixture(params=FAMILIES)
-def family(request: pytest.FixtureRequest) -> Iterator[tuple[PackedFamily, PrefixCache]]:
-    fam = PackedFamily(request.param)
-    store = PrefixCache(fam.model)
-    yield fam, store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+def check(fam: PackedFamily, ids: torch.Tensor, images: list[Image], store: PrefixCache) -> Any:
+    return harness.check(fam.model, ids, store, fam.kwargs(images))
 
 
 def test_the_generic_adapter_serves_them() -> None:
@@ -55,38 +42,6 @@ def test_the_tower_encodes_each_image_on_its_own(family: tuple[PackedFamily, Pre
         for image, features in zip(images, together, strict=True):
             (alone,) = fam.model.model.get_image_features(**fam.kwargs([image])).pooler_output
             torch.testing.assert_close(alone, features, rtol=0, atol=1e-6)
-
-
-def test_second_image_after_a_cached_turn(family: tuple[PackedFamily, PrefixCache]) -> None:
-    """A turn adding an image reuses the first turn whole, and its repeat all but the last token."""
-    fam, store = family
-    hits = Hits(store)
-    first_image, image = fam.image(1), fam.image(2)
-    first = torch.cat([text(5, 1), fam.placeholders(first_image), text(6, 2)], dim=1)
-    answer = check(fam, first, [first_image], store).sequences
-    second = torch.cat([answer, text(4, 3), fam.placeholders(image), text(3, 4)], dim=1)
-    check(fam, second, [first_image, image], store)
-    assert hits.last() == answer.shape[1] - 1
-    check(fam, second, [first_image, image], store)
-    assert hits.last() == second.shape[1] - 1
-
-
-def test_changed_image_reuses_nothing_past_its_first_placeholder(family: tuple[PackedFamily, PrefixCache]) -> None:
-    """Identical ids with another image reuse at most the text and framing before its placeholders.
-
-    States restore only at a snapshot: the divergence from the first request's prefix is one
-    once a second request has stopped there.
-    """
-    fam, store = family
-    hits = Hits(store)
-    one, other, third = fam.image(1), fam.image(13), fam.image(25)  # same grid, other content
-    head = text(4, 7)
-    ids = torch.cat([head, fam.placeholders(one), text(5, 2)], dim=1)
-    check(fam, ids, [one], store)
-    check(fam, ids, [other], store)
-    assert hits.last() == 0
-    check(fam, ids, [third], store)
-    assert hits.last() == head.shape[1] + 1  # the framing id before the first placeholder is text
 
 
 def test_only_suffix_images_reach_the_tower(family: tuple[PackedFamily, PrefixCache]) -> None:
@@ -113,19 +68,12 @@ def test_only_suffix_images_reach_the_tower(family: tuple[PackedFamily, PrefixCa
 def test_other_downsample_mode_runs_cold(family: tuple[PackedFamily, PrefixCache]) -> None:
     """A call overriding `downsample_mode` changes every image's features and counts: it runs cold, named."""
     fam, _ = family
-    store = PrefixCache(fam.model)
     image = Image(1, (8, 8))
     ids = torch.cat([text(4, 1), torch.tensor([[110, *[120] * 4, 111]]), text(3, 2)], dim=1)  # 16x: 64 / 16
-    kwargs = {**fam.kwargs([image]), "downsample_mode": "16x", "suppress_tokens": SPECIAL_IDS}
-    try:
-        for _ in range(2):
-            cold = generate(fam.model, ids, NEW, **kwargs)
-            warm = generate(fam.model, ids, NEW, past_key_values=store, **kwargs)
-            assert torch.equal(cold.sequences, warm.sequences)
+    with served(fam.model, clean=False) as store:
+        same_tokens_twice(fam.model, ids, store, **fam.kwargs([image]), downsample_mode="16x")
         assert store.stats().hit_tokens == 0
         assert store.stats().fallbacks == {"vision_settings:downsample_mode": 2}
-    finally:
-        store.detach()
 
 
 def test_16x_mode_keeps_no_adapter() -> None:
@@ -138,14 +86,7 @@ def test_16x_mode_keeps_no_adapter() -> None:
         _, packed = model.model.get_image_features(**fam.kwargs([first, later])).pooler_output
     assert (alone - packed).abs().max() > 1e-3  # not the per-image pattern
     assert media_adapter_for(model) is None
-    store = PrefixCache(model)
     ids = torch.cat([text(4, 1), torch.tensor([[110, *[120] * 4, 111]]), text(3, 2)], dim=1)
-    try:
-        for _ in range(2):
-            kwargs = {**fam.kwargs([first]), "suppress_tokens": SPECIAL_IDS}
-            cold = generate(model, ids, NEW, **kwargs)
-            warm = generate(model, ids, NEW, past_key_values=store, **kwargs)
-            assert torch.equal(cold.sequences, warm.sequences)
+    with served(model, clean=False) as store:
+        same_tokens_twice(model, ids, store, **fam.kwargs([first]))
         assert store.stats().fallbacks == {"media_inputs:minicpmv4_6": 2}
-    finally:
-        store.detach()

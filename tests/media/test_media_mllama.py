@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.media.mllama import IMAGE, IMAGE_ID, MAX_TILES, SUPPRESS, media, picture, text, tiny_mllama
 
 NEW = 5
@@ -249,8 +250,7 @@ def test_image_states_move_through_host_and_disk(tmp_path: Path) -> None:
     model = tiny_mllama()
     ids = torch.cat([text(5, 1), IMAGE, text(6, 2), IMAGE, text(3, 3)], dim=1)
     images = [picture(0), picture(1)]
-    store = PrefixCache(model, max_bytes=1, max_host_bytes="1MB", disk_dir=tmp_path, save_on_exit=False)
-    try:
+    with served(model, max_bytes=1, max_host_bytes="1MB", disk_dir=tmp_path, save_on_exit=False, clean=False) as store:
         runner = Runner(store)
         first = runner.check(ids, images)
         assert store.stats().device_nbytes == 0 and store.stats().host_nbytes > 0
@@ -258,16 +258,11 @@ def test_image_states_move_through_host_and_disk(tmp_path: Path) -> None:
         runner.check(ids, images)  # served from a temporary device copy of the host entry
         assert runner.hit() == ids.shape[1] - 1 and runner.encoded == 0
         assert store.save() >= 1 and store.stats().disk_nbytes > 0
-    finally:
-        store.detach()
-    store = PrefixCache(model, disk_dir=tmp_path, save_on_exit=False)
-    try:
+    with served(model, disk_dir=tmp_path, save_on_exit=False, clean=False) as store:
         runner = Runner(store)
         runner.check(_turn(first, text(4, 4)), images)
         assert runner.hit() == first.sequences.shape[1] - 1 and runner.encoded == 0
         assert store.stats().reloads >= 1 and not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 # --------------------------------------------------------------------------- random conversations

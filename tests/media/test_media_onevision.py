@@ -9,7 +9,6 @@ feature-shrinking path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.media.onevision import (
     NEW,
     SIZES,
@@ -28,10 +28,12 @@ from hf_prefix_cache.testing.media.onevision import (
     onevision_processor,
     tiny_onevision,
 )
+from hf_prefix_cache.testing.reference import longest_prefix, span_cut
 from hf_prefix_cache.testing.tiny_processors import llava_next_processor
 from hf_prefix_cache.testing.tiny_vlm_media import llava_next_tokens, pil_image, run, text, video_frames
 from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID
 from hf_prefix_cache.testing.tiny_vlms import cached_vlm
+from media.conftest import family_fixture
 
 
 class Tower:
@@ -59,14 +61,7 @@ def encoded(model: Any, ids: torch.Tensor, store: PrefixCache, **kwargs: Any) ->
     return sum(tower.seen)
 
 
-@pytest.fixture(params=["tiled", "single"])
-def onevision(request: pytest.FixtureRequest) -> Iterator[tuple[OneVision, PrefixCache]]:
-    fam = OneVision(request.param)
-    store = PrefixCache(fam.model)
-    yield fam, store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+onevision = family_fixture(OneVision, ["tiled", "single"])
 
 
 # --------------------------------------------------------------------------- placeholder counts
@@ -183,9 +178,8 @@ def test_onevision_prompt_ending_in_an_image_never_cuts_inside_it(onevision: tup
 def test_onevision_image_cached_then_video_in_the_suffix() -> None:
     """A video after a cached image is the only medium encoded; another video of the same length reuses up to it."""
     fam = OneVision("tiled")
-    store = PrefixCache(fam.model)
-    hits = Hits(store)
-    try:
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
         image = fam.image(1)
         head = torch.cat([text(4, 1), fam.placeholders([image], 0), text(3, 2)], dim=1)
         fam.check(head, [image], store)
@@ -201,16 +195,13 @@ def test_onevision_image_cached_then_video_in_the_suffix() -> None:
         kwargs = {**fam.kwargs([image]), "pixel_values_videos": video_frames(1)[None]}
         assert encoded(fam.model, ids, store, **kwargs) == 2  # the video's two frames, not the image's patches
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_onevision_image_changing_mode_is_not_reused() -> None:
     """One image (tiled) in turn 1, then two images (single-patch, as a chat template sends them): reuse stops at the first image."""
     tiled, single = OneVision("tiled"), OneVision("single")
-    store = PrefixCache(tiled.model)
-    hits = Hits(store)
-    try:
+    with served(tiled.model, clean=False) as store:
+        hits = Hits(store)
         img1, img2 = tiled.image(1), tiled.image(2)
         head, after = text(4, 1), text(3, 2)
         out = tiled.check(torch.cat([head, tiled.placeholders([img1], 0), after], dim=1), [img1], store)
@@ -229,8 +220,6 @@ def test_onevision_image_changing_mode_is_not_reused() -> None:
         single.check(turn, both, store)
         assert hits.last() == head.shape[1]
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_onevision_modes_never_share_a_key() -> None:
@@ -305,9 +294,8 @@ def _next_check(ids: torch.Tensor, kwargs: dict[str, Any], store: PrefixCache) -
 def test_llava_next_adjacent_images_in_one_placeholder_run() -> None:
     """Three LLaVA-NeXT images of different sizes with nothing between them are split by their own counts."""
     model = cached_vlm("llava_next")
-    store = PrefixCache(model)
-    hits = Hits(store)
-    try:
+    with served(model, clean=False) as store:
+        hits = Hits(store)
         images = [pil_image(1, 30, 60), pil_image(2, 50, 40), pil_image(3, 64, 20)]
         counts = _next_tokens(images)
         assert len(set(counts)) == 3
@@ -324,8 +312,6 @@ def test_llava_next_adjacent_images_in_one_placeholder_run() -> None:
         assert hits.last() == ids.shape[1] - 1
         assert encoded(model, ids, store, **kwargs) == 0
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def _flatten(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -344,9 +330,8 @@ def _flatten(kwargs: dict[str, Any]) -> dict[str, Any]:
 def test_llava_next_flattened_pixel_values() -> None:
     """`pixel_values` as `[total_patches, C, H, W]`: the second image alone is encoded, and it keys like the padded form."""
     model = cached_vlm("llava_next")
-    store = PrefixCache(model)
-    hits = Hits(store)
-    try:
+    with served(model, clean=False) as store:
+        hits = Hits(store)
         img1, img2 = pil_image(1, 30, 60), pil_image(2, 64, 20)
         n1, n2 = _next_tokens([img1, img2])
         prefix = torch.cat([text(5, 1), run(IMAGE_ID, n1), text(4, 2)], dim=1)
@@ -366,8 +351,6 @@ def test_llava_next_flattened_pixel_values() -> None:
         expected = flat["pixel_values"].shape[0] - one["pixel_values"].shape[0]
         assert encoded(model, ids, store, **flat) == expected  # only the second image's patches
         assert not store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 # --------------------------------------------------------------------------- random conversations
@@ -413,16 +396,7 @@ def test_random_conversations_reuse_exactly_what_the_rules_allow(mode: str, conv
                 else:
                     ids += value
                     symbols += value
-            expected = 0
-            for seq in stored:
-                n = 0
-                while n < min(len(seq), len(symbols)) and seq[n] == symbols[n]:
-                    n += 1
-                expected = max(expected, n)
-            cut = min(expected, len(ids) - 1)
-            for a, b in spans:
-                if a < cut < b:
-                    cut = a
+            cut = span_cut(longest_prefix(stored, symbols), len(ids), spans)
             prompt = torch.tensor([ids])
             before = store.stats().hit_tokens
             if images:

@@ -17,6 +17,7 @@ from conftest import LOGIT_TOL, Hits, assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import SPECIAL_IDS, Family
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.media.phi4 import cached_phi4, clip, kwargs, placeholders
 from hf_prefix_cache.testing.tiny_vlm_media import text
 
@@ -70,9 +71,8 @@ def test_a_phi4_clip_reads_its_padding_so_a_repadded_clip_is_computed_again() ->
     alone = {"audio_input_features": first_clip.data[None, :40], "audio_embed_sizes": torch.tensor([first_clip.count])}
     padded = {name: value[:1] for name, value in kwargs([first_clip, second_clip]).items()}
     assert _logit_gap(model, ids, alone, padded) > LOGIT_TOL  # the same clip, only padded otherwise
-    store = PrefixCache(model)
-    hits = Hits(store)
-    try:
+    with served(model, clean=False) as store:
+        hits = Hits(store)
         out = assert_same_as_cold(model, ids, store, 4, cache_argument="past_key_values", **alone)
         turn = torch.cat([out.sequences, text(3, 3), placeholders(second_clip), text(3, 4)], dim=1)
         hits.last()
@@ -87,8 +87,6 @@ def test_a_phi4_clip_reads_its_padding_so_a_repadded_clip_is_computed_again() ->
         )
         assert hits.last() == turn.shape[1] - 1  # padded alike, it matches
         assert store.stats().fallbacks == {"media_padding": 1}
-    finally:
-        store.detach()
 
 
 def _logit_gap(model: Any, ids: torch.Tensor, one: dict[str, Any], other: dict[str, Any]) -> float:

@@ -7,37 +7,25 @@ scope of their own, and a resumed call with a clip but no new image still passes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from conftest import Hits, assert_same_as_cold
+from conftest import Hits
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.phi4 import Phi4MultimodalMedia
+from hf_prefix_cache.testing.media import harness
 from hf_prefix_cache.testing.media.phi4 import Medium, cached_phi4, clip, image, kwargs, placeholders
 from hf_prefix_cache.testing.tiny_vlm_media import text
+from media.conftest import store_fixture
 
-NEW = 4
-SPECIAL_IDS = list(range(100, 128))
+store = store_fixture(cached_phi4)
 
 
 def check(ids: torch.Tensor, media: list[Medium], store: PrefixCache) -> Any:
-    """Run `ids` cold and through `store` (`assert_same_as_cold`); return the cached run."""
-    model = cached_phi4()
-    extra = {**kwargs(media), "suppress_tokens": SPECIAL_IDS}
-    return assert_same_as_cold(model, ids, store, NEW, cache_argument="past_key_values", **extra)
-
-
-@pytest.fixture
-def store() -> Iterator[PrefixCache]:
-    store = PrefixCache(cached_phi4())
-    yield store
-    store.check_integrity()
-    assert not store.stats().fallbacks, store.stats().fallbacks
-    store.detach()
+    return harness.check(cached_phi4(), ids, store, kwargs(media))
 
 
 def test_phi4_multimodal_gets_its_adapter() -> None:

@@ -12,7 +12,6 @@ other content.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Hashable
 from typing import Any
 
@@ -22,8 +21,8 @@ from conftest import assert_same_as_cold
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import FAMILIES, NEW, SPECIAL_IDS, Family
+from hf_prefix_cache.testing.media.harness import conversation_store, converse_checked, expected_reuse
 from hf_prefix_cache.testing.tiny_vlm_parts import AUDIO_ID, IMAGE_ID
 
 POOL_SIZE = 3
@@ -77,20 +76,6 @@ class Prompt:
         return self.family.kwargs(torch.tensor([self.ids]), [self.pool[i] for i in self.media])
 
 
-def expected_reuse(prompt: Prompt, stored: list[list[Hashable]]) -> int:
-    best = 0
-    for seq in stored:
-        n = 0
-        while n < min(len(seq), len(prompt.symbols)) and seq[n] == prompt.symbols[n]:
-            n += 1
-        best = max(best, n)
-    cut = min(best, len(prompt.ids) - 1)
-    for start, end in prompt.spans:
-        if start < cut < end:
-            cut = start
-    return cut
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversation=requests)
@@ -111,45 +96,11 @@ def test_under_memory_pressure_reuse_stays_exact(name: str, conversation: list[A
 def _converse(name: str, conversation: list[Any], pressure: bool) -> None:
     family = Family(name)
     pool = [family.image(seed) for seed in range(POOL_SIZE)]
-    if pressure:
-        text = family.model.config.get_text_config()
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 4
-        folder = tempfile.TemporaryDirectory()
-        store = PrefixCache(
-            family.model,
-            max_bytes=40 * per_token,
-            disk_dir=folder.name,
-            max_disk_bytes=60 * per_token,
-            save_on_exit=False,
-        )
-    else:
-        store = PrefixCache(family.model)
-    stored: list[list[Hashable]] = []
-    previous: tuple[Prompt, list[int]] | None = None
-    try:
-        for new_pieces, continues in conversation:
-            prompt = previous[0].continued(previous[1]) if continues and previous is not None else Prompt(family, pool)
-            for piece in new_pieces:
-                prompt.add_medium(piece) if isinstance(piece, int) else prompt.add_text(piece)
-            ids = torch.tensor([prompt.ids])
-            before = store.stats().hit_tokens
-            if prompt.media:
-                out = family.check(ids, [pool[i] for i in prompt.media], store)
-            else:
-                out = assert_same_as_cold(family.model, ids, store, new=NEW, suppress_tokens=SPECIAL_IDS)
-            reused = store.stats().hit_tokens - before
-            if pressure:
-                assert reused <= expected_reuse(prompt, stored)
-            else:
-                assert reused == expected_reuse(prompt, stored)
-            answer = out.sequences[0, ids.shape[1] :].tolist()
-            stored.append(prompt.symbols + answer[:-1])
-            previous = (prompt, answer)
-        # Under pressure an answer longer than every budget is not stored, and says so.
-        assert set(store.stats().fallbacks) <= ({"entry_over_budget"} if pressure else set()), store.stats().fallbacks
-        store.check_integrity()
-    finally:
-        store.detach()
-        if pressure:
-            folder.cleanup()
+
+    def run(ids: torch.Tensor, prompt: Prompt) -> Any:
+        if prompt.media:
+            return family.check(ids, [pool[i] for i in prompt.media], store)
+        return assert_same_as_cold(family.model, ids, store, new=NEW, suppress_tokens=SPECIAL_IDS)
+
+    with conversation_store(family.model, pressure=pressure) as store:
+        converse_checked(store, conversation, lambda: Prompt(family, pool), run, expected_reuse, at_most=pressure)

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.media.harness import served
+from hf_prefix_cache.testing.reference import longest_prefix, span_cut
 from hf_prefix_cache.testing.tiny_qwen_media import (
     AUDIO_END_ID,
     AUDIO_ID,
@@ -71,22 +73,22 @@ class Served:
         return calls
 
 
-@pytest.fixture
-def qwen3() -> Iterator[Served]:
-    served = Served(cached_vlm("qwen3_vl"), qwen3=True)
+def _checked(served: Served) -> Iterator[Served]:
+    """Yield `served`; then check its store's integrity, that nothing fell back, and detach it."""
     yield served
     served.store.check_integrity()
     assert not served.store.stats().fallbacks, served.store.stats().fallbacks
     served.store.detach()
+
+
+@pytest.fixture
+def qwen3() -> Iterator[Served]:
+    yield from _checked(Served(cached_vlm("qwen3_vl"), qwen3=True))
 
 
 @pytest.fixture
 def omni() -> Iterator[Served]:
-    served = Served(cached_omni())
-    yield served
-    served.store.check_integrity()
-    assert not served.store.stats().fallbacks, served.store.stats().fallbacks
-    served.store.detach()
+    yield from _checked(Served(cached_omni()))
 
 
 def cat(*parts: torch.Tensor) -> torch.Tensor:
@@ -96,12 +98,18 @@ def cat(*parts: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- Qwen3-VL videos
 
 
-def test_qwen3_vl_image_cached_then_video_in_the_suffix(qwen3: Served) -> None:
-    """A video after a cached image reuses the image's prefix and is the only medium encoded."""
-    head = cat(text(4, 1), image_tokens(IMAGE), text(3, 2))
-    first = Media(images=[(1, IMAGE)])
+@pytest.mark.parametrize(
+    ("cached", "rows"), [("image", 2 * 4 * 4), ("video", 4 * 6)], ids=["video-after-image", "image-after-video"]
+)
+def test_qwen3_vl_a_medium_after_a_cached_one_is_the_only_one_encoded(qwen3: Served, cached: str, rows: int) -> None:
+    """A video after a cached image (or an image after a cached video, all its frames and timestamps) reuses the
+    cached medium's prefix and is the only medium encoded."""
+    tokens = {"image": image_tokens(IMAGE), "video": qwen3_video_tokens(VIDEO)}
+    added = "video" if cached == "image" else "image"
+    head = cat(text(4, 1), tokens[cached], text(3, 2))
+    first = Media(images=[(1, IMAGE)]) if cached == "image" else Media(videos=[(5, VIDEO, 0.5)])
     qwen3.check(head, first)
-    ids = cat(head, run(99, 1), qwen3_video_tokens(VIDEO), text(3, 3))
+    ids = cat(head, run(99, 1), tokens[added], text(3, 3))
     both = Media(images=[(1, IMAGE)], videos=[(5, VIDEO, 0.5)])
     qwen3.hits()
     qwen3.check(ids, both)
@@ -109,23 +117,7 @@ def test_qwen3_vl_image_cached_then_video_in_the_suffix(qwen3: Served) -> None:
     qwen3.store.clear()
     qwen3.check(head, first)
     qwen3.hits()
-    assert qwen3.encoded(ids, both, {"visual": "visual"}).total("visual") == 2 * 4 * 4
-
-
-def test_qwen3_vl_video_cached_then_new_image(qwen3: Served) -> None:
-    """An image after a cached video (all its frames and timestamps) reuses the video and encodes the image only."""
-    head = cat(text(4, 1), qwen3_video_tokens(VIDEO), text(3, 2))
-    first = Media(videos=[(5, VIDEO, 0.5)])
-    qwen3.check(head, first)
-    ids = cat(head, run(99, 1), image_tokens(IMAGE), text(3, 3))
-    both = Media(images=[(1, IMAGE)], videos=[(5, VIDEO, 0.5)])
-    qwen3.hits()
-    qwen3.check(ids, both)
-    assert qwen3.hits() == head.shape[1]
-    qwen3.store.clear()
-    qwen3.check(head, first)
-    qwen3.hits()
-    assert qwen3.encoded(ids, both, {"visual": "visual"}).total("visual") == 4 * 6
+    assert qwen3.encoded(ids, both, {"visual": "visual"}).total("visual") == rows
 
 
 def test_qwen3_vl_changed_video_with_identical_tokens(qwen3: Served) -> None:
@@ -430,16 +422,13 @@ def test_omni_audio_in_video_block_in_the_suffix_after_a_cached_clip(omni: Serve
 def test_omni_placeholders_that_do_not_match_the_media_run_cold(name: str, ids: torch.Tensor, media: Media) -> None:
     """Placeholder counts that disagree with the clips or grids run cold (`media_placeholders`), never served."""
     model = cached_omni()
-    store = PrefixCache(model)
-    try:
+    with served(model, clean=False) as store:
         for _ in range(2):
             # The thinker may silently misassign features here, or raise; either way it is its own cold run.
             with contextlib.suppress(RuntimeError, ValueError, IndexError):
                 generate(model, ids, 3, past_key_values=store, **media.kwargs(ids))
         assert store.stats().fallbacks == {"media_placeholders": 2}
         assert store.stats().entries == 0
-    finally:
-        store.detach()
 
 
 def test_full_omni_model_is_refused_and_its_thinker_is_served() -> None:
@@ -450,20 +439,17 @@ def test_full_omni_model_is_refused_and_its_thinker_is_served() -> None:
     config = transformers.Qwen2_5OmniConfig(thinker_config=thinker.config.to_dict(), enable_audio_output=False)
     full = transformers.Qwen2_5OmniForConditionalGeneration(config).eval()
     full.thinker.load_state_dict(thinker.state_dict())
-    store = PrefixCache(full)
-    try:
+    with served(full, clean=False) as store:
         # Every request through the wrapper then runs cold under this name (the profile's reason).
         assert store._store.profile.unsupported == "thinker_talker"
-    finally:
-        store.detach()
     ids = text(20, 3)
-    served = Served(full.thinker)
+    on_thinker = Served(full.thinker)
     try:
-        served.check(ids, Media())
-        served.check(ids, Media())
-        assert served.hits() == ids.shape[1] - 1
+        on_thinker.check(ids, Media())
+        on_thinker.check(ids, Media())
+        assert on_thinker.hits() == ids.shape[1] - 1
     finally:
-        served.store.detach()
+        on_thinker.store.detach()
 
 
 # --------------------------------------------------------------------------- random conversations
@@ -516,16 +502,7 @@ def test_omni_random_conversations_reuse_exactly_what_the_rules_allow(conversati
                 spans.append((start, start + len(body)))
                 ids += tokens[0].tolist()
                 symbols += [int(tokens[0, 0]), *[(kind, index, j) for j in range(len(body))], int(tokens[0, -1])]
-            expected = 0
-            for seq in stored:
-                n = 0
-                while n < min(len(seq), len(symbols)) and seq[n] == symbols[n]:
-                    n += 1
-                expected = max(expected, n)
-            cut = min(expected, len(ids) - 1)
-            for a, b in spans:
-                if a < cut < b:
-                    cut = a
+            cut = span_cut(longest_prefix(stored, symbols), len(ids), spans)
             prompt = torch.tensor([ids])
             before = store.stats().hit_tokens
             out = assert_same_as_cold(

@@ -18,6 +18,7 @@ from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.generic import NEW, GenericFamily
 from hf_prefix_cache.testing.media.generic_ids import SPECIAL_IDS
+from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.tiny_vlm_media import pil_image, text
 
 
@@ -49,9 +50,8 @@ def fam() -> GenericFamily:
 
 def test_image_then_video_reuses_the_image_turn(fam: GenericFamily) -> None:
     """A turn adding a video after an image turn reuses all of it; the repeat reuses all but the last token."""
-    store = PrefixCache(fam.model)
-    hits = Hits(store)
-    try:
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
         image, video = fam.medium(0), fam.medium(1)
         assert image.kind == "image" and video.kind == "video"
         first = torch.cat([text(5, 1), fam.placeholders(image), text(6, 2)], dim=1)
@@ -63,15 +63,12 @@ def test_image_then_video_reuses_the_image_turn(fam: GenericFamily) -> None:
         check(fam.model, second, store, pixel_values_images=_images(0), pixel_values_videos=videos)
         assert hits.last() == second.shape[1] - 1
         assert not store.stats().fallbacks, store.stats().fallbacks
-    finally:
-        store.detach()
 
 
 def test_another_image_under_the_legacy_name_reuses_nothing_past_it(fam: GenericFamily) -> None:
     """The alias keys images by content like `pixel_values`: another picture stops reuse at its placeholders."""
-    store = PrefixCache(fam.model)
-    hits = Hits(store)
-    try:
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
         head = text(5, 1)
         ids = torch.cat([head, fam.placeholders(fam.medium(0)), text(6, 2)], dim=1)
         check(fam.model, ids, store, pixel_values_images=_images(0))
@@ -79,14 +76,11 @@ def test_another_image_under_the_legacy_name_reuses_nothing_past_it(fam: Generic
         assert hits.last() == head.shape[1]
         check(fam.model, ids, store, pixel_values=_images(0))  # the new name keys the same image the same way
         assert hits.last() == ids.shape[1] - 1
-    finally:
-        store.detach()
 
 
 def test_both_names_at_once_run_cold(fam: GenericFamily) -> None:
     """Images under both names are two values for one input: cold, with a reason."""
-    store = PrefixCache(fam.model)
-    try:
+    with served(fam.model, clean=False) as store:
         ids = torch.cat([text(5, 1), fam.placeholders(fam.medium(0)), text(6, 2)], dim=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -96,5 +90,3 @@ def test_both_names_at_once_run_cold(fam: GenericFamily) -> None:
                     fam.model, ids, NEW, past_key_values=store, pixel_values=_images(0), pixel_values_images=_images(0)
                 )
         assert store.stats().hit_tokens == 0 and store.stats().fallbacks
-    finally:
-        store.detach()

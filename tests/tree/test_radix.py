@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from hf_prefix_cache.testing.reference import longest_prefix
 from hf_prefix_cache.tree.radix import Node, RadixTree
 
 BYTES_PER_SYMBOL = 4
@@ -634,15 +635,6 @@ def test_match_visits_only_the_query_path_in_a_large_tree(tree: RadixTree) -> No
         if node.parent.is_root and not isinstance(node.parent.children, CountingDict):
             node.parent.children = CountingDict(node.parent.children)
 
-    def brute_force(query: tuple) -> int:
-        best = 0
-        for seq in stored:
-            k = 0
-            while k < min(len(seq), len(query)) and seq[k] == query[k]:
-                k += 1
-            best = max(best, k)
-        return best
-
     queries = [
         long_entry,
         long_entry[:1_500] + (99,) * 500,
@@ -652,7 +644,7 @@ def test_match_visits_only_the_query_path_in_a_large_tree(tree: RadixTree) -> No
     for query in queries:
         CountingDict.lookups = 0
         result = tree.match("ns", query)
-        assert result.matched_len == brute_force(query)
+        assert result.matched_len == longest_prefix(stored, query)
         assert CountingDict.lookups <= len(result.path) + 1
         assert len(result.path) <= result.matched_len
         assert result.path[0].start == 0

@@ -1,0 +1,94 @@
+"""Every family of the test-builder registry (`testing/media/cases.py`) serves its media exactly.
+
+One suite over all rows: each request runs cold and through the store (equal tokens, logits within
+1e-4, all media passed every time as the processor would), and hits are counted. A family whose
+text layers hold recurrent states restores only at a snapshot, so its cases expect less reuse
+where a request diverges before one was taken. What only one family does stays in its own file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import Hits
+
+from hf_prefix_cache.testing.media import grid, packed, qwen3
+from hf_prefix_cache.testing.media.cases import CASES, MediaCase
+from hf_prefix_cache.testing.media.harness import check, served
+from hf_prefix_cache.testing.tiny_vlm_media import text
+
+IMAGE_AND_VIDEO = (("image", 2), ("video", 5))
+#: A first turn's medium and the media a second turn adds (kind, seed), per family.
+TURNS = [
+    *[(name, "image", IMAGE_AND_VIDEO) for name in (*grid.FAMILIES, *qwen3.FAMILIES)],
+    *[(name, "image", (("image", 2),)) for name in packed.FAMILIES],
+    *[
+        (name, first, ((then, 2),))
+        for name in ("inkling", "nemotron_h_omni")
+        for first, then in (("image", "image"), ("image", "audio"), ("audio", "image"))
+    ],
+]
+#: The kinds of medium a family's changed-medium case runs with.
+CHANGES = [(name, kind) for name in (*grid.FAMILIES, *qwen3.FAMILIES) for kind in ("image", "video")] + [
+    *[(name, "image") for name in packed.FAMILIES],
+    *[(name, kind) for name in ("inkling", "nemotron_h_omni") for kind in ("image", "audio")],
+]
+assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
+
+
+def _run(case: MediaCase, ids: torch.Tensor, media: list[Any], store: Any) -> Any:
+    return check(case.model, ids, store, case.kwargs(ids, media))
+
+
+@pytest.mark.parametrize(
+    ("name", "first_kind", "added"),
+    [pytest.param(*row, id=f"{row[0]}-{row[1]}+{'+'.join(k for k, _ in row[2])}") for row in TURNS],
+)
+def test_a_turn_adding_media_reuses_the_previous_turn(name: str, first_kind: str, added: Any) -> None:
+    """A turn adding media reuses the first turn whole (but the answer's last token), and its repeat all but the last token."""
+    case = CASES[name]()
+    with served(case.model) as store:
+        hits = Hits(store)
+        first_medium = case.media[first_kind](1)
+        new = [case.media[kind](seed) for kind, seed in added]
+        first = torch.cat([text(5, 1), case.placeholders(first_medium), text(6, 2)], dim=1)
+        answer = _run(case, first, [first_medium], store).sequences
+        pieces = [answer, text(4, 3)]
+        for i, medium in enumerate(new):
+            pieces += [case.placeholders(medium), text(3, 4 + i)]
+        second = torch.cat(pieces, dim=1)
+        _run(case, second, [first_medium, *new], store)
+        assert hits.last() == answer.shape[1] - 1  # the answer's last token was never fed
+        _run(case, second, [first_medium, *new], store)
+        assert hits.last() == second.shape[1] - 1
+        if case.longer:
+            _run(case, torch.cat([second, text(20, 6)], dim=1), [first_medium, *new], store)
+            # Attention reuses the whole second prompt; states, up to their last snapshot (the prompt's last fed token).
+            assert hits.last() == second.shape[1] - (1 if case.states else 0)
+
+
+@pytest.mark.parametrize(("name", "kind"), [pytest.param(*row, id=f"{row[0]}-{row[1]}") for row in CHANGES])
+def test_changed_medium_reuses_nothing_past_its_first_placeholder(name: str, kind: str) -> None:
+    """Identical ids with another medium reuse at most the text and framing before its placeholders.
+
+    A family with states restores only at a snapshot: the divergence from the first request's
+    prefix is one once a second request has stopped there.
+    """
+    case = CASES[name]()
+    build = case.media[kind]
+    with served(case.model) as store:
+        hits = Hits(store)
+        one, other, third = build(1), build(13), build(25)  # seeds 1, 13, 25: same placeholders, other content
+        head = text(4, 7)
+        ids = torch.cat([head, case.placeholders(one), text(5, 2)], dim=1)
+        start = head.shape[1] + case.framing(one)  # the framing ids before the first placeholder are text
+        _run(case, ids, [one], store)
+        _run(case, ids, [other], store)
+        assert hits.last() == (0 if case.states else start)
+        _run(case, ids, [third], store)
+        assert hits.last() == start
+        if case.longer:
+            _run(case, ids, [one], store)
+            assert hits.last() == ids.shape[1] - 1
