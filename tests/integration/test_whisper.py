@@ -312,7 +312,7 @@ def test_beams_and_samples_reuse_the_encoder_output_and_decoder_prefix(mode: str
             warm = _expanded(model, store, features, mode)
         assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
         diff = max((a - b).abs().max().item() for a, b in zip(cold.logits, warm.logits, strict=True))
-        assert diff < LOGIT_TOL
+        assert diff < compare.LOGIT_TOL
         assert not calls, "the stored encoder output should replace the encoder"
         stats = store.stats()
         assert stats.hit_tokens == 3 and not stats.fallbacks  # start, language, task: all but the last prompt token
