@@ -59,6 +59,10 @@ INDEXER_TIE = "indexer_tie"
 # A media item keyed with padding its model reads (Phi-4 audio: a clip padded to a later, longer one) where the
 # store holds it unpadded: reuse stops at it, since the model's output for it changed (reduced reuse).
 MEDIA_PADDING = "media_padding"
+# A static cache's sliding-window layer (`cache_implementation="static"` on Gemma, Mistral, ...) keeps only its last
+# `window` positions: a call that wrote past the window was served, but its sequence cannot be copied out to store
+# (reduced reuse; the prefix it restored stays stored).
+STATIC_WINDOW = "static_window"
 BATCH_SIZE = "batch_size"
 PADDING = "padding"
 ATTENTION_MASK_SHAPE = "attention_mask_shape"

@@ -129,8 +129,9 @@ def _settings_problem(
     """Decoding, cache-implementation and output settings a hit could not reproduce."""
     config = refusals.GenerationSettings(model, arguments.get("generation_config"), kwargs)
     served = _SERVED_IMPLEMENTATIONS
-    if config.cache_implementation == STATIC and profile.serves_static and _one_sequence(config):
-        served = served | {STATIC}
+    static = static_implementation(config)
+    if static is not None and profile.serves_static and _one_sequence(config):
+        served = served | {static}
     problem = refusals.decoding_problem(config, modes) or refusals.cache_implementation_problem(config, served)
     if problem is not None:
         return problem
@@ -139,6 +140,18 @@ def _settings_problem(
         return reasons.MEDIA_BATCH
     if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
         return problem
+    return None
+
+
+def static_implementation(config: refusals.GenerationSettings) -> str | None:
+    """The call's static cache implementation, or None: ``"static"``, or a deprecated name `generate` builds the
+    same `StaticCache` for (``"sliding_window"``; ``"hybrid"`` when the call asks for it, since `generate` drops
+    a model's default ``"hybrid"`` and decodes on a dynamic cache)."""
+    impl = config.cache_implementation
+    if impl in (STATIC, "sliding_window") or (
+        impl == "hybrid" and config.explicit(refusals.CACHE_IMPLEMENTATION) == impl
+    ):
+        return str(impl)
     return None
 
 

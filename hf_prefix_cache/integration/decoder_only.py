@@ -28,7 +28,7 @@ from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, recurrent_rows, refusals
-from hf_prefix_cache.integration.decoder_checks import STATIC, media_layout, serving_modes, why_cold
+from hf_prefix_cache.integration.decoder_checks import media_layout, serving_modes, static_implementation, why_cold
 from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
@@ -138,7 +138,12 @@ class DecoderOnlyHook(PatchingHook):
         finally:
             store.release(lease)
         if call.static is not None:
-            cache = from_static(call.static, cache)  # the buffers are this call's: copy what to store out
+            copied = from_static(call.static, cache)  # the buffers are this call's: copy what to store out
+            if copied is None:  # a sliding layer wrote past its window: the earliest positions are gone
+                store.record(Served(len(call.rows[0]), lease.cached_len))
+                store.record(ReducedReuse(reasons.STATIC_WINDOW))
+                return output
+            cache = copied
         self._store_result(call, lease, cache, output, snapshots)
         return output
 
@@ -165,13 +170,14 @@ class DecoderOnlyHook(PatchingHook):
         call.drop_impl = bool(settings.cache_implementation)
         call.expand, call.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
         call.assisted = refusals.is_assisted(settings) or bound.arguments.get("assistant_model") is not None
-        if settings.cache_implementation == STATIC:
+        static = static_implementation(settings)
+        if static is not None:
             # Sized as generate sizes it: the longest sequence but its last token (or the config's own size).
             new = settings.max_new_tokens
             longest = prompt_len + new if new is not None else settings.max_length
             call.static_len = max(longest - 1, settings.max_cache_len or 0)
             if reason is None and (len(call.rows) > 1 or any(call.pads)):
-                reason = reasons.with_detail(reasons.CACHE_IMPLEMENTATION, STATIC)  # static rows restore one prompt
+                reason = reasons.with_detail(reasons.CACHE_IMPLEMENTATION, static)  # static rows restore one prompt
         return call, reason
 
     def _key(self, call: _Call) -> str | None:

@@ -137,7 +137,8 @@ class ModelProfile:
     @property
     def serves_static(self) -> bool:
         """Whether a static cache can take a restored prefix (`model/static.py`): every cache layer keeps plain
-        per-token keys whose static form is one buffer, with no state and no media item blocks."""
+        per-token keys whose static form is one buffer (full attention, or a sliding window's last positions), with
+        no state and no media item blocks."""
         return self.expands and self.has_kv and all(a.has_static_form for a in self.adapters if a.has_kv)
 
     @property

@@ -14,6 +14,7 @@ import torch
 from conftest import CACHE_NAME, LOGIT_TOL, Hits, cached_model, kv_bytes_per_token, max_logit_diff, random_prompt
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.compare import served
 
 STORED_LEN = 30
 PROMPT_LEN = 40
@@ -31,8 +32,11 @@ MODES: dict[str, dict[str, Any]] = {
 MODELS = ("llama", "gemma3_text", "deepseek_v32", "gpt2")
 # transformers' crop cuts a recording sliding layer back to its window: assisted decoding runs cold there.
 ASSISTED_COLD = {"gemma3_text"}
-# Static sliding and indexed layers keep more than one plain buffer: a static cache runs cold there.
-STATIC_COLD = {"gemma3_text", "deepseek_v32"}
+# Static indexed layers keep their indexer keys in buffers of their own: a static cache runs cold there.
+STATIC_COLD = {"deepseek_v32"}
+# A static sliding layer keeps only its window (8 positions in the tiny Gemma 3): a call that writes past it is
+# served, but its sequence cannot be copied out to store (`static_window`).
+STATIC_WINDOW = {"gemma3_text"}
 
 
 def _run(model: Any, ids: torch.Tensor, mode: str, store: PrefixCache | None) -> Any:
@@ -89,8 +93,74 @@ def test_a_decoding_mode_reuses_the_stored_prefix_exactly(warm_store: Any, mode:
         assert hits.last() == 0
         assert store.stats().fallbacks == {"cache_implementation:static": 1}
         return
+    if name in STATIC_WINDOW and mode == "static_cache":
+        assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
+        assert store.stats().fallbacks == {"static_window": 1}
+        return
     assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
     assert store.stats().fallbacks == {}
+
+
+@pytest.mark.parametrize("implementation", ["static", "sliding_window", "hybrid"])
+def test_a_static_sliding_cache_restores_a_prefix_past_its_window(implementation: str) -> None:
+    """On a model with sliding layers, `cache_implementation="static"` (and the deprecated names generate builds the same
+    `StaticCache` for, asked for explicitly) gets the stored prefix's last window in each sliding buffer: equal to cold,
+    the 30 stored tokens reused. The call writes past the 8-position window, so its sequence is not stored."""
+    model = cached_model("gemma3_text")
+    assert model.config.sliding_window == 8
+    ids = random_prompt(PROMPT_LEN, seed=12)
+    kwargs = {"cache_implementation": implementation, "max_new_tokens": 4}
+    with served(model, clean=False) as store:
+        store_prompt(model, store, ids[:, :STORED_LEN])
+        hits = Hits(store)
+        cold, warm = run_twice(model, ids, store, **kwargs)
+        assert torch.equal(cold.sequences, warm.sequences)
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == STORED_LEN
+        assert store.stats().fallbacks == {"static_window": 1}
+        store.check_integrity()
+
+
+def test_a_static_sliding_cache_within_its_window_stores_the_sequence() -> None:
+    """A static call that stays within the sliding window (3 stored + 2 new prompt tokens + 1 generated fed back) is
+    copied out and stored: the same call again reuses its whole prompt but the last token."""
+    model = cached_model("gemma3_text")
+    ids = random_prompt(5, seed=13)
+    kwargs = {"cache_implementation": "static", "max_new_tokens": 2}
+    with served(model) as store:
+        store_prompt(model, store, ids[:, :3])
+        hits = Hits(store)
+        cold, warm = run_twice(model, ids, store, **kwargs)
+        assert torch.equal(cold.sequences, warm.sequences)
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == 3
+        again = run_twice(model, ids, store, **kwargs)[1]
+        assert torch.equal(again.sequences, cold.sequences)
+        assert hits.last() == 4, "the static call's sequence was not stored"
+        assert store.stats().fallbacks == {}
+
+
+def store_prompt(model: Any, store: PrefixCache, ids: torch.Tensor) -> None:
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, **{CACHE_NAME: store})
+
+
+def run_twice(model: Any, ids: torch.Tensor, store: PrefixCache, **kwargs: Any) -> tuple[Any, Any]:
+    """The call cold, then through `store`, each from the same seed, with per-step logits."""
+    outputs = []
+    for cache in ({}, {CACHE_NAME: store}):
+        torch.manual_seed(0)
+        outputs.append(
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                **kwargs,
+                **cache,
+            )
+        )
+    return outputs[0], outputs[1]
 
 
 @pytest.mark.parametrize("warm_store", ["llama"], indirect=True)
@@ -129,6 +199,7 @@ import sys, torch
 sys.path.insert(0, "tests")
 from conftest import CACHE_NAME, LOGIT_TOL, Hits, build, max_logit_diff, random_prompt
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.testing.compare import served
 
 model = build("llama")
 store = PrefixCache(model)

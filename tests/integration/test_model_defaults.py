@@ -11,8 +11,8 @@ from hf_prefix_cache import PrefixCache
 
 @pytest.mark.parametrize("impl", ["dynamic", "static", "sliding_window", "offloaded", "quantized"])
 def test_a_model_default_cache_implementation(impl: str) -> None:
-    """`dynamic` and `static` are served and reused; any other runs cold with its name, raising only what a cold run
-    raises."""
+    """`dynamic` and `static` (and `sliding_window`, a deprecated name of the static cache) are served and reused; any
+    other runs cold with its name, raising only what a cold run raises."""
     model = build("llama")
     model.generation_config.cache_implementation = impl
     store = PrefixCache(model)
@@ -28,7 +28,7 @@ def test_a_model_default_cache_implementation(impl: str) -> None:
         hits = Hits(store)
         assert_same_as_cold(model, ids, store)
         assert_same_as_cold(model, ids, store)
-        if impl in ("dynamic", "static"):
+        if impl in ("dynamic", "static", "sliding_window"):
             assert hits.last() == ids.shape[1] - 1
             assert store.stats().fallbacks == {}
         else:

@@ -29,7 +29,8 @@ class SlidingWindowAdapter(FullAttentionAdapter):
     # transformers' crop cuts a recording layer back to its window ("minimal working size"): later
     # captures would miss the positions before it.
     is_croppable = False
-    has_static_form = False  # a static sliding layer is a rolling window of `window` positions
+    # transformers' static form keeps the last `window` positions in one buffer (`model/static.py` fills it).
+    has_static_form = True
 
     def prepare(self, layer: Any) -> None:
         # Keep all past keys: `update` then returns only the visible window, exactly as without recording.
