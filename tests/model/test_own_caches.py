@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from conftest import Hits, assert_same_as_cold, random_prompt
+from conftest import assert_same_as_cold, random_prompt
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.profile import profile_model
+from hf_prefix_cache.testing.compare import served
+from hf_prefix_cache.testing.snapshots import divergences, second_turn_and_repeat
 
 INTERVAL = 10
 
@@ -78,37 +80,17 @@ def test_minimax_is_served_with_a_working_cache_of_its_own_class() -> None:
 @pytest.mark.parametrize("name", sorted(_MODELS))
 def test_a_second_turn_and_a_repeat_reuse_the_stored_prompt_exactly(name: str) -> None:
     model = _MODELS[name]()
-    store = PrefixCache(model, snapshot_interval=INTERVAL)
-    try:
-        hits = Hits(store)
-        prompt = random_prompt(21, seed=11)  # three blocks, the last one partial
-        first = assert_same_as_cold(model, prompt, store, new=4)
-        assert hits.last() == 0
-        turn = torch.cat([first.sequences, random_prompt(9, seed=12)], 1)
-        assert_same_as_cold(model, turn, store, new=4)
-        assert hits.last() == first.sequences.shape[1] - 1  # the snapshot at the first answer's end
-        assert_same_as_cold(model, turn, store, new=4)
-        assert hits.last() == turn.shape[1] - 1
-        assert not store.stats().fallbacks
-    finally:
-        store.detach()
+    with served(model, clean=False, snapshot_interval=INTERVAL) as store:
+        # three blocks, the last one partial; the turn restores the snapshot at the first answer's end
+        second_turn_and_repeat(model, store, random_prompt(21, seed=11), random_prompt(9, seed=12))
 
 
 @pytest.mark.parametrize("name", sorted(_MODELS))
 def test_a_divergence_restores_the_interval_snapshot_before_it(name: str) -> None:
     model = _MODELS[name]()
-    store = PrefixCache(model, snapshot_interval=INTERVAL)
-    try:
-        hits = Hits(store)
-        prompt = random_prompt(40, seed=13)
-        assert_same_as_cold(model, prompt, store, new=3)
-        other = torch.cat([prompt[:, :25], random_prompt(10, seed=14)], 1)
-        assert_same_as_cold(model, other, store, new=3)
-        assert hits.last() == 20  # the last interval snapshot before the divergence at 25
-        assert_same_as_cold(model, other, store, new=3)
-        assert hits.last() == other.shape[1] - 1
-    finally:
-        store.detach()
+    with served(model, clean=False, snapshot_interval=INTERVAL) as store:
+        # the last interval snapshot before the divergence at 25
+        divergences(model, store, random_prompt(40, seed=13), [(25, random_prompt(10, seed=14), 20)])
 
 
 def test_a_one_token_prompt_through_the_store_is_exact() -> None:
