@@ -21,6 +21,7 @@ from hf_prefix_cache import PrefixCache, reasons
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.testing.compare import served
 from hf_prefix_cache.testing.snapshots import divergences, second_turn_and_repeat
+from hf_prefix_cache.testing.tiny_build import seeded
 
 HCA_RATE, CSA_RATE, TOP_K = 8, 4, 16  # the CSA indexer keeps every entry up to TOP_K * CSA_RATE = 64 tokens
 INTERVAL = 6  # snapshot bounds inside open windows of both compressors
@@ -38,11 +39,7 @@ def _tiny_deepseek_v4() -> Any:
         index_head_dim=16, compress_rates={"heavily_compressed_attention": HCA_RATE, "compressed_sparse_attention": CSA_RATE},
         pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.DeepseekV4ForCausalLM(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, 0, 1, False
-    return model
+    return seeded(transformers.DeepseekV4ForCausalLM, config)
 
 
 def test_both_compressed_layer_classes_are_served() -> None:

@@ -13,7 +13,6 @@ import functools
 from typing import Any
 
 import pytest
-import torch
 import transformers
 from conftest import assert_same_as_cold, random_prompt
 
@@ -21,6 +20,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.testing.compare import served
 from hf_prefix_cache.testing.snapshots import divergences, second_turn_and_repeat
+from hf_prefix_cache.testing.tiny_build import seeded
 
 INTERVAL = 10
 
@@ -33,11 +33,7 @@ def _tiny_minimax() -> Any:
         num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"],
         num_local_experts=4, num_experts_per_tok=2, block_size=8, pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.MiniMaxForCausalLM(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, 0, 1, False
-    return model
+    return seeded(transformers.MiniMaxForCausalLM, config)
 
 
 @functools.cache
@@ -47,11 +43,7 @@ def _tiny_rwkv() -> Any:
         vocab_size=128, hidden_size=64, attention_hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         rescale_every=2, pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.RwkvForCausalLM(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, 0, 1, False
-    return model
+    return seeded(transformers.RwkvForCausalLM, config)
 
 
 _MODELS = {"minimax": _tiny_minimax, "rwkv": _tiny_rwkv}
