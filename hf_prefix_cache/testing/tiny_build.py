@@ -72,6 +72,26 @@ def _finalize(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+def seeded(model_cls: Any, config: Any) -> Any:
+    """``model_cls(config)`` built after ``torch.manual_seed(0)``, float32 and in eval mode, greedy to ``max_new_tokens``.
+
+    For a test's own tiny model of a class `_make` does not build (its attention implementation is the
+    config's): its generation config gets no eos, the pad and bos ids 0 and 1, and no sampling.
+
+    Example:
+        >>> import transformers
+        >>> config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+        >>> seeded(transformers.LlamaForCausalLM, config).generation_config.do_sample
+        False
+    """
+    torch.manual_seed(0)
+    model = model_cls(config).float().eval()
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, PAD_ID, BOS_ID, False
+    return model
+
+
 def _make(config_cls: type[PreTrainedConfig], model_cls_name: str, **kwargs: object) -> PreTrainedModel:
     """Seed, build ``model_cls_name`` from ``config_cls(**_COMMON, **kwargs)`` and finalize it."""
     torch.manual_seed(0)

@@ -34,12 +34,14 @@ def family_fixture(build: Callable[[str], Any], names: Iterable[Any], *, no_fall
     return family
 
 
-def store_fixture(model: Callable[[], Any]) -> Any:
-    """A fixture yielding a store served on `model()`."""
+def store_fixture(model: Callable[[], Any], *, no_fallbacks: bool = True) -> Any:
+    """A fixture yielding a store served on `model()` (`no_fallbacks` as for `family_fixture`)."""
 
     @pytest.fixture
     def store() -> Iterator[PrefixCache]:
-        with served(model()) as cache:
+        with served(model(), clean=no_fallbacks) as cache:
             yield cache
+            if not no_fallbacks:
+                cache.check_integrity()
 
     return store

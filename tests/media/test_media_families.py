@@ -15,46 +15,53 @@ import torch
 from conftest import Hits
 
 from hf_prefix_cache.testing.media import grid, packed, qwen3
-from hf_prefix_cache.testing.media.cases import CASES, MediaCase
+from hf_prefix_cache.testing.media.cases import CASES, SINGLE, MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
 
 IMAGE_AND_VIDEO = (("image", 2), ("video", 5))
-#: A first turn's medium and the media a second turn adds (kind, seed), per family.
+#: A first turn's medium and the media a second turn adds ((kind, seed) each), per family.
 TURNS = [
-    *[(name, "image", IMAGE_AND_VIDEO) for name in (*grid.FAMILIES, *qwen3.FAMILIES)],
-    *[(name, "image", (("image", 2),)) for name in packed.FAMILIES],
+    *[(name, ("image", 1), IMAGE_AND_VIDEO) for name in (*grid.FAMILIES, *qwen3.FAMILIES)],
+    *[(name, ("image", 1), (("image", 2),)) for name in packed.FAMILIES],
     *[
-        (name, first, ((then, 2),))
+        (name, (first, 1), ((then, 2),))
         for name in ("inkling", "nemotron_h_omni")
         for first, then in (("image", "image"), ("image", "audio"), ("audio", "image"))
     ],
+    ("emu3", ("image", 1), (("image", 4),)),  # one size, other pixels
+    ("ovis2", ("image", 1), (("image", 2),)),  # a global image, then a tiled one
+    ("ovis2", ("image", 2), (("image", 4),)),  # a tiled image, then a global one
+    *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss", "vibevoice")],  # moss: a two-window clip
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [(name, kind) for name in (*grid.FAMILIES, *qwen3.FAMILIES) for kind in ("image", "video")] + [
     *[(name, "image") for name in packed.FAMILIES],
     *[(name, kind) for name in ("inkling", "nemotron_h_omni") for kind in ("image", "audio")],
+    *[(name, row[2]) for name, row in SINGLE.items()],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
+
+
+def _turn_id(name: str, first: tuple[str, int], added: Any) -> str:
+    seed = "" if first[1] == 1 else str(first[1])
+    return f"{name}-{first[0]}{seed}+{'+'.join(k for k, _ in added)}"
 
 
 def _run(case: MediaCase, ids: torch.Tensor, media: list[Any], store: Any) -> Any:
     return check(case.model, ids, store, case.kwargs(ids, media))
 
 
-@pytest.mark.parametrize(
-    ("name", "first_kind", "added"),
-    [pytest.param(*row, id=f"{row[0]}-{row[1]}+{'+'.join(k for k, _ in row[2])}") for row in TURNS],
-)
-def test_a_turn_adding_media_reuses_the_previous_turn(name: str, first_kind: str, added: Any) -> None:
+@pytest.mark.parametrize(("name", "first", "added"), [pytest.param(*row, id=_turn_id(*row)) for row in TURNS])
+def test_a_turn_adding_media_reuses_the_previous_turn(name: str, first: tuple[str, int], added: Any) -> None:
     """A turn adding media reuses the first turn whole (but the answer's last token), and its repeat all but the last token."""
     case = CASES[name]()
     with served(case.model) as store:
         hits = Hits(store)
-        first_medium = case.media[first_kind](1)
+        first_medium = case.media[first[0]](first[1])
         new = [case.media[kind](seed) for kind, seed in added]
-        first = torch.cat([text(5, 1), case.placeholders(first_medium), text(6, 2)], dim=1)
-        answer = _run(case, first, [first_medium], store).sequences
+        ids = torch.cat([text(5, 1), case.placeholders(first_medium), text(6, 2)], dim=1)
+        answer = _run(case, ids, [first_medium], store).sequences
         pieces = [answer, text(4, 3)]
         for i, medium in enumerate(new):
             pieces += [case.placeholders(medium), text(3, 4 + i)]
@@ -80,15 +87,14 @@ def test_changed_medium_reuses_nothing_past_its_first_placeholder(name: str, kin
     build = case.media[kind]
     with served(case.model) as store:
         hits = Hits(store)
-        one, other, third = build(1), build(13), build(25)  # seeds 1, 13, 25: same placeholders, other content
+        one = build(1)  # seeds 1, 13, 25: same placeholders, other content
         head = text(4, 7)
         ids = torch.cat([head, case.placeholders(one), text(5, 2)], dim=1)
         start = head.shape[1] + case.framing(one)  # the framing ids before the first placeholder are text
         _run(case, ids, [one], store)
-        _run(case, ids, [other], store)
-        assert hits.last() == (0 if case.states else start)
-        _run(case, ids, [third], store)
-        assert hits.last() == start
-        if case.longer:
+        for i, seed in enumerate(case.changes):
+            _run(case, ids, [build(seed)], store)
+            assert hits.last() == (0 if case.states and i == 0 else start)
+        if case.repeat:
             _run(case, ids, [one], store)
             assert hits.last() == ids.shape[1] - 1

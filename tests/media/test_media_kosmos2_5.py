@@ -6,32 +6,25 @@ its position mask passed every time as the processor would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
-from conftest import Hits, assert_same_as_cold
+from conftest import Hits
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.kosmos2_5 import Kosmos2_5Media
-from hf_prefix_cache.testing.media.kosmos2_5 import NEW, SPECIAL_IDS, head, media_kwargs, tiny_kosmos2_5
+from hf_prefix_cache.testing.media import harness
+from hf_prefix_cache.testing.media.kosmos2_5 import head, media_kwargs, tiny_kosmos2_5
 from hf_prefix_cache.testing.tiny_vlm_media import text
+from media.conftest import store_fixture
+
+store = store_fixture(tiny_kosmos2_5, no_fallbacks=False)
 
 
 def check(ids: torch.Tensor, seed: int | None, store: PrefixCache, **override: Any) -> Any:
-    """Run `ids` cold and through `store`; assert equal tokens and logits within tolerance; return the cached run."""
-    kwargs = {**media_kwargs(ids, seed), "suppress_tokens": SPECIAL_IDS, **override}
-    return assert_same_as_cold(tiny_kosmos2_5(), ids, store, NEW, cache_argument="past_key_values", **kwargs)
-
-
-@pytest.fixture
-def store() -> Iterator[PrefixCache]:
-    cache = PrefixCache(tiny_kosmos2_5())
-    yield cache
-    cache.check_integrity()
-    cache.detach()
+    """`harness.check` with the image of `seed` (none: a text-only call) and its position mask."""
+    return harness.check(tiny_kosmos2_5(), ids, store, media_kwargs(ids, seed), **override)
 
 
 def test_kosmos2_5_gets_its_adapter() -> None:
@@ -41,13 +34,13 @@ def test_kosmos2_5_gets_its_adapter() -> None:
 def test_a_follow_up_reuses_the_image_and_its_text(store: PrefixCache) -> None:
     """A second turn reuses the image and the first turn whole; its repeat all but the last token."""
     hits = Hits(store)
-    first = torch.cat([head(), text(6, 2)], dim=1)
-    answer = check(first, 1, store).sequences
+    answer = check(torch.cat([head(), text(6, 2)], dim=1), 1, store).sequences
     second = torch.cat([answer, text(5, 3)], dim=1)
-    check(second, 1, store)
-    assert hits.last() == answer.shape[1] - 1
-    check(second, 1, store)
-    assert hits.last() == second.shape[1] - 1
+    reused = []
+    for _ in range(2):
+        check(second, 1, store)
+        reused.append(hits.last())
+    assert reused == [answer.shape[1] - 1, second.shape[1] - 1]
     assert not store.stats().fallbacks, store.stats().fallbacks
 
 
@@ -55,11 +48,11 @@ def test_another_image_reuses_nothing(store: PrefixCache) -> None:
     """The image spans the prompt's head from BOS: with other patches nothing is reused, then all of it."""
     hits = Hits(store)
     ids = torch.cat([head(), text(6, 2)], dim=1)
-    check(ids, 1, store)
-    check(ids, 13, store)
-    assert hits.last() == 0
-    check(ids, 1, store)
-    assert hits.last() == ids.shape[1] - 1
+    reused = []
+    for seed in (1, 13, 1):
+        check(ids, seed, store)
+        reused.append(hits.last())
+    assert reused[1:] == [0, ids.shape[1] - 1]
     assert not store.stats().fallbacks, store.stats().fallbacks
 
 

@@ -19,6 +19,9 @@ from conftest import CACHE_NAME, Hits, assert_same_as_cold, random_prompt
 
 from hf_prefix_cache import PrefixCache, reasons
 from hf_prefix_cache.model.profile import profile_model
+from hf_prefix_cache.testing.compare import served
+from hf_prefix_cache.testing.snapshots import divergences, second_turn_and_repeat
+from hf_prefix_cache.testing.tiny_build import seeded
 
 HCA_RATE, CSA_RATE, TOP_K = 8, 4, 16  # the CSA indexer keeps every entry up to TOP_K * CSA_RATE = 64 tokens
 INTERVAL = 6  # snapshot bounds inside open windows of both compressors
@@ -36,11 +39,7 @@ def _tiny_deepseek_v4() -> Any:
         index_head_dim=16, compress_rates={"heavily_compressed_attention": HCA_RATE, "compressed_sparse_attention": CSA_RATE},
         pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.DeepseekV4ForCausalLM(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, 0, 1, False
-    return model
+    return seeded(transformers.DeepseekV4ForCausalLM, config)
 
 
 def test_both_compressed_layer_classes_are_served() -> None:
@@ -51,36 +50,17 @@ def test_both_compressed_layer_classes_are_served() -> None:
 
 def test_a_second_turn_and_a_repeat_reuse_the_stored_prompt_exactly() -> None:
     model = _tiny_deepseek_v4()
-    store = PrefixCache(model, snapshot_interval=INTERVAL)
-    try:
-        hits = Hits(store)
-        prompt = random_prompt(27, seed=1)  # HCA closes 3 windows, CSA 6; both leave tokens buffered
-        first = assert_same_as_cold(model, prompt, store, new=4)
-        assert hits.last() == 0
-        turn = torch.cat([first.sequences, random_prompt(9, seed=2)], 1)  # 40 tokens
-        assert_same_as_cold(model, turn, store, new=4)
-        assert hits.last() == first.sequences.shape[1] - 1  # the snapshot at the first answer's end
-        assert_same_as_cold(model, turn, store, new=4)
-        assert hits.last() == turn.shape[1] - 1  # the snapshot before the prompt's last token
-        assert not store.stats().fallbacks
-    finally:
-        store.detach()
+    with served(model, clean=False, snapshot_interval=INTERVAL) as store:
+        # HCA closes 3 windows, CSA 6; both leave tokens buffered. The turn (40 tokens) restores the snapshot
+        # at the first answer's end, its repeat the snapshot before the prompt's last token.
+        second_turn_and_repeat(model, store, random_prompt(27, seed=1), random_prompt(9, seed=2))
 
 
 def test_a_divergence_restores_the_interval_snapshot_before_it() -> None:
     model = _tiny_deepseek_v4()
-    store = PrefixCache(model, snapshot_interval=INTERVAL)
-    try:
-        hits = Hits(store)
-        prompt = random_prompt(50, seed=3)
-        assert_same_as_cold(model, prompt, store, new=3)
-        other = torch.cat([prompt[:, :33], random_prompt(12, seed=4)], 1)
-        assert_same_as_cold(model, other, store, new=3)
-        assert hits.last() == 30  # the last interval snapshot before the divergence at 33
-        assert_same_as_cold(model, other, store, new=3)
-        assert hits.last() == other.shape[1] - 1  # the divergence was snapshotted on the way
-    finally:
-        store.detach()
+    with served(model, clean=False, snapshot_interval=INTERVAL) as store:
+        # the last interval snapshot before the divergence at 33; the divergence is snapshotted on the way
+        divergences(model, store, random_prompt(50, seed=3), [(33, random_prompt(12, seed=4), 30)])
 
 
 def test_a_prompt_past_the_indexers_top_k_runs_cold_with_its_reason() -> None:

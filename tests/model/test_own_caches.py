@@ -13,12 +13,14 @@ import functools
 from typing import Any
 
 import pytest
-import torch
 import transformers
-from conftest import Hits, assert_same_as_cold, random_prompt
+from conftest import assert_same_as_cold, random_prompt
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.model.profile import profile_model
+from hf_prefix_cache.testing.compare import served
+from hf_prefix_cache.testing.snapshots import divergences, second_turn_and_repeat
+from hf_prefix_cache.testing.tiny_build import seeded
 
 INTERVAL = 10
 
@@ -31,11 +33,7 @@ def _tiny_minimax() -> Any:
         num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"],
         num_local_experts=4, num_experts_per_tok=2, block_size=8, pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.MiniMaxForCausalLM(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, 0, 1, False
-    return model
+    return seeded(transformers.MiniMaxForCausalLM, config)
 
 
 @functools.cache
@@ -45,11 +43,7 @@ def _tiny_rwkv() -> Any:
         vocab_size=128, hidden_size=64, attention_hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         rescale_every=2, pad_token_id=0, bos_token_id=1, eos_token_id=None,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.RwkvForCausalLM(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, 0, 1, False
-    return model
+    return seeded(transformers.RwkvForCausalLM, config)
 
 
 _MODELS = {"minimax": _tiny_minimax, "rwkv": _tiny_rwkv}
@@ -78,37 +72,17 @@ def test_minimax_is_served_with_a_working_cache_of_its_own_class() -> None:
 @pytest.mark.parametrize("name", sorted(_MODELS))
 def test_a_second_turn_and_a_repeat_reuse_the_stored_prompt_exactly(name: str) -> None:
     model = _MODELS[name]()
-    store = PrefixCache(model, snapshot_interval=INTERVAL)
-    try:
-        hits = Hits(store)
-        prompt = random_prompt(21, seed=11)  # three blocks, the last one partial
-        first = assert_same_as_cold(model, prompt, store, new=4)
-        assert hits.last() == 0
-        turn = torch.cat([first.sequences, random_prompt(9, seed=12)], 1)
-        assert_same_as_cold(model, turn, store, new=4)
-        assert hits.last() == first.sequences.shape[1] - 1  # the snapshot at the first answer's end
-        assert_same_as_cold(model, turn, store, new=4)
-        assert hits.last() == turn.shape[1] - 1
-        assert not store.stats().fallbacks
-    finally:
-        store.detach()
+    with served(model, clean=False, snapshot_interval=INTERVAL) as store:
+        # three blocks, the last one partial; the turn restores the snapshot at the first answer's end
+        second_turn_and_repeat(model, store, random_prompt(21, seed=11), random_prompt(9, seed=12))
 
 
 @pytest.mark.parametrize("name", sorted(_MODELS))
 def test_a_divergence_restores_the_interval_snapshot_before_it(name: str) -> None:
     model = _MODELS[name]()
-    store = PrefixCache(model, snapshot_interval=INTERVAL)
-    try:
-        hits = Hits(store)
-        prompt = random_prompt(40, seed=13)
-        assert_same_as_cold(model, prompt, store, new=3)
-        other = torch.cat([prompt[:, :25], random_prompt(10, seed=14)], 1)
-        assert_same_as_cold(model, other, store, new=3)
-        assert hits.last() == 20  # the last interval snapshot before the divergence at 25
-        assert_same_as_cold(model, other, store, new=3)
-        assert hits.last() == other.shape[1] - 1
-    finally:
-        store.detach()
+    with served(model, clean=False, snapshot_interval=INTERVAL) as store:
+        # the last interval snapshot before the divergence at 25
+        divergences(model, store, random_prompt(40, seed=13), [(25, random_prompt(10, seed=14), 20)])
 
 
 def test_a_one_token_prompt_through_the_store_is_exact() -> None:

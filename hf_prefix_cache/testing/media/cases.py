@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.testing.media import grid, inkling, nemotron_h_omni, packed, qwen3
+from hf_prefix_cache.testing.media import emu3, grid, inkling, moss, nemotron_h_omni, ovis2, packed, qwen3, vibevoice
 
 
 def _one(medium: Any) -> int:
@@ -47,7 +47,9 @@ class MediaCase:
         kwargs: The media kwargs of a request: (prompt ids, its media in order) -> kwargs.
         states: The text layers hold recurrent states, restored only at a snapshot.
         framing: Text ids before a medium's first placeholder (a begin-of-image id).
-        longer: Its cases also check a longer turn after a repeat, and a repeat after a changed medium.
+        longer: Its turn case also checks a longer turn after the repeat.
+        changes: The seeds of the other media its changed-medium case runs after seed 1's.
+        repeat: Its changed-medium case ends with seed 1's medium again.
     """
 
     name: str
@@ -58,6 +60,8 @@ class MediaCase:
     states: bool = False
     framing: Callable[[Any], int] = field(default=_one)
     longer: bool = False
+    changes: tuple[int, ...] = (13, 25)
+    repeat: bool = False
 
 
 def _grid(name: str) -> MediaCase:
@@ -76,7 +80,15 @@ def _qwen3(name: str) -> MediaCase:
     fam = qwen3.Qwen3Family(name)
     media = {"image": fam.image, "video": fam.video}
     return MediaCase(
-        name, fam.model, media, fam.placeholders, fam.kwargs, qwen3.HYBRID.count(name) > 0, fam.first, longer=True
+        name,
+        fam.model,
+        media,
+        fam.placeholders,
+        fam.kwargs,
+        qwen3.HYBRID.count(name) > 0,
+        fam.first,
+        longer=True,
+        repeat=True,
     )
 
 
@@ -103,6 +115,33 @@ def _nemotron_h_omni() -> MediaCase:
     return MediaCase("nemotron_h_omni", model, media, n.placeholders, _ignore_ids(n.media_kwargs), states=True)
 
 
+def _single(name: str, module: Any, model: Callable[[], Any], kind: str, framing: int) -> MediaCase:
+    """A family of one kind of medium built by `module.Image` or `module.Clip`, its kwargs from the media alone.
+
+    Its changed-medium case runs seed 13's medium, then seed 1's again.
+    """
+    build = module.Image if kind == "image" else module.Clip
+    return MediaCase(
+        name,
+        model(),
+        {kind: build},
+        module.placeholders,
+        _ignore_ids(module.media_kwargs),
+        framing=lambda _medium: framing,
+        changes=(13,),
+        repeat=True,
+    )
+
+
+#: Families of one kind of medium: (module, model, kind, framing ids before a medium's first placeholder).
+SINGLE = {
+    "emu3": (emu3, emu3.tiny_emu3, "image", 2),
+    "ovis2": (ovis2, ovis2.tiny_ovis2, "image", 0),
+    "moss": (moss, moss.tiny_moss, "audio", 1),
+    "vibevoice": (vibevoice, vibevoice.tiny_vibevoice_asr, "audio", 1),
+}
+
+
 def _rows() -> dict[str, Callable[[], MediaCase]]:
     rows: dict[str, Callable[[], MediaCase]] = {}
     rows.update({name: partial(_grid, name) for name in grid.FAMILIES})
@@ -110,6 +149,7 @@ def _rows() -> dict[str, Callable[[], MediaCase]]:
     rows.update({name: partial(_packed, name) for name in packed.FAMILIES})
     rows["inkling"] = _inkling
     rows["nemotron_h_omni"] = _nemotron_h_omni
+    rows.update({name: partial(_single, name, *row) for name, row in SINGLE.items()})
     return rows
 
 
