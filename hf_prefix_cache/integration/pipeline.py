@@ -130,8 +130,6 @@ def restore(
             if not is_out_of_memory(exc):
                 raise
             logger.warning("out of memory restoring a cached prefix (attempt %d): %s", attempt + 1, exc)
-            if attempt == 0:
-                store.relieve_device()
     return None
 
 
@@ -167,8 +165,6 @@ def restore_rows(
             if not is_out_of_memory(exc):
                 raise
             logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
-            if attempt == 0:
-                store.relieve_device()
     return None
 
 

@@ -155,7 +155,8 @@ class Store(Protocol):
         Restores at most `limit` symbols (default: all but the last), never inside one of the
         key's media `spans`, repeated to `batch_size` rows. Mutates the tree's pins and use
         clocks, and may move entries between tiers to bring the prefix to the device. On any
-        error nothing stays pinned. With `overlap`, keys still being copied back from host
+        error nothing stays pinned, and after an out-of-memory error every unpinned entry has been
+        moved off the device, so a second attempt into a fresh cache may fit. With `overlap`, keys still being copied back from host
         memory may be set in `into` layer by layer at first use (`WorkingCache.restore`), so only
         give it to the model's forward.
         """
@@ -182,10 +183,6 @@ class Store(Protocol):
         the tree and may evict or move other entries to stay within the budgets; `session`, when
         given, pins the new entry.
         """
-        ...
-
-    def relieve_device(self) -> None:
-        """Move every unpinned entry off the device (after an out-of-memory error)."""
         ...
 
     def record(self, event: Event) -> None:

@@ -25,6 +25,7 @@ from hf_prefix_cache.model.states import ItemState, Run, Snapshot, all_finite, s
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import clamp_below_spans
 from hf_prefix_cache.storage.codec import CorruptFileError
+from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.storage.segments import (
     KVPieces,
     Segment,
@@ -96,6 +97,13 @@ class Prefixes:
     _devices: StateDevices
     _pins: Pins
 
+    def relieve_device(self) -> None:
+        """Move every unpinned entry off the device (after an out-of-memory error)."""
+        with self._lock():
+            self._placement.free_device()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     # ------------------------------------------------------------------ acquire
     def acquire(
         self,
@@ -115,7 +123,9 @@ class Prefixes:
         active here (`store/scope.py`) is told the restored length. `overlap`: see `_restore`.
 
         Raises:
-            torch.OutOfMemoryError: bringing the entry back or restoring it did not fit (nothing stays pinned).
+            torch.OutOfMemoryError: bringing the entry back or restoring it did not fit; nothing stays pinned,
+                and every unpinned entry has been moved off the device, so a second attempt (into a fresh
+                working cache) may fit.
         """
         namespace, spans, item_spans = key.namespace, key.spans, key.item_spans
         tokens: Sequence[Any] = key.symbols  # the tree compares any hashable symbols
@@ -124,13 +134,16 @@ class Prefixes:
         if self._placement.remote is not None:
             self._upkeep.fetch_remote(namespace, tokens, limit)
         plan = None
-        while plan is None:
-            plan = self._plan(namespace, tokens, limit, spans, item_spans)
         try:
+            while plan is None:
+                plan = self._plan(namespace, tokens, limit, spans, item_spans)
             self._restore(into, plan, batch_size, overlap)
-        except BaseException:
-            with self._lock():
-                self._unpin(plan.pin)
+        except BaseException as exc:
+            if plan is not None:
+                with self._lock():
+                    self._unpin(plan.pin)
+            if is_out_of_memory(exc):
+                self.relieve_device()  # so that the caller's next attempt finds room
             raise
         scope = current_scope()
         if scope is not None:

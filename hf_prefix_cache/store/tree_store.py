@@ -1,7 +1,7 @@
 """TreeStore: the store behind `PrefixCache`: a radix tree of stored states, its tiers, pins and counters.
 
 The one implementation of the contract (`contract.Store`: `acquire`, `release`, `insert_sequence`
-from its base `Prefixes`, plus `namespace`, counting, `relieve_device`) and of the store's own
+from its base `Prefixes`, plus `namespace` and counting) and of the store's own
 verbs that `PrefixCache` exposes to users (stats, budgets, sessions, pins, `lookup`/`insert`,
 `save`, `clear`). Where a node lives (device, host, disk, the remote tier) is decided by
 `store/placement.py`, over the tiers listed in `storage/tiers.py`. Every tree mutation happens
@@ -144,13 +144,6 @@ class TreeStore(Prefixes):
     def new_cache(self) -> WorkingCache:
         """An empty working cache for this model."""
         return WorkingCache(self.profile)
-
-    def relieve_device(self) -> None:
-        """Move every unpinned entry off the device (after an out-of-memory error)."""
-        with self._lock():
-            self._placement.free_device()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     def record(self, event: Event) -> None:
         """Count what happened to a request (see `contract.Event`); a cold run is logged once per reason at WARNING."""

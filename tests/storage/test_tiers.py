@@ -10,6 +10,7 @@ import torch
 from conftest import assert_same_as_cold, cached_model, distinct_prompt, generate, kv_bytes_per_token, random_prompt
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import DEVICE, HOST
 
 
@@ -127,16 +128,16 @@ def test_out_of_memory_on_restore_relieves_the_device_then_retries(llama: Any, m
     try:
         ids = random_prompt(30, seed=21)
         generate(llama, ids, past_key_values=store)
-        original = store._store.acquire
+        original = WorkingCache.restore
         calls = {"n": 0}
 
-        def acquire_failing_once(*args: Any, **kwargs: Any) -> Any:
+        def restore_failing_once(self: WorkingCache, *args: Any, **kwargs: Any) -> Any:
             calls["n"] += 1
             if calls["n"] == 1:
                 raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-            return original(*args, **kwargs)
+            return original(self, *args, **kwargs)
 
-        monkeypatch.setattr(store._store, "acquire", acquire_failing_once)
+        monkeypatch.setattr(WorkingCache, "restore", restore_failing_once)
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, ids, store)
         assert calls["n"] == 2
