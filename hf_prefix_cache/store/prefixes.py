@@ -3,9 +3,11 @@
 `acquire`: fetch from the remote tier on a local miss, then (under the lock) match, pin the
 matched path, bring it to the device and plan what to restore, then (outside it) restore into
 the caller's working cache. `insert_sequence`: check what is worth storing, capture the states
-(outside the lock), then place them in the tree without a second copy of the prefix. `TreeStore`
-is a `Prefixes` with the rest of the store around it; these are the contract's verbs
-(`contract.Store`).
+(outside the lock), then place them in the tree without a second copy of the prefix.
+
+Composed, not inherited: `TreeStore` builds the tree, its placement, lock, pins, counters and
+upkeep, hands them to `Prefixes` in its constructor, and exposes these verbs as its own (they are
+the contract's, `contract.Store`: their signatures are written here and in the protocol only).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from hf_prefix_cache.storage.segments import (
 from hf_prefix_cache.store.contract import InsertOutcome, Lease
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.locking import StoreLock
+from hf_prefix_cache.store.options import Options
 from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.scope import current as current_scope
@@ -82,20 +85,44 @@ class _Capture:
 
 
 class Prefixes:
-    """The hot path of `TreeStore` (its base class): the tree with its placement, pins and counters."""
+    """A store's hot path over the parts it is handed: `acquire`, `release`, `insert_sequence`.
 
-    # Set by `TreeStore.__init__`, which builds them.
-    profile: ModelProfile
-    min_store_len: int
-    max_entries: int | None
-    remote_write: str
-    _tree: RadixTree[Segment]
-    _placement: Placement
-    _lock: StoreLock
-    _requests: RequestCounters
-    _upkeep: Upkeep
-    _devices: StateDevices
-    _pins: Pins
+    Args:
+        profile: what the model's layers can do (the one profile the store and the hook share).
+        options: the store's settings; `min_store_len`, `max_entries` and `remote_write` are read here.
+        tree: the store's radix tree of `Segment`s.
+        placement: which tier each node sits on; the only caller of the tree's eviction verbs.
+        lock: the store's one lock owner (`locking.py`).
+        pins: named pins and open sessions (an insert through a session moves its pin).
+        requests: the request counters (skipped inserts, warnings logged once).
+        upkeep: disk indexing, TTL expiry and remote fetches around a match.
+        devices: where stateful layers' states live (learned from the snapshots captured here).
+    """
+
+    def __init__(
+        self,
+        profile: ModelProfile,
+        options: Options,
+        *,
+        tree: RadixTree[Segment],
+        placement: Placement,
+        lock: StoreLock,
+        pins: Pins,
+        requests: RequestCounters,
+        upkeep: Upkeep,
+        devices: StateDevices,
+    ) -> None:
+        self.profile = profile
+        self.min_store_len = options.min_store_len
+        self.max_entries = options.max_entries
+        self.remote_write = options.remote_write
+        self._tree = tree
+        self._placement = placement
+        self._lock = lock
+        self._pins = pins
+        self._requests = requests
+        self._upkeep = upkeep
+        self._devices = devices
 
     def relieve_device(self) -> None:
         """Move every unpinned entry off the device (after an out-of-memory error)."""

@@ -1,12 +1,16 @@
 """TreeStore: the store behind `PrefixCache`: a radix tree of stored states, its tiers, pins and counters.
 
-The one implementation of the contract (`contract.Store`: `acquire`, `release`, `insert_sequence`
-from its base `Prefixes`, plus `namespace` and counting) and of the store's own
+The one implementation of the contract (`contract.Store`) and of the store's own
 verbs that `PrefixCache` exposes to users (stats, budgets, sessions, pins, `lookup`/`insert`,
 `save`, `clear`). Where a node lives (device, host, disk, the remote tier) is decided by
 `store/placement.py`, over the tiers listed in `storage/tiers.py`. Every tree mutation happens
 inside the `StoreLock` (`locking.py`), so several threads may generate through one store; it
 runs the blocking work after the lock.
+
+Composed of parts with one job each, built here and handed to each other explicitly: the hot
+path (`acquire`, `release`, `insert_sequence`, `relieve_device`) is a `prefixes.Prefixes` over the
+tree, placement, lock, pins, counters and upkeep; `TreeStore` exposes its bound methods as its own
+verbs, so each signature is written once (there) besides the protocol.
 
 Knows nothing of `generate`: `integration/` runs the model and calls the contract's verbs.
 """
@@ -54,18 +58,13 @@ from hf_prefix_cache.tree.radix import Node, RadixTree
 logger = logging.getLogger("hf_prefix_cache")
 
 
-class TreeStore(Prefixes):
+class TreeStore:
     """A prefix store for one model's states; `PrefixCache` (the user's object) holds one."""
 
     def __init__(self, model: Any, profile: ModelProfile, resolved: Resolved) -> None:
         options = resolved.options
         self.model = model
         self.profile = profile  # built once by `PrefixCache`, which hands the same one to the hook
-        self.snapshot_interval = options.snapshot_interval
-        self.prompt_snapshot = options.prompt_snapshot
-        self.min_store_len = options.min_store_len
-        self.max_entries = options.max_entries
-        self.remote_write = options.remote_write
         self._namespaces = Namespaces(model, options.salt)
         if any(p.is_meta for p in model.parameters()):
             # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
@@ -80,6 +79,22 @@ class TreeStore(Prefixes):
         self._upkeep = Upkeep(
             self._tree, self._placement, self._lock, self._requests, resolved.ttl, self.profile.has_state
         )
+        self._prefixes = Prefixes(
+            profile,
+            options,
+            tree=self._tree,
+            placement=self._placement,
+            lock=self._lock,
+            pins=self._pins,
+            requests=self._requests,
+            upkeep=self._upkeep,
+            devices=self._devices,
+        )
+        # The contract's hot-path verbs are the hot path's own methods (signatures written once, in prefixes.py).
+        self.acquire = self._prefixes.acquire
+        self.release = self._prefixes.release
+        self.insert_sequence = self._prefixes.insert_sequence
+        self.relieve_device = self._prefixes.relieve_device
         encoder_budget = self.max_bytes // 8 if self.profile.encoder_family is not None else 0
         self.encoder_outputs = EncoderOutputs(
             resolved.max_encoder_bytes if resolved.max_encoder_bytes is not None else encoder_budget
@@ -97,7 +112,7 @@ class TreeStore(Prefixes):
         """The tree, its eviction policy, the tiers' placement, pins, pressure monitor and lock."""
         profile = self.profile
         self._policy = make_policy(resolved.options.policy, len(profile.adapters))
-        self._tree = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
+        self._tree: RadixTree[Segment] = RadixTree(num_tiers=len(TIER_NAMES), score=self._policy.score)
         cuda = on_cuda(self.model)
         layout = Layout(len(profile.adapters), profile.kv_layers, profile.state_layers, profile.item_layers)
         self._devices = StateDevices(getattr(self.model, "device", None))
@@ -106,7 +121,7 @@ class TreeStore(Prefixes):
             self._tree, tiers, list(resolved.budgets), self._policy, _make_remote(resolved.remote, layout)
         )
         if resolved.remote is not None and profile.has_state:
-            interval, chunk_len = self.snapshot_interval, resolved.remote.chunk_len
+            interval, chunk_len = resolved.options.snapshot_interval, resolved.remote.chunk_len
             if interval is None or chunk_len % interval:
                 logger.warning(
                     "remote_chunk_len=%d is not a multiple of snapshot_interval=%s: few remote chunks of this "
