@@ -2,7 +2,13 @@
 
 Served requests, cold runs (`fallbacks`, by reason), requests served with less reuse than
 they could have had (also under `fallbacks`, by reason), hits per modality and the prefill
-spared. Every count happens under the store's lock; callbacks run after it, outside.
+spared. `record` is the contract's verb (`contract.Store.record`): a hook tells the store
+what happened to a request, and the store hands it here. Every count happens under the store's
+lock; callbacks run after it, outside.
+
+What can be derived from the sums is derived when the stats are read, not per request: the
+prefill spared (from the hit tokens and the sum of their attention pairs) and the text share of
+the hits of requests without media symbols.
 """
 
 from __future__ import annotations
@@ -12,19 +18,17 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hf_prefix_cache.store.observe import PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
-
-if TYPE_CHECKING:
-    from hf_prefix_cache.store.contract import Served
+from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, Served
+from hf_prefix_cache.store.observe import TEXT, PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
 
 logger = logging.getLogger("hf_prefix_cache")
 
 
 @dataclass(slots=True)
 class Counts:
-    """The request counters `CacheStats` reports."""
+    """The request counters `CacheStats` reports, and the sums two of them are derived from."""
 
     requests: int = 0
     hit_requests: int = 0
@@ -33,8 +37,9 @@ class Counts:
     computed_tokens: int = 0
     expired: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
-    hit_by_modality: Counter[str] = field(default_factory=Counter)
-    saved_prefill_flops: int = 0
+    media_hit_by_modality: Counter[str] = field(default_factory=Counter)  # requests that gave their symbols
+    text_only_hit_tokens: int = 0  # hit tokens of requests without symbols (all text)
+    hit_pairs: int = 0  # sum over restored rows of r * (r + 1) / 2: the (query, key) pairs they spared
 
 
 class RequestCounters:
@@ -55,7 +60,20 @@ class RequestCounters:
         with self._lock:
             self.counts = Counts()
 
-    def served(self, served: Served) -> None:
+    def record(self, event: Event) -> None:
+        """Count what happened to a request (see `contract.Event`); a cold run is logged once per reason at WARNING."""
+        if isinstance(event, Served):
+            self._served(event)
+        elif isinstance(event, Fallback):
+            self.cold(event.reason, event.prompt_len)
+            if event.log:
+                self.log_fallback(event.reason)
+        elif isinstance(event, FallbackRan):
+            self.log_fallback(event.reason)
+        else:
+            self.event(event.reason)
+
+    def _served(self, served: Served) -> None:
         """Count a served request; its `symbols` (the prompt's tree symbols) split its hits by modality.
 
         A batch whose rows restored prefixes of their own (`Served.rows`) is counted by its rows' sums,
@@ -64,12 +82,10 @@ class RequestCounters:
         prompt_len, restore_len, num_rows, symbols, rows = served
         if rows:
             prompt_len, restore_len, num_rows = sum(p for p, _ in rows), sum(r for _, r in rows), 1
-        by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows)
-        # Without the cache, positions [0, restore_len) would have been prefilled too.
-        if rows:
-            saved = sum(self._prefill_cost.flops(0, r) for _, r in rows)
+            pairs = sum(r * (r + 1) // 2 for _, r in rows if r > 0)
         else:
-            saved = self._prefill_cost.flops(0, restore_len) * num_rows
+            pairs = restore_len * (restore_len + 1) // 2 * num_rows if restore_len > 0 else 0
+        by_modality = hit_tokens_by_modality(symbols, restore_len, num_rows) if symbols is not None else None
         with self._lock:
             c = self.counts
             c.requests += 1
@@ -77,10 +93,20 @@ class RequestCounters:
             c.hit_tokens += restore_len * num_rows
             c.computed_tokens += (prompt_len - restore_len) * num_rows
             c.hit_requests += restore_len > 0  # with rows: any row
-            c.hit_by_modality.update(by_modality)
-            c.saved_prefill_flops += saved
-            callbacks = list(self._callbacks)
+            c.hit_pairs += pairs
+            if by_modality is None:
+                c.text_only_hit_tokens += max(restore_len, 0) * num_rows
+            else:
+                c.media_hit_by_modality.update(by_modality)
+            callbacks = list(self._callbacks) if self._callbacks else None
         if callbacks:
+            if by_modality is None:
+                by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
+            # Without the cache, positions [0, restore_len) would have been prefilled too.
+            if rows:
+                saved = sum(self._prefill_cost.flops(0, r) for _, r in rows)
+            else:
+                saved = self._prefill_cost.flops(0, restore_len) * num_rows
             _notify(callbacks, RequestEvent(prompt_len, restore_len, num_rows, by_modality, saved))
 
     def cold(self, reason: str, prompt_len: int) -> None:
@@ -102,6 +128,22 @@ class RequestCounters:
 
     def expired(self, num_entries: int) -> None:
         self.counts.expired += num_entries
+
+    def hit_by_modality(self) -> dict[str, int]:
+        """`hit_tokens` split by what the restored positions held (read under the lock)."""
+        c = self.counts
+        by_modality = dict(c.media_hit_by_modality)
+        if c.text_only_hit_tokens:
+            by_modality[TEXT] = by_modality.get(TEXT, 0) + c.text_only_hit_tokens
+        return by_modality
+
+    def saved_prefill_flops(self) -> int:
+        """The estimated prefill FLOPs every hit so far spared (read under the lock; see `observe.PrefillCost`)."""
+        return self._prefill_cost.flops_of(self.counts.hit_tokens, self.counts.hit_pairs)
+
+    def log_fallback(self, reason: str) -> None:
+        """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
+        self.log_once(reason, "prefix cache skipped, running cold: %s", reason)
 
     def log_once(self, kind: str, message: str, *args: Any) -> None:
         """Log a WARNING the first time `kind` happens in this store, DEBUG after that."""

@@ -4,6 +4,7 @@ Entries are stored under a namespace (`keys.namespace.model_namespace`): the mod
 config, a fingerprint of its weights, its dtype, active adapters and the user's salt. The
 weights probe (`keys.weights.WeightsProbe`) runs on every request and, when it sees the weights
 change, the fingerprint is computed again, so entries of the old weights are never reused.
+Inside a request scope with a salt (`scope.py`), the namespace is that salt's own.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import logging
 import threading
 from typing import Any
 
-from hf_prefix_cache.keys.namespace import model_namespace
+from hf_prefix_cache.keys.namespace import fingerprint, model_namespace
 from hf_prefix_cache.keys.weights import WeightsProbe, weights_fingerprint
+from hf_prefix_cache.store.scope import CURRENT_SCOPE
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -30,7 +32,12 @@ class Namespaces:
         self._cached: tuple[Any, str] | None = None
 
     def current(self) -> str:
-        """The model's namespace now; runs the weights probe (a few microseconds per parameter)."""
+        """The model's current namespace (recomputed when its dtype, adapters or weights change).
+
+        A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
+        `keys.weights.WeightsProbe` for what it notices and `refingerprint` for what it cannot.
+        Inside a request scope with a salt (`store/scope.py`), a namespace of that salt's own.
+        """
         model = self._model
         with self._lock:
             version = self._probe.check()
@@ -46,7 +53,10 @@ class Namespaces:
                     )
                 cached = (probe, namespace)
                 self._cached = cached
-            return cached[1]
+        scope = CURRENT_SCOPE.get()
+        if scope is not None and scope.salt is not None:
+            return fingerprint([cached[1], "request salt", scope.salt])
+        return cached[1]
 
     def refingerprint(self) -> None:
         """Read the weights again now (after an edit the probe cannot see)."""

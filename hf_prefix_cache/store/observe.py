@@ -112,6 +112,17 @@ class PrefillCost:
         pairs = (end * (end + 1) - start * (start + 1)) // 2
         return 2 * self.num_params * n + 4 * self.attention_width * pairs
 
+    def flops_of(self, num_tokens: int, num_pairs: int) -> int:
+        """FLOPs of prefilling `num_tokens` positions that attend to `num_pairs` (query, key) pairs in all.
+
+        Sums of `flops(0, r)` over many prefixes: ``flops_of(sum(r), sum(r * (r + 1) // 2))``.
+
+        >>> cost = PrefillCost(num_params=10, attention_width=2)
+        >>> cost.flops_of(3 + 4, 6 + 10) == cost.flops(0, 3) + cost.flops(0, 4)
+        True
+        """
+        return 2 * self.num_params * num_tokens + 4 * self.attention_width * num_pairs
+
 
 def _global_attr(config: Any, name: str) -> int | None:
     """`config.name`, or None where it is missing or per-layer (Gemma 4 raises on the global read)."""

@@ -89,8 +89,10 @@ class Placement:
     # ------------------------------------------------------------ budgets
     def enforce(self) -> None:
         """Bring every tier within its budget (as far as unlocked nodes allow)."""
-        for tier in range(len(self.tiers)):
-            self.shrink(tier, self.budgets[tier])
+        nbytes = self.tree.tier_nbytes
+        for tier, budget in enumerate(self.budgets):
+            if nbytes[tier] > budget:
+                self.shrink(tier, budget)
 
     def make_room(self, tier: int, nbytes: int) -> bool:
         """Move nodes out of `tier` until `nbytes` more fit in its budget; False when they cannot."""
@@ -266,8 +268,11 @@ class Placement:
         """
         leaf = path[-1]
         above = path[:-1]
-        if not above or max(node.tier for node in above) == DEVICE:
-            return
+        for node in above:
+            if node.tier != DEVICE:
+                break
+        else:
+            return  # every ancestor is on the device (or there is none)
         self.tree.lock(leaf)
         try:
             self.bring_to_device(above, leaf.start)
@@ -308,7 +313,12 @@ class Placement:
                 break
             counts[id(seg.run)] += 1
             old_runs[id(seg.run)] = seg.run
-        if movable and all(old_runs[key].num_refs == count for key, count in counts.items()):
+        if movable:
+            for key, count in counts.items():
+                if old_runs[key].num_refs != count:
+                    movable = False  # another node still reads one of the matched runs
+                    break
+        if movable:
             for node in matched:
                 assert node.value is not None
                 node.value.run = run

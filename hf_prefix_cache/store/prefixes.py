@@ -5,6 +5,12 @@ matched path, bring it to the device and plan what to restore, then (outside it)
 the caller's working cache. `insert_sequence`: check what is worth storing, capture the states
 (outside the lock), then place them in the tree without a second copy of the prefix.
 
+Each verb holds the store's lock once per phase (`acquire` and `release` once, `insert_sequence`
+twice: before and after the capture, which runs outside it), holding `StoreLock.raw` directly and
+making the lock's two follow-up steps itself only when the store is not `quiet` (see
+`locking.py`). Steps with nothing to do are not called: upkeep only where there is a disk tier or a
+ttl, the remote fetch only with a remote tier, state attachment only with states to attach.
+
 Composed, not inherited: `TreeStore` builds the tree, its placement, lock, pins, counters and
 upkeep, hands them to `Prefixes` in its constructor, and exposes these verbs as its own (they are
 the contract's, `contract.Store`: their signatures are written here and in the protocol only).
@@ -43,10 +49,10 @@ from hf_prefix_cache.store.locking import StoreLock
 from hf_prefix_cache.store.options import Options
 from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
-from hf_prefix_cache.store.scope import current as current_scope
+from hf_prefix_cache.store.scope import CURRENT_SCOPE
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
-from hf_prefix_cache.tree.radix import InsertResult, Node, RadixTree
+from hf_prefix_cache.tree.radix import Node, RadixTree
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -160,10 +166,16 @@ class Prefixes:
             limit = len(tokens) - 1
         if self._placement.remote is not None:
             self._upkeep.fetch_remote(namespace, tokens, limit)
+        lock = self._lock
         plan = None
         try:
             while plan is None:
-                plan = self._plan(namespace, tokens, limit, spans, item_spans)
+                with lock.raw:
+                    plan = self._plan(namespace, tokens, limit, spans, item_spans)
+                    if not lock.quiet:
+                        lock.check_pressure()
+                if not lock.quiet:
+                    lock.after_unlock()
             self._restore(into, plan, batch_size, overlap)
         except BaseException as exc:
             if plan is not None:
@@ -172,7 +184,7 @@ class Prefixes:
             if is_out_of_memory(exc):
                 self.relieve_device()  # so that the caller's next attempt finds room
             raise
-        scope = current_scope()
+        scope = CURRENT_SCOPE.get()
         if scope is not None:
             scope.record(plan.restore_len)
         return Lease(namespace, plan.restore_len, plan.matched_len, len(plan.items), plan.pin)
@@ -186,34 +198,34 @@ class Prefixes:
         item_spans: Sequence[tuple[int, int]],
     ) -> _Plan | None:
         """Under the lock: match, pin, bring the prefix to the device, pick its states (None: retry)."""
-        with self._lock(pressure=True):
+        if self._upkeep.active:
             self._upkeep.maintain(namespace)
-            match = self._tree.match(namespace, tokens)
-            restore_len = clamp_below_spans(min(match.matched_len, limit), spans)
-            if self.profile.has_state:
-                restore_len, _ = best_snapshot([n.value for n in match.path if n.value is not None], restore_len)
-            pin = _Pin(match.path[-1] if match.path else None)
-            if pin.node is not None:
-                self._tree.lock(pin.node)
-            try:
-                segments = self._placement.bring_to_device(match.path, restore_len)
-            except CorruptFileError as exc:
-                self._unpin(pin)
-                self._placement.drop_corrupt(match.path, exc)
-                return None
-            except BaseException:
-                self._unpin(pin)
-                raise
-            snapshot = None
-            if self.profile.has_state:
-                found, snapshot = best_snapshot(segments, restore_len)
-                assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
-            items: list[ItemState] = []
-            if item_spans:
-                assert not self.profile.has_state, "item states are for attention-only models"
-                restore_len, items = stored_item_states(segments, item_spans, restore_len)
-            pieces = kv_pieces(segments, restore_len, land=False)
-            return _Plan(pin, match.matched_len, restore_len, snapshot, items, pieces, landings(segments, restore_len))
+        match = self._tree.match(namespace, tokens)
+        restore_len = clamp_below_spans(min(match.matched_len, limit), spans)
+        if self.profile.has_state:
+            restore_len, _ = best_snapshot([n.value for n in match.path if n.value is not None], restore_len)
+        pin = _Pin(match.path[-1] if match.path else None)
+        if pin.node is not None:
+            self._tree.lock(pin.node)
+        try:
+            segments = self._placement.bring_to_device(match.path, restore_len)
+        except CorruptFileError as exc:
+            self._unpin(pin)
+            self._placement.drop_corrupt(match.path, exc)
+            return None
+        except BaseException:
+            self._unpin(pin)
+            raise
+        snapshot = None
+        if self.profile.has_state:
+            found, snapshot = best_snapshot(segments, restore_len)
+            assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
+        items: list[ItemState] = []
+        if item_spans:
+            assert not self.profile.has_state, "item states are for attention-only models"
+            restore_len, items = stored_item_states(segments, item_spans, restore_len)
+        pieces = kv_pieces(segments, restore_len, land=False)
+        return _Plan(pin, match.matched_len, restore_len, snapshot, items, pieces, landings(segments, restore_len))
 
     def _restore(self, into: WorkingCache, plan: _Plan, batch_size: int, overlap: bool) -> None:
         """Outside the lock: join the pieces (a copy only across runs) and restore them into `into`.
@@ -245,8 +257,10 @@ class Prefixes:
 
     def release(self, lease: Lease) -> None:
         """Unpin the lease's entry; a second call does nothing."""
-        with self._lock():
+        with self._lock.raw:
             self._unpin(lease.pin)
+        if not self._lock.quiet:
+            self._lock.after_unlock()
 
     def _unpin(self, pin: _Pin) -> None:
         """The one place a lease's pin is let go (under the lock)."""
@@ -292,14 +306,21 @@ class Prefixes:
         capture = self._capture(cache, length, row, snapshots, items, computed_from)
         if capture is None:
             return self._skip(reasons.NON_FINITE_STATES)
-        with self._lock(pressure=True):
-            self._upkeep.maintain(namespace)
-            if self._too_large(len(tokens) - stored_len, capture, items, stored_len):
-                return self._skip(reasons.ENTRY_OVER_BUDGET)
-            result = self._place(namespace, tokens, capture, items, row, session)
-        if length > result.matched_len:
-            logger.info("prefix cache: stored %d new tokens (%d in all)", length - result.matched_len, length)
-        return InsertOutcome(length - result.matched_len)
+        lock = self._lock
+        with lock.raw:
+            if self._upkeep.active:
+                self._upkeep.maintain(namespace)
+            too_large = self._too_large(len(tokens) - stored_len, capture, items, stored_len)
+            matched_len = length if too_large else self._place(namespace, tokens, capture, items, row, session)
+            if not lock.quiet:
+                lock.check_pressure()
+        if not lock.quiet:
+            lock.after_unlock()
+        if too_large:
+            return self._skip(reasons.ENTRY_OVER_BUDGET)
+        if length > matched_len:
+            logger.info("prefix cache: stored %d new tokens (%d in all)", length - matched_len, length)
+        return InsertOutcome(length - matched_len)
 
     def _capture(
         self,
@@ -346,11 +367,11 @@ class Prefixes:
         with the tree once less: should the tree change in between, the estimate only decides whether
         an oversized entry is refused here or dropped by the budgets right after it is placed.
         """
-        new_nbytes = (
-            num_new * capture.nbytes_per_token
-            + sum(s.nbytes for s in capture.snapshots)
-            + sum(s.nbytes for s in items if s.length > matched_len)
-        )
+        new_nbytes = num_new * capture.nbytes_per_token
+        if capture.snapshots:
+            new_nbytes += sum(s.nbytes for s in capture.snapshots)
+        if items:
+            new_nbytes += sum(s.nbytes for s in items if s.length > matched_len)
         largest = max(self._placement.budgets)  # it lands on the device, then moves to a tier that holds it
         if new_nbytes <= largest:
             return False
@@ -370,8 +391,12 @@ class Prefixes:
         items: Sequence[ItemState],
         row: int | None,
         session: Session | None,
-    ) -> InsertResult:
-        """Insert the captured states into the tree and its tiers, then keep every budget (under the lock)."""
+    ) -> int:
+        """Insert the captured states into the tree and its tiers, then keep every budget (under the lock).
+
+        Returns:
+            How many leading tokens were stored already (the match the insert extended).
+        """
         run, per_token, length = capture.run, capture.nbytes_per_token, len(tokens)
         result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, per_token))
         if run is not None and result.new_node is not None:
@@ -379,7 +404,8 @@ class Prefixes:
             self._placement.place_run(
                 run, result.path[:-1], result.matched_len, length, may_move=row is None, tail=capture.tail
             )
-        self._placement.attach_states(result.path, capture.snapshots, items)
+        if capture.snapshots or items:
+            self._placement.attach_states(result.path, capture.snapshots, items)
         self._tree.touch(result.path)
         if result.new_node is not None:
             self._placement.settle(result.path)
@@ -390,20 +416,23 @@ class Prefixes:
         self._placement.enforce()
         if self.max_entries is not None and self._tree.num_leaves > self.max_entries:
             self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
-        return result
+        return result.matched_len
 
     def _stored_len(self, namespace: str, tokens: Sequence[Any], session: Session | None, touch: bool) -> int | None:
         """How many leading `tokens` are stored; None when all are and `touch` marked them used (held by `session`)."""
-        with self._lock():
-            self._upkeep.maintain(namespace)
+        lock = self._lock
+        with lock.raw:
+            if self._upkeep.active:
+                self._upkeep.maintain(namespace)
             match = self._tree.match(namespace, tokens)
-            whole = match.matched_len == len(tokens) and match.path and match.path[-1].end == len(tokens)
-            if not (touch and whole):
-                return match.matched_len
-            self._tree.touch(match.path)
-            if session is not None:
-                self._pins.hold(session, match.path[-1])
-            return None
+            repeat = touch and match.matched_len == len(tokens) and match.path and match.path[-1].end == len(tokens)
+            if repeat:
+                self._tree.touch(match.path)
+                if session is not None:
+                    self._pins.hold(session, match.path[-1])
+        if not lock.quiet:
+            lock.after_unlock()
+        return None if repeat else match.matched_len
 
     def _skip(self, reason: str) -> InsertOutcome:
         self._requests.event(reason)

@@ -7,7 +7,7 @@ under another salt, or none, are never reused) and receives the number of prompt
 stores restored for it, as soon as each prefix is restored (before the first new token).
 
 The scope lives in a `contextvars.ContextVar`: each thread and each asyncio task sees its own.
-Knows nothing of `generate` or of servers; `tree_store.py` reads it.
+Knows nothing of `generate` or of servers; the store reads it (`namespaces.py`, `prefixes.py`).
 
 >>> scope = RequestScope(salt="tenant-a")
 >>> with active(scope):
@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-_CURRENT: ContextVar[RequestScope | None] = ContextVar("hf_prefix_cache_request_scope", default=None)
+#: The scope active in this thread or task; the store's hot path reads it with `CURRENT_SCOPE.get()`.
+CURRENT_SCOPE: ContextVar[RequestScope | None] = ContextVar("hf_prefix_cache_request_scope", default=None)
 
 
 class RequestScope:
@@ -62,14 +63,14 @@ class RequestScope:
 
 def current() -> RequestScope | None:
     """The scope active in this thread or task, or None."""
-    return _CURRENT.get()
+    return CURRENT_SCOPE.get()
 
 
 @contextmanager
 def active(scope: RequestScope | None) -> Iterator[RequestScope | None]:
     """Make `scope` the current one for the block (None: no scope), restoring the previous one after."""
-    token = _CURRENT.set(scope)
+    token = CURRENT_SCOPE.set(scope)
     try:
         yield scope
     finally:
-        _CURRENT.reset(token)
+        CURRENT_SCOPE.reset(token)

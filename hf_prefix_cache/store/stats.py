@@ -10,7 +10,7 @@ from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST
 if TYPE_CHECKING:
     from hf_prefix_cache.storage.encoder_outputs import EncoderOutputs
     from hf_prefix_cache.storage.segments import Segment
-    from hf_prefix_cache.store.counters import Counts
+    from hf_prefix_cache.store.counters import RequestCounters
     from hf_prefix_cache.store.placement import Placement
     from hf_prefix_cache.tree.radix import RadixTree
 
@@ -86,10 +86,10 @@ class StoreStats:
 
 
 def collect_stats(
-    counts: Counts, tree: RadixTree[Segment], placement: Placement, encoder_outputs: EncoderOutputs
+    requests: RequestCounters, tree: RadixTree[Segment], placement: Placement, encoder_outputs: EncoderOutputs
 ) -> StoreStats:
-    """A `StoreStats` of the request `counts`, the tree's sizes and the placement's counters (under the lock)."""
-    c = counts
+    """A `StoreStats` of the `requests` counters, the tree's sizes and the placement's counters (under the lock)."""
+    c = requests.counts
     p = placement.counters
     tier_nbytes = tree.tier_nbytes
     return StoreStats(
@@ -120,8 +120,8 @@ def collect_stats(
         encoder_nbytes=encoder_outputs.nbytes,
         max_encoder_bytes=encoder_outputs.max_bytes,
         encoder_hits=encoder_outputs.hits,
-        hit_tokens_by_modality=dict(c.hit_by_modality),
-        saved_prefill_flops=c.saved_prefill_flops,
+        hit_tokens_by_modality=requests.hit_by_modality(),
+        saved_prefill_flops=requests.saved_prefill_flops(),
         **_remote_stats(placement),
     )
 

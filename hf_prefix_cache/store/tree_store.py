@@ -7,10 +7,12 @@ verbs that `PrefixCache` exposes to users (stats, budgets, sessions, pins, `look
 inside the `StoreLock` (`locking.py`), so several threads may generate through one store; it
 runs the blocking work after the lock.
 
-Composed of parts with one job each, built here and handed to each other explicitly: the hot
-path (`acquire`, `release`, `insert_sequence`, `relieve_device`) is a `prefixes.Prefixes` over the
-tree, placement, lock, pins, counters and upkeep; `TreeStore` exposes its bound methods as its own
-verbs, so each signature is written once (there) besides the protocol.
+Composed of parts with one job each, built here and handed to each other explicitly. The
+contract's verbs are the bound methods of the parts that implement them, exposed as the store's
+own, so each signature is written once (there) besides the protocol and a hit makes no call
+here: `acquire`, `release`, `insert_sequence` and `relieve_device` are a `prefixes.Prefixes` over
+the tree, placement, lock, pins, counters and upkeep; `namespace` is `namespaces.Namespaces.current`;
+`record` is `counters.RequestCounters.record`.
 
 Knows nothing of `generate`: `integration/` runs the model and calls the contract's verbs.
 """
@@ -18,6 +20,7 @@ Knows nothing of `generate`: `integration/` runs the model and calls the contrac
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import weakref
 from collections.abc import Hashable, Sequence
@@ -36,7 +39,6 @@ from hf_prefix_cache.storage.mover import Mover
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, TIER_NAMES, TierParts, make_tiers
-from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, Served
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
 from hf_prefix_cache.store.locking import StoreLock
@@ -48,7 +50,6 @@ from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.prefixes import Prefixes
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
-from hf_prefix_cache.store.scope import current as current_scope
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.stats import StoreStats, collect_stats
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
@@ -59,7 +60,14 @@ logger = logging.getLogger("hf_prefix_cache")
 
 
 class TreeStore:
-    """A prefix store for one model's states; `PrefixCache` (the user's object) holds one."""
+    """A prefix store for one model's states; `PrefixCache` (the user's object) holds one.
+
+    Attributes:
+        acquire, release, insert_sequence, relieve_device: `Prefixes`' verbs (`prefixes.py`).
+        namespace: `Namespaces.current` (`namespaces.py`).
+        record: `RequestCounters.record` (`counters.py`).
+        new_cache: makes an empty `WorkingCache` for this model.
+    """
 
     def __init__(self, model: Any, profile: ModelProfile, resolved: Resolved) -> None:
         options = resolved.options
@@ -95,6 +103,9 @@ class TreeStore:
         self.release = self._prefixes.release
         self.insert_sequence = self._prefixes.insert_sequence
         self.relieve_device = self._prefixes.relieve_device
+        self.namespace = self._namespaces.current  # see `Namespaces.current`
+        self.record = self._requests.record  # see `RequestCounters.record`
+        self.new_cache = functools.partial(WorkingCache, profile)  # an empty working cache for this model
         encoder_budget = self.max_bytes // 8 if self.profile.encoder_family is not None else 0
         self.encoder_outputs = EncoderOutputs(
             resolved.max_encoder_bytes if resolved.max_encoder_bytes is not None else encoder_budget
@@ -130,23 +141,9 @@ class TreeStore:
                     interval,
                 )
         self._pins = Pins(self._tree)
-        self._pressure = PressureMonitor()
-        self._lock = StoreLock(self._tree, self._placement, self._pressure)
+        self._lock = StoreLock(self._tree, self._placement, PressureMonitor())
 
     # ------------------------------------------------------------------ the contract (contract.py)
-    def namespace(self) -> str:
-        """The model's current namespace (recomputed when its dtype, adapters or weights change).
-
-        A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
-        `keys.weights.WeightsProbe` for what it notices and `invalidate` for what it cannot.
-        Inside a request scope with a salt (`store/scope.py`), a namespace of that salt's own.
-        """
-        namespace = self._namespaces.current()
-        scope = current_scope()
-        if scope is not None and scope.salt is not None:
-            namespace = fingerprint([namespace, "request salt", scope.salt])
-        return namespace
-
     def sub_namespace(self, namespace: str, *parts: Any) -> str:
         """The namespace of states that depend on `parts` too (see `contract.Store.sub_namespace`)."""
         return fingerprint([namespace, *parts])
@@ -155,27 +152,6 @@ class TreeStore:
         """Whether the tree holds anything under `namespace` (disk files are not indexed for this)."""
         with self._lock.raw:
             return namespace in self._tree.namespaces()
-
-    def new_cache(self) -> WorkingCache:
-        """An empty working cache for this model."""
-        return WorkingCache(self.profile)
-
-    def record(self, event: Event) -> None:
-        """Count what happened to a request (see `contract.Event`); a cold run is logged once per reason at WARNING."""
-        if isinstance(event, Served):
-            self._requests.served(event)
-        elif isinstance(event, Fallback):
-            self._requests.cold(event.reason, event.prompt_len)
-            if event.log:
-                self._log_fallback(event.reason)
-        elif isinstance(event, FallbackRan):
-            self._log_fallback(event.reason)
-        else:
-            self._requests.event(event.reason)
-
-    def _log_fallback(self, reason: str) -> None:
-        """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
-        self._requests.log_once(reason, "prefix cache skipped, running cold: %s", reason)
 
     # ------------------------------------------------------------------ budgets and stats (PrefixCache's verbs)
     @property
@@ -202,7 +178,7 @@ class TreeStore:
     def stats(self) -> StoreStats:
         """Counters and current size, as an immutable snapshot."""
         with self._lock.raw:
-            return collect_stats(self._requests.counts, self._tree, self._placement, self.encoder_outputs)
+            return collect_stats(self._requests, self._tree, self._placement, self.encoder_outputs)
 
     def reset_stats(self) -> None:
         """Zero the request counters; stored entries stay."""
@@ -289,8 +265,7 @@ class TreeStore:
     # ------------------------------------------------------------------ callbacks
     def on_pressure(self, callback: PressureCallback, thresholds: Sequence[float] = (0.8, 0.95)) -> None:
         """Call `callback(event)` when a tier's use rises past a fraction of its budget."""
-        with self._lock.raw:
-            self._pressure.add(callback, thresholds)
+        self._lock.watch(callback, thresholds)
 
     def on_request(self, callback: RequestCallback) -> None:
         """Call `callback(RequestEvent)` after every `generate` request through the store."""

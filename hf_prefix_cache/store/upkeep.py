@@ -1,9 +1,11 @@
 """What a store does around its hot path: where stateful layers live, TTL expiry, disk indexing, remote fetches.
 
-`Upkeep.maintain` runs under the store's lock before every match (index the namespace's disk
-files on first use; drop expired entries at most every ttl/8 s); `Upkeep.fetch_remote` loads, on
-a local miss of at least one whole chunk, what the remote tier holds (the server is asked outside
-the lock). `StateDevices` remembers where each stateful layer's states live.
+`Upkeep.maintain` runs under the store's lock before every match, where the store has a disk
+tier or a ttl (`Upkeep.active`; otherwise there is nothing to maintain and it is not called): it
+indexes the namespace's disk files on first use and drops expired entries at most every ttl/8 s.
+`Upkeep.fetch_remote` loads, on a local miss of at least one whole chunk, what the remote tier
+holds (the server is asked outside the lock). `StateDevices` remembers where each stateful
+layer's states live.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ class StateDevices:
 
 
 class Upkeep:
-    """Disk indexing, TTL expiry and remote fetches for one store's tree."""
+    """Disk indexing, TTL expiry and remote fetches for one store's tree.
+
+    Attributes:
+        active: whether `maintain` has anything to do (a disk tier or a ttl); callers skip it otherwise.
+    """
 
     def __init__(
         self,
@@ -60,6 +66,7 @@ class Upkeep:
         self.ttl = ttl
         self._has_state = has_state
         self._next_expiry = 0.0
+        self.active = placement.files is not None or ttl is not None
 
     def maintain(self, namespace: str) -> None:
         """Index the namespace's disk files on first use; drop expired entries (at most every ttl/8 s).
@@ -94,7 +101,8 @@ class Upkeep:
         if last == 0:
             return
         with self._lock():
-            self.maintain(namespace)
+            if self.active:
+                self.maintain(namespace)
             have = self._tree.match(namespace, tokens).matched_len
         if have >= last * remote.chunk_len:
             return

@@ -45,6 +45,29 @@ def test_text_hits_count_as_text_and_the_saved_prefill_matches_a_hand_count() ->
         store.detach()
 
 
+def test_the_stats_are_the_sums_of_what_each_request_reported() -> None:
+    """Over hits of several lengths and a batch, the stats' saved FLOPs and text hits are the sums of the events'."""
+    model = cached_model("llama")
+    store = PrefixCache(model)
+    events: list[RequestEvent] = []
+    store.on_request(events.append)
+    try:
+        a, b = distinct_prompt(11, 24), distinct_prompt(12, 40)
+        longer = torch.cat([a, distinct_prompt(13, 9)], dim=1)
+        for ids in (a, b, longer, b, torch.cat([longer, longer])):
+            assert_same_as_cold(model, ids, store, new=2)
+        stats = store.stats()
+        hits = [e for e in events if e.hit_len]
+        assert [(e.hit_len, e.num_rows) for e in hits] == [(24, 1), (39, 1), (32, 2)]
+        assert stats.saved_prefill_flops == sum(e.saved_prefill_flops for e in events)
+        assert stats.saved_prefill_flops == sum(_hand_flops(model, e.hit_len) * e.num_rows for e in hits)
+        assert stats.hit_tokens_by_modality == {"text": sum(e.hit_len * e.num_rows for e in hits)} == {"text": 127}
+        store.reset_stats()
+        assert (store.stats().saved_prefill_flops, store.stats().hit_tokens_by_modality) == (0, {})
+    finally:
+        store.detach()
+
+
 def test_image_hits_count_as_image_tokens() -> None:
     """A LLaVA turn reusing a stored image splits its hit into 16 image tokens and the rest as text."""
     fam = Family("llava")
