@@ -265,18 +265,18 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
         rows = rows_of(read_to_host(input_ids))
         pad = getattr(config, "pad_token_id", None)  # transformers infers a mask only from a pad token it knows
         return Prompt(rows, none, reasons.PADDING if pad is not None and _has_pad(rows, pad, config) else None)
-    ones = (mask == 1).to(input_ids.device)
-    # Zeros then ones: every value is 0 or 1 and never falls from 1 to 0 along the row.
-    left = ((mask == 0).to(input_ids.device) | ones).all(-1) & (ones[:, 1:] >= ones[:, :-1]).all(-1)
-    extra = torch.stack([(~ones).sum(-1), left], dim=-1).to(input_ids.dtype)
-    host = read_to_host(torch.cat([input_ids, extra], 1))
+    # Zeros then ones: the row equals its count of zeros in zeros, then ones (any other value, or a zero after a one,
+    # differs). Seven operations on the device (each a kernel launch on a GPU).
+    pads = (mask == 0).sum(-1, keepdim=True)
+    left = (mask == (torch.arange(width, device=mask.device) >= pads)).all(-1, keepdim=True)
+    host = read_to_host(torch.cat([input_ids, pads.to(input_ids.device), left.to(input_ids.device)], 1))
     full = rows_of(host[:, :-2])
-    pads = tuple(host[:, -2].tolist())
-    if not host[:, -1].all() or max(pads) >= width:
+    row_pads = tuple(host[:, -2].tolist())
+    if not host[:, -1].all() or max(row_pads) >= width:
         return Prompt(full, none, reasons.PADDING)  # not left padding, or a row with no token at all
-    if not any(pads):
-        return Prompt(full, pads, None)
-    return Prompt([row[p:] for row, p in zip(full, pads, strict=True)], pads, None)  # type: ignore[misc]
+    if not any(row_pads):
+        return Prompt(full, row_pads, None)
+    return Prompt([row[p:] for row, p in zip(full, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
 
 
 def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
