@@ -63,7 +63,8 @@ def check_call(
     arguments: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> Checked:
-    """Step 1 of a decoder-only call in one pass: the first reason it cannot reuse safely, or None.
+    """Step 1 of a decoder-only call in one pass: its settings and prompt, and the first reason it cannot reuse
+    safely (None: it may reuse).
 
     The checks, in the order their reasons are counted:
 
