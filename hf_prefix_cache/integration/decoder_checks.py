@@ -1,9 +1,9 @@
 """The decoder-only hook's own checks: which calls can reuse safely (else the reason), and the prompt's media.
 
-`why_cold` runs the checks in order: the model, the shared refused arguments (`refusals.py`),
-the ids, the media kwargs, model kwargs the key does not cover, and the decoding settings; the
-mask and pad tokens are read later, with the ids (`refusals.read_prompt`). `media_layout` keys a
-prompt's media items, or says why they cannot be keyed.
+`check_call` runs step 1 in one pass: the model, the shared refused arguments (`refusals.py`),
+the ids, the media kwargs, model kwargs the key does not cover, the decoding settings, then the
+mask and pad tokens read with the ids (`refusals.read_prompt`). `media_layout` keys a prompt's
+media items, or says why they cannot be keyed.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import GenerationConfig
@@ -23,6 +23,7 @@ from hf_prefix_cache.integration.media_expansion import expands_media
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 from hf_prefix_cache.multimodal.media import MediaLayout
+from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -32,36 +33,81 @@ _GENERATION_FIELDS = frozenset(GenerationConfig().to_dict())  # type: ignore[no-
 _KEYED_OR_HARMLESS = frozenset(
     {"input_ids", "attention_mask", "logits_to_keep", "tokenizer", "assistant_tokenizer", "use_model_defaults"}
 )
-# Cache implementations served on the working cache (dropped from the call); "static" where the model's layers have
-# a plain static form (`model/static.py`), for one prompt row decoded one sequence at a time.
+# Cache implementations served on the working cache (dropped from the call); a static one (`GenerationSettings.static`)
+# where the model's layers have a plain static form (`model/static.py`), for one prompt row decoded one sequence at a
+# time.
 _SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
-STATIC = "static"
+
+# The names each check of the call's names looks for: a call that gives none of them skips that check (a set test),
+# which would find nothing.
+_REFUSED_NAMES = frozenset(refusals.REFUSED_ARGUMENTS)
+_MEDIA_NAMES = frozenset(MEDIA_KWARGS)
+_PLAIN_KWARGS = _GENERATION_FIELDS | _KEYED_OR_HARMLESS  # `_model_kwarg` passes over these
 
 
-def why_cold(
+class Checked(NamedTuple):
+    """What step 1 found: the call's settings and prompt (each row after its left padding, that padding) and why
+    it runs cold (None: it may reuse). A call refused before its prompt is read has no settings and no rows."""
+
+    settings: refusals.GenerationSettings | None
+    rows: list[TokenIds]
+    pads: tuple[int, ...]
+    reason: str | None
+
+
+def check_call(
     profile: ModelProfile,
     model: Any,
     signature: inspect.Signature,
     input_ids: Any,
     arguments: dict[str, Any],
     kwargs: dict[str, Any],
-) -> str | None:
-    """Name the reason this call cannot reuse safely, or None."""
+) -> Checked:
+    """Step 1 of a decoder-only call in one pass: its settings and prompt, and the first reason it cannot reuse
+    safely (None: it may reuse).
+
+    The checks, in the order their reasons are counted:
+
+    1. the model (`profile.unsupported`);
+    2. arguments no family serves (`refusals.refused_argument`);
+    3. the ids: one 2-D integer tensor of rows this model serves together (`_ids_problem`);
+    4. media kwargs (`_media_problem`);
+    5. model kwargs the key does not cover (`_model_kwarg`);
+    6. decoding, cache-implementation and output settings (`_settings_problem`);
+    7. the mask and pad tokens, read to the host with the ids (`refusals.read_prompt`).
+
+    Checks 2, 4 and 5 run only when the call gives a name they look for, and 6 only when the settings
+    are not plain (`GenerationSettings.is_plain`): a plain call (ids, a mask, generation settings)
+    reads its settings, its ids and its prompt, and nothing else.
+    """
     if profile.unsupported is not None:
-        return profile.unsupported
-    modes = serving_modes(profile)
-    problem = (
-        refusals.refused_argument({**kwargs, **arguments}, modes=modes)
-        or _ids_problem(profile, input_ids)
-        or _media_problem(profile, model, input_ids, kwargs)
-    )
+        return _refused(profile.unsupported)
+    if not (_REFUSED_NAMES.isdisjoint(kwargs) and _REFUSED_NAMES.isdisjoint(arguments)):
+        problem = refusals.refused_argument({**kwargs, **arguments}, modes=serving_modes(profile))
+        if problem is not None:
+            return _refused(problem)
+    problem = _ids_problem(profile, input_ids)
+    if problem is None and not _MEDIA_NAMES.isdisjoint(kwargs):
+        problem = _media_problem(profile, model, input_ids, kwargs)
+    if problem is None and not kwargs.keys() <= _PLAIN_KWARGS:
+        passed = _model_kwarg(profile, signature, kwargs)
+        if passed is not None:
+            # It reaches the model's forward and may change states the key does not cover (GPT-2's token_type_ids).
+            problem = reasons.with_detail(reasons.MODEL_KWARG, passed)
     if problem is not None:
-        return problem
-    passed = _model_kwarg(profile, signature, kwargs)
-    if passed is not None:
-        # It reaches the model's forward and may change states the key does not cover (GPT-2's token_type_ids).
-        return reasons.with_detail(reasons.MODEL_KWARG, passed)
-    return _settings_problem(profile, model, arguments, kwargs, modes)
+        return _refused(problem)
+    settings = refusals.GenerationSettings(model, arguments.get("generation_config"), kwargs)
+    if not settings.is_plain:
+        problem = _settings_problem(profile, model, kwargs, settings)
+        if problem is not None:
+            return _refused(problem)
+    # The one read of the device before the prefill: ids, mask and pad tokens.
+    prompt = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
+    return Checked(settings, prompt.rows, prompt.pads, prompt.reason)
+
+
+def _refused(reason: str) -> Checked:
+    return Checked(None, [], (), reason)
 
 
 def serving_modes(profile: ModelProfile) -> refusals.Modes:
@@ -124,44 +170,27 @@ def _model_kwarg(profile: ModelProfile, signature: inspect.Signature, kwargs: di
 
 
 def _settings_problem(
-    profile: ModelProfile, model: Any, arguments: dict[str, Any], kwargs: dict[str, Any], modes: refusals.Modes
+    profile: ModelProfile, model: Any, kwargs: dict[str, Any], settings: refusals.GenerationSettings
 ) -> str | None:
     """Decoding, cache-implementation and output settings a hit could not reproduce."""
-    config = refusals.GenerationSettings(model, arguments.get("generation_config"), kwargs)
     served = _SERVED_IMPLEMENTATIONS
-    static = static_implementation(config)
-    if static is not None and profile.serves_static and _one_sequence(config):
-        served = served | {static}
-    problem = refusals.decoding_problem(config, modes) or refusals.cache_implementation_problem(config, served)
+    if settings.static is not None and profile.serves_static and settings.expand == 1 and not settings.assisted:
+        served = served | {settings.static}  # one sequence per prompt row: the static path copies one row's prefix
+    problem = refusals.decoding_problem(settings, serving_modes(profile)) or refusals.cache_implementation_problem(
+        settings, served
+    )
     if problem is not None:
         return problem
-    if refusals.expand_size(config) > 1 and _has_media(profile, kwargs) and not expands_media(model):
+    if settings.expand > 1 and _has_media(profile, kwargs) and not expands_media(model):
         # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media_expansion.py`).
         return reasons.MEDIA_BATCH
-    if config.return_dict_in_generate and (problem := refusals.output_problem(config)) is not None:
+    if settings.return_dict_in_generate and (problem := refusals.output_problem(settings)) is not None:
         return problem
-    return None
-
-
-def static_implementation(config: refusals.GenerationSettings) -> str | None:
-    """The call's static cache implementation, or None: ``"static"``, or a deprecated name `generate` builds the
-    same `StaticCache` for (``"sliding_window"``; ``"hybrid"`` when the call asks for it, since `generate` drops
-    a model's default ``"hybrid"`` and decodes on a dynamic cache)."""
-    impl = config.cache_implementation
-    if impl in (STATIC, "sliding_window") or (
-        impl == "hybrid" and config.explicit(refusals.CACHE_IMPLEMENTATION) == impl
-    ):
-        return str(impl)
     return None
 
 
 def _has_media(profile: ModelProfile, kwargs: dict[str, Any]) -> bool:
     return profile.media is not None and any(kwargs.get(name) is not None for name in profile.media.handled)
-
-
-def _one_sequence(config: refusals.GenerationSettings) -> bool:
-    """One sequence decoded per prompt row, without assistance: the static path copies one row's prefix."""
-    return refusals.expand_size(config) == 1 and not refusals.is_assisted(config)
 
 
 def media_layout(

@@ -28,7 +28,7 @@ from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline, recurrent_rows, refusals
-from hf_prefix_cache.integration.decoder_checks import media_layout, serving_modes, static_implementation, why_cold
+from hf_prefix_cache.integration.decoder_checks import check_call, media_layout, serving_modes
 from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
@@ -157,27 +157,25 @@ class DecoderOnlyHook(PatchingHook):
             input_ids = kwargs.get("input_ids")
         prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         call = _Call(args, kwargs, input_ids, prompt_len, session)
-        reason = why_cold(self._profile, self._model, self._signature, input_ids, bound.arguments, kwargs)
-        if reason is not None:
-            return call, reason
-        assert isinstance(input_ids, torch.Tensor)
-        # The one read of the device before the prefill: ids, mask and pad tokens.
-        settings = refusals.GenerationSettings(self._model, bound.arguments.get("generation_config"), kwargs)
-        call.rows, call.pads, reason = refusals.read_prompt(input_ids, kwargs.get("attention_mask"), settings)
+        checked = check_call(self._profile, self._model, self._signature, input_ids, bound.arguments, kwargs)
+        settings, reason = checked.settings, checked.reason
+        if settings is None:
+            return call, reason  # refused before the prompt was read
+        call.rows, call.pads = checked.rows, checked.pads
         if reason is None and any(call.pads) and not _serves_padding(self._profile):
             reason = reasons.PADDING
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
         call.drop_impl = bool(settings.cache_implementation)
-        call.expand, call.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
-        call.assisted = refusals.is_assisted(settings) or bound.arguments.get("assistant_model") is not None
-        static = static_implementation(settings)
-        if static is not None:
+        call.expand, call.beams = settings.expand, (settings.num_beams or 1) > 1
+        call.assisted = settings.assisted or bound.arguments.get("assistant_model") is not None
+        if settings.static is not None:
             # Sized as generate sizes it: the longest sequence but its last token (or the config's own size).
             new = settings.max_new_tokens
             longest = prompt_len + new if new is not None else settings.max_length
             call.static_len = max(longest - 1, settings.max_cache_len or 0)
             if reason is None and (len(call.rows) > 1 or any(call.pads)):
-                reason = reasons.with_detail(reasons.CACHE_IMPLEMENTATION, static)  # static rows restore one prompt
+                # Static rows restore one prompt.
+                reason = reasons.with_detail(reasons.CACHE_IMPLEMENTATION, settings.static)
         return call, reason
 
     def _key(self, call: _Call) -> str | None:

