@@ -2,23 +2,22 @@
 
 Read once when a store is attached. Decides whether the model can be served at all (and if
 not, names the reason every request will fall back with) and which adapter handles each
-cache layer. Knows nothing about the store.
+cache layer (from the registry, `layers.adapter_for`). What the model's layers can do together
+is worked out here once, from the capabilities each adapter class declares, into plain fields
+a request reads. Knows nothing about the store, nor any concrete adapter class.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.model.indexer_ties import indexer_modules
-from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerAdapter, adapter_for
-from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
-from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter
-from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.model.layers import LayerAdapter, adapter_for
 from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
 from hf_prefix_cache.model.own_caches import OwnCache, own_cache_for
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
@@ -67,14 +66,14 @@ class ModelProfile:
     `encoder_family` names an encoder-decoder family served keyed by its encoder input
     (``"whisper"``, ``"seq2seq"``); None for decoder-only models. Its `adapters` are the
     decoder's self-attention layers.
+
+    The fields after `own_cache` are not passed: they are worked out once from the adapters'
+    declared capabilities (`layers/base.py`) when the profile is made, so a request reads them as plain values.
     """
 
     cache_kwarg: str  # the name the forward (and so `generate`) takes the cache under (`_compat.cache_argument`)
     adapters: tuple[LayerAdapter, ...]
     layer_specs: tuple[tuple[type, dict[str, Any]], ...]
-    has_kv: bool
-    has_state: bool
-    has_recurrence: bool  # a state summarising every token so far (not only a window): interval snapshots pay
     single_token_steps: bool
     accepts_position_ids: bool
     accepts_logits_to_keep: bool
@@ -96,56 +95,74 @@ class ModelProfile:
     #: cache gets its bridge (and is made an instance of the own class). None for other models.
     own_cache: OwnCache | None = None
 
-    @property
-    def kv_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, a in enumerate(self.adapters) if a.has_kv)
+    # Worked out from `adapters` (and `item_layers`, `media`, `joinable_states`) by `__post_init__`.
+    #: Some layer keeps per-token keys.
+    has_kv: bool = field(init=False)
+    #: Some layer keeps a state.
+    has_state: bool = field(init=False)
+    #: A state summarising every token so far (not only a window): interval snapshots pay.
+    has_recurrence: bool = field(init=False)
+    kv_layers: tuple[int, ...] = field(init=False)
+    state_layers: tuple[int, ...] = field(init=False)
+    #: Whether one restored prompt may become several rows (beams, several returned sequences).
+    #: Every layer keeps per-token keys of every position (no recurrent or window state, no media
+    #: item blocks), so the rows can be copies of one prefix and trimmed back to the prompt after.
+    expands: bool = field(init=False)
+    #: Whether rows with recurrent states can each be prefilled alone and joined into one batch (batches, left
+    #: padding, beams, several returned sequences; `integration/recurrent_rows.py`).
+    #: Every state is a recurrent or conv state whose first dimension is the batch (`has_state_refs`; window
+    #: states and other snapshot-only layers are not joined), with no media and no media item
+    #: blocks: each row's prompt is keyed and prefilled as a one-row call's, then the rows' keys and
+    #: states are laid side by side. No layers with indexer keys
+    #: (Qwen4-Exp): their indexers keep positions a padded row does not share, and their top-k ties
+    #: are watched per call, not per row (a padded Qwen4-Exp batch was 5e-2 off its cold run).
+    joins_rows: bool = field(init=False)
+    #: Whether a static cache can take a restored prefix (`model/static.py`): every cache layer keeps plain
+    #: per-token keys whose static form is one buffer (full attention, or a sliding window's last positions), with
+    #: no state and no media item blocks.
+    serves_static: bool = field(init=False)
+    #: Whether transformers' `crop` (assisted decoding's rollback of rejected candidates) keeps every
+    #: layer exact and capturable.
+    is_croppable: bool = field(init=False)
+    #: Whether keys still landing can be restored layer by layer at first use (`WorkingCache.restore(landing=...)`):
+    #: every cached layer is plain full attention, read only through `update` (in layer order) and the `Cache`
+    #: methods, all of which land first; no media item blocks.
+    defers_keys: bool = field(init=False)
+    #: Some layer keeps positions of its own (Qwen4-Exp's indexers), which a restore rebuilds as 0..L-1: not a
+    #: left-padded row's.
+    keeps_positions: bool = field(init=False)
+    #: The layers a fresh working cache sets up (`LayerAdapter.prepare`).
+    prepared_layers: tuple[int, ...] = field(init=False)
 
-    @property
-    def state_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, a in enumerate(self.adapters) if a.has_state)
-
-    @property
-    def expands(self) -> bool:
-        """Whether one restored prompt may become several rows (beams, several returned sequences).
-
-        Every layer keeps per-token keys of every position (no recurrent or window state, no media
-        item blocks), so the rows can be copies of one prefix and trimmed back to the prompt after.
-        """
-        return not self.has_state and not self.item_layers
-
-    @property
-    def joins_rows(self) -> bool:
-        """Whether rows with recurrent states can each be prefilled alone and joined into one batch (batches, left
-        padding, beams, several returned sequences; `integration/recurrent_rows.py`).
-
-        Every state is a recurrent or conv state (`RecurrentAdapter`) whose first dimension is the batch
-        (window states and other snapshot-only layers are not joined), with no media and no media item
-        blocks: each row's prompt is keyed and prefilled as a one-row call's, then the rows' keys and
-        states are laid side by side. No indexed layers
-        (Qwen4-Exp): their indexers keep positions a padded row does not share, and their top-k ties
-        are watched per call, not per row (a padded Qwen4-Exp batch was 5e-2 off its cold run).
-        """
-        return (
-            self.has_state
-            and self.joinable_states
-            and self.media is None
-            and not self.item_layers
-            and all(isinstance(a, RecurrentAdapter) for a in self.adapters if a.has_state)
-            and not any(isinstance(a, IndexedAttentionAdapter) for a in self.adapters)
-        )
-
-    @property
-    def serves_static(self) -> bool:
-        """Whether a static cache can take a restored prefix (`model/static.py`): every cache layer keeps plain
-        per-token keys whose static form is one buffer (full attention, or a sliding window's last positions), with
-        no state and no media item blocks."""
-        return self.expands and self.has_kv and all(a.has_static_form for a in self.adapters if a.has_kv)
-
-    @property
-    def is_croppable(self) -> bool:
-        """Whether transformers' `crop` (assisted decoding's rollback of rejected candidates) keeps every
-        layer exact and capturable."""
-        return all(a.is_croppable for a in self.adapters)
+    def __post_init__(self) -> None:
+        adapters = self.adapters
+        has_state = any(a.has_state for a in adapters)
+        expands = not has_state and not self.item_layers
+        has_kv = any(a.has_kv for a in adapters)
+        cached = [a for a in adapters if a.has_kv or a.has_state]
+        derived = {
+            "has_kv": has_kv,
+            "has_state": has_state,
+            "has_recurrence": any(a.has_recurrence for a in adapters),
+            "kv_layers": tuple(i for i, a in enumerate(adapters) if a.has_kv),
+            "state_layers": tuple(i for i, a in enumerate(adapters) if a.has_state),
+            "expands": expands,
+            "joins_rows": (
+                has_state
+                and self.joinable_states
+                and self.media is None
+                and not self.item_layers
+                and all(a.has_state_refs for a in adapters if a.has_state)
+                and not any(a.has_indexer_keys for a in adapters)
+            ),
+            "serves_static": expands and has_kv and all(a.has_static_form for a in adapters if a.has_kv),
+            "is_croppable": all(a.is_croppable for a in adapters),
+            "defers_keys": bool(cached) and not self.item_layers and all(a.defers_keys for a in cached),
+            "keeps_positions": any(a.keeps_positions for a in adapters),
+            "prepared_layers": tuple(i for i, a in enumerate(adapters) if a.needs_prepare),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
 
 def profile_model(
@@ -174,6 +191,7 @@ def profile_model(
         unsupported = reasons.NO_CACHE_ARGUMENT  # the model keeps no cache (generate rejects one)
     adapters: list[LayerAdapter] = []
     specs: list[tuple[type, dict[str, Any]]] = []
+    layers: list[Any] = []  # one of each layer, as `specs` builds it
     if unsupported is None:
         # The layers `DynamicCache(config=...)` would build, as classes and kwargs, to build them fast per request.
         try:
@@ -187,29 +205,36 @@ def profile_model(
             unsupported = reasons.with_detail(reasons.UNREADABLE_CACHE_LAYOUT, type(exc).__name__)
         # Indexed (sparse-attention) layers: their indexer keys' width (Qwen4-Exp: `indexer_head_dim`).
         index_dim = _index_dim(config.get_text_config(decoder=True))
+        # Qwen4-Exp: the first indexed layer keeps the indexers' positions too.
+        keep_positions = index_dim is not None and _keeps_indexer_positions(config)
         if encoder_family is not None and unsupported is None:
             layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
-            adapter = adapter_for(cls(**kwargs), sliding_window_mode, index_dim) if cls is not None else None
+            layer = cls(**kwargs) if cls is not None else None
+            adapter = (
+                adapter_for(layer, sliding_window_mode, index_dim, keeps_indexer_positions=keep_positions)
+                if layer is not None
+                else None
+            )
             if adapter is None:
                 unsupported = reasons.with_detail(
                     reasons.UNSUPPORTED_LAYER, cls.__name__ if cls is not None else layer_type
                 )
-                adapters, specs = [], []
+                adapters, specs, layers = [], [], []
                 break
             assert cls is not None
             adapters.append(adapter)
             specs.append((cls, dict(kwargs)))
+            layers.append(layer)
+            keep_positions = keep_positions and not adapter.has_indexer_keys  # the first one only
         if unsupported is None and not adapters:
             unsupported = reasons.NO_CACHE_LAYERS
-        first_indexed = next((i for i, a in enumerate(adapters) if isinstance(a, IndexedAttentionAdapter)), None)
-        if first_indexed is not None and index_dim is not None and _keeps_indexer_positions(config):
-            adapters[first_indexed] = IndexedAttentionAdapter(index_dim, keeps_positions=True)
     item_layers = media.item_layers() if media is not None and unsupported is None else ()
     for i in item_layers:
         # Cross-attention layers are plain DynamicLayers holding vision tokens, never sliced by text length.
-        if specs[i][0] is not DynamicLayer:
+        item_adapter = adapter_for(layers[i], holds_items=True)
+        if item_adapter is None:
             unsupported, adapters, specs, item_layers = (
                 reasons.with_detail(reasons.CROSS_ATTENTION_LAYER, specs[i][0].__name__),
                 [],
@@ -217,19 +242,16 @@ def profile_model(
                 (),
             )
             break
-        adapters[i] = CrossAttentionAdapter()
-    indexed = any(isinstance(a, IndexedAttentionAdapter) for a in adapters)
+        adapters[i] = item_adapter
+    indexed = any(a.has_indexer_keys for a in adapters)
     # Layers whose entries an indexer ranks, each entry covering this many tokens (DeepSeek-V4's CSA layers).
-    entry_tokens = max((getattr(a, "entry_tokens", None) or 0 for a in adapters), default=0)
+    entry_tokens = max((a.entry_tokens or 0 for a in adapters), default=0)
     # Indexers whose every top-k can be checked for ties (`indexer_ties.py`) reuse prompts of any length.
     watch_indexers = indexed and bool(indexer_modules(inner))
     return ModelProfile(
         cache_kwarg=cache_kwarg,
         adapters=tuple(adapters),
         layer_specs=tuple(specs),
-        has_kv=any(a.has_kv for a in adapters),
-        has_state=any(a.has_state for a in adapters),
-        has_recurrence=any(a.has_state and not isinstance(a, WindowStateAdapter) for a in adapters),
         single_token_steps=model_type in _SINGLE_TOKEN_STEP_MODEL_TYPES,
         accepts_position_ids="position_ids" in params,
         accepts_logits_to_keep="logits_to_keep" in params,

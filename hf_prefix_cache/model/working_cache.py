@@ -3,7 +3,9 @@
 Built fresh per request from the model's config, restored from the store to a prefix length,
 then filled by the model as usual. Translates between transformers' layers and the store's
 `Run`/`Snapshot` through the layer adapters; this is the only module that touches
-transformers' cache attributes directly (through `layers/`).
+transformers' cache attributes directly (through `layers/`). It asks each adapter for what it
+can do (the capabilities its class declares, `layers/base.py`) and the profile for what the
+layers can do together; it names no concrete adapter.
 """
 
 from __future__ import annotations
@@ -18,10 +20,8 @@ import torch.nn.functional as F
 from transformers import Cache, DynamicCache
 
 from hf_prefix_cache.model.landing import Landing, combine
-from hf_prefix_cache.model.layers import CrossAttentionAdapter, LayerState
-from hf_prefix_cache.model.layers.full import FullAttentionAdapter
-from hf_prefix_cache.model.layers.recurrent import RecurrentAdapter, clone_states, join_rows, select_row
-from hf_prefix_cache.model.layers.sliding import WindowStateAdapter
+from hf_prefix_cache.model.layers import LayerAdapter, LayerState
+from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
@@ -69,7 +69,10 @@ class WorkingCache(DynamicCache):
 
     def __init__(self, profile: ModelProfile) -> None:
         # The layers DynamicCache(config=...) would build, without re-reading the config per request.
-        Cache.__init__(self, layers=[cls(**kwargs) for cls, kwargs in profile.layer_specs])
+        layers = []
+        for cls, kwargs in profile.layer_specs:  # a loop, not a comprehension: no call of its own per request
+            layers.append(cls(**kwargs))
+        Cache.__init__(self, layers=layers)
         self.profile = profile
         self.skip_len: int | None = None
         #: The restored prefix's length, and the first position an indexer tied at (`model/indexer_ties.py`):
@@ -78,8 +81,8 @@ class WorkingCache(DynamicCache):
         self.prompt_len = 0  # the request's prompt length, where its hook says it (0: not known)
         self.tied_at: int | None = None
         self._landing: _LandingKV | None = None
-        for layer, adapter in zip(self.layers, profile.adapters, strict=True):
-            adapter.prepare(layer)
+        for i in profile.prepared_layers:
+            profile.adapters[i].prepare(layers[i])
 
     def restore(
         self,
@@ -106,7 +109,7 @@ class WorkingCache(DynamicCache):
             self._restore_landing(length, landing[0], landing[1], batch_size)
             return
         assert batch_size == 1 or not self.profile.has_state, "batched restores are for attention-only models"
-        recurrent: list[tuple[Any, RecurrentAdapter, LayerState]] = []  # cloned together below
+        recurrent: list[tuple[Any, LayerAdapter, LayerState]] = []  # states by reference: cloned together below
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
             if adapter.has_kv:
                 assert keys is not None and values is not None
@@ -122,15 +125,16 @@ class WorkingCache(DynamicCache):
                 )
                 state = snapshot.states[i]
                 if length != snapshot.length:
-                    assert isinstance(adapter, WindowStateAdapter), "only window states restore below their length"
+                    assert adapter.restores_below_length, "only window states restore below their length"
                     state = adapter.at(state, length)
-                if isinstance(adapter, RecurrentAdapter):
+                if adapter.has_state_refs:
                     recurrent.append((layer, adapter, state))
                 else:
                     adapter.restore_state(layer, state)
-        clones = clone_states([state for _, _, state in recurrent])
-        for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
-            adapter.load_state(layer, clone)
+        if recurrent:
+            clones = clone_states([state for _, _, state in recurrent])
+            for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
+                adapter.load_state(layer, clone)
         if items:
             self._restore_items(items)
 
@@ -138,13 +142,10 @@ class WorkingCache(DynamicCache):
     def defers_keys(self) -> bool:
         """Whether keys still landing can be restored layer by layer at first use (`restore(landing=...)`).
 
-        Only for models whose every cached layer is full attention: their layers are read only
-        through `update` (in layer order) and the `Cache` methods, all of which land first.
+        Only for models whose every cached layer is plain full attention (`ModelProfile.defers_keys`): their
+        layers are read only through `update` (in layer order) and the `Cache` methods, all of which land first.
         """
-        adapters = [a for a in self.profile.adapters if a.has_kv or a.has_state]
-        return (
-            bool(adapters) and not self.profile.item_layers and all(type(a) is FullAttentionAdapter for a in adapters)
-        )
+        return self.profile.defers_keys
 
     def _restore_landing(self, length: int, pieces: KVPieces, landings: Sequence[Landing], batch_size: int) -> None:
         """Load a prefix of `length` tokens from `pieces`, some maybe still being copied in (`model/landing.py`).
@@ -196,7 +197,7 @@ class WorkingCache(DynamicCache):
     def _restore_items(self, items: Sequence[ItemState]) -> None:
         for i in self.profile.item_layers:
             adapter = self.profile.adapters[i]
-            assert isinstance(adapter, CrossAttentionAdapter)
+            assert adapter.holds_items, f"layer {i} holds no media items"
             keys = [_only(item.states[i], "keys") for item in items]
             values = [_only(item.states[i], "values") for item in items]
             # [B, H, vision tokens of all items, D]; one item restores as the stored tensor itself.
@@ -216,7 +217,7 @@ class WorkingCache(DynamicCache):
         held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i in self.profile.item_layers:
             adapter = self.profile.adapters[i]
-            assert isinstance(adapter, CrossAttentionAdapter)
+            assert adapter.holds_items, f"layer {i} holds no media items"
             kv = adapter.capture_media(self.layers[i])
             assert kv is not None and kv[0].shape[-2] % len(ends) == 0, (
                 f"cross-attention layer {i} holds {None if kv is None else kv[0].shape[-2]} vision tokens "
@@ -237,7 +238,8 @@ class WorkingCache(DynamicCache):
 
     def capture_run(self, length: int, row: int | None = None) -> Run:
         """The keys/values of positions `[0, length)` (of one batch `row`), by reference."""
-        self.land()
+        if self._landing is not None:
+            self.land()
         keys: list[torch.Tensor | None] = []
         values: list[torch.Tensor | None] = []
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
@@ -274,7 +276,7 @@ class WorkingCache(DynamicCache):
         assert self.profile.expands or self.profile.joins_rows, "these layers cannot be restored row by row"
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
             if adapter.has_state:
-                assert isinstance(adapter, RecurrentAdapter), f"layer {i}: a window state is not joined by row"
+                assert adapter.has_state_refs, f"layer {i}: a window state is not joined by row"
                 # A row with no token before `length` has no state yet: `join_rows` gives it zeros (a fresh state).
                 states = [adapter.state_refs(part.layers[i]) if pad < length else None for part, pad in parts]
                 adapter.load_state(layer, join_rows(states, expand))
@@ -301,7 +303,7 @@ class WorkingCache(DynamicCache):
         self.land()
         out = WorkingCache(self.profile)
         for layer, fresh, adapter in zip(self.layers, out.layers, self.profile.adapters, strict=True):
-            if isinstance(adapter, RecurrentAdapter):
+            if adapter.has_state_refs:
                 adapter.load_state(fresh, select_row(adapter.state_refs(layer), row))
             kv = adapter.capture_kv(layer) if adapter.has_kv else None
             if kv is not None:
@@ -320,7 +322,7 @@ class WorkingCache(DynamicCache):
         index: torch.Tensor | None = None
         for layer, adapter in zip(self.layers, self.profile.adapters, strict=True):
             keys: torch.Tensor | None = getattr(layer, "keys", None)
-            if isinstance(adapter, FullAttentionAdapter) and keys is not None:
+            if adapter.is_trimmable and keys is not None:
                 index = torch.tensor(list(rows), device=keys.device) if index is None else index
                 adapter.trim(layer, length, index)
 
@@ -329,7 +331,7 @@ class WorkingCache(DynamicCache):
         states = {}
         recurrent: dict[int, LayerState] = {}  # cloned together below
         for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            if isinstance(adapter, RecurrentAdapter):
+            if adapter.has_state_refs:
                 recurrent[i] = adapter.state_refs(layer)
             elif adapter.has_state:
                 state = adapter.snapshot_state(layer)
@@ -359,7 +361,7 @@ class WorkingCache(DynamicCache):
     def _extend(self, earlier: Snapshot, later: Snapshot) -> Snapshot | None:
         states = {}
         for i, state in later.states.items():
-            extended = WindowStateAdapter.extend(earlier.states[i], state)
+            extended = self.profile.adapters[i].extend(earlier.states[i], state)
             if extended is None:
                 return None
             states[i] = extended
@@ -373,8 +375,10 @@ class WorkingCache(DynamicCache):
 
     def exact_length(self) -> int | None:
         """Positions whose states a cold prefill computes alike: `kv_length`, but not from an indexer's tie on."""
-        kv_len = self.kv_length()
-        if kv_len is None or self.tied_at is None:
+        if not self.profile.has_kv:
+            return None
+        kv_len = int(self.get_seq_length())  # `kv_length`, without a call of its own
+        if self.tied_at is None:
             return kv_len
         # A recurrent state summarises every position: it cannot be taken back to the tie, so nothing is stored.
         return 0 if self.profile.has_state else min(kv_len, self.tied_at)

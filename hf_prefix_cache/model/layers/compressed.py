@@ -23,18 +23,17 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.model.layers.base import LayerState
+from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 
 _PER_NAME_TENSORS = ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate")
 
 
-class CompressedAttentionAdapter:
+class CompressedAttentionAdapter(LayerAdapter):
     """One `DeepseekV4HCACache` or `DeepseekV4CSACache` layer, restored from a snapshot at its exact length."""
 
-    has_kv = False
     has_state = True
+    has_recurrence = True  # the compressed entries summarise every token so far
     is_croppable = False  # the window and the open buffer cannot go back
-    has_static_form = False
 
     def __init__(self, entry_tokens: int | None = None) -> None:
         #: Tokens one entry covers where an indexer ranks the layer's entries (CSA); None where none does (HCA).

@@ -20,6 +20,7 @@ from hf_prefix_cache.model.layers.base import NoCacheAdapter
 class CrossAttentionAdapter(NoCacheAdapter):
     """Holds nothing per token (so the store never slices it); media blocks go through the methods below."""
 
+    holds_items = True  # `capture_media`, `restore_media`
     is_croppable = False  # its keys are the media's vision tokens: a crop by text length would cut them
 
     def capture_media(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -10,14 +10,15 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.model.layers.base import LayerState
+from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 
 
-class FullAttentionAdapter:
+class FullAttentionAdapter(LayerAdapter):
     has_kv = True
-    has_state = False
     is_croppable = True
     has_static_form = True
+    is_trimmable = True
+    defers_keys = True  # this class alone: each subclass says False
 
     def prepare(self, layer: Any) -> None:
         pass

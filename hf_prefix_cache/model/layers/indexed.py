@@ -22,6 +22,8 @@ class IndexedAttentionAdapter(FullAttentionAdapter):
     """`DynamicIndexedLayer` whose indexer keys are `index_dim` wide (the config's `index_head_dim`)."""
 
     has_static_form = False  # a static indexed layer keeps its indexer keys in buffers of its own
+    defers_keys = False  # landing at first use is for plain full attention alone
+    has_indexer_keys = True
 
     def __init__(self, index_dim: int, keeps_positions: bool = False) -> None:
         self.index_dim = index_dim

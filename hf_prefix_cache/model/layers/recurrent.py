@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hf_prefix_cache.model.layers.base import LayerState
+from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter
 
@@ -34,11 +34,11 @@ _STATE_FLAGS = (
 )
 
 
-class RecurrentAdapter:
-    has_kv = False
+class RecurrentAdapter(LayerAdapter):
     has_state = True
+    has_recurrence = True
+    has_state_refs = True  # `state_refs`, `load_state`
     is_croppable = False  # a state summarises every token: it cannot go back
-    has_static_form = False
 
     def prepare(self, layer: Any) -> None:
         pass
@@ -171,6 +171,7 @@ class HybridSlidingAdapter(HybridAdapter):
     """`LinearAttentionAndSlidingWindowAttentionLayer`: a recurrent state plus sliding keys, every position kept."""
 
     _kv = SlidingWindowAdapter()
+    needs_prepare = True  # the sliding keys' past recording
 
     def prepare(self, layer: Any) -> None:
         self._kv.prepare(layer)

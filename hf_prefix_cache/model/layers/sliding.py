@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.model.layers.base import LayerState
+from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 
 
@@ -31,6 +31,8 @@ class SlidingWindowAdapter(FullAttentionAdapter):
     is_croppable = False
     # transformers' static form keeps the last `window` positions in one buffer (`model/static.py` fills it).
     has_static_form = True
+    defers_keys = False  # landing at first use is for plain full attention alone
+    needs_prepare = True  # past recording
 
     def prepare(self, layer: Any) -> None:
         # Keep all past keys: `update` then returns only the visible window, exactly as without recording.
@@ -56,13 +58,12 @@ class SlidingWindowAdapter(FullAttentionAdapter):
         layer.cumulative_length = length
 
 
-class WindowStateAdapter:
+class WindowStateAdapter(LayerAdapter):
     """A sliding layer kept as its window: snapshots of the last `window - 1` keys/values and the length."""
 
-    has_kv = False
     has_state = True
+    restores_below_length = True  # `at`, `extend`
     is_croppable = False  # past the window, the keys to go back to are gone
-    has_static_form = False
 
     def prepare(self, layer: Any) -> None:
         pass  # no past recording: the layer keeps only its window, as without a store
