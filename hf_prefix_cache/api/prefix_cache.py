@@ -72,7 +72,13 @@ class PrefixCache:
         profile = profile_model(model, settings.sliding_window_mode, family.name if family.encoder_keyed else None)
         self._store = TreeStore(model, profile, resolve(model, settings))
         stand_for(self, self._store)
-        serving = Serving(profile, settings.snapshot_interval, settings.prompt_snapshot, settings.attach == "all")
+        serving = Serving(
+            profile,
+            self._store.encoder_outputs,
+            settings.snapshot_interval,
+            settings.prompt_snapshot,
+            settings.attach == "all",
+        )
         self._hook: Hook | None = attach_hook(self._store, model, serving) if settings.attach else None
 
     @property
