@@ -3,9 +3,9 @@
 A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespace and tree
 symbols); the functions here do the rest with the store's contract (`store/contract.py`):
 
-- `claim`: whether a call is for this hook's store (a `Session` counts as its store, and so
-  does no cache at all when the store was attached with ``attach="all"``), its cache argument
-  taken out of a call that is;
+- `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
+  or a `Session` counts as its store, and so does no cache at all when the store was attached with
+  ``attach="all"``), its cache argument taken out of a call that is;
 - `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
 - `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -33,11 +34,20 @@ from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
-from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store, store_behind
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
+
+
+#: The user's objects that stand for a store where `generate` takes a cache (`stand_for`), read by `claim`.
+_FRONTS: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
+
+
+def stand_for(front: Any, store: Store) -> None:
+    """Let `front` (the user's object made around `store`) stand for `store` where `generate` takes a cache."""
+    _FRONTS[front] = store
 
 
 def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
@@ -64,7 +74,13 @@ def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: boo
             if given.closed:
                 raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
             session, given = given, given.store
-        behind = store_behind(given)
+        # The store behind the cache argument: the user's object made around one (`stand_for`), or a store itself.
+        try:
+            behind = _FRONTS.get(given)
+        except TypeError:  # an unhashable cache argument
+            behind = None
+        if behind is None and isinstance(given, Store):
+            behind = given
         ours = behind is store
         if not ours:
             if behind is not None and behind.model is not model:

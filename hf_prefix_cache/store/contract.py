@@ -2,8 +2,8 @@
 
 A hook (`integration/`) sees a store only through `Store` and a `Serving` value
 handed to it once (the model's profile and the options it acts on); users pass the object made
-around the store (`PrefixCache`, which `stand_for` registers) or a session of it as `generate`'s
-cache, and `store_behind` finds the store again. Per request the hook asks for the current
+around the store (`PrefixCache`) or a session of it as `generate`'s cache, and the hook finds the
+store behind it (`integration.pipeline.claim`). Per request the hook asks for the current
 `namespace` (and derives the namespace of prompt-, media- or encoder-input-dependent states from
 it itself, `keys.namespace.sub_namespace`), takes a `Lease` on the longest usable stored prefix
 (restored into a fresh working cache it made from the profile), runs the model, gives the lease
@@ -17,7 +17,6 @@ Modelled on mini-sglang's documented `BasePrefixCache`: match (and pin), insert,
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -185,22 +184,3 @@ class Store(Protocol):
     def record(self, event: Event) -> None:
         """Count (and log, where the event says so) what happened to a request (mutates only counters and logs)."""
         ...
-
-
-_FRONTS: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
-
-
-def stand_for(front: Any, store: Store) -> None:
-    """Let `front` (the user's object made around `store`) stand for `store` where `generate` takes a cache."""
-    _FRONTS[front] = store
-
-
-def store_behind(cache: Any) -> Store | None:
-    """The store that a `cache` argument stands for: a store itself or its user's object; None for anything else."""
-    try:
-        found = _FRONTS.get(cache)
-    except TypeError:  # an unhashable cache argument
-        return None
-    if found is not None:
-        return found
-    return cache if isinstance(cache, Store) else None
