@@ -19,9 +19,10 @@ from hf_prefix_cache.api.display import CacheStats, shown, store_html
 from hf_prefix_cache.api.not_a_cache import not_a_cache_error
 from hf_prefix_cache.integration import Hook, family_of
 from hf_prefix_cache.integration import attach as attach_hook
+from hf_prefix_cache.integration.pipeline import stand_for
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Serving, stand_for
+from hf_prefix_cache.store.contract import Serving
 from hf_prefix_cache.store.lookup import Lookup, as_token_list
 from hf_prefix_cache.store.observe import RequestCallback
 from hf_prefix_cache.store.options import Options, keyword_signature, resolve
@@ -72,7 +73,13 @@ class PrefixCache:
         profile = profile_model(model, settings.sliding_window_mode, family.name if family.encoder_keyed else None)
         self._store = TreeStore(model, profile, resolve(model, settings))
         stand_for(self, self._store)
-        serving = Serving(profile, settings.snapshot_interval, settings.prompt_snapshot, settings.attach == "all")
+        serving = Serving(
+            profile,
+            self._store.encoder_outputs,
+            settings.snapshot_interval,
+            settings.prompt_snapshot,
+            settings.attach == "all",
+        )
         self._hook: Hook | None = attach_hook(self._store, model, serving) if settings.attach else None
 
     @property

@@ -34,12 +34,13 @@ from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
 from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.integration.scan import ScanContinuation
+from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
 from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.module_states import ModuleStateBridge
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import Snapshot
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import MediaLayout
@@ -123,9 +124,9 @@ class DecoderOnlyHook(PatchingHook):
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
         if self._profile.has_state and (len(call.rows) > 1 or call.expand > 1 or any(call.pads)):
             return self._serve_state_rows(call)  # each row prefilled alone, then joined (`recurrent_rows.py`)
-        if any(call.pads) or any(row != call.rows[0] for row in call.rows[1:]):
+        if any(call.pads) or (len(call.rows) > 1 and any(row != call.rows[0] for row in call.rows[1:])):
             return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast
-        restored = pipeline.restore(store, call.key, call.rows, expand=call.expand)
+        restored = pipeline.restore(store, self._profile, call.key, call.rows, expand=call.expand)
         if restored is None:
             return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
         lease, cache = restored
@@ -191,11 +192,11 @@ class DecoderOnlyHook(PatchingHook):
         if media is not None and media.whole_prompt_only:
             # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
             prompt = [str(s) for s in symbols]
-            namespace = store.sub_namespace(namespace, prompt, media.prompt_parts(call.kwargs))
+            namespace = sub_namespace(namespace, prompt, media.prompt_parts(call.kwargs))
         call.scope = media.scope(layout.items) if media is not None and layout is not None else []
         if call.scope:
             # Every position sees every medium of the prompt: share only between prompts with the same media.
-            namespace = store.sub_namespace(namespace, call.scope)
+            namespace = sub_namespace(namespace, call.scope)
         spans = layout.spans if layout is not None else ()
         call.key = PrefixKey(namespace, symbols, spans, spans if self._profile.item_layers else ())
         return None
@@ -233,7 +234,7 @@ class DecoderOnlyHook(PatchingHook):
         """
         store, profile = self._store, self._profile
         restored = pipeline.restore_rows(
-            store, [call.key.with_symbols(row) for row in call.rows], call.pads, call.expand
+            store, profile, [call.key.with_symbols(row) for row in call.rows], call.pads, call.expand
         )
         if restored is None:
             return pipeline.run_cold(
@@ -334,11 +335,14 @@ class DecoderOnlyHook(PatchingHook):
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
-        # The cross-attention layers now hold every image; the restored ones are stored already.
-        ends = [end for _, end in call.key.item_spans]
-        items = cache.capture_items(ends, lease.num_items) if call.key.item_spans else []
-        if pipeline.is_exact_repeat(store, cache, lease) and not (items or call.session):
-            return  # an exact repeat: all of it was matched (and marked used) when acquired
+        items: list[ItemState] = []
+        if call.key.item_spans:
+            # The cross-attention layers now hold every image; the restored ones are stored already.
+            items = cache.capture_items([end for _, end in call.key.item_spans], lease.num_items)
+        kv_len = cache.kv_length()
+        repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
+        if repeat and not (items or call.session):
+            return  # an exact repeat: the request added nothing to what it matched (and marked used) when acquired
         if call.beams:
             # The finished beams are not the cache's rows (beams are reordered every step and end at
             # different steps), but every row holds the same prompt: store the prompt once, from the first.
@@ -346,20 +350,21 @@ class DecoderOnlyHook(PatchingHook):
             sequences = call.input_ids
         elif call.assisted:
             # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
-            kv_len = cache.kv_length()
             assert kv_len is not None
             cache.trim(kv_len, range(len(rows)))
-        pipeline.store_sequences(
-            store,
-            call.key,
-            sequences,
-            cache,
-            snapshots,
-            call.session,
-            items,
-            lease.cached_len,
-            prompt=(call.input_ids, call.rows),
-        )
+        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`); the prompt's rows are read already.
+        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length(), prompt=(call.input_ids, rows))
+        batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
+        for row, key in enumerate(keys):
+            store.insert_sequence(
+                key,
+                cache,
+                snapshots,
+                row=row if batched else None,
+                session=None if batched else call.session,
+                items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
+                computed_from=lease.cached_len,
+            )
 
     def _count_padded_media(self, call: _Call, lease: Lease) -> None:
         """Count `media_padding` when reuse stopped at an item keyed with its padding that is stored unpadded."""
@@ -377,7 +382,7 @@ class DecoderOnlyHook(PatchingHook):
         if media.new_item_reason is None:
             return
         for j in range(len(layout.items) - 1, 0, -1):
-            if store.has_entries(store.sub_namespace(base_namespace, media.scope(layout.items[:j]))):
+            if store.has_entries(sub_namespace(base_namespace, media.scope(layout.items[:j]))):
                 store.record(ReducedReuse(media.new_item_reason))
                 return
 
@@ -419,7 +424,11 @@ def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = Non
     forwards take the mask of the fed ids only. `cache_kwarg`: a model's own name for it (RWKV's `state`)."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        cache = _compat.cache_in(kwargs)
+        cache = None
+        for name in _compat.CACHE_KWARGS:  # as `_compat.cache_in`, spared a call on every forward
+            cache = kwargs.get(name)
+            if cache is not None:
+                break
         if cache is None and cache_kwarg is not None:
             cache = kwargs.get(cache_kwarg)
         if isinstance(cache, WorkingCache) and cache.skip_len:

@@ -5,13 +5,14 @@ self-attention states are only valid for the same encoder input. The hooks there
 
 1. hash the encoder input (`multimodal.media.hash_media`) and extend the model namespace by that
    hash (`open_request`): another input never shares decoder states, only the same one does;
-2. reuse the encoder output stored for that hash (`storage.encoder_outputs.EncoderOutputs`),
-   passing it to `generate` as `encoder_outputs` so the encoder does not run (`keep_encoder_output`
-   stores a new one);
+2. reuse the encoder output stored for that hash (the store's `EncoderOutputs`, handed to the
+   hook as `Serving.encoder_outputs`), passing it to `generate` as `encoder_outputs` so the
+   encoder does not run (`keep_encoder_output` stores a new one);
 3. where the decoder ids are known (inside `generate`), restore the matched decoder prefix into
    an `EncoderDecoderCache(working cache, empty cache)` (`restore_into`): transformers reuses a
    filled cross-attention part whatever the encoder output (`is_updated`), so it always starts
-   empty and the first step projects this request's encoder output into it.
+   empty and the first step projects this request's encoder output into it;
+4. store each finished decoder row (`store_decoder_rows`).
 
 A `DecoderRequest` carries what the outer call knows down to that inner call, through
 the cache argument (`request_in` finds it there). Knows nothing about how a family builds its decoder ids.
@@ -29,9 +30,10 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.refusals import token_rows
+from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Fallback, Lease, Served, Store
+from hf_prefix_cache.store.contract import Fallback, Lease, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -41,13 +43,15 @@ logger = logging.getLogger("hf_prefix_cache")
 class DecoderRequest:
     """What an outer `generate` call hands the inner step that sees the decoder ids.
 
-    `namespace` is already extended by the encoder-input hash; `encoder_key` (the model's
-    namespace and that hash) says where the input's encoder output is stored. The inner step
+    `serving` is what the hook was handed with `store`. `namespace` is already extended by the
+    encoder-input hash; `encoder_key` (the model's namespace and that hash) says where the input's
+    encoder output is stored (`serving.encoder_outputs`). The inner step
     sets `served`, and `lease` / `working` when it restored a cache (`restore_into`), or
     `counted` when it served and stored the request itself (the outer call counts it).
     """
 
     store: Store
+    serving: Serving
     namespace: str
     session: Session | None
     encoder_key: tuple[str, int]
@@ -65,21 +69,23 @@ class DecoderRequest:
 R = TypeVar("R", bound=DecoderRequest)
 
 
-def open_request(kind: type[R], store: Store, digest: int, session: Session | None) -> tuple[R, torch.Tensor | None]:
+def open_request(
+    kind: type[R], store: Store, serving: Serving, digest: int, session: Session | None
+) -> tuple[R, torch.Tensor | None]:
     """Key a request by its encoder input (hashed to `digest`): the request, and the encoder output stored for
     that input (None: not stored).
 
     Its decoder states live in the model's namespace extended by the hash: another input never shares them.
     """
     namespace = store.namespace()
-    decoder_namespace = store.sub_namespace(namespace, "encoder_input", f"{digest:032x}")
-    request = kind(store, decoder_namespace, session, (namespace, digest))
-    return request, store.encoder_outputs.get(*request.encoder_key)
+    decoder_namespace = sub_namespace(namespace, "encoder_input", f"{digest:032x}")
+    request = kind(store, serving, decoder_namespace, session, (namespace, digest))
+    return request, serving.encoder_outputs.get(*request.encoder_key)
 
 
 def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
     """Store the encoder output of the request's input (logged, not kept, when it alone exceeds the budget)."""
-    if not request.store.encoder_outputs.put(*request.encoder_key, hidden):
+    if not request.serving.encoder_outputs.put(*request.encoder_key, hidden):
         logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
 
 
@@ -103,7 +109,7 @@ def restore_into(
     pass no cache.
     """
     store, rows = request.store, token_rows(decoder_ids)
-    restored = pipeline.restore(store, request.key.with_symbols(rows[0]), rows, expand=expand)
+    restored = pipeline.restore(store, request.serving.profile, request.key.with_symbols(rows[0]), rows, expand=expand)
     if restored is None:
         _compat.pop_cache(model_kwargs)
         store.record(Fallback(reasons.OUT_OF_MEMORY, len(rows[0])))
@@ -112,3 +118,13 @@ def restore_into(
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
     model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
     return True
+
+
+def store_decoder_rows(request: DecoderRequest, sequences: torch.Tensor, working: WorkingCache) -> None:
+    """Store each decoder row of `sequences` with the states `working` holds for it (the session pins a lone row)."""
+    keys = pipeline.sequence_keys(request.key, sequences, working.exact_length())
+    batched = len(keys) > 1
+    for row, key in enumerate(keys):
+        request.store.insert_sequence(
+            key, working, row=row if batched else None, session=None if batched else request.session
+        )

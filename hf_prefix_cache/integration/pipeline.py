@@ -3,76 +3,96 @@
 A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespace and tree
 symbols); the functions here do the rest with the store's contract (`store/contract.py`):
 
-- `whose_call`: whether a call is for this hook's store (a `Session` counts as its store, and so
-  does no cache at all when the store was attached with ``attach="all"``); `claim` also takes
-  the cache argument out of a call that is;
+- `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
+  or a `Session` counts as its store, and so does no cache at all when the store was attached with
+  ``attach="all"``), its cache argument taken out of a call that is;
 - `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
 - `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
-  working cache, retried once after moving entries off the device when memory runs out;
-- `store_sequences`: the finished rows back into the store, prompt placeholders as media symbols.
+  working cache, retried once when memory runs out (the store moves entries off the device);
+- `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
+  the hook hands each to `Store.insert_sequence` with the states it stores.
 
-The lease is released by the hook in one `finally` around `generate`.
+The lease is released by the hook in one `finally` around `generate`. A plain hit (one row of
+text) calls `claim`, `restore` and `sequence_keys` once each and nothing else here.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 
-from hf_prefix_cache import _compat
+from hf_prefix_cache._compat import CACHE_KWARGS
 from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
-from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
-from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store, store_behind
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 
 
-def whose_call(store: Store, model: Any, given: Any, serves_uncached: bool) -> tuple[bool, Session | None]:
-    """Whether the cache a call passed is this store (directly or as one of its sessions), and the session.
+#: The user's objects that stand for a store where `generate` takes a cache (`stand_for`), read by `claim`.
+_FRONTS: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
 
-    A call that passes no cache is this store's when the hook serves uncached calls (`serves_uncached`,
-    ``attach="all"``).
+
+def stand_for(front: Any, store: Store) -> None:
+    """Let `front` (the user's object made around `store`) stand for `store` where `generate` takes a cache."""
+    _FRONTS[front] = store
+
+
+def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
+    """Whether a call's cache argument (in `kwargs`) is this store, directly or as one of its sessions, and the session.
+
+    When it is, the cache argument is taken out of `kwargs` under every name (the hook passes a
+    cache of its own, or none on a cold run). A call that passes no cache is this store's when the
+    hook serves uncached calls (`serves_uncached`, ``attach="all"``).
 
     Raises:
         ValueError: a closed session was passed.
         IncompatibleModelError: a store made for another model object was passed.
     """
-    if given is None:
-        return serves_uncached, None
+    given = None
+    for name in CACHE_KWARGS:  # as `_compat.cache_in`: the first name given a cache
+        given = kwargs.get(name)
+        if given is not None:
+            break
     session: Session | None = None
-    if isinstance(given, Session):
-        if given.closed:
-            raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
-        session, given = given, given.store
-    behind = store_behind(given)
-    if behind is store:
-        return True, session
-    if behind is not None and behind.model is not model:
-        raise IncompatibleModelError(
-            f"this PrefixCache was built for another model object ({_describe(behind.model)}; this one is "
-            f"{_describe(model)}): a store serves only the model it was made with, even among models "
-            "of one class. Make one for this model: PrefixCache(model)"
-        )
-    return False, None
-
-
-def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
-    """`whose_call` on a call's `kwargs`; when the call is this store's, its cache argument is taken out of them
-    (the hook passes a cache of its own, or none on a cold run)."""
-    ours, session = whose_call(store, model, _compat.cache_in(kwargs), serves_uncached)
+    if given is None:
+        ours = serves_uncached
+    else:
+        if isinstance(given, Session):
+            if given.closed:
+                raise ValueError(f"session {given.name!r} is closed; open a new one with store.session(name)")
+            session, given = given, given.store
+        # The store behind the cache argument: the user's object made around one (`stand_for`), or a store itself.
+        try:
+            behind = _FRONTS.get(given)
+        except TypeError:  # an unhashable cache argument
+            behind = None
+        if behind is None and isinstance(given, Store):
+            behind = given
+        ours = behind is store
+        if not ours:
+            if behind is not None and behind.model is not model:
+                raise IncompatibleModelError(
+                    f"this PrefixCache was built for another model object ({_describe(behind.model)}; this one is "
+                    f"{_describe(model)}): a store serves only the model it was made with, even among models "
+                    "of one class. Make one for this model: PrefixCache(model)"
+                )
+            return False, None
     if ours:
-        _compat.pop_cache(kwargs)
+        for name in CACHE_KWARGS:  # as `_compat.pop_cache`
+            kwargs.pop(name, None)
     return ours, session
 
 
@@ -104,22 +124,25 @@ def run_cold(
 
 
 def restore(
-    store: Store, key: PrefixKey, rows: Sequence[Sequence[int]], expand: int = 1
+    store: Store, profile: ModelProfile, key: PrefixKey, rows: Sequence[Sequence[int]], expand: int = 1
 ) -> tuple[Lease, WorkingCache] | None:
     """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
     `key` is the first row's (its tree symbols, media spans included); each row is restored
     `expand` times (`generate` makes that many rows of each for beams or several returned
-    sequences). None when memory ran out twice: after a first out-of-memory error the store moves
-    its unpinned entries off the device and it is tried once more. A failed attempt leaves nothing
-    pinned and no half-restored cache.
+    sequences) into a working cache made for `profile`. None when memory ran out twice: after a
+    first out-of-memory error the store has moved its unpinned entries off the device, and it is
+    tried once more into a fresh cache. A failed attempt leaves nothing pinned and no
+    half-restored cache.
     """
-    shared = common_prefix_len(rows)
+    shared = len(rows[0]) if len(rows) == 1 else common_prefix_len(rows)
+    if shared != len(key.symbols):
+        key = key.prefix(shared)
     for attempt in range(2):
         try:
-            cache = store.new_cache()
+            cache = WorkingCache(profile)
             lease = store.acquire(
-                key.prefix(shared),
+                key,
                 cache,
                 limit=min(shared, len(rows[0]) - 1),
                 batch_size=len(rows) * expand,
@@ -134,29 +157,29 @@ def restore(
 
 
 def restore_rows(
-    store: Store, keys: Sequence[PrefixKey], pads: Sequence[int], expand: int = 1
+    store: Store, profile: ModelProfile, keys: Sequence[PrefixKey], pads: Sequence[int], expand: int = 1
 ) -> tuple[list[Lease], WorkingCache, int] | None:
     """Leases on each row's own longest stored prefix (one key a row), restored into one batch behind its left padding.
 
-    The cache holds the same number of columns in every row, so the batch restores to the column
-    `length` that every row reaches (its padding plus its stored prefix): row `i` gets
-    `length - pads[i]` of its stored tokens (`WorkingCache.restore_rows`), each repeated `expand`
-    times. Returns the leases (one per row, given back with `release_all`), the cache and `length`;
-    None when memory ran out twice, as `restore`.
+    The cache (made for `profile`) holds the same number of columns in every row, so the batch
+    restores to the column `length` that every row reaches (its padding plus its stored prefix):
+    row `i` gets `length - pads[i]` of its stored tokens (`WorkingCache.restore_rows`), each
+    repeated `expand` times. Returns the leases (one per row, given back with `release_all`), the
+    cache and `length`; None when memory ran out twice, as `restore`.
     """
     for attempt in range(2):
         leases: list[Lease] = []
         try:
             parts = []
             for key in keys:
-                part = store.new_cache()
+                part = WorkingCache(profile)
                 leases.append(store.acquire(key, part, limit=len(key.symbols) - 1))
                 parts.append(part)
             # A row that restored nothing bounds the batch by its padding alone.
             length = min(pad + lease.cached_len for pad, lease in zip(pads, leases, strict=True))
             if not any(lease.cached_len and pad < length for pad, lease in zip(pads, leases, strict=True)):
                 length = 0  # no row brings keys below that column: nothing to restore
-            cache = store.new_cache()
+            cache = WorkingCache(profile)
             if length:
                 cache.restore_rows(list(zip(parts, pads, strict=True)), length, expand)
             return leases, cache, length
@@ -199,51 +222,56 @@ def store_rows(
         store.insert_sequence(key.with_symbols(ids[pad:]), part, computed_from=computed_from[row])
 
 
-def store_sequences(
-    store: Store,
+def sequence_keys(
     key: PrefixKey,
     sequences: torch.Tensor,
-    cache: WorkingCache,
-    snapshots: Sequence[Snapshot] = (),
-    session: Session | None = None,
-    items: Sequence[ItemState] = (),
-    computed_from: int = 0,
+    cache_len: int | None,
     prompt: tuple[torch.Tensor, Sequence[Sequence[int]]] | None = None,
-) -> None:
-    """Store each row of `sequences` with the states `cache` holds for it.
+) -> list[PrefixKey]:
+    """The key of each row of `sequences` to store: its first `cache_len` ids (None: all but the last), under
+    `key`'s namespace and spans; no key when that is nothing.
 
-    Each row is stored under `key`'s namespace. The last generated token is never fed back, so
-    the cache covers all but it. Where the prompt holds media (`key.spans`), its placeholders are
-    replaced by the key's media symbols in every row (rows of one prompt: samples); `items` are
-    its media item states and `session` pins its entry. `prompt`, the prompt's ids and their
-    rows already read to the host, spares reading them again (see `_rows_on_host`).
+    The last generated token is never fed back, so a cache covers all but it (`cache_len`, what it
+    holds, may say less). Where the prompt holds media (`key.spans`), its placeholders are
+    replaced by the key's media symbols in every row (rows of one prompt: samples). The caller
+    stores each key with `Store.insert_sequence` (one row of a cache of several: `row=` its index).
+
+    `prompt`, the prompt's ids and their rows already read to the host, spares reading them again:
+    `generate` returns the prompt followed by the new tokens, and that the prompt part equals the
+    known ids is checked on the device, its flag (one per row) travelling back with the new tokens
+    in the same read. Only when a row differs is every token read.
     """
-    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
-    length = kv_len if kv_len is not None else sequences.shape[1] - 1
+    length = sequences.shape[1] - 1 if cache_len is None else cache_len
     if length <= 0:
-        return
-    batched = sequences.shape[0] > 1
+        return []
+    rows: list[Sequence[int]] | None = None
+    if prompt is not None:
+        ids, known_rows = prompt
+        known = ids.shape[-1]
+        if ids.shape == sequences[:, :known].shape and known <= length and len(known_rows) == ids.shape[0]:
+            flag = (sequences[:, :known] == ids.to(sequences.device)).all(dim=-1, keepdim=True)
+            host = read_to_host(torch.cat([sequences[:, known:length], flag.to(sequences.dtype)], 1))
+            if host[:, -1].all():  # each row's flag, read off its end
+                rows = []
+                for row, new in zip(known_rows, rows_of(host[:, :-1]), strict=True):
+                    # As `TokenIds` when the known row has its bytes too (tuples concatenate in C).
+                    joined = (
+                        TokenIds(tuple.__add__(row, new), row.packed + new.packed)
+                        if isinstance(row, TokenIds)
+                        else [*row, *new]
+                    )
+                    rows.append(joined)
+    if rows is None:
+        rows = list(token_rows(sequences[:, :length]))
     prompt_symbols = key.symbols if key.spans else None
-    # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
-    for row, ids in enumerate(_rows_on_host(sequences, length, prompt)):
-        symbols: Sequence[Hashable] = ids
+    keys = []
+    for row_ids in rows:
+        symbols: Sequence[Hashable] = row_ids
         if prompt_symbols is not None:
-            symbols = [*prompt_symbols[:length], *ids[len(prompt_symbols) :]]
-        store.insert_sequence(
-            key.with_symbols(symbols),
-            cache,
-            snapshots,
-            row=row if batched else None,
-            session=None if batched else session,
-            items=() if batched else [s for s in items if s.length <= length],
-            computed_from=computed_from,
-        )
-
-
-def is_exact_repeat(store: Store, cache: WorkingCache, lease: Lease) -> bool:
-    """Whether the request added nothing to what it matched (all of it was marked used when acquired)."""
-    kv_len = cache.kv_length()
-    return kv_len is not None and kv_len <= lease.matched_len and not cache.profile.has_state
+            # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
+            symbols = [*prompt_symbols[:length], *row_ids[len(prompt_symbols) :]]
+        keys.append(key.with_symbols(symbols))
+    return keys
 
 
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
@@ -261,31 +289,3 @@ def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
 
 def _describe(model: Any) -> str:
     return f"{type(model).__name__} at {id(model):#x}"
-
-
-def _rows_on_host(
-    sequences: torch.Tensor, length: int, prompt: tuple[torch.Tensor, Sequence[Sequence[int]]] | None
-) -> list[Sequence[int]]:
-    """`sequences[:, :length]` as `TokenIds`, reading from the device only the tokens after a known prompt.
-
-    `generate` returns the prompt followed by the new tokens; that the prompt part equals the ids
-    whose rows are known is checked on the device, and its flag (one per row) travels back with the
-    new tokens in the same read. Only when a row differs is every token read.
-    """
-    if prompt is not None:
-        ids, known_rows = prompt
-        known = ids.shape[-1]
-        same = ids.shape == sequences[:, :known].shape and known <= length and len(known_rows) == ids.shape[0]
-        if same:
-            flag = (sequences[:, :known] == ids.to(sequences.device)).all(dim=-1, keepdim=True)
-            host = read_to_host(torch.cat([sequences[:, known:length], flag.to(sequences.dtype)], 1))
-            if host[:, -1].all():  # each row's flag, read off its end
-                return [_joined(row, new) for row, new in zip(known_rows, rows_of(host[:, :-1]), strict=True)]
-    return list(token_rows(sequences[:, :length]))
-
-
-def _joined(row: Sequence[int], new: TokenIds) -> Sequence[int]:
-    """`row` followed by `new`, as `TokenIds` when `row` has its bytes too (tuples concatenate in C)."""
-    if isinstance(row, TokenIds):
-        return TokenIds(tuple.__add__(row, new), row.packed + new.packed)
-    return [*row, *new]

@@ -105,7 +105,7 @@ def serve(
         for i, row in enumerate(call.rows):
             if row in prefilled:
                 continue  # identical rows restore and prefill once
-            restored = pipeline.restore(store, call.key.with_symbols(row), [row])
+            restored = pipeline.restore(store, profile, call.key.with_symbols(row), [row])
             if restored is None:
                 pipeline.release_all(store, [p.lease for p in prefilled.values()])
                 return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
@@ -130,7 +130,7 @@ def serve(
             _store_prompt(store, call.key.with_symbols(row), prefilled[row])
         parts = [prefilled[row] for row in call.rows]
         length = prompt_len - 1  # every row fed up to the last column
-        batch = store.new_cache()
+        batch = WorkingCache(profile)
         if length:
             batch.restore_rows([(p.cache, pad) for p, pad in zip(parts, call.pads, strict=True)], length, call.expand)
         if not profile.prompt_sliced:

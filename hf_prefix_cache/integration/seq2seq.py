@@ -37,6 +37,7 @@ from hf_prefix_cache.integration.encoder_keyed import (
     open_request,
     request_in,
     restore_into,
+    store_decoder_rows,
 )
 from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
@@ -172,7 +173,7 @@ class Seq2SeqHook(PatchingHook):
 
     def _key(self, extra: dict[str, Any], digest: int, session: Session | None) -> _Request:
         """Step 2, key: the request of this encoder input; its stored encoder output, if any, replaces the encoder."""
-        request, hidden = open_request(_Request, self._store, digest, session)
+        request, hidden = open_request(_Request, self._store, self._serving, digest, session)
         if hidden is None:
             request.keep_encoder = True  # generate runs the encoder; the inner step keeps its output
         else:
@@ -220,14 +221,16 @@ class Seq2SeqHook(PatchingHook):
             return output  # counted already (out of memory)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         self._store.record(Served(request.prompt_len, lease.cached_len))
-        if pipeline.is_exact_repeat(self._store, working, lease) and request.session is None:
-            return output  # an exact repeat: all of it was matched (and marked used) when acquired
+        kv_len = working.kv_length()
+        repeat = kv_len is not None and kv_len <= lease.matched_len and not working.profile.has_state
+        if repeat and request.session is None:
+            return output  # an exact repeat: the request added nothing to what it matched (and marked used)
         if request.beams:
             # As for decoder-only beams: the decoder prompt, once, from the first row.
             assert request.decoder_ids is not None
             working.trim(request.prompt_len, [0])
             sequences = request.decoder_ids
-        pipeline.store_sequences(self._store, request.key, sequences, working, session=request.session)
+        store_decoder_rows(request, sequences, working)
         return output
 
 

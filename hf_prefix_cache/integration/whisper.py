@@ -42,6 +42,7 @@ from hf_prefix_cache.integration.encoder_keyed import (
     open_request,
     request_in,
     restore_into,
+    store_decoder_rows,
 )
 from hf_prefix_cache.integration.patching import PatchingHook
 from hf_prefix_cache.integration.registry import Family, register
@@ -111,7 +112,7 @@ class WhisperHook(PatchingHook):
         features, mask = call["input_features"], call.get("attention_mask")
         digest = hash_media(features) if mask is None else hash_media(features, mask)
         # The decoder attends to the audio at every position: its states are only shared for the same audio.
-        request, hidden = open_request(_Request, self._store, digest, session)
+        request, hidden = open_request(_Request, self._store, self._serving, digest, session)
         if hidden is None:
             hidden = self._encode(features, mask)
             keep_encoder_output(request, hidden)
@@ -265,13 +266,13 @@ class WhisperHook(PatchingHook):
         search, the decoder prompt once (as `decoder_only.py` stores beams)."""
         if request.beams:
             working.trim(int(ids.shape[-1]), [0])
-            pipeline.store_sequences(self._store, request.key, ids[:1], working, session=request.session)
+            store_decoder_rows(request, ids[:1], working)
             return
         rows = [_full_sequence(row) for row in output[1]]
         kv_len = working.kv_length()
         if kv_len is not None and all(row is not None and row.shape[-1] == kv_len + 1 for row in rows):
             sequences = torch.stack([row.reshape(-1) for row in rows if row is not None])
-            pipeline.store_sequences(self._store, request.key, sequences, working, session=request.session)
+            store_decoder_rows(request, sequences, working)
         else:
             logger.warning("whisper output does not match its cache (%s vs %s); not stored", rows, kv_len)
 

@@ -22,6 +22,18 @@ def fingerprint(obj: Any) -> str:
     return xxhash.xxh3_128_hexdigest(blob)
 
 
+def sub_namespace(namespace: str, *parts: Any) -> str:
+    """The namespace of states that depend on `parts` too (a whole prompt, its media, an encoder input).
+
+    Pure: the same arguments give the same namespace, in every process (entries on disk are
+    found again under it). Hooks derive these from the namespace the store answers.
+
+    >>> sub_namespace("ns", "encoder_input", "ab") == fingerprint(["ns", "encoder_input", "ab"])
+    True
+    """
+    return fingerprint([namespace, *parts])
+
+
 def model_namespace(
     model: Any, salt: str | None = None, weights: str | None = None, adapters: tuple[Any, ...] | None = None
 ) -> str:

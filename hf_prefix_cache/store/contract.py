@@ -1,21 +1,22 @@
 """The store's contract with the code that runs the model: the verbs a generation hook uses and what they return.
 
-A hook (`integration/`) sees a store only through `Store`; users pass the object made around
-it (`PrefixCache`, which `stand_for` registers) or a session of it as `generate`'s cache, and
-`store_behind` finds the store again. Per request the hook asks for the
-current `namespace`, takes a `Lease` on the longest usable stored prefix (restored into a
-fresh working cache), runs the model, gives the lease back with `release`, stores the
-finished sequence with `insert_sequence`, and counts what happened. Every verb is safe to
-call from several threads at once; the store serialises what mutates it. Token ids read from
-a tensor go to the store as `token_ids.TokenIds` (the ints with their bytes), which the tree
-compares at C speed.
+A hook (`integration/`) sees a store only through `Store` and a `Serving` value
+handed to it once (the model's profile and the options it acts on); users pass the object made
+around the store (`PrefixCache`) or a session of it as `generate`'s cache, and the hook finds the
+store behind it (`integration.pipeline.claim`). Per request the hook asks for the current
+`namespace` (and derives the namespace of prompt-, media- or encoder-input-dependent states from
+it itself, `keys.namespace.sub_namespace`), takes a `Lease` on the longest usable stored prefix
+(restored into a fresh working cache it made from the profile), runs the model, gives the lease
+back with `release`, stores the finished sequence with `insert_sequence`, and `record`s what
+happened. Every verb is safe to call from several threads at once; the store serialises what
+mutates it. Token ids read from a tensor go to the store as `token_ids.TokenIds` (the ints with
+their bytes), which the tree compares at C speed.
 
 Modelled on mini-sglang's documented `BasePrefixCache`: match (and pin), insert, release.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -97,14 +98,17 @@ Event = Served | Fallback | FallbackRan | ReducedReuse
 @dataclass(frozen=True, slots=True)
 class Serving:
     """What a hook is handed once, beside its store: the model's profile (built once; the store holds the same
-    one) and the options a hook acts on.
+    one), the store's encoder outputs and the options a hook acts on.
 
-    `snapshot_interval` and `prompt_snapshot` say where a recurrent model's prefill stops for a
-    snapshot; `serves_uncached` whether `generate` calls that pass no cache are served too
-    (``attach="all"``).
+    A hook makes its working caches from `profile` (`WorkingCache(profile)`). `encoder_outputs` is
+    the store's byte-bounded store of encoder outputs, which encoder-keyed hooks read and fill
+    (`integration/encoder_keyed.py`). `snapshot_interval` and `prompt_snapshot` say where a
+    recurrent model's prefill stops for a snapshot; `serves_uncached` whether `generate` calls
+    that pass no cache are served too (``attach="all"``).
     """
 
     profile: ModelProfile
+    encoder_outputs: EncoderOutputs
     snapshot_interval: int | None = None
     prompt_snapshot: bool = False
     serves_uncached: bool = False
@@ -116,29 +120,21 @@ class Store(Protocol):
 
     #: The model the store was made for (a hook refuses another model's store).
     model: Any
-    encoder_outputs: EncoderOutputs
 
     def namespace(self) -> str:
-        """The model's current namespace; re-reads the weights probe (mutates only the cached namespace)."""
-        ...
+        """The model's current namespace; re-reads the weights probe (mutates only the cached namespace).
 
-    def sub_namespace(self, namespace: str, *parts: Any) -> str:
-        """The namespace of states that depend on `parts` too (a whole prompt, its media, an encoder input).
-
-        Pure: the same arguments give the same namespace, in every process.
+        States that depend on more than the model (a whole prompt, its media, an encoder input) live
+        in a namespace the hook derives from this one (`keys.namespace.sub_namespace`).
         """
         ...
 
     def has_entries(self, namespace: str) -> bool:
-        """Whether anything is stored under `namespace` (reads only)."""
+        """Whether anything is stored under `namespace`, whatever its symbols (reads only)."""
         ...
 
     def stored_len(self, namespace: str, symbols: Sequence[Hashable]) -> int:
         """How many leading `symbols` are stored under `namespace` (reads only)."""
-        ...
-
-    def new_cache(self) -> WorkingCache:
-        """An empty working cache for this model (mutates nothing)."""
         ...
 
     def acquire(
@@ -155,10 +151,10 @@ class Store(Protocol):
         Restores at most `limit` symbols (default: all but the last), never inside one of the
         key's media `spans`, repeated to `batch_size` rows. Mutates the tree's pins and use
         clocks, and may move entries between tiers to bring the prefix to the device. On any
-        error nothing stays pinned, and after an out-of-memory error every unpinned entry has been
-        moved off the device, so a second attempt into a fresh cache may fit. With `overlap`, keys still being copied back from host
-        memory may be set in `into` layer by layer at first use (`WorkingCache.restore`), so only
-        give it to the model's forward.
+        error nothing stays pinned, and after an out-of-memory error every unpinned entry has
+        been moved off the device, so a second attempt into a fresh cache may fit. With
+        `overlap`, keys still being copied back from host memory may be set in `into` layer by
+        layer at first use (`WorkingCache.restore`), so only give it to the model's forward.
         """
         ...
 
@@ -188,22 +184,3 @@ class Store(Protocol):
     def record(self, event: Event) -> None:
         """Count (and log, where the event says so) what happened to a request (mutates only counters and logs)."""
         ...
-
-
-_FRONTS: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
-
-
-def stand_for(front: Any, store: Store) -> None:
-    """Let `front` (the user's object made around `store`) stand for `store` where `generate` takes a cache."""
-    _FRONTS[front] = store
-
-
-def store_behind(cache: Any) -> Store | None:
-    """The store that a `cache` argument stands for: a store itself or its user's object; None for anything else."""
-    try:
-        found = _FRONTS.get(cache)
-    except TypeError:  # an unhashable cache argument
-        return None
-    if found is not None:
-        return found
-    return cache if isinstance(cache, Store) else None

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.integration.pipeline import _rows_on_host
+from hf_prefix_cache.integration.pipeline import sequence_keys
 from hf_prefix_cache.integration.refusals import read_prompt
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 
 
 def test_the_prompt_comes_back_without_its_mask_flags_and_its_left_padding() -> None:
@@ -61,6 +62,12 @@ def test_stored_rows_reuse_the_prompt_only_when_generate_returned_it_unchanged()
     ids = torch.tensor([[5, 6, 7]])
     sequences = torch.tensor([[5, 6, 7, 40, 41]])
     sentinel = [[5, 6, 7]]
+
+    def _rows_on_host(
+        sequences: torch.Tensor, length: int, prompt: tuple[torch.Tensor, list[list[int]]] | None
+    ) -> list:
+        return [key.symbols for key in sequence_keys(PrefixKey("ns", ()), sequences, length, prompt)]
+
     assert _rows_on_host(sequences, 4, (ids, sentinel)) == [[5, 6, 7, 40]]
     changed = torch.tensor([[5, 99, 7, 40, 41]])  # a model whose generate rewrote its prompt
     assert _rows_on_host(changed, 4, (ids, sentinel)) == [[5, 99, 7, 40]]

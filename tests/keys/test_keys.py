@@ -12,6 +12,7 @@ from conftest import assert_same_as_cold, generate, random_prompt
 from packaging.version import Version
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.weights import weights_fingerprint
 from hf_prefix_cache.testing.tiny_models import build
 
@@ -94,3 +95,11 @@ def test_a_replaced_weight_tensor_changes_the_namespace() -> None:
     layer = model.model.layers[1].mlp.up_proj
     layer.weight = torch.nn.Parameter(layer.weight.detach() * 1.01)
     assert store._store.namespace() != before
+
+
+def test_sub_namespaces_keep_the_digests_entries_were_saved_under() -> None:
+    """The namespace of an encoder input's or a prompt's states is the one the store computed before hooks
+    derived it (`keys.namespace.sub_namespace`), so entries saved on disk earlier are found again."""
+    assert sub_namespace("ns", "encoder_input", f"{7:032x}") == "f05c8c76f7feca30770c71a4f906149c"
+    assert sub_namespace("ns", [["a", 1]]) == "52efce5a80eb80710192b30d7fa49aa0"
+    assert sub_namespace("ns", "a") != sub_namespace("ns", "b") != sub_namespace("other", "b")

@@ -10,6 +10,7 @@ import torch
 from conftest import assert_same_as_cold, cached_model, distinct_prompt, generate, kv_bytes_per_token, random_prompt
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import DEVICE, HOST
 
@@ -155,10 +156,9 @@ def test_out_of_memory_twice_runs_cold_with_a_reason(llama: Any, monkeypatch: An
     try:
         ids = random_prompt(30, seed=22)
         generate(llama, ids, past_key_values=store)
-        original_restore = store._store.new_cache
 
-        def failing_cache() -> Any:
-            cache = original_restore()
+        def failing_cache(profile: Any) -> Any:  # the hook's working caches (`pipeline.restore` makes them)
+            cache = WorkingCache(profile)
 
             def restore(*args: Any, **kwargs: Any) -> None:
                 raise torch.OutOfMemoryError("CUDA out of memory (injected)")
@@ -166,7 +166,7 @@ def test_out_of_memory_twice_runs_cold_with_a_reason(llama: Any, monkeypatch: An
             cache.restore = restore  # type: ignore[method-assign]
             return cache
 
-        monkeypatch.setattr(store._store, "new_cache", failing_cache)
+        monkeypatch.setattr(pipeline, "WorkingCache", failing_cache)
         assert_same_as_cold(llama, ids, store)
         assert store.stats().fallbacks == {"out_of_memory": 1}
         assert all(node.lock_ref == 0 for node in store._store._tree.iter_nodes())

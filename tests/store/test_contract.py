@@ -69,3 +69,11 @@ def _filled(store: PrefixCache, ids: list[int]) -> WorkingCache:
     with torch.no_grad():
         store.model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
     return cache
+
+
+def test_the_hooks_contract_has_eight_members() -> None:
+    """A hook sees eight members of a store: its model, the namespace, two reads and the four request verbs."""
+    members = {name for name in dir(Store) if not name.startswith("_")} | set(Store.__annotations__)
+    reads = {"has_entries", "stored_len"}
+    verbs = {"acquire", "release", "insert_sequence", "record"}
+    assert members == {"model", "namespace"} | reads | verbs
