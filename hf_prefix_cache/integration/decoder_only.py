@@ -37,7 +37,6 @@ from hf_prefix_cache.integration.scan import ScanContinuation
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch
-from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
 from hf_prefix_cache.model.module_states import ModuleStateBridge
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Snapshot
@@ -408,7 +407,7 @@ def _serves_padding(profile: ModelProfile) -> bool:
     if profile.joins_rows:
         return profile.accepts_position_ids or not profile.has_kv
     # Qwen4-Exp's indexers keep positions, which a restore rebuilds as 0..L-1: not a padded row's.
-    rebuilt = any(isinstance(a, IndexedAttentionAdapter) and a.keeps_positions for a in profile.adapters)
+    rebuilt = profile.keeps_positions
     return (
         profile.accepts_position_ids
         and profile.prompt_sliced

@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.keys.namespace import fingerprint
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -144,10 +143,6 @@ class TreeStore:
         self._lock = StoreLock(self._tree, self._placement, PressureMonitor())
 
     # ------------------------------------------------------------------ the contract (contract.py)
-    def sub_namespace(self, namespace: str, *parts: Any) -> str:
-        """The namespace of states that depend on `parts` too (see `contract.Store.sub_namespace`)."""
-        return fingerprint([namespace, *parts])
-
     def has_entries(self, namespace: str) -> bool:
         """Whether the tree holds anything under `namespace` (disk files are not indexed for this)."""
         with self._lock.raw:
