@@ -125,15 +125,15 @@ def common_len(key: tuple[Hashable, ...], symbols: Sequence[Hashable], pos: int)
 def node_common_len(node: Node[Any], symbols: Sequence[Hashable], pos: int) -> int:
     """`common_len` of `node`'s key, on int64 bytes when both the node and `symbols` have them."""
     if node.packed is not None and isinstance(symbols, TokenIds):
-        return _common_packed(node.packed, symbols.packed, pos, min(len(node.key), len(symbols) - pos))
+        return packed_common_len(node.packed, symbols.packed, pos, min(len(node.key), len(symbols) - pos))
     return common_len(node.key, symbols, pos)
 
 
-def _common_packed(key: bytes, query: bytes, pos: int, n: int) -> int:
+def packed_common_len(key: bytes, query: bytes, pos: int, n: int) -> int:
     """`common_len` on int64 bytes: one comparison of the whole span, then halving the span that differs.
 
     >>> from array import array
-    >>> _common_packed(array("q", [1, 2, 3]).tobytes(), array("q", [0, 1, 2, 9]).tobytes(), 1, 3)
+    >>> packed_common_len(array("q", [1, 2, 3]).tobytes(), array("q", [0, 1, 2, 9]).tobytes(), 1, 3)
     2
     """
     if key[: 8 * n] == query[8 * pos : 8 * (pos + n)]:
