@@ -12,14 +12,19 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator
-from typing import Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from hf_prefix_cache.tree.node import Node, V
+if TYPE_CHECKING:
+    from hf_prefix_cache.tree.radix import Node
+
+N = TypeVar("N", bound="Node[Any]")
+N_co = TypeVar("N_co", bound="Node[Any]", covariant=True)
 
 
 def can_leave(node: Node[Any]) -> bool:
     """Whether `node` is on its tier's frontier: unlocked, not a root, no child on the same or a faster tier.
 
+    >>> from hf_prefix_cache.tree.radix import Node
     >>> can_leave(Node("ns", Node("ns", None, (), 0), (1,), 0))
     True
     """
@@ -32,19 +37,20 @@ def can_leave(node: Node[Any]) -> bool:
     return True
 
 
-class Nodes(Protocol[V]):
+class Nodes(Protocol[N_co]):
     """What the frontier reads of its tree, to rebuild a heap grown stale."""
 
     num_nodes: int
 
-    def iter_nodes(self) -> Iterator[Node[V]]: ...
+    def iter_nodes(self) -> Iterator[N_co]: ...
 
 
-class Frontier(Generic[V]):
+class Frontier(Generic[N]):
     """Frontier candidates of `num_tiers` tiers over the nodes of `tree`.
 
     Example:
         >>> from types import SimpleNamespace
+        >>> from hf_prefix_cache.tree.radix import Node
         >>> root = Node("ns", None, (), 0)
         >>> leaf = Node("ns", root, (1,), 0)
         >>> frontier = Frontier(1, SimpleNamespace(num_nodes=1, iter_nodes=lambda: iter([leaf])))
@@ -53,12 +59,12 @@ class Frontier(Generic[V]):
         (True, None)
     """
 
-    def __init__(self, num_tiers: int, tree: Nodes[V]) -> None:
-        self._heaps: list[list[tuple[float, int, Node[V]]]] = [[] for _ in range(num_tiers)]
+    def __init__(self, num_tiers: int, tree: Nodes[N]) -> None:
+        self._heaps: list[list[tuple[float, int, N]]] = [[] for _ in range(num_tiers)]
         self._seq = itertools.count()
         self._tree = tree
 
-    def offer_all(self, nodes: Iterable[Node[V]]) -> None:
+    def offer_all(self, nodes: Iterable[N]) -> None:
         """Make each of `nodes` a candidate of its tier if it is one now: one call for a whole path.
 
         `can_leave` and the push are written out here: this runs on every insert, touch and
@@ -85,15 +91,15 @@ class Frontier(Generic[V]):
         heap[:] = [e for e in fresh if can_leave(e[2])]
         heapq.heapify(heap)
 
-    def pop(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
+    def pop(self, tier: int, leaves_only: bool = False) -> N | None:
         """The least valuable frontier node of `tier`, or None; with `leaves_only`, one without children.
 
         The node stays in the tree; one not taken must be offered again. Frontier nodes skipped
         for having children stay candidates.
         """
         heap = self._heaps[tier]
-        skipped: list[tuple[float, int, Node[V]]] = []
-        found: Node[V] | None = None
+        skipped: list[tuple[float, int, N]] = []
+        found: N | None = None
         while heap:
             entry = heapq.heappop(heap)
             node = entry[2]

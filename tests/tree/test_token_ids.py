@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import pytest
 
 from hf_prefix_cache.token_ids import TokenIds
-from hf_prefix_cache.tree.node import common_len, node_common_len
+from hf_prefix_cache.tree.compare import common_len, node_common_len
 from hf_prefix_cache.tree.radix import RadixTree
 from tests.tree.test_radix import Blob, ranges
 
