@@ -183,10 +183,12 @@ class RadixTree(Generic[V]):
             size = len(child.key)
             key = child.packed
             if query is not None and key is not None:
-                # One memcmp of the whole edge; only an edge that differs is searched for where.
-                common = min(size, n - pos)
-                if key[: 8 * common] != query[8 * pos : 8 * (pos + common)]:
-                    common = packed_common_len(key, query, pos, common)
+                # One memcmp of the whole edge, in place (no copy of the query); only an edge that
+                # differs, or that the query ends inside, is searched for where.
+                if query.startswith(key, 8 * pos):
+                    common = size
+                else:
+                    common = packed_common_len(key, query, pos, min(size, n - pos))
             else:
                 common = common_len(child.key, symbols, pos)
             path.append(child)
