@@ -232,7 +232,7 @@ class RadixTree(Generic[V]):
         `make_value(start, end)` builds the value of the new leaf covering `[start, end)`; it is
         called at most once, and not at all when `symbols` is already stored. An edge that the
         new sequence leaves in its middle is split, with its value split alongside. The new
-        leaf sits on `tier`.
+        leaf sits on `tier`. The whole path is then marked used, as `touch` does.
         """
         if not symbols:
             return InsertResult(0, (), None)
