@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from hf_prefix_cache.tree.node import Node, V
+if TYPE_CHECKING:
+    from hf_prefix_cache.tree.radix import Node
+
+N = TypeVar("N", bound="Node[Any]")
+N_co = TypeVar("N_co", bound="Node[Any]", covariant=True)
 
 
 def can_leave(node: Node[Any]) -> bool:
     """Whether `node` is on its tier's frontier: unlocked, not a root, no child on the same or a faster tier.
 
+    >>> from hf_prefix_cache.tree.radix import Node
     >>> can_leave(Node("ns", Node("ns", None, (), 0), (1,), 0))
     True
     """
@@ -32,53 +37,69 @@ def can_leave(node: Node[Any]) -> bool:
     return True
 
 
-class Frontier(Generic[V]):
-    """Frontier candidates of `num_tiers` tiers; `nodes` and `num_nodes` read the tree, to rebuild a heap grown stale.
+class Nodes(Protocol[N_co]):
+    """What the frontier reads of its tree, to rebuild a heap grown stale."""
+
+    num_nodes: int
+
+    def iter_nodes(self) -> Iterator[N_co]: ...
+
+
+class Frontier(Generic[N]):
+    """Frontier candidates of `num_tiers` tiers over the nodes of `tree`.
 
     Example:
+        >>> from types import SimpleNamespace
+        >>> from hf_prefix_cache.tree.radix import Node
         >>> root = Node("ns", None, (), 0)
         >>> leaf = Node("ns", root, (1,), 0)
-        >>> frontier = Frontier(1, lambda: iter([leaf]), lambda: 1)
-        >>> frontier.offer(leaf)
+        >>> frontier = Frontier(1, SimpleNamespace(num_nodes=1, iter_nodes=lambda: iter([leaf])))
+        >>> frontier.offer_all([leaf])
         >>> frontier.pop(0) is leaf, frontier.pop(0)
         (True, None)
     """
 
-    def __init__(self, num_tiers: int, nodes: Callable[[], Iterator[Node[V]]], num_nodes: Callable[[], int]) -> None:
-        self._heaps: list[list[tuple[float, int, Node[V]]]] = [[] for _ in range(num_tiers)]
+    def __init__(self, num_tiers: int, tree: Nodes[N]) -> None:
+        self._heaps: list[list[tuple[float, int, N]]] = [[] for _ in range(num_tiers)]
         self._seq = itertools.count()
-        self._nodes = nodes
-        self._num_nodes = num_nodes
+        self._tree = tree
 
-    def offer(self, node: Node[V]) -> None:
-        """Make `node` a candidate of its tier if it is one now."""
-        if can_leave(node):
-            self._push(node)
+    def offer_all(self, nodes: Iterable[N]) -> None:
+        """Make each of `nodes` a candidate of its tier if it is one now: one call for a whole path.
 
-    def offer_all(self, nodes: Iterable[Node[V]]) -> None:
-        """`offer` each of `nodes` (a path, in one call)."""
+        `can_leave` and the push are written out here: this runs on every insert, touch and
+        unlock, and a call per node would cost more than the test itself.
+        """
+        limit = 2 * self._tree.num_nodes + 1024  # more entries than this: mostly stale, rebuild
         for node in nodes:
-            if can_leave(node):
-                self._push(node)
+            if node.lock_ref or node.parent is None:
+                continue
+            tier = node.tier
+            for child in node.children.values():
+                if child.tier <= tier:
+                    break
+            else:
+                heap = self._heaps[tier]
+                heapq.heappush(heap, (node.score, next(self._seq), node))
+                if len(heap) > limit:
+                    self._rebuild(tier)
 
-    def _push(self, node: Node[V]) -> None:
-        """Add a frontier node to its tier's heap, rebuilding the heap when stale entries outnumber the tree."""
-        heap = self._heaps[node.tier]
-        heapq.heappush(heap, (node.score, next(self._seq), node))
-        if len(heap) > 2 * self._num_nodes() + 1024:
-            fresh = [(n.score, next(self._seq), n) for n in self._nodes() if n.tier == node.tier]
-            heap[:] = [e for e in fresh if can_leave(e[2])]
-            heapq.heapify(heap)
+    def _rebuild(self, tier: int) -> None:
+        """Replace `tier`'s heap, grown stale, by one entry per node that can leave the tier now."""
+        fresh = [(n.score, next(self._seq), n) for n in self._tree.iter_nodes() if n.tier == tier]
+        heap = self._heaps[tier]
+        heap[:] = [e for e in fresh if can_leave(e[2])]
+        heapq.heapify(heap)
 
-    def pop(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
+    def pop(self, tier: int, leaves_only: bool = False) -> N | None:
         """The least valuable frontier node of `tier`, or None; with `leaves_only`, one without children.
 
         The node stays in the tree; one not taken must be offered again. Frontier nodes skipped
         for having children stay candidates.
         """
         heap = self._heaps[tier]
-        skipped: list[tuple[float, int, Node[V]]] = []
-        found: Node[V] | None = None
+        skipped: list[tuple[float, int, N]] = []
+        found: N | None = None
         while heap:
             entry = heapq.heappop(heap)
             node = entry[2]

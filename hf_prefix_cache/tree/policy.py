@@ -17,11 +17,20 @@ Knows tree nodes' positions and sizes; nothing about tensors.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from hf_prefix_cache.tree.node import lru_score
+if TYPE_CHECKING:
+    from hf_prefix_cache.tree.radix import Node
 
 POLICIES = ("lru", "cost")
+
+ScoreFn = Callable[["Node[Any]", int], float]
+
+
+def lru_score(node: Node[Any], now: int) -> float:
+    """Least recently used first: the score is the clock of the node's last use."""
+    return float(now)
 
 
 class LRUPolicy:

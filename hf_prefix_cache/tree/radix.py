@@ -1,9 +1,9 @@
-"""RadixTree: longest-prefix match, insert, lock and eviction order over symbol sequences.
+"""RadixTree and its Node: longest-prefix match, insert, lock and eviction order over symbol sequences.
 
 Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
 torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
-when an edge splits. Symbols are any hashable values compared by equality (token ids, media
-symbols).
+when an edge splits (`NodeValue`). Symbols are any hashable values compared by equality (token
+ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`).
 
 Each namespace has its own root, so entries of different namespaces never share nodes,
 while eviction still orders all of them by one clock.
@@ -13,32 +13,112 @@ Tiers: every node sits on a tier (0 = fastest). The owner moves nodes between ti
 (`frontier.py`): the nodes that can leave the tier without stranding a faster descendant, which
 `pop_victim` hands out least valuable first. A node's value for eviction is its `score` (lower
 leaves first), set by the `score` callable whenever the node is used; the default is its
-last-use clock (LRU). Nodes and the answers of `match` and `insert` are in `node.py`.
+last-use clock (LRU, `policy.py`).
+
+A hit is a few calls: `match` walks the path comparing each edge inline, `lock`/`touch` mark a
+path used in one loop, and the frontier is offered a whole path at once. Keep per-node helper
+calls out of these loops; the store runs them on every request.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, Generic, Protocol
+from time import monotonic
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.checks import check_tree
+from hf_prefix_cache.tree.compare import common_len, packed_common_len
 from hf_prefix_cache.tree.frontier import Frontier
-from hf_prefix_cache.tree.node import (
-    InsertResult,
-    MatchResult,
-    Node,
-    NodeValue,
-    ScoreFn,
-    V,
-    lru_score,
-    node_common_len,
-)
+from hf_prefix_cache.tree.policy import ScoreFn, lru_score
 
 # What callers import from here: the tree and the types its answers hold.
 __all__ = ["InsertResult", "MatchResult", "Node", "NodeValue", "RadixTree", "lru_score"]
+
+
+class NodeValue(Protocol):
+    """What the tree needs from a stored value."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def split(self, offset: int) -> tuple[NodeValue, NodeValue]:
+        """Return the values of the head `[0, offset)` and the tail `[offset, len)` of this edge."""
+        ...
+
+
+V = TypeVar("V", bound=NodeValue)
+
+
+class Node(Generic[V]):
+    """One edge of the tree: the symbols `key` covering positions `[start, start + len(key))`.
+
+    >>> node = Node("ns", None, (1, 2, 3), 4)
+    >>> node.end, node.is_root
+    (7, True)
+    """
+
+    __slots__ = (
+        "children",
+        "key",
+        "last_access",
+        "lock_ref",
+        "namespace",
+        "nbytes",
+        "packed",
+        "parent",
+        "score",
+        "start",
+        "tier",
+        "used_at",
+        "value",
+    )
+
+    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: tuple[Hashable, ...], start: int) -> None:
+        self.namespace = namespace
+        self.parent = parent
+        self.key = key
+        self.packed: bytes | None = None  # the key as int64 bytes, when it was inserted from `TokenIds`
+        self.start = start
+        self.children: dict[Hashable, Node[V]] = {}
+        self.value: V | None = None
+        self.nbytes = 0
+        self.lock_ref = 0
+        self.last_access = 0
+        self.score = 0.0
+        self.tier = 0
+        self.used_at = 0.0  # time.monotonic() of the last use, for expiry
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.key)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    def __repr__(self) -> str:
+        return f"Node([{self.start}, {self.end}), children={len(self.children)}, lock_ref={self.lock_ref})"
+
+
+class MatchResult(NamedTuple):
+    """The longest stored prefix of a query.
+
+    `path` holds the nodes from the root's child down to the last node that matched at least
+    one symbol; the last one may match only partly (its `start < matched_len < end`).
+    """
+
+    matched_len: int
+    path: tuple[Node[Any], ...]
+
+
+class InsertResult(NamedTuple):
+    """What an insert found and added: `path` covers the whole inserted sequence."""
+
+    matched_len: int
+    path: tuple[Node[Any], ...]
+    new_node: Node[Any] | None
 
 
 class RadixTree(Generic[V]):
@@ -65,7 +145,8 @@ class RadixTree(Generic[V]):
         self._roots: dict[Hashable, Node[V]] = {}
         self._clock = itertools.count(1)
         self._score = score
-        self._frontier: Frontier[V] = Frontier(num_tiers, self.iter_nodes, lambda: self.num_nodes)
+        self._lru = score is lru_score  # then a node's score is its clock, set without a call
+        self._frontier: Frontier[Node[V]] = Frontier(num_tiers, self)
         self.tier_nbytes = [0] * num_tiers
         self.num_nodes = 0
         self.num_leaves = 0
@@ -90,15 +171,29 @@ class RadixTree(Generic[V]):
             return MatchResult(0, ())
         path: list[Node[V]] = []
         node, pos, n = root, 0, len(symbols)
-        at = _indexer(symbols)
+        # `symbols[pos]` through C (a `TokenIds` indexes through Python otherwise); its bytes when it has them.
+        at: Callable[[Any, int], Hashable] = (
+            tuple.__getitem__ if isinstance(symbols, tuple) else type(symbols).__getitem__
+        )
+        query = symbols.packed if isinstance(symbols, TokenIds) else None
         while pos < n:
             child = node.children.get(at(symbols, pos))
             if child is None:
                 break
-            common = node_common_len(child, symbols, pos)
+            size = len(child.key)
+            key = child.packed
+            if query is not None and key is not None:
+                # One memcmp of the whole edge, in place (no copy of the query); only an edge that
+                # differs, or that the query ends inside, is searched for where.
+                if query.startswith(key, 8 * pos):
+                    common = size
+                else:
+                    common = packed_common_len(key, query, pos, min(size, n - pos))
+            else:
+                common = common_len(child.key, symbols, pos)
             path.append(child)
             pos += common
-            if common < len(child.key):
+            if common < size:
                 break
             node = child
         return MatchResult(pos, tuple(path))
@@ -137,46 +232,40 @@ class RadixTree(Generic[V]):
         `make_value(start, end)` builds the value of the new leaf covering `[start, end)`; it is
         called at most once, and not at all when `symbols` is already stored. An edge that the
         new sequence leaves in its middle is split, with its value split alongside. The new
-        leaf sits on `tier`.
+        leaf sits on `tier`. The whole path is then marked used, as `touch` does.
         """
         if not symbols:
             return InsertResult(0, (), None)
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = Node(namespace, None, (), 0)
-        path: list[Node[V]] = []
-        node, pos, n = root, 0, len(symbols)
-        now = next(self._clock)
-        at = _indexer(symbols)
-        while pos < n:
-            child = node.children.get(at(symbols, pos))
-            if child is None:
-                break
-            common = node_common_len(child, symbols, pos)
-            if common < len(child.key):
-                child = self._split(child, common)
-            self._use(child, now)
-            path.append(child)
-            pos += common
-            node = child
-        matched_len = pos
+        matched_len, found = self.match(namespace, symbols)
+        path = list(found)
+        last = path[-1] if path else None
+        if last is not None and last.start + len(last.key) > matched_len:  # the query leaves this edge in its middle
+            last = path[-1] = self._split(last, matched_len - last.start)
         new_node: Node[V] | None = None
-        if pos < n:
-            new_node = Node(namespace, node, _key_of(symbols, pos), pos)
+        n = len(symbols)
+        if matched_len < n:
+            parent = last if last is not None else self._roots.get(namespace)
+            if parent is None:
+                parent = self._roots[namespace] = Node(namespace, None, (), 0)
+            key = (
+                tuple.__getitem__(symbols, slice(matched_len, None))
+                if isinstance(symbols, tuple)
+                else tuple(symbols[matched_len:])
+            )
+            new_node = Node(namespace, parent, key, matched_len)
             if isinstance(symbols, TokenIds):
-                new_node.packed = symbols.packed[8 * pos :]
-            value = make_value(pos, n)
+                new_node.packed = symbols.packed[8 * matched_len :]
+            value = make_value(matched_len, n)
             new_node.value = value
             new_node.nbytes = value.nbytes
             new_node.tier = tier
-            if node.children or node.is_root:
+            if parent.children or parent.parent is None:
                 self.num_leaves += 1
-            node.children[new_node.key[0]] = new_node
+            parent.children[key[0]] = new_node
             self.tier_nbytes[tier] += new_node.nbytes
             self.num_nodes += 1
-            self._use(new_node, now)
             path.append(new_node)
-        self._frontier.offer_all(path)
+        self.touch(path)
         return InsertResult(matched_len, tuple(path), new_node)
 
     def set_value(self, node: Node[V], value: V) -> None:
@@ -184,8 +273,9 @@ class RadixTree(Generic[V]):
         self.tier_nbytes[node.tier] += value.nbytes - node.nbytes
         node.value = value
         node.nbytes = value.nbytes
-        self._use(node, node.last_access)  # a cost-aware score depends on the bytes
-        self._frontier.offer(node)
+        node.used_at = monotonic()
+        node.score = float(node.last_access) if self._lru else self._score(node, node.last_access)  # bytes count
+        self._frontier.offer_all((node,))
 
     def refresh_nbytes(self, node: Node[V]) -> None:
         """Re-read `node.value.nbytes` after the owner changed the value in place."""
@@ -198,14 +288,15 @@ class RadixTree(Generic[V]):
         self.tier_nbytes[node.tier] -= node.nbytes
         self.tier_nbytes[tier] += node.nbytes
         node.tier = tier
-        self._frontier.offer(node)
-        self._frontier.offer(node.parent)
+        self._frontier.offer_all((node, node.parent))
 
     def touch(self, path: Sequence[Node[V]]) -> None:
         """Mark `path` as used now (eviction order)."""
-        now = next(self._clock)
+        now, used_at, lru, score = next(self._clock), monotonic(), self._lru, self._score
         for node in path:
-            self._use(node, now)
+            node.last_access = now
+            node.used_at = used_at
+            node.score = float(now) if lru else score(node, now)
         self._frontier.offer_all(path)
 
     def lock(self, node: Node[V]) -> None:
@@ -214,21 +305,27 @@ class RadixTree(Generic[V]):
         Walking up from the deepest node keeps the count right even if an edge above it is
         split meanwhile (the new head inherits the count).
         """
-        now = next(self._clock)
+        now, used_at, lru, score = next(self._clock), monotonic(), self._lru, self._score
         walk: Node[V] | None = node
         while walk is not None and walk.parent is not None:
             walk.lock_ref += 1
-            self._use(walk, now)
+            walk.last_access = now  # marked used as `touch` does; a locked node is no candidate
+            walk.used_at = used_at
+            walk.score = float(now) if lru else score(walk, now)
             walk = walk.parent
 
     def unlock(self, node: Node[V]) -> None:
+        """Let go of one `lock(node)`: nodes no longer pinned become eviction candidates again."""
+        freed: list[Node[V]] = []
         walk: Node[V] | None = node
         while walk is not None and walk.parent is not None:
             assert walk.lock_ref > 0, f"unlock of an unlocked node {walk}"
             walk.lock_ref -= 1
             if walk.lock_ref == 0:
-                self._frontier.offer(walk)
+                freed.append(walk)
             walk = walk.parent
+        if freed:
+            self._frontier.offer_all(freed)
 
     def pop_victim(self, tier: int, leaves_only: bool = False) -> Node[V] | None:
         """The least valuable frontier node of `tier` (see the module docstring), or None.
@@ -241,7 +338,7 @@ class RadixTree(Generic[V]):
 
     def offer(self, node: Node[V]) -> None:
         """Make `node` an eviction candidate again if it is one (after `pop_victim` did not take it)."""
-        self._frontier.offer(node)
+        self._frontier.offer_all((node,))
 
     def evict(self, nbytes_to_free: int) -> list[Node[V]]:
         """Remove the least valuable unlocked leaves, slowest tier first, until `nbytes_to_free` bytes are gone.
@@ -267,7 +364,7 @@ class RadixTree(Generic[V]):
         assert node.lock_ref == 0, f"removing a locked leaf {node}"
         parent = self._remove_leaf(node)
         if parent is not None:
-            self._frontier.offer(parent)
+            self._frontier.offer_all((parent,))
 
     def remove(self, node: Node[V]) -> list[Node[V]]:
         """Remove `node` and its whole subtree, whatever their locks; returns the removed nodes."""
@@ -287,7 +384,7 @@ class RadixTree(Generic[V]):
             gone.children.clear()
             self._remove_leaf(gone)
         if parent is not None:
-            self._frontier.offer(parent)
+            self._frontier.offer_all((parent,))
         return removed
 
     def clear(self) -> list[Node[V]]:
@@ -307,11 +404,6 @@ class RadixTree(Generic[V]):
         check_tree(self, self._frontier.offered())
 
     # ----------------------------------------------------------------- helpers
-    def _use(self, node: Node[V], now: int) -> None:
-        node.last_access = now
-        node.used_at = time.monotonic()
-        node.score = float(now) if self._score is lru_score else self._score(node, now)
-
     def _remove_leaf(self, node: Node[V]) -> Node[V] | None:
         parent = node.parent
         assert parent is not None and not node.children, f"{node} is not a leaf"
@@ -349,21 +441,14 @@ class RadixTree(Generic[V]):
         self.num_nodes += 1
         # A split moves bytes between two nodes; the total changes only if a value's split is lossy.
         self.tier_nbytes[node.tier] += head.nbytes + node.nbytes - old_nbytes
-        head.score = self._score(head, head.last_access)
-        node.score = self._score(node, node.last_access)
-        self._frontier.offer(node)
+        if self._lru:
+            head.score = node.score = float(node.last_access)
+        else:  # a cost-aware score depends on the bytes, which the split divided
+            head.score = self._score(head, head.last_access)
+            node.score = self._score(node, node.last_access)
+        self._frontier.offer_all((node,))
         return head
 
 
 class _ValueFactory(Protocol[V]):  # type: ignore[misc]
     def __call__(self, start: int, end: int) -> V: ...
-
-
-def _indexer(symbols: Sequence[Hashable]) -> Callable[[Any, int], Hashable]:
-    """`symbols[i]` as a C function where it can be one (a `TokenIds` indexes through Python otherwise)."""
-    return tuple.__getitem__ if isinstance(symbols, tuple) else type(symbols).__getitem__
-
-
-def _key_of(symbols: Sequence[Hashable], pos: int) -> tuple[Hashable, ...]:
-    """The key of an edge holding `symbols[pos:]`: a plain tuple (a `TokenIds` query's bytes go to `Node.packed`)."""
-    return tuple.__getitem__(symbols, slice(pos, None)) if isinstance(symbols, tuple) else tuple(symbols[pos:])

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import pytest
 
 from hf_prefix_cache.token_ids import TokenIds
-from hf_prefix_cache.tree.node import common_len, node_common_len
+from hf_prefix_cache.tree.compare import common_len, node_common_len
 from hf_prefix_cache.tree.radix import RadixTree
 from tests.tree.test_radix import Blob, ranges
 
@@ -119,3 +119,22 @@ def test_the_integrity_check_catches_bytes_that_disagree_with_the_key() -> None:
     node.packed = array("q", [1, 9]).tobytes()
     with pytest.raises(RuntimeError, match="key bytes are not its token ids"):
         tree.check_integrity()
+
+
+def test_token_id_queries_that_end_inside_an_edge_or_on_its_boundary() -> None:
+    """A query that stops inside an edge, exactly at its end, or runs past it: the byte walk answers
+    what the tuple walk answers, and an insert of such a prefix splits the edge there."""
+    stored = list(range(100, 300))
+    for cut in (1, 63, 64, 65, 100, 199, 200):
+        fast: RadixTree[Blob] = RadixTree()
+        plain: RadixTree[Blob] = RadixTree()
+        for t, seq in ((fast, ids(stored)), (plain, tuple(stored))):
+            t.insert("ns", seq, lambda a, b: Blob(stored[a:b]))
+        for query, expected in ((stored[:cut], cut), (stored[:cut] + [7], cut), (stored + [7], len(stored))):
+            got = fast.match("ns", ids(query))
+            want = plain.match("ns", tuple(query))
+            assert (got.matched_len, ranges(got.path)) == (want.matched_len, ranges(want.path))
+            assert got.matched_len == expected
+        result = fast.insert("ns", ids(stored[:cut]), lambda a, b: Blob(stored[a:b]))
+        assert result.new_node is None and ranges(result.path) == [(0, cut)]
+        fast.check_integrity()
