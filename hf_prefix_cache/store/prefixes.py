@@ -201,7 +201,9 @@ class Prefixes:
         if self._upkeep.active:
             self._upkeep.maintain(namespace)
         match = self._tree.match(namespace, tokens)
-        restore_len = clamp_below_spans(min(match.matched_len, limit), spans)
+        restore_len = min(match.matched_len, limit)
+        if spans:  # never inside a medium: its placeholders are fed together
+            restore_len = clamp_below_spans(restore_len, spans)
         if self.profile.has_state:
             restore_len, _ = best_snapshot([n.value for n in match.path if n.value is not None], restore_len)
         pin = _Pin(match.path[-1] if match.path else None)
