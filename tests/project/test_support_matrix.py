@@ -66,8 +66,8 @@ def test_no_row_is_wrong() -> None:
 def test_every_adapter_family_has_a_media_case() -> None:
     """Each key the media registry serves has a media case (or a reason it has none), and no other key does."""
     adapter_keys = set(registry.served())
-    assert set(support_media.MEDIA_CASES) | set(support_media.NO_MEDIA_CASE) == adapter_keys
-    assert not set(support_media.MEDIA_CASES) & set(support_media.NO_MEDIA_CASE)
+    assert set(support_media.media_cases()) | set(support_media.NO_MEDIA_CASE) == adapter_keys
+    assert not set(support_media.media_cases()) & set(support_media.NO_MEDIA_CASE)
 
 
 def test_a_row_has_a_media_result_exactly_when_its_type_has_a_media_case() -> None:
@@ -99,13 +99,13 @@ def _content_blind_update(hasher: Any, part: Any) -> None:
 def test_a_content_blind_media_hash_makes_the_media_step_wrong(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With media keyed by shape only, medium B is served A's states: the changed-medium step reports WRONG."""
     monkeypatch.setattr(media, "_update", _content_blind_update)
-    result = support_media.scenario(support_media.MEDIA_CASES[key](), support_matrix.LOGIT_TOL)
+    result = support_media.scenario(support_media.media_cases()[key](), support_matrix.LOGIT_TOL)
     assert result.status == "WRONG" and "changed" in result.detail, result
 
 
 def test_a_changed_medium_hit_past_its_first_placeholder_is_wrong() -> None:
     """Reuse past medium A's first placeholder is WRONG even when the answer equals cold (here B is A again)."""
-    case = support_media.MEDIA_CASES["qwen2_vl"]()
+    case = support_media.media_cases()["qwen2_vl"]()
     same = dataclasses.replace(
         case, kwargs=lambda ids, names: case.kwargs(ids, ["a" if n == "b" else n for n in names])
     )
