@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, BOI, WRAPPER, EOF, EOL, EOI = 120, 110, 112, 113, 114, 115
@@ -84,3 +85,8 @@ def _sweep() -> registry.SweepCase:
 
 
 registry.register_sweep("emu3", _sweep)
+
+
+registry.register_suite(
+    "emu3", lambda: single("emu3", tiny_emu3(), "image", Image, placeholders, media_kwargs, framing=2)
+)

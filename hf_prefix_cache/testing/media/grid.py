@@ -29,6 +29,7 @@ import transformers
 from packaging.version import Version
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
@@ -344,3 +345,19 @@ def _sweep(name: str) -> registry.SweepCase:
 
 for _name in FAMILIES:
     registry.register_sweep(_name, partial(_sweep, _name))
+
+
+def _suite(name: str) -> MediaCase:
+    fam = GridFamily(name)
+    return MediaCase(
+        name,
+        fam.model,
+        {"image": fam.image, "video": fam.video},
+        fam.placeholders,
+        fam.kwargs,
+        states=name in STATE_FAMILIES,
+    )
+
+
+for _name in FAMILIES:
+    registry.register_suite(_name, partial(_suite, _name))

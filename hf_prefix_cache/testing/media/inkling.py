@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
@@ -113,3 +114,17 @@ def _sweep() -> registry.SweepCase:
 
 
 registry.register_sweep("inkling_mm_model", _sweep)
+
+
+def _suite() -> MediaCase:
+    return MediaCase(
+        "inkling_mm_model",
+        tiny_inkling(),
+        {"image": image, "audio": clip},
+        placeholders,
+        ignore_ids(media_kwargs),
+        states=True,
+    )
+
+
+registry.register_suite("inkling_mm_model", _suite)

@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
@@ -105,3 +106,9 @@ def _sweep() -> registry.SweepCase:
 
 
 registry.register_sweep("moss_transcribe_diarize", _sweep)
+
+
+registry.register_suite(
+    "moss_transcribe_diarize",
+    lambda: single("moss_transcribe_diarize", tiny_moss(), "audio", Clip, placeholders, media_kwargs, framing=1),
+)

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
@@ -143,3 +144,12 @@ def _sweep() -> registry.SweepCase:
 
 
 registry.register_sweep("nemotron_h_omni", _sweep)
+
+
+def _suite() -> MediaCase:
+    media = {"image": image, "audio": clip}
+    model = tiny_nemotron_h_omni()
+    return MediaCase("nemotron_h_omni", model, media, placeholders, ignore_ids(media_kwargs), states=True)
+
+
+registry.register_suite("nemotron_h_omni", _suite)

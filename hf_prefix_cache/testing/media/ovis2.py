@@ -17,6 +17,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
@@ -89,3 +90,8 @@ def _sweep() -> registry.SweepCase:
 
 
 registry.register_sweep("ovis2", _sweep)
+
+
+registry.register_suite(
+    "ovis2", lambda: single("ovis2", tiny_ovis2(), "image", Image, placeholders, media_kwargs, framing=0)
+)

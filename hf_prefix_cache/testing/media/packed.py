@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.media.qwen3 import _HYBRID_TEXT
 from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
@@ -117,3 +118,12 @@ def _sweep(name: str) -> registry.SweepCase:
 
 for _name in FAMILIES:
     registry.register_sweep(_name, partial(_sweep, _name))
+
+
+def _suite(name: str) -> MediaCase:
+    fam = PackedFamily(name)
+    return MediaCase(name, fam.model, {"image": fam.image}, fam.placeholders, ignore_ids(fam.kwargs), states=True)
+
+
+for _name in FAMILIES:
+    registry.register_suite(_name, partial(_suite, _name))

@@ -20,6 +20,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.grid import Medium
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
 from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, IMAGE_ID, VIDEO_ID, _build
@@ -153,3 +154,23 @@ def _sweep(name: str) -> registry.SweepCase:
 
 for _name in FAMILIES:
     registry.register_sweep(_name, partial(_sweep, _name))
+
+
+def _suite(name: str) -> MediaCase:
+    fam = Qwen3Family(name)
+    media = {"image": fam.image, "video": fam.video}
+    return MediaCase(
+        name,
+        fam.model,
+        media,
+        fam.placeholders,
+        fam.kwargs,
+        HYBRID.count(name) > 0,
+        fam.first,
+        longer=True,
+        repeat=True,
+    )
+
+
+for _name in FAMILIES:
+    registry.register_suite(_name, partial(_suite, _name))

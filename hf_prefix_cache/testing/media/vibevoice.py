@@ -17,6 +17,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
@@ -94,3 +95,9 @@ def _sweep() -> registry.SweepCase:
 
 
 registry.register_sweep("vibevoice_asr", _sweep)
+
+
+registry.register_suite(
+    "vibevoice_asr",
+    lambda: single("vibevoice_asr", tiny_vibevoice_asr(), "audio", Clip, placeholders, media_kwargs, framing=1),
+)
