@@ -34,8 +34,8 @@ class MediaFamily:
             one tower of a family (such a key wins over the plain model type).
         adapter: Builds the adapter of a model (a `MediaAdapter` class, or a function returning
             None when the model's config breaks the family's assumptions); None for a cold family.
-        kwargs: Media kwargs only this family's calls carry, beyond `base.MEDIA_KWARGS`'s shared
-            ones: they join `MEDIA_KWARGS` in registration order.
+        kwargs: Media kwargs only this family's calls carry, beyond the shared ones
+            (`base.SHARED_MEDIA_KWARGS`): they join `MEDIA_KWARGS` in registration order.
         cold: Why media of a family examined and left cold cannot be served (documentation as data:
             the store never reads it; the support matrix shows it in the media column).
     """
