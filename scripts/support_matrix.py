@@ -635,10 +635,10 @@ def render(rows: Iterable[Row]) -> str:
     """The whole docs/support.md text for `rows`."""
     import transformers
 
-    from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES
+    from hf_prefix_cache.multimodal import registry
 
     rows = list(rows)
-    cold_families = ", ".join(f"`{t}`" for t in sorted(COLD_FAMILIES))
+    cold_families = ", ".join(f"`{t}`" for t in sorted(registry.cold()))
     lines = [
         "# Support matrix",
         "",

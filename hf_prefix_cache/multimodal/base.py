@@ -22,8 +22,10 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, find_runs, hash_media
 
-#: Every kwarg that carries media or media bookkeeping for some model in transformers 5.23.
-MEDIA_KWARGS = (
+#: Kwargs that carry media or media bookkeeping for models in transformers 5.23, served or not; a
+#: family's own further kwargs are declared in its `registry` row (`MediaFamily.kwargs`), and
+#: `multimodal.MEDIA_KWARGS` is this tuple followed by those.
+SHARED_MEDIA_KWARGS = (
     "pixel_values",
     "pixel_values_videos",
     "pixel_values_images",
@@ -68,8 +70,6 @@ MEDIA_KWARGS = (
     "audio_input_ids_mask",
     "audio_embed_sizes",
     "audio_attention_mask",
-    "flattened_patches",
-    "image_embeds_position_mask",
 )
 
 

@@ -9,6 +9,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaLayout
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Emu3Media(MediaAdapter):
@@ -56,3 +57,6 @@ class Emu3Media(MediaAdapter):
         keep = k < pixels.shape[0]
         set_or_drop(kwargs, "pixel_values", pixels[k:], keep)
         set_or_drop(kwargs, "image_sizes", sizes[k:], keep)
+
+
+register(MediaFamily(("emu3",), Emu3Media))

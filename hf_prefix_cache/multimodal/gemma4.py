@@ -33,6 +33,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 #: The processor's `mm_token_type_ids` codes.
 _CODES = {"image": 1, "video": 2, "audio": 3}
@@ -187,3 +188,7 @@ class Gemma4UnifiedMedia(Gemma4Media):
 
     def _audio_count(self, mask: torch.Tensor) -> int:
         return int(mask.sum())
+
+
+register(MediaFamily(("gemma4",), Gemma4Media))
+register(MediaFamily(("gemma4_unified",), Gemma4UnifiedMedia))

@@ -11,16 +11,20 @@ MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
 `tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
 `tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
-`COLD_FAMILIES`.
+`COLD_FAMILIES`. Each key here is registered as its own row of `registry` (a generic family's
+row is its rule in this table; a cold family's, its reason).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from hf_prefix_cache.multimodal.generic import GenericMedia
 from hf_prefix_cache.multimodal.generic_rules import FamilyRule
 from hf_prefix_cache.multimodal.generic_table_patches import PATCH_FAMILIES
 from hf_prefix_cache.multimodal.generic_table_rows import ROW_FAMILIES
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 #: The one table `GenericMedia` serves from: the families whose items are whole rows
 #: (`generic_table_rows`), then those whose items are spans of flattened patches (`generic_table_patches`).
@@ -40,11 +44,12 @@ COLD_FAMILIES: dict[str, str] = {
 }
 
 
-def generic_key(config: Any) -> str | None:
-    """The `GENERIC_FAMILIES` key of a model of `config` (tower-specific first), or None."""
-    model_type = getattr(config, "model_type", "")
-    vision_type = getattr(getattr(config, "vision_config", None), "model_type", None)
-    for key in (f"{model_type}/{vision_type}", model_type):
-        if key in GENERIC_FAMILIES:
-            return key
-    return None
+def generic_adapter(rule: FamilyRule, model: Any) -> GenericMedia | None:
+    """`model`'s adapter from `rule`; None (its media cold) when its config breaks the rule's assumptions."""
+    return GenericMedia(model, rule) if rule.fits(model.config) else None
+
+
+for _key, _rule in GENERIC_FAMILIES.items():
+    register(MediaFamily((_key,), partial(generic_adapter, _rule)))
+for _key, _reason in COLD_FAMILIES.items():
+    register(MediaFamily((_key,), None, cold=_reason))

@@ -30,6 +30,7 @@ from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import config_token_id
 from hf_prefix_cache.multimodal.media import find_runs
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia, Qwen3VLMedia
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Glm4vMedia(Qwen3VLMedia):
@@ -76,3 +77,7 @@ class PaddleOcrVlMedia(Qwen2VLMedia):
     handled = frozenset({"pixel_values", "image_grid_thw", "mm_token_type_ids"})
     marks = ((("image_token_id",), 1),)
     _KINDS = (("image", "image_token_id", "pixel_values", "image_grid_thw"),)
+
+
+register(MediaFamily(("glm4v", "glm4v_moe", "glm46v", "glmga", "glm_ocr"), Glm4vMedia))
+register(MediaFamily(("paddleocr_vl",), PaddleOcrVlMedia))

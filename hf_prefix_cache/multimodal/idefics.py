@@ -23,6 +23,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaLayout, find_runs
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Idefics3Media(MediaAdapter):
@@ -76,3 +77,6 @@ def _valid_region(crop: torch.Tensor, mask: Any, patch: Any) -> tuple[torch.Tens
     if height % patch or width % patch or int(valid.sum()) != height * width or not bool(valid[:height, :width].all()):
         return whole  # not a rectangle of whole patches from the top-left corner: padding reaches some patch
     return (crop[..., :height, :width],)
+
+
+register(MediaFamily(("idefics3", "smolvlm", "idefics2"), Idefics3Media))

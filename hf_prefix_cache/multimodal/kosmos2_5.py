@@ -9,6 +9,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import MediaAdapter
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Kosmos2_5Media(MediaAdapter):
@@ -64,3 +65,6 @@ class Kosmos2_5Media(MediaAdapter):
         # A restore holds the whole image (its item starts at 0); the model drops the mask itself once the cache
         # holds anything, and must not encode the patches again.
         kwargs.pop("flattened_patches", None)
+
+
+register(MediaFamily(("kosmos-2.5",), Kosmos2_5Media, kwargs=("flattened_patches", "image_embeds_position_mask")))

@@ -9,6 +9,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaLayout, find_runs
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class LlavaMedia(MediaAdapter):
@@ -61,3 +62,9 @@ class PaliGemmaMedia(LlavaMedia):
         # Which positions are prefix (0) or suffix (1) changes the mask; no marks is another mask again.
         marks = kwargs.get("token_type_ids")
         return [marks.tolist() if isinstance(marks, torch.Tensor) else marks]
+
+
+register(MediaFamily(("llava",), LlavaMedia))
+# ShieldGemma 2 generates with Gemma 3's class under its own config (its classifier wraps that model).
+register(MediaFamily(("gemma3", "shieldgemma2"), Gemma3Media))
+register(MediaFamily(("paligemma",), PaliGemmaMedia))

@@ -17,6 +17,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaLayout, find_runs
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class LlavaNextMedia(MediaAdapter):
@@ -140,3 +141,7 @@ class LlavaNextVideoMedia(LlavaNextMedia):
         if videos is not None:
             k = layout.num_cached("video", cached_len)
             set_or_drop(kwargs, "pixel_values_videos", videos[k:], k < videos.shape[0])
+
+
+register(MediaFamily(("llava_next",), LlavaNextMedia))
+register(MediaFamily(("llava_next_video",), LlavaNextVideoMedia))

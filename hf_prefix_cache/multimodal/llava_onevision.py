@@ -42,6 +42,7 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import config_token_id
 from hf_prefix_cache.multimodal.llava_next import LlavaNextVideoMedia, equal_split
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class LlavaOnevisionMedia(LlavaNextVideoMedia):
@@ -87,3 +88,6 @@ class LlavaOnevisionMedia(LlavaNextVideoMedia):
     def _image_extra(self, kwargs: dict[str, Any], num_images: int) -> list[tuple[Any, ...]]:
         # The mode, explicitly: the same picture is encoded differently tiled and single-patch.
         return [(torch.tensor([int(tiled)], dtype=torch.int8),) for tiled in self._tiled(kwargs, num_images)]
+
+
+register(MediaFamily(("llava_onevision",), LlavaOnevisionMedia))

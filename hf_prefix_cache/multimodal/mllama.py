@@ -33,6 +33,7 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 _PER_IMAGE = ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask")
 
@@ -102,3 +103,6 @@ class MllamaMedia(MediaAdapter):
 
     def item_layers(self) -> tuple[int, ...]:
         return tuple(self.config.get_text_config(decoder=True).cross_attention_layers)
+
+
+register(MediaFamily(("mllama",), MllamaMedia))

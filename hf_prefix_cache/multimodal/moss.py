@@ -9,6 +9,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class MossTranscribeDiarizeMedia(MediaAdapter):
@@ -78,3 +79,6 @@ class MossTranscribeDiarizeMedia(MediaAdapter):
         keep = k < features.shape[0]
         set_or_drop(kwargs, "input_features", features[k:], keep)
         set_or_drop(kwargs, "input_features_mask", kwargs["input_features_mask"][k:], keep)
+
+
+register(MediaFamily(("moss_transcribe_diarize",), MossTranscribeDiarizeMedia))

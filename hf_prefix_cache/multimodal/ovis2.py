@@ -10,6 +10,7 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 # One image's tokens: (start, end, placeholders among them).
 _Span = tuple[int, int, int]
@@ -105,3 +106,6 @@ class Ovis2Media(MediaAdapter):
         skip = sum(rows[: layout.num_cached("image", cached_len)])
         set_or_drop(out, "pixel_values", pixels[skip:], skip < pixels.shape[0])
         return out
+
+
+register(MediaFamily(("ovis2",), Ovis2Media))

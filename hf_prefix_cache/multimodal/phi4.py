@@ -31,6 +31,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 _IMAGE = ("image_pixel_values", "image_sizes", "image_attention_mask")
 _AUDIO = ("audio_input_features", "audio_embed_sizes", "audio_attention_mask")
@@ -148,3 +149,6 @@ def _unpadded(features: torch.Tensor, size: torch.Tensor, mask: Any, i: int) -> 
     if frames == valid.shape[0] or not bool(valid[:frames].all()):
         return None  # not padded, or not one leading run of frames
     return hash_media(features[:frames], size)
+
+
+register(MediaFamily(("phi4_multimodal",), Phi4MultimodalMedia))

@@ -9,6 +9,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaLayout
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Qwen2AudioMedia(MediaAdapter):
@@ -39,3 +40,6 @@ class Qwen2AudioMedia(MediaAdapter):
         keep = k < features.shape[0]
         set_or_drop(kwargs, "input_features", features[k:], keep)
         set_or_drop(kwargs, "feature_attention_mask", mask[k:], keep)
+
+
+register(MediaFamily(("qwen2_audio",), Qwen2AudioMedia))

@@ -22,6 +22,7 @@ import torch
 from hf_prefix_cache.multimodal.base import KindItems, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
@@ -166,3 +167,6 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
         )
         text = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
         return torch.cat([text[None], rope.to(text.dtype)], dim=0)
+
+
+register(MediaFamily(("qwen2_5_omni_thinker",), Qwen2_5OmniThinkerMedia))

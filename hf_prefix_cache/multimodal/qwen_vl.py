@@ -9,6 +9,7 @@ import torch
 
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, hash_media
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
 
 class Qwen2VLMedia(MediaAdapter):
@@ -203,3 +204,11 @@ class Qwen3_5Media(Qwen3VLMedia):
     """
 
     embeds_suffix = True
+
+
+register(MediaFamily(("qwen2_vl",), Qwen2VLMedia))
+register(MediaFamily(("qwen2_5_vl",), Qwen2_5VLMedia))
+# Qwen3-VL's tower, placeholders and `get_rope_index`: Cohere Compass on Cohere 2 text layers,
+# Cosmos 3 Omni (its reasoner) under its own config.
+register(MediaFamily(("qwen3_vl", "qwen3_vl_moe", "cohere_compass", "cosmos3_omni"), Qwen3VLMedia))
+register(MediaFamily(("qwen3_5", "qwen3_5_moe"), Qwen3_5Media))

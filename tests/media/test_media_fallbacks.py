@@ -10,8 +10,8 @@ import torch
 import transformers
 from conftest import assert_same_as_cold, generate
 
-from hf_prefix_cache import PrefixCache, multimodal
-from hf_prefix_cache.multimodal import generic_table
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.multimodal import registry
 from hf_prefix_cache.testing.media.generic_images import tiny_vipllava
 from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.tiny_processors import llava_next_processor
@@ -30,7 +30,7 @@ def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
 
 def test_family_without_a_media_adapter_runs_cold(monkeypatch: pytest.MonkeyPatch) -> None:
     """A family with no media adapter (VipLLaVA with its table row taken away) runs cold as `media_inputs:<type>`."""
-    monkeypatch.delitem(generic_table.GENERIC_FAMILIES, "vipllava")
+    monkeypatch.delitem(registry.FAMILIES, "vipllava")
     model = tiny_vipllava()
     ids = torch.cat([text(4, 1), run(IMAGE_ID, 16), text(4, 2)], dim=1)
     assert _fallbacks(model, ids, pixel_values=llava_pixels(1)[None]) == {"media_inputs:vipllava": 2}
@@ -104,7 +104,7 @@ def tiny_qwen3_vl_moe() -> Any:
 def test_mrope_model_without_positions_runs_cold_even_for_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """An M-RoPE family with no adapter computing positions (Qwen3-VL-MoE with its adapter taken away) keeps
     the blanket `mrope_positions` refusal: the rope_deltas left on the model may be stale."""
-    monkeypatch.delitem(multimodal._ADAPTERS, "qwen3_vl_moe")
+    monkeypatch.delitem(registry.FAMILIES, "qwen3_vl_moe")
     assert _fallbacks(tiny_qwen3_vl_moe(), text(12, 1)) == {"mrope_positions": 2}
 
 

@@ -1,4 +1,4 @@
-"""Every family of the test-builder registry (`testing/media/cases.py`) serves its media exactly.
+"""Every family of the test-builder registry (`testing/media/registry.py`) serves its media exactly.
 
 One suite over all rows: each request runs cold and through the store (equal tokens, logits within
 1e-4, all media passed every time as the processor would), and hits are counted. A family whose
@@ -14,11 +14,12 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, packed, qwen3
-from hf_prefix_cache.testing.media.cases import CASES, SINGLE, MediaCase
+from hf_prefix_cache.testing.media import grid, packed, qwen3, registry
+from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
 
+CASES = registry.suite_cases()
 IMAGE_AND_VIDEO = (("image", 2), ("video", 5))
 #: A first turn's medium and the media a second turn adds ((kind, seed) each), per family.
 TURNS = [
@@ -26,19 +27,21 @@ TURNS = [
     *[(name, ("image", 1), (("image", 2),)) for name in packed.FAMILIES],
     *[
         (name, (first, 1), ((then, 2),))
-        for name in ("inkling", "nemotron_h_omni")
+        for name in ("inkling_mm_model", "nemotron_h_omni")
         for first, then in (("image", "image"), ("image", "audio"), ("audio", "image"))
     ],
     ("emu3", ("image", 1), (("image", 4),)),  # one size, other pixels
     ("ovis2", ("image", 1), (("image", 2),)),  # a global image, then a tiled one
     ("ovis2", ("image", 2), (("image", 4),)),  # a tiled image, then a global one
-    *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss", "vibevoice")],  # moss: a two-window clip
+    # MOSS: a two-window clip.
+    *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [(name, kind) for name in (*grid.FAMILIES, *qwen3.FAMILIES) for kind in ("image", "video")] + [
     *[(name, "image") for name in packed.FAMILIES],
-    *[(name, kind) for name in ("inkling", "nemotron_h_omni") for kind in ("image", "audio")],
-    *[(name, row[2]) for name, row in SINGLE.items()],
+    *[(name, kind) for name in ("inkling_mm_model", "nemotron_h_omni") for kind in ("image", "audio")],
+    *[(name, "image") for name in ("emu3", "ovis2")],
+    *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 
@@ -98,3 +101,10 @@ def test_changed_medium_reuses_nothing_past_its_first_placeholder(name: str, kin
         if case.repeat:
             _run(case, ids, [one], store)
             assert hits.last() == ids.shape[1] - 1
+
+
+def test_every_suite_row_is_keyed_as_the_media_registry_keys_its_family() -> None:
+    """The test builders and the adapters share one key per family: each suite row names a served family."""
+    from hf_prefix_cache.multimodal import registry as media_registry
+
+    assert set(CASES) <= set(media_registry.served()), sorted(set(CASES) - set(media_registry.served()))

@@ -27,14 +27,15 @@ import support_matrix  # noqa: E402
 import support_media  # noqa: E402
 
 from hf_prefix_cache import _compat  # noqa: E402
-from hf_prefix_cache.multimodal import _ADAPTERS, media  # noqa: E402
-from hf_prefix_cache.multimodal.generic_table import COLD_FAMILIES, GENERIC_FAMILIES  # noqa: E402
+from hf_prefix_cache.multimodal import media, registry  # noqa: E402
 
 DOC = support_matrix.DOC.read_text()
 ROWS = support_matrix.parse(DOC)
 SWEPT = support_matrix.model_types()
+#: Types served by a hand-written adapter class (the generic table's are checked by the whole matrix).
+HAND_WRITTEN = {key for key, row in registry.FAMILIES.items() if isinstance(row.adapter, type)}
 # Gemma 4 text: per-layer head sizes once made PrefixCache construction raise.
-COVERED = sorted(t for t in {*TINY_MODELS, *_ADAPTERS, "gemma4_text"} if t in SWEPT)
+COVERED = sorted(t for t in {*TINY_MODELS, *HAND_WRITTEN, "gemma4_text"} if t in SWEPT)
 # The document describes the newest tested release; on the oldest (scripts/test's second run) its rows
 # are regenerated and checked for wrong results, not compared line by line.
 ON_DOC_RELEASE = f"against transformers {transformers.__version__};" in DOC
@@ -63,10 +64,10 @@ def test_no_row_is_wrong() -> None:
 
 
 def test_every_adapter_family_has_a_media_case() -> None:
-    """Each key of `_ADAPTERS` and of the generic table has a media case (or a reason it has none), and no other key does."""
-    adapter_keys = {*_ADAPTERS, *GENERIC_FAMILIES}
-    assert set(support_media.MEDIA_CASES) | set(support_media.NO_MEDIA_CASE) == adapter_keys
-    assert not set(support_media.MEDIA_CASES) & set(support_media.NO_MEDIA_CASE)
+    """Each key the media registry serves has a media case (or a reason it has none), and no other key does."""
+    adapter_keys = set(registry.served())
+    assert set(support_media.media_cases()) | set(support_media.NO_MEDIA_CASE) == adapter_keys
+    assert not set(support_media.media_cases()) & set(support_media.NO_MEDIA_CASE)
 
 
 def test_a_row_has_a_media_result_exactly_when_its_type_has_a_media_case() -> None:
@@ -77,14 +78,14 @@ def test_a_row_has_a_media_result_exactly_when_its_type_has_a_media_case() -> No
         keys = support_media.media_keys(model_type)
         if keys:
             assert len(cell.split("; ")) == len(keys), line
-        elif model_type in COLD_FAMILIES:
+        elif model_type in registry.cold():
             assert cell.startswith("cold: "), line
         else:
             assert cell == "", line
 
 
 def test_a_family_named_cold_has_its_reason_in_the_media_cell() -> None:
-    """A type listed in `COLD_FAMILIES` gets ``cold:`` and its reason, without running anything."""
+    """A type registered cold (`registry.cold()`) gets ``cold:`` and its reason, without running anything."""
     assert support_media.media_cell("minicpmv4_6", support_matrix.LOGIT_TOL).startswith("cold: 16x mode")
     assert support_media.media_status(support_media.media_cell("git", support_matrix.LOGIT_TOL)) == "cold"
 
@@ -98,13 +99,13 @@ def _content_blind_update(hasher: Any, part: Any) -> None:
 def test_a_content_blind_media_hash_makes_the_media_step_wrong(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With media keyed by shape only, medium B is served A's states: the changed-medium step reports WRONG."""
     monkeypatch.setattr(media, "_update", _content_blind_update)
-    result = support_media.scenario(support_media.MEDIA_CASES[key](), support_matrix.LOGIT_TOL)
+    result = support_media.scenario(support_media.media_cases()[key](), support_matrix.LOGIT_TOL)
     assert result.status == "WRONG" and "changed" in result.detail, result
 
 
 def test_a_changed_medium_hit_past_its_first_placeholder_is_wrong() -> None:
     """Reuse past medium A's first placeholder is WRONG even when the answer equals cold (here B is A again)."""
-    case = support_media.MEDIA_CASES["qwen2_vl"]()
+    case = support_media.media_cases()["qwen2_vl"]()
     same = dataclasses.replace(
         case, kwargs=lambda ids, names: case.kwargs(ids, ["a" if n == "b" else n for n in names])
     )

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, BOI, WRAPPER, EOF, EOL, EOI = 120, 110, 112, 113, 114, 115
@@ -73,3 +75,18 @@ def media_kwargs(images: list[Image]) -> dict[str, Any]:
     for k, image in enumerate(images):
         pixels[k, :, : image.size[0], : image.size[1]] = image.pixels()
     return {"pixel_values": pixels, "image_sizes": torch.tensor([list(i.size) for i in images])}
+
+
+def _sweep() -> registry.SweepCase:
+    """Emu3 in the support matrix's scenario: A an image, C another of A's size (so A keeps its padding)."""
+    media = {"a": Image(registry.SEED_A), "b": Image(registry.SEED_B), "c": Image(registry.SEED_A + 3)}
+    tokens = {k: placeholders(m) for k, m in media.items()}
+    return registry.SweepCase(tiny_emu3(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 2)
+
+
+registry.register_sweep("emu3", _sweep)
+
+
+registry.register_suite(
+    "emu3", lambda: single("emu3", tiny_emu3(), "image", Image, placeholders, media_kwargs, framing=2)
+)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.compare import assert_same_as_cold, generate
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_processors import llava_next_processor
 from hf_prefix_cache.testing.tiny_vlm_media import (
     audio_clip,
@@ -150,3 +153,47 @@ QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
 FAMILIES = ("llava", *ANYRES, *QWEN_VL, "qwen3_vl", *GEMMA3, *IDEFICS, "qwen2_audio")
 # Placeholder spans are framed by a text id the cut may stop after (vision-start, begin-of-image).
 FRAMED = (*QWEN_VL, "qwen3_vl", *GEMMA3, *IDEFICS, *GLM, "paddleocr_vl")  # a start id before the placeholders
+
+
+def _sweep(name: str) -> registry.SweepCase:
+    """A family of this table (hand-written adapters) in the support matrix's scenario."""
+    fam = Family(name)
+    media = registry.three(fam.image)
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return registry.SweepCase(
+        fam.model, tokens, lambda ids, names: fam.kwargs(ids, [media[n] for n in names]), int(name in FRAMED)
+    )
+
+
+def _paligemma() -> registry.SweepCase:
+    """PaliGemma (prefix-LM): images lead the prompt, then BOS; only an identical prompt is reused."""
+    seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
+    tokens = {k: registry.cat(run(IMAGE_ID, 16), run(1, 1)) for k in seeds}
+
+    def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
+        pixels = torch.stack([llava_pixels(seeds[n]) for n in names])
+        return {"pixel_values": pixels, "token_type_ids": torch.zeros_like(ids)}
+
+    return registry.SweepCase(cached_vlm("paligemma"), tokens, kwargs, head_len=0)
+
+
+def _omni() -> registry.SweepCase:
+    """Qwen2.5-Omni thinker: medium A an audio clip (after an audio-start id), C an image."""
+    from hf_prefix_cache.testing.tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
+
+    frames, grid = 60, (1, 4, 6)
+    seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
+    tokens = {"a": omni_audio_tokens(frames), "b": omni_audio_tokens(frames), "c": image_tokens(grid)}
+
+    def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
+        clips = [(seeds[n], frames) for n in names if n in seeds]
+        images = [(registry.SEED_C, grid)] if "c" in names else []
+        return Media(images=images, clips=clips).kwargs(ids)
+
+    return registry.SweepCase(cached_omni(), tokens, kwargs, first=1)
+
+
+for _name in (*FAMILIES, *GLM, "paddleocr_vl"):
+    registry.register_sweep(_name, partial(_sweep, _name))
+registry.register_sweep("paligemma", _paligemma)
+registry.register_sweep("qwen2_5_omni_thinker", _omni)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, AUD = 120, 121, 126
@@ -180,3 +182,19 @@ class Gemma4Family:
             rows = [m.rows[name] for m in media if name in m.rows]
             out[name] = torch.cat(rows)
         return out
+
+
+def _sweep(name: str) -> registry.SweepCase:
+    """Gemma 4 / Gemma 4 Unified in the support matrix's scenario: A an image; C an audio clip, text, then a video."""
+    fam = Gemma4Family(name)
+    media = registry.mixed(fam.image, fam.clip, fam.video)
+    return registry.SweepCase(
+        fam.model,
+        registry.mixed_tokens(fam.placeholders, media),
+        lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]),
+        first=1,
+    )
+
+
+for _name in FAMILIES:
+    registry.register_sweep(_name, partial(_sweep, _name))

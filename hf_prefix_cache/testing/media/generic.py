@@ -37,11 +37,13 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.compare import generate
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.generic_ids import AUD, BREAK, END, IMG, SPECIAL_IDS, VID
 from hf_prefix_cache.testing.media.generic_images import LFM2_PATCH, LFM2_ROW_LEN
 from hf_prefix_cache.testing.media.generic_models import cached_generic
@@ -286,3 +288,47 @@ def lfm2_vl_kwargs(rows: list[torch.Tensor]) -> dict[str, Any]:
         mask[i, :n] = 1
     shapes = torch.tensor([list(row.shape[:2]) for row in rows])
     return {"pixel_values": pixel_values, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+
+
+def _sweep(name: str) -> registry.SweepCase:
+    """A family of the generic table in the support matrix's scenario."""
+    fam = GenericFamily(name)
+    media = registry.three(fam.medium)
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return registry.SweepCase(
+        fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]), media["a"].spans[0][0]
+    )
+
+
+#: The generic table's keys (`multimodal/generic_table.py`) -> the family name built here.
+SWEPT = {
+    **{
+        key: key
+        for key in (
+            "mistral3",
+            "lighton_ocr",
+            "video_llava",
+            "voxtral",
+            "glmasr",
+            "fuyu",
+            "omniasr",
+            "internvl",
+            "aya_vision",
+            "cohere2_vision",
+            "qianfan_ocr",
+            "got_ocr2",
+            "pp_chart2table",
+            "deepseek_vl_hybrid",
+            "deepseek_vl",
+            "janus",
+            "vipllava",
+            "aria",
+            "llama4",
+            "lfm2_vl",
+            "mistral_large4",
+        )
+    },
+    "llava/pixtral": "llava_pixtral",
+}
+for _key, _name in SWEPT.items():
+    registry.register_sweep(_key, partial(_sweep, _name))

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import transformers
 from packaging.version import Version
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
@@ -326,3 +329,35 @@ class GridFamily:
                 if self.name in _OWN_MERGES:
                     out[f"{kind}_merge_sizes"] = torch.tensor([2] * len(mine))
         return out
+
+
+def _sweep(name: str) -> registry.SweepCase:
+    """A ``"thw"`` table family in the support matrix's scenario: A an image; C an image, text, then a video."""
+    fam = GridFamily(name)
+    media = registry.mixed(fam.image, fam.image, fam.video)
+    return registry.SweepCase(
+        fam.model,
+        registry.mixed_tokens(fam.placeholders, media),
+        lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]),
+        first=1,
+    )
+
+
+for _name in FAMILIES:
+    registry.register_sweep(_name, partial(_sweep, _name))
+
+
+def _suite(name: str) -> MediaCase:
+    fam = GridFamily(name)
+    return MediaCase(
+        name,
+        fam.model,
+        {"image": fam.image, "video": fam.video},
+        fam.placeholders,
+        fam.kwargs,
+        states=name in STATE_FAMILIES,
+    )
+
+
+for _name in FAMILIES:
+    registry.register_suite(_name, partial(_suite, _name))

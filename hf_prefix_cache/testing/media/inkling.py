@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
@@ -98,3 +100,31 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
             mask[i, : m.size] = 1
         out["audio_input_ids"], out["audio_input_ids_mask"] = ids, mask
     return out
+
+
+def _sweep() -> registry.SweepCase:
+    """Inkling in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
+    media = registry.mixed(image, clip, image)
+    return registry.SweepCase(
+        tiny_inkling(),
+        registry.mixed_tokens(placeholders, media),
+        lambda _ids, names: media_kwargs([m for n in names for m in media[n]]),
+        1,
+    )
+
+
+registry.register_sweep("inkling_mm_model", _sweep)
+
+
+def _suite() -> MediaCase:
+    return MediaCase(
+        "inkling_mm_model",
+        tiny_inkling(),
+        {"image": image, "audio": clip},
+        placeholders,
+        ignore_ids(media_kwargs),
+        states=True,
+    )
+
+
+registry.register_suite("inkling_mm_model", _suite)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
 IMG, START, END, BOS = 120, 110, 111, 0
@@ -72,3 +73,17 @@ def media_kwargs(ids: torch.Tensor, seed: int | None) -> dict[str, Any]:
     mask[0, 1], mask[0, 2 : QUERIES + 2], mask[0, QUERIES + 2] = -1, 1, -1
     size = torch.tensor([32.0])
     return {"flattened_patches": patches(seed), "image_embeds_position_mask": mask, "width": size, "height": size}
+
+
+def _sweep() -> registry.SweepCase:
+    """Kosmos-2.5 in the support matrix's scenario: one image per prompt, leading it (its item spans from BOS): no "c"."""
+    seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
+    return registry.SweepCase(
+        tiny_kosmos2_5(),
+        dict.fromkeys(seeds, head()),
+        lambda ids, names: media_kwargs(ids, seeds[names[0]]),
+        head_len=0,
+    )
+
+
+registry.register_sweep("kosmos-2.5", _sweep)

@@ -19,6 +19,7 @@ from transformers.models.mllama.processing_mllama import (
     get_cross_attention_token_mask,
 )
 
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_build import _finalize
 from hf_prefix_cache.testing.tiny_models import random_prompt
 
@@ -103,3 +104,14 @@ def media(ids: torch.Tensor, images: list[Image.Image]) -> dict[str, Any]:
         "aspect_ratio_mask": out["aspect_ratio_mask"],
         "cross_attention_mask": torch.from_numpy(mask),
     }
+
+
+def _sweep() -> registry.SweepCase:
+    """Mllama (cross-attention) in the support matrix's scenario; a new image reuses nothing: no "c"."""
+    seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
+    return registry.SweepCase(
+        tiny_mllama(), dict.fromkeys(seeds, IMAGE), lambda ids, names: media(ids, [picture(seeds[n]) for n in names])
+    )
+
+
+registry.register_sweep("mllama", _sweep)

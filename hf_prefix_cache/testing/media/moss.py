@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
@@ -94,3 +96,19 @@ def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
         "input_features_mask": torch.cat([m for _, m in rows]),
         "padding_mask": padding_mask,
     }
+
+
+def _sweep() -> registry.SweepCase:
+    """MOSS Transcribe-Diarize in the support matrix's scenario: A a clip, C a clip of two windows; time markers inside."""
+    media = registry.three(Clip)
+    tokens = {k: placeholders(m) for k, m in media.items()}
+    return registry.SweepCase(tiny_moss(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1)
+
+
+registry.register_sweep("moss_transcribe_diarize", _sweep)
+
+
+registry.register_suite(
+    "moss_transcribe_diarize",
+    lambda: single("moss_transcribe_diarize", tiny_moss(), "audio", Clip, placeholders, media_kwargs, framing=1),
+)

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
@@ -128,3 +130,26 @@ def media_kwargs(media: list[Any]) -> dict[str, Any]:
             mask[k, : c.frames] = 1
         out.update(input_features=features, input_features_mask=mask)
     return out
+
+
+def _sweep() -> registry.SweepCase:
+    """Nemotron-H Omni in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
+    media = registry.mixed(image, clip, image)
+    return registry.SweepCase(
+        tiny_nemotron_h_omni(),
+        registry.mixed_tokens(placeholders, media),
+        lambda _ids, names: media_kwargs([m for n in names for m in media[n]]),
+        1,
+    )
+
+
+registry.register_sweep("nemotron_h_omni", _sweep)
+
+
+def _suite() -> MediaCase:
+    media = {"image": image, "audio": clip}
+    model = tiny_nemotron_h_omni()
+    return MediaCase("nemotron_h_omni", model, media, placeholders, ignore_ids(media_kwargs), states=True)
+
+
+registry.register_suite("nemotron_h_omni", _suite)

@@ -16,6 +16,7 @@ import transformers
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.testing.compare import assert_same_as_cold
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
 from hf_prefix_cache.testing.tiny_vlm_media import pil_image, run
 from hf_prefix_cache.testing.tiny_vlm_parts import _SIGLIP, _TEXT, IMAGE_ID, PINPOINTS, VIDEO_ID, _build
@@ -110,3 +111,14 @@ class OneVision:
         kw = self.kwargs(images)
         adapter: Any = media_adapter_for(self.model)
         return sum(adapter._num_patches(kw["image_sizes"], kw))
+
+
+def _sweep() -> registry.SweepCase:
+    """LLaVA-OneVision (anyres, images as a flat list) in the support matrix's scenario."""
+    fam = OneVision("tiled")
+    media = registry.three(fam.image)
+    tokens = {k: fam.placeholders([m], 0) for k, m in media.items()}
+    return registry.SweepCase(fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]))
+
+
+registry.register_sweep("llava_onevision", _sweep)

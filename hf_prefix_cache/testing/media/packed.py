@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.media.qwen3 import _HYBRID_TEXT
 from hf_prefix_cache.testing.tiny_vlm_parts import _build
 
@@ -103,3 +106,24 @@ class PackedFamily:
             "pixel_values": torch.cat([self.columns(i) for i in images], dim=-1)[None],
             "target_sizes": torch.tensor([list(i.grid) for i in images], dtype=torch.int32),
         }
+
+
+def _sweep(name: str) -> registry.SweepCase:
+    """A ``"packed"`` table family in the support matrix's scenario: A an image; C another image."""
+    fam = PackedFamily(name)
+    media = registry.three(fam.image)
+    tokens = {k: fam.placeholders(m) for k, m in media.items()}
+    return registry.SweepCase(fam.model, tokens, lambda _ids, names: fam.kwargs([media[n] for n in names]), first=1)
+
+
+for _name in FAMILIES:
+    registry.register_sweep(_name, partial(_sweep, _name))
+
+
+def _suite(name: str) -> MediaCase:
+    fam = PackedFamily(name)
+    return MediaCase(name, fam.model, {"image": fam.image}, fam.placeholders, ignore_ids(fam.kwargs), states=True)
+
+
+for _name in FAMILIES:
+    registry.register_suite(_name, partial(_suite, _name))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, AUD = 120, 126
@@ -113,3 +114,16 @@ def kwargs(media: list[Medium]) -> dict[str, Any]:
             audio_attention_mask=masks,
         )
     return out
+
+
+def _sweep() -> registry.SweepCase:
+    """Phi-4-multimodal in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
+    media = registry.mixed(image, clip, image)
+    return registry.SweepCase(
+        cached_phi4(),
+        registry.mixed_tokens(placeholders, media),
+        lambda _ids, names: kwargs([m for n in names for m in media[n]]),
+    )
+
+
+registry.register_sweep("phi4_multimodal", _sweep)

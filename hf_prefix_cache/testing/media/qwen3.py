@@ -13,11 +13,14 @@ Cosmos 3 Omni is Qwen3-VL under its own config. Ids as `tiny_vlms`: images
 from __future__ import annotations
 
 import functools
+from functools import partial
 from typing import Any
 
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.grid import Medium
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
 from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, IMAGE_ID, VIDEO_ID, _build
@@ -135,3 +138,39 @@ class Qwen3Family:
                 out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
                 out[grid] = torch.tensor([list(m.grid) for m in mine])
         return out
+
+
+def _sweep(name: str) -> registry.SweepCase:
+    """A family of this table in the support matrix's scenario: A an image; C an image, text, then a video."""
+    fam = Qwen3Family(name)
+    media = registry.mixed(fam.image, fam.image, fam.video)
+    return registry.SweepCase(
+        fam.model,
+        registry.mixed_tokens(fam.placeholders, media),
+        lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]),
+        first=fam.first(media["a"][0]),
+    )
+
+
+for _name in FAMILIES:
+    registry.register_sweep(_name, partial(_sweep, _name))
+
+
+def _suite(name: str) -> MediaCase:
+    fam = Qwen3Family(name)
+    media = {"image": fam.image, "video": fam.video}
+    return MediaCase(
+        name,
+        fam.model,
+        media,
+        fam.placeholders,
+        fam.kwargs,
+        HYBRID.count(name) > 0,
+        fam.first,
+        longer=True,
+        repeat=True,
+    )
+
+
+for _name in FAMILIES:
+    registry.register_suite(_name, partial(_suite, _name))

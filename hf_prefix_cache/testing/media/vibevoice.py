@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import transformers
 
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
@@ -81,3 +83,21 @@ def media_kwargs(clips: list[Clip], sample: bool | None = False) -> dict[str, An
     for i, c in enumerate(clips):
         values[i, 0, : c.samples], mask[i, : c.samples] = c.values(), True
     return {**out, "input_values": values, "padding_mask": mask}
+
+
+def _sweep() -> registry.SweepCase:
+    """VibeVoice ASR in the support matrix's scenario: A a clip, C another; calls pass ``sample=False`` (no noise)."""
+    media = registry.three(Clip)
+    tokens = {k: placeholders(m) for k, m in media.items()}
+    return registry.SweepCase(
+        tiny_vibevoice_asr(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1
+    )
+
+
+registry.register_sweep("vibevoice_asr", _sweep)
+
+
+registry.register_suite(
+    "vibevoice_asr",
+    lambda: single("vibevoice_asr", tiny_vibevoice_asr(), "audio", Clip, placeholders, media_kwargs, framing=1),
+)

@@ -1,0 +1,117 @@
+"""The one registry of media family test builders, keyed as `multimodal.registry` keys the families.
+
+Each builder module of this package registers, beside the fixtures it builds, what a family is
+driven by: its support-matrix scenario (`SweepCase`: a tiny model, media "a", "b" and maybe "c"),
+and, for the families the parametrised family suite runs, that suite's row (`cases.MediaCase`).
+Keys are the media registry's: a model type, or ``"<model type>/<vision model type>"`` for one
+tower. `sweep_cases` and `suite_cases` import every module of the package first, so a new family
+is its builder module and the rows in it. Knows nothing of the store.
+
+Example:
+    >>> from hf_prefix_cache.testing.media import registry
+    >>> "qwen2_vl" in registry.sweep_cases()
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.testing.media.cases import MediaCase
+
+#: Medium A's and B's seeds: the fixtures give seeds 1 and 13 the same shape, other content; C's seed.
+SEED_A, SEED_B, SEED_C = 1, 13, 2
+
+
+@dataclass(frozen=True)
+class SweepCase:
+    """A tiny media model and its media "a", "b" (A's placeholders, other content) and maybe "c"."""
+
+    model: Any
+    #: Placeholder tokens, framing included, of each medium by name ("c" absent: no second medium).
+    tokens: dict[str, Any]
+    #: generate kwargs of a prompt `ids` holding the named media in prompt order.
+    kwargs: Callable[[Any, Sequence[str]], dict[str, Any]]
+    #: Offset in `tokens["a"]` of A's first placeholder (framing before it is text).
+    first: int = 0
+    #: Text tokens before medium A (0 where media must lead the prompt: PaliGemma).
+    head_len: int = 5
+
+
+_SWEEP: dict[str, Callable[[], SweepCase]] = {}
+_SUITE: dict[str, Callable[[], MediaCase]] = {}
+
+
+def _add(table: dict[str, Any], key: str, build: Any) -> None:
+    if key in table:
+        raise ValueError(f"test builder {key!r} registered twice")
+    table[key] = build
+
+
+def register_sweep(key: str, build: Callable[[], SweepCase]) -> None:
+    """Register `build` as the support-matrix scenario of family `key`.
+
+    Raises:
+        ValueError: when `key` already has one.
+    """
+    _add(_SWEEP, key, build)
+
+
+def register_suite(key: str, build: Callable[[], MediaCase]) -> None:
+    """Register `build` as the family suite's row of family `key`.
+
+    Raises:
+        ValueError: when `key` already has one.
+    """
+    _add(_SUITE, key, build)
+
+
+def _load() -> None:
+    package = importlib.import_module("hf_prefix_cache.testing.media")
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def sweep_cases() -> dict[str, Callable[[], SweepCase]]:
+    """Family key -> its support-matrix scenario builder (models are built on call)."""
+    _load()
+    return dict(_SWEEP)
+
+
+def suite_cases() -> dict[str, Callable[[], MediaCase]]:
+    """Family key -> the family suite's row builder (models are built on call)."""
+    _load()
+    return dict(_SUITE)
+
+
+def cat(*parts: torch.Tensor) -> torch.Tensor:
+    """`parts` joined along the prompt axis, empty ones skipped."""
+    return torch.cat([p for p in parts if p.shape[1]], dim=1)
+
+
+def three(build: Callable[[int], Any]) -> dict[str, Any]:
+    """Media "a", "b" and "c" of one builder: seeds `SEED_A`, `SEED_B`, `SEED_C`."""
+    return {"a": build(SEED_A), "b": build(SEED_B), "c": build(SEED_C)}
+
+
+def mixed(
+    first: Callable[[int], Any], second: Callable[[int], Any], third: Callable[[int], Any]
+) -> dict[str, list[Any]]:
+    """Media "a" and "b" one medium of `first` each; "c" a medium of `second`, then one of `third`."""
+    return {"a": [first(SEED_A)], "b": [first(SEED_B)], "c": [second(SEED_C), third(SEED_C)]}
+
+
+def mixed_tokens(placeholders: Callable[[Any], torch.Tensor], media: dict[str, list[Any]]) -> dict[str, Any]:
+    """Tokens of `mixed` media: "c" is its two media with two text ids between them."""
+    from hf_prefix_cache.testing.tiny_vlm_media import text
+
+    tokens = {k: placeholders(m[0]) for k, m in media.items() if k != "c"}
+    tokens["c"] = cat(placeholders(media["c"][0]), text(2, 6), placeholders(media["c"][1]))
+    return tokens
