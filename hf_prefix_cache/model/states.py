@@ -10,7 +10,7 @@ Knows nothing about the tree or the store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,12 +69,23 @@ class Run:
         self.landing: Landing | None = None
         self.buffers: list[torch.Tensor] = []  # set by `packed_copy`: tensors holding exactly its keys and values
         self._views: tuple[int, int, list[torch.Tensor | None], list[torch.Tensor | None]] | None = None
-        self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
+        # One pass over the layers: each key's length checked, its device and (unless given) its bytes read.
+        span, total = hi - lo, 0
+        found: list[torch.device | None] = []  # filled unless `devices` is given
+        fill = devices is None
         for k in keys:
-            assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+            if k is not None:
+                assert k.shape[-2] == span, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+                if nbytes_per_token is None:
+                    total += k.nbytes
+            if fill:
+                found.append(None if k is None else k.device)
         if nbytes_per_token is None:
-            total = sum(t.nbytes for t in keys if t is not None) + sum(t.nbytes for t in values if t is not None)
-            nbytes_per_token = total // max(hi - lo, 1)
+            for v in values:
+                if v is not None:
+                    total += v.nbytes
+            nbytes_per_token = total // max(span, 1)
+        self.devices = found if devices is None else devices
         self.nbytes_per_token = nbytes_per_token
 
     @property
@@ -114,6 +125,21 @@ class Run:
         `landing.ready(layer)` before it reads a layer (a restore that overlaps the prefill).
         """
         assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
+        if self.wait is not None or (land and self.landing is not None):
+            self._land(land)
+        views = self._views
+        if views is None or views[0] != start or views[1] != end:
+            a, b = start - self.lo, end - self.lo
+            keys: list[torch.Tensor | None] = []
+            values: list[torch.Tensor | None] = []
+            for k, v in zip(self.keys, self.values, strict=True):
+                keys.append(k[..., a:b, :] if k is not None else None)
+                values.append(v[..., a:b, :] if v is not None else None)
+            views = self._views = (start, end, keys, values)
+        return list(views[2]), list(views[3])
+
+    def _land(self, land: bool) -> None:
+        """Wait for an asynchronous copy into these tensors, and (with `land`) for every copy still landing."""
         if self.wait is not None:
             self.wait()
             self.wait = None
@@ -121,13 +147,6 @@ class Run:
             self.landing.ready_all()
             if self.landing.landed:
                 self.landing = None
-        views = self._views
-        if views is None or views[0] != start or views[1] != end:
-            a, b = start - self.lo, end - self.lo
-            keys = [k[..., a:b, :] if k is not None else None for k in self.keys]
-            values = [v[..., a:b, :] if v is not None else None for v in self.values]
-            views = self._views = (start, end, keys, values)
-        return list(views[2]), list(views[3])
 
     def compact(self, lo: int, hi: int) -> None:
         """Keep only `[lo, hi)`, copied out (`packed_copy`) so the rest is freed."""
@@ -139,9 +158,13 @@ class Run:
         Its `buffers` are those stacks, which hold its keys and values and nothing else: a check
         of every value (`all_finite`) reads them as a few tensors instead of one view per layer.
         """
-        keys, values = self.slice(lo, hi)
-        copies, stacks = _packed(keys + values)
-        run = Run(copies[: len(keys)], copies[len(keys) :], lo, hi, list(self.devices), self.nbytes_per_token)
+        assert self.lo <= lo <= hi <= self.hi, f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})"
+        if self.wait is not None or self.landing is not None:
+            self._land(True)
+        num_layers = len(self.keys)
+        # Sliced while grouped (`_packed`): one pass over the layers, no views kept.
+        copies, stacks = _packed([*self.keys, *self.values], (lo - self.lo, hi - self.lo))
+        run = Run(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
         run.buffers = stacks
         return run
 
@@ -166,18 +189,29 @@ def packed_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor |
     return _packed(tensors)[0]
 
 
-def _packed(tensors: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
-    """`packed_copies`, and the stacks that hold them."""
-    groups: dict[tuple[torch.device, torch.dtype, torch.Size], list[int]] = {}
+def _packed(
+    tensors: Sequence[torch.Tensor | None], span: tuple[int, int] | None = None
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """`packed_copies` (of positions `[a, b)` along dimension -2 of each tensor, for `span=(a, b)`),
+    and the stacks that hold them."""
+    groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
     for i, t in enumerate(tensors):
         if t is not None:
-            groups.setdefault((t.device, t.dtype, t.shape), []).append(i)
+            if span is not None:
+                t = t[..., span[0] : span[1], :]
+            group = groups.get((t.device, t.dtype, t.shape))
+            if group is None:
+                groups[t.device, t.dtype, t.shape] = ([i], [t])
+            else:
+                group[0].append(i)
+                group[1].append(t)
     out: list[torch.Tensor | None] = [None] * len(tensors)
     stacks: list[torch.Tensor] = []
     with torch.no_grad():
-        for members in groups.values():
-            stacks.append(torch.stack([tensors[i] for i in members]))  # type: ignore[misc]
-            for i, copy in zip(members, stacks[-1].unbind(0), strict=True):
+        for members, members_tensors in groups.values():
+            stack = torch.stack(members_tensors)
+            stacks.append(stack)
+            for i, copy in zip(members, stack.unbind(0), strict=True):
                 out[i] = copy
     return out, stacks
 
@@ -211,12 +245,16 @@ class ItemState(Snapshot):
     """
 
 
-def state_tensors(snapshots: Iterable[Snapshot]) -> Iterator[torch.Tensor]:
+def state_tensors(snapshots: Iterable[Snapshot]) -> list[torch.Tensor]:
     """Every tensor held by `snapshots` (recurrent snapshots or item states)."""
+    out: list[torch.Tensor] = []
     for snap in snapshots:
         for state in snap.states.values():
             for per_idx in state.tensors.values():
-                yield from (t for t in per_idx.values() if t is not None)
+                for t in per_idx.values():
+                    if t is not None:
+                        out.append(t)
+    return out
 
 
 def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
@@ -234,12 +272,28 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
     for t in tensors:
         if t is not None and t.numel() and (t.is_floating_point() or t.is_complex()) and not t.is_meta:
             t = torch.view_as_real(t) if t.is_complex() else t
-            groups.setdefault((t.device, t.dtype), []).append(t)
+            group = groups.get((t.device, t.dtype))
+            if group is None:
+                groups[t.device, t.dtype] = [t]
+            else:
+                group.append(t)
     per_device: dict[torch.device, list[torch.Tensor]] = {}
     for (device, dtype), members in groups.items():
-        # One multi-tensor reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or
-        # inf. Summed in float32, so half-precision states cannot overflow it; only magnitudes near
-        # 1e19 could, and those are not stored either.
+        # One reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or inf. Summed in
+        # float32, so half-precision states cannot overflow it; only magnitudes near 1e19 could, and
+        # those are not stored either. A group of one tensor (a packed copy's stack) takes one plain norm.
         wide = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed
-        per_device.setdefault(device, []).extend(torch._foreach_norm(members, 2, dtype=wide))
-    return all(bool(torch.stack(norms).isfinite().all()) for norms in per_device.values())
+        if len(members) == 1:
+            norms = [torch.linalg.vector_norm(members[0], 2, dtype=wide)]
+        else:
+            norms = list(torch._foreach_norm(members, 2, dtype=wide))
+        held = per_device.get(device)
+        if held is None:
+            per_device[device] = norms
+        else:
+            held.extend(norms)
+    for norms in per_device.values():
+        norm = norms[0] if len(norms) == 1 else torch.stack(norms)
+        if not bool(norm.isfinite().all()):
+            return False
+    return True
