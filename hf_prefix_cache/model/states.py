@@ -10,7 +10,7 @@ Knows nothing about the tree or the store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +29,8 @@ class Run:
     landed: `slice` waits for all of them unless the caller waits per layer itself.
 
     Its lifetime is counted here and only here: each stored segment that reads it holds one
-    reference (`take`), returned with `give_back`; `num_refs` only reads the count.
+    reference (`take`), returned with `give_back`; `num_refs` is the count, for reading only
+    (a plain attribute: the placement reads it on every insert, and a property would be a call).
 
     >>> run = Run([torch.zeros(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
     >>> run.take(); run.take(); run.give_back(2, 4)  # the segment reading [2, 4) leaves
@@ -38,7 +39,6 @@ class Run:
     """
 
     __slots__ = (
-        "_num_refs",
         "_views",
         "buffers",
         "devices",
@@ -47,6 +47,7 @@ class Run:
         "landing",
         "lo",
         "nbytes_per_token",
+        "num_refs",
         "values",
         "wait",
     )
@@ -64,7 +65,7 @@ class Run:
         self.values = values
         self.lo = lo
         self.hi = hi
-        self._num_refs = 0
+        self.num_refs = 0  # stored segments reading this run: changed only by `take` and `give_back`
         self.wait: Callable[[], None] | None = None
         self.landing: Landing | None = None
         self.buffers: list[torch.Tensor] = []  # set by `packed_copy`: tensors holding exactly its keys and values
@@ -92,14 +93,9 @@ class Run:
     def nbytes(self) -> int:
         return self.nbytes_per_token * (self.hi - self.lo)
 
-    @property
-    def num_refs(self) -> int:
-        """How many stored segments read this run."""
-        return self._num_refs
-
     def take(self) -> None:
         """One more stored segment reads this run (a new one, or one of the two a split makes)."""
-        self._num_refs += 1
+        self.num_refs += 1
 
     def give_back(self, start: int, end: int) -> None:
         """The segment reading `[start, end)` of this run no longer does.
@@ -108,8 +104,8 @@ class Run:
         counted bytes: the part given back is its head or tail (runs are laid along a path and
         segments leave bottom-up). A run read by none is left to be freed with its last holder.
         """
-        self._num_refs -= 1
-        if self._num_refs > 0:
+        self.num_refs -= 1
+        if self.num_refs > 0:
             if end == self.hi:
                 self.compact(self.lo, start)
             elif start == self.lo:
@@ -153,17 +149,46 @@ class Run:
         self.adopt(self.packed_copy(lo, hi))
 
     def packed_copy(self, lo: int, hi: int) -> Run:
-        """A new run holding a copy of `[lo, hi)`: one stacked buffer per device, dtype and shape (`packed_copies`).
+        """A new run holding contiguous copies of `[lo, hi)`, laid out in one new buffer per device, dtype and shape.
 
-        Its `buffers` are those stacks, which hold its keys and values and nothing else: a check
+        Tensors of one shape (every layer's keys and values, usually) are stacked by one kernel and
+        the copies are views of the stack: two calls into torch, however many layers there are. The
+        run's `buffers` are those stacks, which hold its keys and values and nothing else: a check
         of every value (`all_finite`) reads them as a few tensors instead of one view per layer.
+
+        >>> run = Run([torch.arange(8.0).view(1, 1, 4, 2)], [torch.ones(1, 1, 4, 2)], 0, 4)
+        >>> copy = run.packed_copy(1, 3)
+        >>> torch.equal(copy.keys[0], run.keys[0][..., 1:3, :]), copy.keys[0].is_contiguous(), len(copy.buffers)
+        (True, True, 1)
+        >>> copy.keys[0].untyped_storage().data_ptr() == copy.values[0].untyped_storage().data_ptr()
+        True
         """
         assert self.lo <= lo <= hi <= self.hi, f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})"
         if self.wait is not None or self.landing is not None:
             self._land(True)
+        a, b = lo - self.lo, hi - self.lo
+        tensors = [*self.keys, *self.values]
+        # One pass over the layers: each sliced and grouped by what can share a stack.
+        groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
+        for i, t in enumerate(tensors):
+            if t is not None:
+                t = t[..., a:b, :]
+                where = (t.device, t.dtype, t.shape)
+                group = groups.get(where)
+                if group is None:
+                    groups[where] = ([i], [t])
+                else:
+                    group[0].append(i)
+                    group[1].append(t)
+        copies: list[torch.Tensor | None] = [None] * len(tensors)
+        stacks: list[torch.Tensor] = []
+        with torch.no_grad():
+            for members, views in groups.values():
+                stack = torch.stack(views)
+                stacks.append(stack)
+                for i, copy in zip(members, stack.unbind(0), strict=True):
+                    copies[i] = copy
         num_layers = len(self.keys)
-        # Sliced while grouped (`_packed`): one pass over the layers, no views kept.
-        copies, stacks = _packed([*self.keys, *self.values], (lo - self.lo, hi - self.lo))
         run = Run(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
         run.buffers = stacks
         return run
@@ -173,47 +198,6 @@ class Run:
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
         self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
         self.buffers, self._views = other.buffers, None
-
-
-def packed_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """Contiguous copies of `tensors`, laid out in one new buffer per device, dtype and shape.
-
-    Tensors of one shape (every layer's keys and values, usually) are stacked by one kernel and
-    handed back as views of the stack: two calls from Python, however many layers there are.
-
-    >>> a, b = torch.arange(6.0).view(2, 3)[:, :2], torch.ones(2, 2)
-    >>> x, y = packed_copies([a, b])
-    >>> torch.equal(x, a), x.is_contiguous(), x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
-    (True, True, True)
-    """
-    return _packed(tensors)[0]
-
-
-def _packed(
-    tensors: Sequence[torch.Tensor | None], span: tuple[int, int] | None = None
-) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
-    """`packed_copies` (of positions `[a, b)` along dimension -2 of each tensor, for `span=(a, b)`),
-    and the stacks that hold them."""
-    groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None:
-            if span is not None:
-                t = t[..., span[0] : span[1], :]
-            group = groups.get((t.device, t.dtype, t.shape))
-            if group is None:
-                groups[t.device, t.dtype, t.shape] = ([i], [t])
-            else:
-                group[0].append(i)
-                group[1].append(t)
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    stacks: list[torch.Tensor] = []
-    with torch.no_grad():
-        for members, members_tensors in groups.values():
-            stack = torch.stack(members_tensors)
-            stacks.append(stack)
-            for i, copy in zip(members, stack.unbind(0), strict=True):
-                out[i] = copy
-    return out, stacks
 
 
 @dataclass(slots=True)
