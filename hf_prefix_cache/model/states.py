@@ -10,7 +10,7 @@ Knows nothing about the tree or the store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +29,8 @@ class Run:
     landed: `slice` waits for all of them unless the caller waits per layer itself.
 
     Its lifetime is counted here and only here: each stored segment that reads it holds one
-    reference (`take`), returned with `give_back`; `num_refs` only reads the count.
+    reference (`take`), returned with `give_back`; `num_refs` is the count, for reading only
+    (a plain attribute: the placement reads it on every insert, and a property would be a call).
 
     >>> run = Run([torch.zeros(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
     >>> run.take(); run.take(); run.give_back(2, 4)  # the segment reading [2, 4) leaves
@@ -38,7 +39,6 @@ class Run:
     """
 
     __slots__ = (
-        "_num_refs",
         "_views",
         "buffers",
         "devices",
@@ -47,6 +47,7 @@ class Run:
         "landing",
         "lo",
         "nbytes_per_token",
+        "num_refs",
         "values",
         "wait",
     )
@@ -64,31 +65,37 @@ class Run:
         self.values = values
         self.lo = lo
         self.hi = hi
-        self._num_refs = 0
+        self.num_refs = 0  # stored segments reading this run: changed only by `take` and `give_back`
         self.wait: Callable[[], None] | None = None
         self.landing: Landing | None = None
         self.buffers: list[torch.Tensor] = []  # set by `packed_copy`: tensors holding exactly its keys and values
         self._views: tuple[int, int, list[torch.Tensor | None], list[torch.Tensor | None]] | None = None
-        self.devices = devices if devices is not None else [k.device if k is not None else None for k in keys]
+        # One pass over the layers: each key's length checked, its device and (unless given) its bytes read.
+        span, total = hi - lo, 0
+        found: list[torch.device | None] = []  # filled unless `devices` is given
+        fill = devices is None
         for k in keys:
-            assert k is None or k.shape[-2] == hi - lo, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+            if k is not None:
+                assert k.shape[-2] == span, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+                if nbytes_per_token is None:
+                    total += k.nbytes
+            if fill:
+                found.append(None if k is None else k.device)
         if nbytes_per_token is None:
-            total = sum(t.nbytes for t in keys if t is not None) + sum(t.nbytes for t in values if t is not None)
-            nbytes_per_token = total // max(hi - lo, 1)
+            for v in values:
+                if v is not None:
+                    total += v.nbytes
+            nbytes_per_token = total // max(span, 1)
+        self.devices = found if devices is None else devices
         self.nbytes_per_token = nbytes_per_token
 
     @property
     def nbytes(self) -> int:
         return self.nbytes_per_token * (self.hi - self.lo)
 
-    @property
-    def num_refs(self) -> int:
-        """How many stored segments read this run."""
-        return self._num_refs
-
     def take(self) -> None:
         """One more stored segment reads this run (a new one, or one of the two a split makes)."""
-        self._num_refs += 1
+        self.num_refs += 1
 
     def give_back(self, start: int, end: int) -> None:
         """The segment reading `[start, end)` of this run no longer does.
@@ -97,8 +104,8 @@ class Run:
         counted bytes: the part given back is its head or tail (runs are laid along a path and
         segments leave bottom-up). A run read by none is left to be freed with its last holder.
         """
-        self._num_refs -= 1
-        if self._num_refs > 0:
+        self.num_refs -= 1
+        if self.num_refs > 0:
             if end == self.hi:
                 self.compact(self.lo, start)
             elif start == self.lo:
@@ -114,6 +121,21 @@ class Run:
         `landing.ready(layer)` before it reads a layer (a restore that overlaps the prefill).
         """
         assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
+        if self.wait is not None or (land and self.landing is not None):
+            self._land(land)
+        views = self._views
+        if views is None or views[0] != start or views[1] != end:
+            a, b = start - self.lo, end - self.lo
+            keys: list[torch.Tensor | None] = []
+            values: list[torch.Tensor | None] = []
+            for k, v in zip(self.keys, self.values, strict=True):
+                keys.append(k[..., a:b, :] if k is not None else None)
+                values.append(v[..., a:b, :] if v is not None else None)
+            views = self._views = (start, end, keys, values)
+        return list(views[2]), list(views[3])
+
+    def _land(self, land: bool) -> None:
+        """Wait for an asynchronous copy into these tensors, and (with `land`) for every copy still landing."""
         if self.wait is not None:
             self.wait()
             self.wait = None
@@ -121,27 +143,53 @@ class Run:
             self.landing.ready_all()
             if self.landing.landed:
                 self.landing = None
-        views = self._views
-        if views is None or views[0] != start or views[1] != end:
-            a, b = start - self.lo, end - self.lo
-            keys = [k[..., a:b, :] if k is not None else None for k in self.keys]
-            values = [v[..., a:b, :] if v is not None else None for v in self.values]
-            views = self._views = (start, end, keys, values)
-        return list(views[2]), list(views[3])
 
     def compact(self, lo: int, hi: int) -> None:
         """Keep only `[lo, hi)`, copied out (`packed_copy`) so the rest is freed."""
         self.adopt(self.packed_copy(lo, hi))
 
     def packed_copy(self, lo: int, hi: int) -> Run:
-        """A new run holding a copy of `[lo, hi)`: one stacked buffer per device, dtype and shape (`packed_copies`).
+        """A new run holding contiguous copies of `[lo, hi)`, laid out in one new buffer per device, dtype and shape.
 
-        Its `buffers` are those stacks, which hold its keys and values and nothing else: a check
+        Tensors of one shape (every layer's keys and values, usually) are stacked by one kernel and
+        the copies are views of the stack: two calls into torch, however many layers there are. The
+        run's `buffers` are those stacks, which hold its keys and values and nothing else: a check
         of every value (`all_finite`) reads them as a few tensors instead of one view per layer.
+
+        >>> run = Run([torch.arange(8.0).view(1, 1, 4, 2)], [torch.ones(1, 1, 4, 2)], 0, 4)
+        >>> copy = run.packed_copy(1, 3)
+        >>> torch.equal(copy.keys[0], run.keys[0][..., 1:3, :]), copy.keys[0].is_contiguous(), len(copy.buffers)
+        (True, True, 1)
+        >>> copy.keys[0].untyped_storage().data_ptr() == copy.values[0].untyped_storage().data_ptr()
+        True
         """
-        keys, values = self.slice(lo, hi)
-        copies, stacks = _packed(keys + values)
-        run = Run(copies[: len(keys)], copies[len(keys) :], lo, hi, list(self.devices), self.nbytes_per_token)
+        assert self.lo <= lo <= hi <= self.hi, f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})"
+        if self.wait is not None or self.landing is not None:
+            self._land(True)
+        a, b = lo - self.lo, hi - self.lo
+        tensors = [*self.keys, *self.values]
+        # One pass over the layers: each sliced and grouped by what can share a stack.
+        groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
+        for i, t in enumerate(tensors):
+            if t is not None:
+                t = t[..., a:b, :]
+                where = (t.device, t.dtype, t.shape)
+                group = groups.get(where)
+                if group is None:
+                    groups[where] = ([i], [t])
+                else:
+                    group[0].append(i)
+                    group[1].append(t)
+        copies: list[torch.Tensor | None] = [None] * len(tensors)
+        stacks: list[torch.Tensor] = []
+        with torch.no_grad():
+            for members, views in groups.values():
+                stack = torch.stack(views)
+                stacks.append(stack)
+                for i, copy in zip(members, stack.unbind(0), strict=True):
+                    copies[i] = copy
+        num_layers = len(self.keys)
+        run = Run(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
         run.buffers = stacks
         return run
 
@@ -150,36 +198,6 @@ class Run:
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
         self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
         self.buffers, self._views = other.buffers, None
-
-
-def packed_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """Contiguous copies of `tensors`, laid out in one new buffer per device, dtype and shape.
-
-    Tensors of one shape (every layer's keys and values, usually) are stacked by one kernel and
-    handed back as views of the stack: two calls from Python, however many layers there are.
-
-    >>> a, b = torch.arange(6.0).view(2, 3)[:, :2], torch.ones(2, 2)
-    >>> x, y = packed_copies([a, b])
-    >>> torch.equal(x, a), x.is_contiguous(), x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
-    (True, True, True)
-    """
-    return _packed(tensors)[0]
-
-
-def _packed(tensors: Sequence[torch.Tensor | None]) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
-    """`packed_copies`, and the stacks that hold them."""
-    groups: dict[tuple[torch.device, torch.dtype, torch.Size], list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None:
-            groups.setdefault((t.device, t.dtype, t.shape), []).append(i)
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    stacks: list[torch.Tensor] = []
-    with torch.no_grad():
-        for members in groups.values():
-            stacks.append(torch.stack([tensors[i] for i in members]))  # type: ignore[misc]
-            for i, copy in zip(members, stacks[-1].unbind(0), strict=True):
-                out[i] = copy
-    return out, stacks
 
 
 @dataclass(slots=True)
@@ -211,12 +229,16 @@ class ItemState(Snapshot):
     """
 
 
-def state_tensors(snapshots: Iterable[Snapshot]) -> Iterator[torch.Tensor]:
+def state_tensors(snapshots: Iterable[Snapshot]) -> list[torch.Tensor]:
     """Every tensor held by `snapshots` (recurrent snapshots or item states)."""
+    out: list[torch.Tensor] = []
     for snap in snapshots:
         for state in snap.states.values():
             for per_idx in state.tensors.values():
-                yield from (t for t in per_idx.values() if t is not None)
+                for t in per_idx.values():
+                    if t is not None:
+                        out.append(t)
+    return out
 
 
 def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
@@ -234,12 +256,28 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
     for t in tensors:
         if t is not None and t.numel() and (t.is_floating_point() or t.is_complex()) and not t.is_meta:
             t = torch.view_as_real(t) if t.is_complex() else t
-            groups.setdefault((t.device, t.dtype), []).append(t)
+            group = groups.get((t.device, t.dtype))
+            if group is None:
+                groups[t.device, t.dtype] = [t]
+            else:
+                group.append(t)
     per_device: dict[torch.device, list[torch.Tensor]] = {}
     for (device, dtype), members in groups.items():
-        # One multi-tensor reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or
-        # inf. Summed in float32, so half-precision states cannot overflow it; only magnitudes near
-        # 1e19 could, and those are not stored either.
+        # One reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or inf. Summed in
+        # float32, so half-precision states cannot overflow it; only magnitudes near 1e19 could, and
+        # those are not stored either. A group of one tensor (a packed copy's stack) takes one plain norm.
         wide = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed
-        per_device.setdefault(device, []).extend(torch._foreach_norm(members, 2, dtype=wide))
-    return all(bool(torch.stack(norms).isfinite().all()) for norms in per_device.values())
+        if len(members) == 1:
+            norms = [torch.linalg.vector_norm(members[0], 2, dtype=wide)]
+        else:
+            norms = list(torch._foreach_norm(members, 2, dtype=wide))
+        held = per_device.get(device)
+        if held is None:
+            per_device[device] = norms
+        else:
+            held.extend(norms)
+    for norms in per_device.values():
+        norm = norms[0] if len(norms) == 1 else torch.stack(norms)
+        if not bool(norm.isfinite().all()):
+            return False
+    return True

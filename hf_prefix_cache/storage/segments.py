@@ -63,8 +63,14 @@ class Segment:
 
     @property
     def nbytes(self) -> int:
-        states = sum(s.nbytes for s in self.snapshots.values()) + sum(s.nbytes for s in self.items.values())
-        return (self.end - self.start) * self.nbytes_per_token + states
+        nbytes = (self.end - self.start) * self.nbytes_per_token
+        if self.snapshots:
+            for snap in self.snapshots.values():
+                nbytes += snap.nbytes
+        if self.items:
+            for item in self.items.values():
+                nbytes += item.nbytes
+        return nbytes
 
     def split(self, offset: int) -> tuple[Segment, Segment]:
         at = self.start + offset
@@ -106,7 +112,13 @@ def kv_pieces(segments: Sequence[Segment], length: int, land: bool = True) -> KV
     if not spans:
         return []
     assert spans[0][1] == 0 and spans[-1][2] == length, f"segments do not cover [0, {length})"
-    return [run.slice(a, b, land) for run, a, b in spans]
+    if len(spans) == 1:
+        run, a, b = spans[0]
+        return [run.slice(a, b, land)]
+    pieces: KVPieces = []
+    for run, a, b in spans:
+        pieces.append(run.slice(a, b, land))
+    return pieces
 
 
 def landings(segments: Sequence[Segment], length: int) -> list[Landing]:
@@ -129,10 +141,17 @@ def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Ten
     keys: list[torch.Tensor | None] = []
     values: list[torch.Tensor | None] = []
     for i in range(len(pieces[0][0])):
-        ks = [p[0][i] for p in pieces]
-        vs = [p[1][i] for p in pieces]
-        keys.append(torch.cat(ks, dim=-2) if ks[0] is not None else None)  # type: ignore[arg-type]
-        values.append(torch.cat(vs, dim=-2) if vs[0] is not None else None)  # type: ignore[arg-type]
+        if pieces[0][0][i] is None:
+            keys.append(None)
+            values.append(None)
+            continue
+        ks: list[torch.Tensor] = []
+        vs: list[torch.Tensor] = []
+        for piece_keys, piece_values in pieces:
+            ks.append(piece_keys[i])  # type: ignore[arg-type]
+            vs.append(piece_values[i])  # type: ignore[arg-type]
+        keys.append(torch.cat(ks, dim=-2))
+        values.append(torch.cat(vs, dim=-2))
     return keys, values
 
 

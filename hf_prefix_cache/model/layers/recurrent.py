@@ -131,15 +131,21 @@ def clone_many(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     >>> [t.tolist() for t in clone_many([a, b])], clone_many([a])[0].data_ptr() != a.data_ptr()
     ([[1.0, 1.0], [0, 0, 0]], True)
     """
-    out = [torch.empty_like(t) for t in tensors]
+    out: list[torch.Tensor] = []
+    sources: list[torch.Tensor] = []
+    for t in tensors:
+        out.append(torch.empty_like(t))
+        sources.append(t.detach())
     if out:
         with torch.no_grad():
-            torch._foreach_copy_(out, [t.detach() for t in tensors])
+            torch._foreach_copy_(out, sources)
     return out
 
 
 def clone_states(states: Sequence[LayerState]) -> list[LayerState]:
     """Copies of `states` whose tensors are all cloned by one `clone_many`."""
+    if not states:  # a model without recurrent layers restores through here too
+        return []
     flat = [t for s in states for per in s.tensors.values() for t in per.values() if t is not None]
     clones = iter(clone_many(flat))
     return [
