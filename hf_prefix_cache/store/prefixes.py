@@ -253,7 +253,7 @@ class Prefixes:
                     plan.restore_len,
                     "not a model whose layers can be set at first use" if overlap else "a lookup",
                 )
-            land_all(plan.landings)
+                land_all(plan.landings)
             keys, values = join_kv(plan.pieces) if self.profile.has_kv else (None, None)
             into.restore(plan.restore_len, keys, values, plan.snapshot, batch_size=batch_size, items=plan.items)
 
