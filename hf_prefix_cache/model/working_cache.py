@@ -250,7 +250,8 @@ class WorkingCache(DynamicCache):
                 assert kv is not None and (kv[0].shape[-2] == length or shorter), (
                     f"layer {i} holds {None if kv is None else kv[0].shape[-2]} positions, expected {length}"
                 )
-                kv = kv[0][..., :length, :], kv[1][..., :length, :]
+                if kv[0].shape[-2] != length:  # a view only where it cuts something (each view costs a dispatch)
+                    kv = kv[0][..., :length, :], kv[1][..., :length, :]
             if kv is not None and row is not None:
                 kv = kv[0][row : row + 1], kv[1][row : row + 1]
             keys.append(kv[0] if kv is not None else None)
