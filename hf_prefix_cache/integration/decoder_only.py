@@ -423,11 +423,7 @@ def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = Non
     forwards take the mask of the fed ids only. `cache_kwarg`: a model's own name for it (RWKV's `state`)."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        cache = None
-        for name in _compat.CACHE_KWARGS:  # as `_compat.cache_in`, spared a call on every forward
-            cache = kwargs.get(name)
-            if cache is not None:
-                break
+        cache = _compat.cache_in(kwargs)
         if cache is None and cache_kwarg is not None:
             cache = kwargs.get(cache_kwarg)
         if isinstance(cache, WorkingCache) and cache.skip_len:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache._compat import CACHE_KWARGS
+from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import IncompatibleModelError
 from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
@@ -61,11 +61,7 @@ def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: boo
         ValueError: a closed session was passed.
         IncompatibleModelError: a store made for another model object was passed.
     """
-    given = None
-    for name in CACHE_KWARGS:  # as `_compat.cache_in`: the first name given a cache
-        given = kwargs.get(name)
-        if given is not None:
-            break
+    given = _compat.cache_in(kwargs)
     session: Session | None = None
     if given is None:
         ours = serves_uncached
@@ -91,8 +87,7 @@ def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: boo
                 )
             return False, None
     if ours:
-        for name in CACHE_KWARGS:  # as `_compat.pop_cache`
-            kwargs.pop(name, None)
+        _compat.pop_cache(kwargs)
     return ours, session
 
 
