@@ -187,13 +187,7 @@ class Gemma4Family:
 def _sweep(name: str) -> registry.SweepCase:
     """Gemma 4 / Gemma 4 Unified in the support matrix's scenario: A an image; C an audio clip, text, then a video."""
     fam = Gemma4Family(name)
-    media = registry.mixed(fam.image, fam.clip, fam.video)
-    return registry.SweepCase(
-        fam.model,
-        registry.mixed_tokens(fam.placeholders, media),
-        lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]),
-        first=1,
-    )
+    return registry.mixed_sweep(fam.model, fam.placeholders, registry.mixed(fam.image, fam.clip, fam.video), fam.kwargs)
 
 
 for _name in FAMILIES:

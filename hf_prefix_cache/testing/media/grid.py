@@ -334,12 +334,8 @@ class GridFamily:
 def _sweep(name: str) -> registry.SweepCase:
     """A ``"thw"`` table family in the support matrix's scenario: A an image; C an image, text, then a video."""
     fam = GridFamily(name)
-    media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.SweepCase(
-        fam.model,
-        registry.mixed_tokens(fam.placeholders, media),
-        lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]),
-        first=1,
+    return registry.mixed_sweep(
+        fam.model, fam.placeholders, registry.mixed(fam.image, fam.image, fam.video), fam.kwargs
     )
 
 

@@ -105,12 +105,7 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
 def _sweep() -> registry.SweepCase:
     """Inkling in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
     media = registry.mixed(image, clip, image)
-    return registry.SweepCase(
-        tiny_inkling(),
-        registry.mixed_tokens(placeholders, media),
-        lambda _ids, names: media_kwargs([m for n in names for m in media[n]]),
-        1,
-    )
+    return registry.mixed_sweep(tiny_inkling(), placeholders, media, lambda _ids, held: media_kwargs(held))
 
 
 registry.register_sweep("inkling_mm_model", _sweep)

@@ -135,12 +135,7 @@ def media_kwargs(media: list[Any]) -> dict[str, Any]:
 def _sweep() -> registry.SweepCase:
     """Nemotron-H Omni in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
     media = registry.mixed(image, clip, image)
-    return registry.SweepCase(
-        tiny_nemotron_h_omni(),
-        registry.mixed_tokens(placeholders, media),
-        lambda _ids, names: media_kwargs([m for n in names for m in media[n]]),
-        1,
-    )
+    return registry.mixed_sweep(tiny_nemotron_h_omni(), placeholders, media, lambda _ids, held: media_kwargs(held))
 
 
 registry.register_sweep("nemotron_h_omni", _sweep)

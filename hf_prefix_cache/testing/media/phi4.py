@@ -119,11 +119,7 @@ def kwargs(media: list[Medium]) -> dict[str, Any]:
 def _sweep() -> registry.SweepCase:
     """Phi-4-multimodal in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
     media = registry.mixed(image, clip, image)
-    return registry.SweepCase(
-        cached_phi4(),
-        registry.mixed_tokens(placeholders, media),
-        lambda _ids, names: kwargs([m for n in names for m in media[n]]),
-    )
+    return registry.mixed_sweep(cached_phi4(), placeholders, media, lambda _ids, held: kwargs(held), first=0)
 
 
 registry.register_sweep("phi4_multimodal", _sweep)

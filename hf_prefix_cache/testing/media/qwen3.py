@@ -144,12 +144,7 @@ def _sweep(name: str) -> registry.SweepCase:
     """A family of this table in the support matrix's scenario: A an image; C an image, text, then a video."""
     fam = Qwen3Family(name)
     media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.SweepCase(
-        fam.model,
-        registry.mixed_tokens(fam.placeholders, media),
-        lambda ids, names: fam.kwargs(ids, [m for n in names for m in media[n]]),
-        first=fam.first(media["a"][0]),
-    )
+    return registry.mixed_sweep(fam.model, fam.placeholders, media, fam.kwargs, first=fam.first(media["a"][0]))
 
 
 for _name in FAMILIES:

@@ -115,3 +115,20 @@ def mixed_tokens(placeholders: Callable[[Any], torch.Tensor], media: dict[str, l
     tokens = {k: placeholders(m[0]) for k, m in media.items() if k != "c"}
     tokens["c"] = cat(placeholders(media["c"][0]), text(2, 6), placeholders(media["c"][1]))
     return tokens
+
+
+def mixed_sweep(
+    model: Any,
+    placeholders: Callable[[Any], torch.Tensor],
+    media: dict[str, list[Any]],
+    kwargs: Callable[[Any, list[Any]], dict[str, Any]],
+    first: int = 1,
+) -> SweepCase:
+    """The support-matrix scenario of `mixed` media: `kwargs(ids, media)` builds a prompt's generate kwargs
+    from the media it holds, in prompt order; `first` as `SweepCase.first`."""
+    return SweepCase(
+        model,
+        mixed_tokens(placeholders, media),
+        lambda ids, names: kwargs(ids, [m for n in names for m in media[n]]),
+        first=first,
+    )
