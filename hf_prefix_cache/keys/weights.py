@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from itertools import chain
 from typing import Any
 
 import torch
@@ -119,8 +120,16 @@ def _data(self: Any) -> Any:
     return _base_data.__get__(self)
 
 
+# Bumped whenever any tensor's storage or layout is replaced in place without a version bump: an
+# assignment to `.data` (keeps the tensor's version counter) or `torch.utils.swap_tensors` (swaps
+# it). A probe compares its parameters' storages and layouts only after such an event.
+_replaced_seq = 0
+
+
 def _set_data(self: Any, value: Any) -> None:
+    global _replaced_seq
     _base_data.__set__(self, value)
+    _replaced_seq += 1  # after the change: a check that reads the new count sees the new storage
 
 
 def _numpy(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,13 +142,44 @@ def _dlpack(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _base_dlpack(self, *args, **kwargs)
 
 
-torch.Tensor.data = property(_data, _set_data, doc=_base_data.__doc__)  # type: ignore[assignment]
+_base_swap = torch._C._swap_tensor_impl
+
+
+def _swap_tensor_impl(t1: torch.Tensor, t2: torch.Tensor) -> Any:
+    global _replaced_seq
+    result = _base_swap(t1, t2)
+    _replaced_seq += 1
+    return result
+
+
+_DATA = property(_data, _set_data, doc=_base_data.__doc__)
+torch.Tensor.data = _DATA  # type: ignore[assignment]
 torch.Tensor.numpy = _numpy  # type: ignore[method-assign]
 torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
+# `torch.utils.swap_tensors` (used by `Module._apply` and `load_state_dict` under
+# `torch.__future__.set_swap_module_params_on_conversion`, parametrizations, PEFT's hotswap) reads
+# this attribute when it is called.
+torch._C._swap_tensor_impl = _swap_tensor_impl
 
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _version = operator.attrgetter("_version")
+_parameters_of = operator.attrgetter("_parameters")
+_values = operator.methodcaller("values")
+
+
+def _layout(param: torch.Tensor) -> tuple[Any, ...]:
+    """What an in-place replacement of `param`'s storage or view changes: pointer, dtype, shape, strides."""
+    try:
+        strides: tuple[int, ...] | None = param.stride()
+    except RuntimeError:  # layouts without strides (sparse)
+        strides = None
+    return (_data_ptr(param), param.dtype, tuple(param.shape), strides)
+
+
+def _watched(param: Any) -> bool:
+    """Whether every `.data` assignment to `param` goes through the recording setter above."""
+    return getattr(type(param), "data", None) is _DATA
 
 
 def _storage_refs(param: torch.Tensor) -> int:
@@ -154,7 +194,10 @@ class WeightsProbe:
 
     * parameters added, removed or replaced, including by a direct `module._parameters[name] = p`
       (accelerate's `load_checkpoint_and_dispatch` after `init_empty_weights`);
-    * a parameter's storage replaced (`p.data = other`, `model.to_empty()`, a dtype or device move);
+    * a parameter's storage, dtype, shape or strides replaced under it (`p.data = other`, a view
+      of the same storage included; `torch.utils.swap_tensors`; `model.to_empty()`, a dtype or
+      device move): both routes are recorded when they run (`_replaced_seq`), and only then does a
+      check compare every parameter's pointer and layout with those it read last;
     * in-place writes that bump a parameter's `_version` (optimizer steps, `load_state_dict`,
       writes under `no_grad`, through `detach()` or views);
     * in-place writes through an alias that has a version counter of its own (`p.data.add_(1)`,
@@ -164,10 +207,12 @@ class WeightsProbe:
       `_PROBE_SAMPLES` elements gathered and compared bitwise with those read last;
     * PEFT tuner layers switching their active, merged or disabled adapters.
 
-    The first three and the last are host-side reads (identities, pointers, version counters,
-    storage reference counts): a request with no alias taken and none alive launches nothing on
-    the device and waits for nothing. Not seen: a write through a raw storage (`untyped_storage()`,
-    a pointer handed to C code) made and dropped between two requests, or an aliased write that
+    The first three and the last are host-side reads: a steady request reads each module's
+    parameter dict and each parameter's version counter (and storage reference counts while an
+    alias is alive), launches nothing on the device and waits for nothing. Not seen: a submodule
+    put in place by a direct `module._modules[name] = child` write (no registration hook runs)
+    until the next registration anywhere, a write through a raw storage (`untyped_storage()`, a
+    pointer handed to C code) made and dropped between two requests, or an aliased write that
     leaves every sampled element as it was (one row of an embedding, say). Call
     `PrefixCache.invalidate()` after such an edit.
 
@@ -184,10 +229,16 @@ class WeightsProbe:
         self._epoch = -1
         self._alias_epoch = -1
         self._seen = 0  # `_alias_seq` as of the last check
+        self._replaced = -1  # `_replaced_seq` as of the last check
         self._modules: list[torch.nn.Module] = []
         self._tuners: list[Any] = []
-        self._token: tuple[Any, ...] | None = None
-        self._params: list[Any] = []
+        self._built = False
+        self._values: list[Any] = []  # every module's `_parameters` values at the last rebuild, None included
+        self._params: list[Any] = []  # the same without None
+        self._versions = 0  # the sum of their `_version` counters
+        self._layouts: list[tuple[Any, ...]] = []  # their `_layout`s
+        self._unwatched: list[int] = []  # parameters whose `.data` assignments the setter above does not see
+        self._adapters: tuple[Any, ...] | None = None
         self._by_storage: dict[int, list[int]] = {}
         self._exposed: set[int] = set()  # parameters whose storage another tensor shared at the last check
         self._reference: list[torch.Tensor | None] = []
@@ -197,22 +248,32 @@ class WeightsProbe:
 
     def check(self) -> int:
         """The number of changes seen so far (it grows by one whenever this check finds one)."""
+        replaced = _replaced_seq  # read first: an event during this check is looked at again by the next
         if self._epoch != _structure_epoch:
             self._epoch = _structure_epoch
             self._modules = list(self._model.modules())
             self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
-        # A comprehension: faster here than map/chain/filter over `operator` callables (measured, 215 modules).
-        params = [p for m in self._modules for p in m._parameters.values() if p is not None]
-        token = (  # C-level loops (map): this runs on every request, over every parameter
-            tuple(map(id, params)),
-            tuple(map(_data_ptr, params)),
-            sum(map(_version, params)),
-            adapter_state(self._model, self._tuners) if self._tuners else None,
+        # Every module's parameter dict read again (a direct `_parameters[name] = p` has no hook), in
+        # C-level loops, compared by identity; per parameter only its version counter is read, and
+        # its storage and layout only after a `.data` assignment or a swap anywhere (`_replaced_seq`).
+        values = list(chain.from_iterable(map(_values, map(_parameters_of, self._modules))))
+        adapters = adapter_state(self._model, self._tuners) if self._tuners else None
+        self.adapters = adapters
+        params = self._params
+        changed = (
+            not self._built
+            or len(values) != len(self._values)
+            or not all(map(operator.is_, values, self._values))
+            or adapters != self._adapters
+            or sum(map(_version, params)) != self._versions
         )
-        self.adapters = token[3]
-        if token != self._token:
-            self._token = token
-            self._rebuild(params)
+        if not changed and replaced != self._replaced:
+            changed = list(map(_layout, params)) != self._layouts
+        elif not changed and self._unwatched:
+            changed = any(_layout(params[i]) != self._layouts[i] for i in self._unwatched)
+        self._replaced = replaced
+        if changed:
+            self._rebuild(values, adapters)
             self.changes += 1
             return self.changes
         if self._alias_epoch != _alias_epoch:
@@ -233,9 +294,14 @@ class WeightsProbe:
                 self.changes += 1
         return self.changes
 
-    def _rebuild(self, params: list[Any]) -> None:
-        """Index the parameters by storage and read every one's sample: the reference of later checks."""
-        self._params = params
+    def _rebuild(self, values: list[Any], adapters: tuple[Any, ...] | None) -> None:
+        """Record the parameters as they are now, index them by storage and read every one's sample."""
+        params = [p for p in values if p is not None]
+        self._built = True
+        self._values, self._params, self._adapters = values, params, adapters
+        self._versions = sum(map(_version, params))
+        self._layouts = list(map(_layout, params))
+        self._unwatched = [i for i, p in enumerate(params) if not _watched(p)]
         self._alias_epoch, self._seen = _alias_epoch, _alias_seq
         self._by_storage = {}
         for i, p in enumerate(params):

@@ -111,3 +111,16 @@ def test_data_is_still_assignable_and_aliases_share_storage() -> None:
     assert alias.data_ptr() == p.data_ptr() and not alias.requires_grad
     p.data = torch.zeros(3)
     assert torch.equal(p.detach(), torch.zeros(3))
+
+
+def test_a_data_assignment_that_keeps_storage_and_layout_counts_no_change(model: Any) -> None:
+    """`p.data = p.detach()` is recorded, compared, and found the same: the store keeps reusing."""
+    probe = _steady(model)
+    before = probe.check()
+    p = model.lm_head.weight
+    p.data = p.detach()
+    assert probe.check() == before
+    p.data = p.detach().t().t()
+    assert probe.check() == before
+    p.data = p.detach().t()
+    assert probe.check() == before + 1
