@@ -1,18 +1,27 @@
-"""The model's weights as the store sees them: a sampled fingerprint, and a per-request probe of changes.
+"""The model's weights as the store sees them: a sampled fingerprint, a per-request probe of changes, the namespace.
 
 `weights_fingerprint` and `adapter_state` feed the namespace (`namespace.py`); `WeightsProbe`
-tells the store when to compute them again.
+tells when to compute them again; `Namespaces` serves the store the current namespace, one
+module for the whole per-request check.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import operator
+import threading
 import weakref
+from contextvars import ContextVar
 from itertools import chain
 from typing import Any
 
 import torch
 import xxhash
+
+from hf_prefix_cache.keys.namespace import fingerprint, model_namespace
+
+logger = logging.getLogger("hf_prefix_cache")
 
 # Elements read from each parameter for the weights fingerprint: evenly spaced, so a fine-tune
 # (which moves nearly every element) or a merged adapter (a dense low-rank update) changes it.
@@ -374,3 +383,94 @@ def adapter_state(model: Any, tuners: list[Any] | None = None) -> tuple[Any, ...
             )
         )
     return tuple(sorted(states))
+
+
+# transformers' `dtype` properties (`PreTrainedModel.dtype` in 5.24, `ModuleUtilsMixin.dtype` in 5.23):
+# the dtype of the first floating-point parameter, so it can change only with a parameter, which
+# the probe sees.
+_DTYPE_FROM_PARAMETERS = {
+    ("transformers.modeling_utils", "PreTrainedModel.dtype"),
+    ("transformers.modeling_utils", "ModuleUtilsMixin.dtype"),
+}
+
+
+def _dtype_from_parameters(model: Any) -> bool:
+    """Whether `model.dtype` is transformers' property over the parameters (not an attribute of its own)."""
+    found = inspect.getattr_static(type(model), "dtype", None)
+    getter = getattr(found, "fget", None)
+    return (
+        isinstance(found, property)
+        and (
+            getattr(getter, "__module__", None),
+            getattr(getter, "__qualname__", None),
+        )
+        in _DTYPE_FROM_PARAMETERS
+    )
+
+
+class Namespaces:
+    """The current namespace of one model, recomputed when its dtype, adapters or weights change.
+
+    Entries are stored under a namespace (`namespace.model_namespace`): the model class and
+    config, a fingerprint of its weights, its dtype, active adapters and the store's salt. A
+    `WeightsProbe` runs on every request and, when it sees the weights change, the fingerprint is
+    computed again, so entries of the old weights are never reused.
+
+    Args:
+        model: The model the store serves.
+        salt: The store's salt (None: none).
+        scope: The request-scope variable the store reads (`store.scope.CURRENT_SCOPE`, passed in
+            so this package imports nothing of the store's): inside a scope whose `salt` is set,
+            the namespace is that salt's own.
+
+    Example:
+        >>> from contextvars import ContextVar
+        >>> namespaces = Namespaces(model, None, ContextVar("scope", default=None))
+        >>> namespaces.current() == namespaces.current()
+        True
+    """
+
+    def __init__(self, model: Any, salt: str | None, scope: ContextVar[Any]) -> None:
+        self._model = model
+        self._salt = salt
+        self._scope = scope
+        self._lock = threading.Lock()
+        self._probe = WeightsProbe(model)
+        self._weights = (self._probe.check(), weights_fingerprint(model))
+        self._cached: tuple[Any, str] | None = None
+        # Where the dtype is the parameters' own, it is read again only when the probe sees a change.
+        self._dtype_per_request = not _dtype_from_parameters(model)
+
+    def current(self) -> str:
+        """The model's current namespace (recomputed when its dtype, adapters or weights change).
+
+        A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
+        `WeightsProbe` for what it notices and `refingerprint` for what it cannot.
+        Inside a request scope with a salt (`store/scope.py`), a namespace of that salt's own.
+        """
+        model = self._model
+        with self._lock:
+            version = self._probe.check()
+            cached = self._cached
+            if cached is None or version != self._weights[0] or self._dtype_per_request:
+                if version != self._weights[0]:
+                    self._weights = (version, weights_fingerprint(model))
+                probe = (getattr(model, "dtype", None), self._probe.adapters, self._weights[1])
+                if cached is None or cached[0] != probe:
+                    namespace = model_namespace(model, self._salt, self._weights[1], self._probe.adapters)
+                    if cached is not None and cached[1] != namespace:
+                        logger.info(
+                            "the model's weights, dtype or adapters changed: entries stored before are no longer used"
+                        )
+                    cached = (probe, namespace)
+                    self._cached = cached
+        scope = self._scope.get()
+        if scope is not None and scope.salt is not None:
+            return fingerprint([cached[1], "request salt", scope.salt])
+        return cached[1]
+
+    def refingerprint(self) -> None:
+        """Read the weights again now (after an edit the probe cannot see)."""
+        with self._lock:
+            self._weights = (self._probe.check(), weights_fingerprint(self._model))
+            self._cached = None
