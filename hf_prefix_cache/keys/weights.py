@@ -96,10 +96,11 @@ torch.nn.modules.module.register_module_module_registration_hook(_module_registe
 # (`p.data.add_(1)`, `p.data.mul_(1.5)`) shows, few enough to cost microseconds.
 _PROBE_SAMPLES = 8
 
-# Storages (by data pointer) that an alias writing past `_version` was taken of: `.data` (a
-# tensor with a version counter of its own), `.numpy()` and DLPack, each with the sequence number
-# of its latest alias. A probe samples only the parameters of storages aliased since its last
-# check, and those whose aliases are still alive.
+# Storages that an alias writing past `_version` was taken of: `.data` (a tensor with a version
+# counter of its own), `.numpy()` and DLPack, each with the sequence number of its latest alias,
+# keyed by the address of the storage's StorageImpl (which stays when the storage is reallocated
+# in place, by `resize_` or `share_memory_`, where its data pointer moves). A probe samples only
+# the parameters of storages aliased since its last check, and those whose aliases are still alive.
 _aliased: dict[int, int] = {}
 _alias_seq = 0
 _ALIAS_LIMIT = 1 << 16  # past this many storages the record restarts, and every probe samples all once
@@ -113,7 +114,7 @@ _base_dlpack = torch.Tensor.__dlpack__
 def _record_alias(tensor: Any) -> None:
     global _alias_seq, _alias_epoch
     try:
-        ptr = tensor.untyped_storage().data_ptr()
+        ptr = tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, TypeError):  # no storage (some subclasses): suspect everything
         ptr = None
     if ptr is None or len(_aliased) >= _ALIAS_LIMIT:
@@ -315,7 +316,7 @@ class WeightsProbe:
         self._by_storage = {}
         for i, p in enumerate(params):
             if p.device.type != "meta" and p.numel():
-                self._by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(i)
+                self._by_storage.setdefault(p.untyped_storage()._cdata, []).append(i)
         live = [i for members in self._by_storage.values() for i in members]
         self._exposed = {i for i in live if _storage_refs(params[i]) > 1}
         self._reference = [None] * len(params)

@@ -124,3 +124,13 @@ def test_a_data_assignment_that_keeps_storage_and_layout_counts_no_change(model:
     assert probe.check() == before
     p.data = p.detach().t()
     assert probe.check() == before + 1
+
+
+def test_a_storage_reallocated_in_place_keeps_its_aliases_seen(model: Any) -> None:
+    """A storage moved under its parameter (new pointer, same values) still has its `.data` edits seen."""
+    probe = _steady(model)
+    p = model.lm_head.weight
+    p.untyped_storage().resize_(p.untyped_storage().nbytes() * 2)  # reallocates, keeping the values
+    before = probe.check()
+    p.data.add_(1)
+    assert probe.check() == before + 1
