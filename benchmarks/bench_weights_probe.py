@@ -1,7 +1,8 @@
 """Cost of the per-request weights check (`WeightsProbe.check`) on real-size models.
 
 Every request through a store runs `WeightsProbe.check` (see `hf_prefix_cache/keys/weights.py`):
-it re-reads the parameter list, compares data pointers and `_version`s on the host, and compares
+it re-reads every module's parameter dict (compared by identity) and the `_version`s on the host
+(data pointers and layouts only after a `.data` assignment or `swap_tensors`), and compares
 a sample of 8 elements bitwise only for the parameters an unversioned alias (`.data`, NumPy,
 DLPack) was taken of since the last check or is still alive (none, in this benchmark's loop). When that sees a
 change, the store recomputes the full weights fingerprint (`weights_fingerprint`, 4,096

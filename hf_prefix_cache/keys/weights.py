@@ -1,17 +1,27 @@
-"""The model's weights as the store sees them: a sampled fingerprint, and a per-request probe of changes.
+"""The model's weights as the store sees them: a sampled fingerprint, a per-request probe of changes, the namespace.
 
 `weights_fingerprint` and `adapter_state` feed the namespace (`namespace.py`); `WeightsProbe`
-tells the store when to compute them again.
+tells when to compute them again; `Namespaces` serves the store the current namespace, one
+module for the whole per-request check.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import operator
+import threading
 import weakref
+from contextvars import ContextVar
+from itertools import chain
 from typing import Any
 
 import torch
 import xxhash
+
+from hf_prefix_cache.keys.namespace import fingerprint, model_namespace
+
+logger = logging.getLogger("hf_prefix_cache")
 
 # Elements read from each parameter for the weights fingerprint: evenly spaced, so a fine-tune
 # (which moves nearly every element) or a merged adapter (a dense low-rank update) changes it.
@@ -86,10 +96,11 @@ torch.nn.modules.module.register_module_module_registration_hook(_module_registe
 # (`p.data.add_(1)`, `p.data.mul_(1.5)`) shows, few enough to cost microseconds.
 _PROBE_SAMPLES = 8
 
-# Storages (by data pointer) that an alias writing past `_version` was taken of: `.data` (a
-# tensor with a version counter of its own), `.numpy()` and DLPack, each with the sequence number
-# of its latest alias. A probe samples only the parameters of storages aliased since its last
-# check, and those whose aliases are still alive.
+# Storages that an alias writing past `_version` was taken of: `.data` (a tensor with a version
+# counter of its own), `.numpy()` and DLPack, each with the sequence number of its latest alias,
+# keyed by the address of the storage's StorageImpl (which stays when the storage is reallocated
+# in place, by `resize_` or `share_memory_`, where its data pointer moves). A probe samples only
+# the parameters of storages aliased since its last check, and those whose aliases are still alive.
 _aliased: dict[int, int] = {}
 _alias_seq = 0
 _ALIAS_LIMIT = 1 << 16  # past this many storages the record restarts, and every probe samples all once
@@ -103,7 +114,7 @@ _base_dlpack = torch.Tensor.__dlpack__
 def _record_alias(tensor: Any) -> None:
     global _alias_seq, _alias_epoch
     try:
-        ptr = tensor.untyped_storage().data_ptr()
+        ptr = tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, TypeError):  # no storage (some subclasses): suspect everything
         ptr = None
     if ptr is None or len(_aliased) >= _ALIAS_LIMIT:
@@ -119,8 +130,16 @@ def _data(self: Any) -> Any:
     return _base_data.__get__(self)
 
 
+# Bumped whenever any tensor's storage or layout is replaced in place without a version bump: an
+# assignment to `.data` (keeps the tensor's version counter) or `torch.utils.swap_tensors` (swaps
+# it). A probe compares its parameters' storages and layouts only after such an event.
+_replaced_seq = 0
+
+
 def _set_data(self: Any, value: Any) -> None:
+    global _replaced_seq
     _base_data.__set__(self, value)
+    _replaced_seq += 1  # after the change: a check that reads the new count sees the new storage
 
 
 def _numpy(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,13 +152,44 @@ def _dlpack(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _base_dlpack(self, *args, **kwargs)
 
 
-torch.Tensor.data = property(_data, _set_data, doc=_base_data.__doc__)  # type: ignore[assignment]
+_base_swap = torch._C._swap_tensor_impl
+
+
+def _swap_tensor_impl(t1: torch.Tensor, t2: torch.Tensor) -> Any:
+    global _replaced_seq
+    result = _base_swap(t1, t2)
+    _replaced_seq += 1
+    return result
+
+
+_DATA = property(_data, _set_data, doc=_base_data.__doc__)
+torch.Tensor.data = _DATA  # type: ignore[assignment]
 torch.Tensor.numpy = _numpy  # type: ignore[method-assign]
 torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
+# `torch.utils.swap_tensors` (used by `Module._apply` and `load_state_dict` under
+# `torch.__future__.set_swap_module_params_on_conversion`, parametrizations, PEFT's hotswap) reads
+# this attribute when it is called.
+torch._C._swap_tensor_impl = _swap_tensor_impl
 
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _version = operator.attrgetter("_version")
+_parameters_of = operator.attrgetter("_parameters")
+_values = operator.methodcaller("values")
+
+
+def _layout(param: torch.Tensor) -> tuple[Any, ...]:
+    """What an in-place replacement of `param`'s storage or view changes: pointer, dtype, shape, strides."""
+    try:
+        strides: tuple[int, ...] | None = param.stride()
+    except RuntimeError:  # layouts without strides (sparse)
+        strides = None
+    return (_data_ptr(param), param.dtype, tuple(param.shape), strides)
+
+
+def _watched(param: Any) -> bool:
+    """Whether every `.data` assignment to `param` goes through the recording setter above."""
+    return getattr(type(param), "data", None) is _DATA
 
 
 def _storage_refs(param: torch.Tensor) -> int:
@@ -154,7 +204,10 @@ class WeightsProbe:
 
     * parameters added, removed or replaced, including by a direct `module._parameters[name] = p`
       (accelerate's `load_checkpoint_and_dispatch` after `init_empty_weights`);
-    * a parameter's storage replaced (`p.data = other`, `model.to_empty()`, a dtype or device move);
+    * a parameter's storage, dtype, shape or strides replaced under it (`p.data = other`, a view
+      of the same storage included; `torch.utils.swap_tensors`; `model.to_empty()`, a dtype or
+      device move): both routes are recorded when they run (`_replaced_seq`), and only then does a
+      check compare every parameter's pointer and layout with those it read last;
     * in-place writes that bump a parameter's `_version` (optimizer steps, `load_state_dict`,
       writes under `no_grad`, through `detach()` or views);
     * in-place writes through an alias that has a version counter of its own (`p.data.add_(1)`,
@@ -164,10 +217,12 @@ class WeightsProbe:
       `_PROBE_SAMPLES` elements gathered and compared bitwise with those read last;
     * PEFT tuner layers switching their active, merged or disabled adapters.
 
-    The first three and the last are host-side reads (identities, pointers, version counters,
-    storage reference counts): a request with no alias taken and none alive launches nothing on
-    the device and waits for nothing. Not seen: a write through a raw storage (`untyped_storage()`,
-    a pointer handed to C code) made and dropped between two requests, or an aliased write that
+    The first three and the last are host-side reads: a steady request reads each module's
+    parameter dict and each parameter's version counter (and storage reference counts while an
+    alias is alive), launches nothing on the device and waits for nothing. Not seen: a submodule
+    put in place by a direct `module._modules[name] = child` write (no registration hook runs)
+    until the next registration anywhere, a write through a raw storage (`untyped_storage()`, a
+    pointer handed to C code) made and dropped between two requests, or an aliased write that
     leaves every sampled element as it was (one row of an embedding, say). Call
     `PrefixCache.invalidate()` after such an edit.
 
@@ -184,10 +239,16 @@ class WeightsProbe:
         self._epoch = -1
         self._alias_epoch = -1
         self._seen = 0  # `_alias_seq` as of the last check
+        self._replaced = -1  # `_replaced_seq` as of the last check
         self._modules: list[torch.nn.Module] = []
         self._tuners: list[Any] = []
-        self._token: tuple[Any, ...] | None = None
-        self._params: list[Any] = []
+        self._built = False
+        self._values: list[Any] = []  # every module's `_parameters` values at the last rebuild, None included
+        self._params: list[Any] = []  # the same without None
+        self._versions = 0  # the sum of their `_version` counters
+        self._layouts: list[tuple[Any, ...]] = []  # their `_layout`s
+        self._unwatched: list[int] = []  # parameters whose `.data` assignments the setter above does not see
+        self._adapters: tuple[Any, ...] | None = None
         self._by_storage: dict[int, list[int]] = {}
         self._exposed: set[int] = set()  # parameters whose storage another tensor shared at the last check
         self._reference: list[torch.Tensor | None] = []
@@ -197,22 +258,32 @@ class WeightsProbe:
 
     def check(self) -> int:
         """The number of changes seen so far (it grows by one whenever this check finds one)."""
+        replaced = _replaced_seq  # read first: an event during this check is looked at again by the next
         if self._epoch != _structure_epoch:
             self._epoch = _structure_epoch
             self._modules = list(self._model.modules())
             self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
-        # A comprehension: faster here than map/chain/filter over `operator` callables (measured, 215 modules).
-        params = [p for m in self._modules for p in m._parameters.values() if p is not None]
-        token = (  # C-level loops (map): this runs on every request, over every parameter
-            tuple(map(id, params)),
-            tuple(map(_data_ptr, params)),
-            sum(map(_version, params)),
-            adapter_state(self._model, self._tuners) if self._tuners else None,
+        # Every module's parameter dict read again (a direct `_parameters[name] = p` has no hook), in
+        # C-level loops, compared by identity; per parameter only its version counter is read, and
+        # its storage and layout only after a `.data` assignment or a swap anywhere (`_replaced_seq`).
+        values = list(chain.from_iterable(map(_values, map(_parameters_of, self._modules))))
+        adapters = adapter_state(self._model, self._tuners) if self._tuners else None
+        self.adapters = adapters
+        params = self._params
+        changed = (
+            not self._built
+            or len(values) != len(self._values)
+            or not all(map(operator.is_, values, self._values))
+            or adapters != self._adapters
+            or sum(map(_version, params)) != self._versions
         )
-        self.adapters = token[3]
-        if token != self._token:
-            self._token = token
-            self._rebuild(params)
+        if not changed and replaced != self._replaced:
+            changed = list(map(_layout, params)) != self._layouts
+        elif not changed and self._unwatched:
+            changed = any(_layout(params[i]) != self._layouts[i] for i in self._unwatched)
+        self._replaced = replaced
+        if changed:
+            self._rebuild(values, adapters)
             self.changes += 1
             return self.changes
         if self._alias_epoch != _alias_epoch:
@@ -233,14 +304,19 @@ class WeightsProbe:
                 self.changes += 1
         return self.changes
 
-    def _rebuild(self, params: list[Any]) -> None:
-        """Index the parameters by storage and read every one's sample: the reference of later checks."""
-        self._params = params
+    def _rebuild(self, values: list[Any], adapters: tuple[Any, ...] | None) -> None:
+        """Record the parameters as they are now, index them by storage and read every one's sample."""
+        params = [p for p in values if p is not None]
+        self._built = True
+        self._values, self._params, self._adapters = values, params, adapters
+        self._versions = sum(map(_version, params))
+        self._layouts = list(map(_layout, params))
+        self._unwatched = [i for i, p in enumerate(params) if not _watched(p)]
         self._alias_epoch, self._seen = _alias_epoch, _alias_seq
         self._by_storage = {}
         for i, p in enumerate(params):
             if p.device.type != "meta" and p.numel():
-                self._by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(i)
+                self._by_storage.setdefault(p.untyped_storage()._cdata, []).append(i)
         live = [i for members in self._by_storage.values() for i in members]
         self._exposed = {i for i in live if _storage_refs(params[i]) > 1}
         self._reference = [None] * len(params)
@@ -308,3 +384,94 @@ def adapter_state(model: Any, tuners: list[Any] | None = None) -> tuple[Any, ...
             )
         )
     return tuple(sorted(states))
+
+
+# transformers' `dtype` properties (`PreTrainedModel.dtype` in 5.24, `ModuleUtilsMixin.dtype` in 5.23):
+# the dtype of the first floating-point parameter, so it can change only with a parameter, which
+# the probe sees.
+_DTYPE_FROM_PARAMETERS = {
+    ("transformers.modeling_utils", "PreTrainedModel.dtype"),
+    ("transformers.modeling_utils", "ModuleUtilsMixin.dtype"),
+}
+
+
+def _dtype_from_parameters(model: Any) -> bool:
+    """Whether `model.dtype` is transformers' property over the parameters (not an attribute of its own)."""
+    found = inspect.getattr_static(type(model), "dtype", None)
+    getter = getattr(found, "fget", None)
+    return (
+        isinstance(found, property)
+        and (
+            getattr(getter, "__module__", None),
+            getattr(getter, "__qualname__", None),
+        )
+        in _DTYPE_FROM_PARAMETERS
+    )
+
+
+class Namespaces:
+    """The current namespace of one model, recomputed when its dtype, adapters or weights change.
+
+    Entries are stored under a namespace (`namespace.model_namespace`): the model class and
+    config, a fingerprint of its weights, its dtype, active adapters and the store's salt. A
+    `WeightsProbe` runs on every request and, when it sees the weights change, the fingerprint is
+    computed again, so entries of the old weights are never reused.
+
+    Args:
+        model: The model the store serves.
+        salt: The store's salt (None: none).
+        scope: The request-scope variable the store reads (`store.scope.CURRENT_SCOPE`, passed in
+            so this package imports nothing of the store's): inside a scope whose `salt` is set,
+            the namespace is that salt's own.
+
+    Example:
+        >>> from contextvars import ContextVar
+        >>> namespaces = Namespaces(model, None, ContextVar("scope", default=None))
+        >>> namespaces.current() == namespaces.current()
+        True
+    """
+
+    def __init__(self, model: Any, salt: str | None, scope: ContextVar[Any]) -> None:
+        self._model = model
+        self._salt = salt
+        self._scope = scope
+        self._lock = threading.Lock()
+        self._probe = WeightsProbe(model)
+        self._weights = (self._probe.check(), weights_fingerprint(model))
+        self._cached: tuple[Any, str] | None = None
+        # Where the dtype is the parameters' own, it is read again only when the probe sees a change.
+        self._dtype_per_request = not _dtype_from_parameters(model)
+
+    def current(self) -> str:
+        """The model's current namespace (recomputed when its dtype, adapters or weights change).
+
+        A `WeightsProbe` check runs on every call (a few microseconds per parameter); see
+        `WeightsProbe` for what it notices and `refingerprint` for what it cannot.
+        Inside a request scope with a salt (`store/scope.py`), a namespace of that salt's own.
+        """
+        model = self._model
+        with self._lock:
+            version = self._probe.check()
+            cached = self._cached
+            if cached is None or version != self._weights[0] or self._dtype_per_request:
+                if version != self._weights[0]:
+                    self._weights = (version, weights_fingerprint(model))
+                probe = (getattr(model, "dtype", None), self._probe.adapters, self._weights[1])
+                if cached is None or cached[0] != probe:
+                    namespace = model_namespace(model, self._salt, self._weights[1], self._probe.adapters)
+                    if cached is not None and cached[1] != namespace:
+                        logger.info(
+                            "the model's weights, dtype or adapters changed: entries stored before are no longer used"
+                        )
+                    cached = (probe, namespace)
+                    self._cached = cached
+        scope = self._scope.get()
+        if scope is not None and scope.salt is not None:
+            return fingerprint([cached[1], "request salt", scope.salt])
+        return cached[1]
+
+    def refingerprint(self) -> None:
+        """Read the weights again now (after an edit the probe cannot see)."""
+        with self._lock:
+            self._weights = (self._probe.check(), weights_fingerprint(self._model))
+            self._cached = None

@@ -7,7 +7,7 @@ under another salt, or none, are never reused) and receives the number of prompt
 stores restored for it, as soon as each prefix is restored (before the first new token).
 
 The scope lives in a `contextvars.ContextVar`: each thread and each asyncio task sees its own.
-Knows nothing of `generate` or of servers; the store reads it (`namespaces.py`, `prefixes.py`).
+Knows nothing of `generate` or of servers; the store reads it (`prefixes.py`, and `keys.weights.Namespaces`, passed it).
 
 >>> scope = RequestScope(salt="tenant-a")
 >>> with active(scope):

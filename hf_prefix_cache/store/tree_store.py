@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.keys.weights import Namespaces
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.budgets import on_cuda, parse_nbytes
@@ -42,13 +43,13 @@ from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
 from hf_prefix_cache.store.locking import StoreLock
 from hf_prefix_cache.store.lookup import Lookup, as_token_list, check_manual_media
-from hf_prefix_cache.store.namespaces import Namespaces
 from hf_prefix_cache.store.observe import PrefillCost, RequestCallback
 from hf_prefix_cache.store.options import RemoteOptions, Resolved
 from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.prefixes import Prefixes
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
+from hf_prefix_cache.store.scope import CURRENT_SCOPE
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.stats import StoreStats, collect_stats
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
@@ -72,7 +73,7 @@ class TreeStore:
         options = resolved.options
         self.model = model
         self.profile = profile  # built once by `PrefixCache`, which hands the same one to the hook
-        self._namespaces = Namespaces(model, options.salt)
+        self._namespaces = Namespaces(model, options.salt, CURRENT_SCOPE)
         if any(p.is_meta for p in model.parameters()):
             # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
             logger.warning(

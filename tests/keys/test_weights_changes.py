@@ -64,6 +64,72 @@ def test_weights_edited_in_place_are_never_served_stale_states(edit: str) -> Non
     assert hits.last() == ids.shape[1] - 1
 
 
+def _transpose_data(model: Any) -> None:
+    # Same storage, same version counter: only the recorded `.data` assignment and the layout show it.
+    p = model.model.layers[0].self_attn.o_proj.weight
+    p.data = p.detach().t()
+
+
+def _swap_tensors(model: Any) -> None:
+    # The replacement's version counter made equal to the parameter's, so only the recorded swap shows it.
+    p = model.model.layers[1].self_attn.q_proj.weight
+    other = torch.nn.Parameter(p.detach() * 1.5)
+    with torch.no_grad():
+        while other._version < p._version:
+            other.mul_(1.0)
+    torch.utils.swap_tensors(p, other)
+
+
+def _parameters_write(model: Any) -> None:
+    module = model.model.layers[0].mlp.gate_proj
+    module._parameters["weight"] = torch.nn.Parameter(module.weight.detach() * 1.1)
+
+
+def _load_state_dict_assign(model: Any) -> None:
+    state = {k: v * 1.01 for k, v in model.state_dict().items()}
+    model.load_state_dict(state, assign=True)
+
+
+def _to_float64(model: Any) -> None:
+    model.to(torch.float64)
+
+
+def _to_float64_swapping(model: Any) -> None:
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # `_apply` swaps each parameter in place
+    try:
+        model.to(torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+
+
+REPLACEMENTS: dict[str, Callable[[Any], None]] = {
+    "data_assign_transposed_view": _transpose_data,
+    "swap_tensors_same_version": _swap_tensors,
+    "parameters_dict_write": _parameters_write,
+    "load_state_dict_assign": _load_state_dict_assign,
+    "to_float64": _to_float64,
+    "to_float64_swapping": _to_float64_swapping,
+}
+
+
+@pytest.mark.parametrize("edit", sorted(REPLACEMENTS))
+def test_parameters_replaced_or_their_storage_swapped_are_never_served_stale_states(edit: str) -> None:
+    """A parameter replaced, or its storage or layout swapped under it, is seen at the next request."""
+    model = build("llama")
+    store = PrefixCache(model)
+    hits = Hits(store)
+    ids = distinct_prompt(5)
+    assert_same_as_cold(model, ids, store)
+    assert_same_as_cold(model, ids, store)
+    assert hits.last() == ids.shape[1] - 1
+    REPLACEMENTS[edit](model)
+    assert_same_as_cold(model, ids, store)
+    assert hits.last() == 0
+    assert_same_as_cold(model, ids, store)
+    assert hits.last() == ids.shape[1] - 1
+
+
 def test_invalidate_forgets_an_edit_too_small_to_see() -> None:
     """`invalidate()` drops every entry, so an edit of one embedding row the probe may miss is never served stale."""
     model = build("llama")

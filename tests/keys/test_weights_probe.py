@@ -111,3 +111,26 @@ def test_data_is_still_assignable_and_aliases_share_storage() -> None:
     assert alias.data_ptr() == p.data_ptr() and not alias.requires_grad
     p.data = torch.zeros(3)
     assert torch.equal(p.detach(), torch.zeros(3))
+
+
+def test_a_data_assignment_that_keeps_storage_and_layout_counts_no_change(model: Any) -> None:
+    """`p.data = p.detach()` is recorded, compared, and found the same: the store keeps reusing."""
+    probe = _steady(model)
+    before = probe.check()
+    p = model.lm_head.weight
+    p.data = p.detach()
+    assert probe.check() == before
+    p.data = p.detach().t().t()
+    assert probe.check() == before
+    p.data = p.detach().t()
+    assert probe.check() == before + 1
+
+
+def test_a_storage_reallocated_in_place_keeps_its_aliases_seen(model: Any) -> None:
+    """A storage moved under its parameter (new pointer, same values) still has its `.data` edits seen."""
+    probe = _steady(model)
+    p = model.lm_head.weight
+    p.untyped_storage().resize_(p.untyped_storage().nbytes() * 2)  # reallocates, keeping the values
+    before = probe.check()
+    p.data.add_(1)
+    assert probe.check() == before + 1
