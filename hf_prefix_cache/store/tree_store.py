@@ -11,7 +11,7 @@ Composed of parts with one job each, built here and handed to each other explici
 contract's verbs are the bound methods of the parts that implement them, exposed as the store's
 own, so each signature is written once (there) besides the protocol and a hit makes no call
 here: `acquire`, `release`, `insert_sequence` and `relieve_device` are a `prefixes.Prefixes` over
-the tree, placement, lock, pins, counters and upkeep; `namespace` is `namespaces.Namespaces.current`;
+the tree, placement, lock, pins, counters and upkeep; `namespace` is `keys.weights.Namespaces.current`;
 `record` is `counters.RequestCounters.record`.
 
 Knows nothing of `generate`: `integration/` runs the model and calls the contract's verbs.
@@ -64,7 +64,7 @@ class TreeStore:
 
     Attributes:
         acquire, release, insert_sequence, relieve_device: `Prefixes`' verbs (`prefixes.py`).
-        namespace: `Namespaces.current` (`namespaces.py`).
+        namespace: `Namespaces.current` (`keys/weights.py`).
         record: `RequestCounters.record` (`counters.py`).
         new_cache: makes an empty `WorkingCache` for this model.
     """
