@@ -10,6 +10,7 @@ Knows nothing about the tree or the store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -152,9 +153,10 @@ class Run:
         """A new run holding contiguous copies of `[lo, hi)`, laid out in one new buffer per device, dtype and shape.
 
         Tensors of one shape (every layer's keys and values, usually) are stacked by one kernel and
-        the copies are views of the stack: two calls into torch, however many layers there are. The
-        run's `buffers` are those stacks, which hold its keys and values and nothing else: a check
-        of every value (`all_finite`) reads them as a few tensors instead of one view per layer.
+        the copies are views of the stack: a view per tensor and two calls into torch, however many
+        layers there are. The run's `buffers` are those stacks, which hold its keys and values and
+        nothing else: a check of every value (`all_finite`) reads them as a few tensors instead of
+        one view per layer.
 
         >>> run = Run([torch.arange(8.0).view(1, 1, 4, 2)], [torch.ones(1, 1, 4, 2)], 0, 4)
         >>> copy = run.packed_copy(1, 3)
@@ -166,31 +168,36 @@ class Run:
         assert self.lo <= lo <= hi <= self.hi, f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})"
         if self.wait is not None or self.landing is not None:
             self._land(True)
-        a, b = lo - self.lo, hi - self.lo
+        a, span = lo - self.lo, hi - lo
         tensors = [*self.keys, *self.values]
-        # One pass over the layers: each sliced and grouped by what can share a stack.
-        groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
-        for i, t in enumerate(tensors):
-            if t is not None:
-                t = t[..., a:b, :]
-                where = (t.device, t.dtype, t.shape)
-                group = groups.get(where)
-                if group is None:
-                    groups[where] = ([i], [t])
-                else:
-                    group[0].append(i)
-                    group[1].append(t)
-        copies: list[torch.Tensor | None] = [None] * len(tensors)
-        stacks: list[torch.Tensor] = []
-        with torch.no_grad():
-            for members, views in groups.values():
-                stack = torch.stack(views)
-                stacks.append(stack)
-                for i, copy in zip(members, stack.unbind(0), strict=True):
-                    copies[i] = copy
+        views = [t.narrow(-2, a, span) for t in tensors if t is not None]
+        copies, stacks = pack(views)
+        if len(views) != len(tensors):  # layers without keys keep their None
+            made = iter(copies)
+            copies = [None if t is None else next(made) for t in tensors]
         num_layers = len(self.keys)
-        run = Run(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
+        run = Run.checked(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
         run.buffers = stacks
+        return run
+
+    @classmethod
+    def checked(
+        cls,
+        keys: list[torch.Tensor | None],
+        values: list[torch.Tensor | None],
+        lo: int,
+        hi: int,
+        devices: list[torch.device | None],
+        nbytes_per_token: int,
+    ) -> Run:
+        """A run of tensors whose lengths (`hi - lo` positions each), devices and bytes the caller has worked out.
+
+        No pass over the layers, as `Run(...)` makes: for callers that have just made each tensor.
+        """
+        run = cls.__new__(cls)
+        run.keys, run.values, run.lo, run.hi = keys, values, lo, hi
+        run.num_refs, run.wait, run.landing, run.buffers, run._views = 0, None, None, [], None
+        run.devices, run.nbytes_per_token = devices, nbytes_per_token
         return run
 
     def adopt(self, other: Run) -> None:
@@ -198,6 +205,47 @@ class Run:
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
         self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
         self.buffers, self._views = other.buffers, None
+
+
+def pack(views: list[torch.Tensor], same_dtype: bool = False) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """Contiguous copies of `views` (in their order) and the stacks that hold them, one per device, dtype and shape.
+
+    Views of one dtype are stacked by one call when `stack` takes them (it refuses several shapes or
+    devices; those are grouped); the dtype is checked here (`stack` would promote mixed ones) unless
+    the caller says it checked (`same_dtype`).
+
+    >>> copies, stacks = pack([torch.ones(2, 3)[:, :1], torch.zeros(2, 1), torch.ones(4)])
+    >>> [tuple(c.shape) for c in copies], [tuple(s.shape) for s in stacks]
+    ([(2, 1), (2, 1), (4,)], [(2, 2, 1), (1, 4)])
+    """
+    if views and (same_dtype or len({v.dtype for v in views}) == 1):
+        try:
+            with torch.no_grad():
+                stack = torch.stack(views)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:  # several shapes or devices
+            pass
+        else:
+            return list(stack.unbind(0)), [stack]
+    groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
+    for i, t in enumerate(views):
+        where = (t.device, t.dtype, t.shape)
+        group = groups.get(where)
+        if group is None:
+            groups[where] = ([i], [t])
+        else:
+            group[0].append(i)
+            group[1].append(t)
+    copies: list[torch.Tensor | None] = [None] * len(views)
+    stacks: list[torch.Tensor] = []
+    with torch.no_grad():
+        for members, same in groups.values():
+            stack = torch.stack(same)
+            stacks.append(stack)
+            for i, copy in zip(members, stack.unbind(0), strict=True):
+                copies[i] = copy
+    return copies, stacks
 
 
 @dataclass(slots=True)
@@ -245,7 +293,8 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
     """Whether every floating-point tensor of `tensors` holds only finite values (meta tensors hold none).
 
     The checks run on each tensor's own device and are reduced there, so a device costs one
-    synchronisation however many tensors it holds.
+    synchronisation however many tensors it holds; a device holding one tensor (a packed copy's
+    stack) costs one reduction and that read.
 
     >>> all_finite([torch.ones(2), torch.tensor([0.0, float("nan")])])
     False
@@ -263,21 +312,19 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
                 group.append(t)
     per_device: dict[torch.device, list[torch.Tensor]] = {}
     for (device, dtype), members in groups.items():
-        # One reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or inf. Summed in
-        # float32, so half-precision states cannot overflow it; only magnitudes near 1e19 could, and
-        # those are not stored either. A group of one tensor (a packed copy's stack) takes one plain norm.
-        wide = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed
-        if len(members) == 1:
-            norms = [torch.linalg.vector_norm(members[0], 2, dtype=wide)]
-        else:
-            norms = list(torch._foreach_norm(members, 2, dtype=wide))
+        # One reduction per group, accumulated in float32 (float64 for float64 states, never narrowed): a NaN
+        # anywhere makes it NaN, an infinity makes it infinite or NaN (opposite infinities), and finite values
+        # make it finite unless they add up beyond float32's range (magnitudes near 1e38, not stored either).
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        # Several tensors: the sums of their magnitudes, in one dispatch.
+        sums = [members[0].sum(dtype=wide)] if len(members) == 1 else list(torch._foreach_norm(members, 1, dtype=wide))
         held = per_device.get(device)
         if held is None:
-            per_device[device] = norms
+            per_device[device] = sums
         else:
-            held.extend(norms)
-    for norms in per_device.values():
-        norm = norms[0] if len(norms) == 1 else torch.stack(norms)
-        if not bool(norm.isfinite().all()):
+            held.extend(sums)
+    for sums in per_device.values():
+        total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+        if not math.isfinite(total.item()):
             return False
     return True

@@ -24,7 +24,7 @@ from hf_prefix_cache.model.layers import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot, pack
 
 KVPieces = Sequence[tuple[Sequence[torch.Tensor | None], Sequence[torch.Tensor | None]]]
 
@@ -238,25 +238,59 @@ class WorkingCache(DynamicCache):
 
     def capture_run(self, length: int, row: int | None = None) -> Run:
         """The keys/values of positions `[0, length)` (of one batch `row`), by reference."""
+        return self.capture(length, row)[0]
+
+    def capture(self, length: int, row: int | None = None, copy_from: int | None = None) -> tuple[Run, Run | None]:
+        """`capture_run`, and with `copy_from` a packed copy (`Run.packed_copy`) of its positions `[copy_from, length)`.
+
+        One pass over the layers makes both: each layer's keys are read once, while they are at hand.
+        """
         if self._landing is not None:
             self.land()
-        keys: list[torch.Tensor | None] = []
-        values: list[torch.Tensor | None] = []
-        for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            kv = adapter.capture_kv(layer) if adapter.has_kv else None
-            if adapter.has_kv:
+        layers, adapters, kv_layers = self.layers, self.profile.adapters, self.profile.kv_layers
+        keys: list[torch.Tensor | None] = [None] * len(layers)
+        values: list[torch.Tensor | None] = [None] * len(layers)
+        devices: list[torch.device | None] = [None] * len(layers)
+        fresh_keys: list[torch.Tensor] = []
+        fresh_values: list[torch.Tensor] = []
+        span = 0 if copy_from is None else length - copy_from
+        nbytes, dtype, same_dtype = 0, None, True
+        # Each layer with keys checked, cut only where it holds more (each view costs a dispatch), its device and
+        # bytes read for the run (which then needs no pass of its own), and its new positions viewed for the copy.
+        for i in kv_layers:
+            kv = adapters[i].capture_kv(layers[i])
+            assert kv is not None, f"layer {i} holds no positions, expected {length}"
+            k, v = kv
+            held = k.shape[-2]
+            if held != length:
                 # Fewer only up to an indexer's tie (`exact_length`): what precedes it, by reference too.
-                shorter = self.tied_at is not None and kv is not None and length <= kv[0].shape[-2]
-                assert kv is not None and (kv[0].shape[-2] == length or shorter), (
-                    f"layer {i} holds {None if kv is None else kv[0].shape[-2]} positions, expected {length}"
-                )
-                if kv[0].shape[-2] != length:  # a view only where it cuts something (each view costs a dispatch)
-                    kv = kv[0][..., :length, :], kv[1][..., :length, :]
-            if kv is not None and row is not None:
-                kv = kv[0][row : row + 1], kv[1][row : row + 1]
-            keys.append(kv[0] if kv is not None else None)
-            values.append(kv[1] if kv is not None else None)
-        return Run(keys, values, 0, length)
+                assert self.tied_at is not None and length < held, f"layer {i} holds {held} positions, not {length}"
+                k, v = k[..., :length, :], v[..., :length, :]
+            if row is not None:
+                k, v = k[row : row + 1], v[row : row + 1]
+            keys[i], values[i], devices[i] = k, v, k.device
+            nbytes += k.nbytes + v.nbytes
+            if copy_from is not None:
+                fresh_keys.append(k.narrow(-2, copy_from, span))
+                fresh_values.append(v.narrow(-2, copy_from, span))
+                if dtype is None:
+                    dtype = k.dtype
+                same_dtype = same_dtype and k.dtype is dtype and v.dtype is dtype
+        per_token = nbytes // max(length, 1)
+        run = Run.checked(keys, values, 0, length, devices, per_token)
+        if copy_from is None:
+            return run, None
+        copies, stacks = pack(fresh_keys + fresh_values, same_dtype)
+        num_kv = len(kv_layers)
+        if num_kv == len(layers):
+            tail_keys, tail_values = copies[:num_kv], copies[num_kv:]
+        else:  # layers without keys keep their None
+            tail_keys, tail_values = [None] * len(layers), [None] * len(layers)
+            for j, i in enumerate(kv_layers):
+                tail_keys[i], tail_values[i] = copies[j], copies[num_kv + j]
+        tail = Run.checked(tail_keys, tail_values, copy_from, length, list(devices), per_token)
+        tail.buffers = stacks
+        return run, tail
 
     def restore_rows(self, parts: Sequence[tuple[WorkingCache, int]], length: int, expand: int = 1) -> None:
         """Load a batch whose rows were restored one by one: each part's cache behind its left padding.
