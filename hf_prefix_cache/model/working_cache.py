@@ -108,29 +108,32 @@ class WorkingCache(DynamicCache):
             assert keys is None and values is None and snapshot is None and not items
             self._restore_landing(length, landing[0], landing[1], batch_size)
             return
-        assert batch_size == 1 or not self.profile.has_state, "batched restores are for attention-only models"
-        recurrent: list[tuple[Any, LayerAdapter, LayerState]] = []  # states by reference: cloned together below
-        for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            if adapter.has_kv:
-                assert keys is not None and values is not None
+        profile, layers = self.profile, self.layers
+        assert batch_size == 1 or not profile.has_state, "batched restores are for attention-only models"
+        adapters = profile.adapters
+        if profile.kv_layers:  # the layers with keys, then those with states (the profile lists each once)
+            assert keys is not None and values is not None
+            for i in profile.kv_layers:
                 k, v = keys[i], values[i]
                 assert k is not None and v is not None, f"layer {i} has no stored keys"
                 if batch_size > 1:
                     k, v = k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)
-                adapter.restore_kv(layer, k, v, length)
-            if adapter.has_state:
-                assert snapshot is not None, f"a state restore of {length} tokens without a snapshot"
-                assert snapshot.length - snapshot.reach <= length <= snapshot.length, (
-                    f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
-                )
-                state = snapshot.states[i]
-                if length != snapshot.length:
-                    assert adapter.restores_below_length, "only window states restore below their length"
-                    state = adapter.at(state, length)
-                if adapter.has_state_refs:
-                    recurrent.append((layer, adapter, state))
-                else:
-                    adapter.restore_state(layer, state)
+                adapters[i].restore_kv(layers[i], k, v, length)
+        recurrent: list[tuple[Any, LayerAdapter, LayerState]] = []  # states by reference: cloned together below
+        for i in profile.state_layers:
+            adapter = adapters[i]
+            assert snapshot is not None, f"a state restore of {length} tokens without a snapshot"
+            assert snapshot.length - snapshot.reach <= length <= snapshot.length, (
+                f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
+            )
+            state = snapshot.states[i]
+            if length != snapshot.length:
+                assert adapter.restores_below_length, "only window states restore below their length"
+                state = adapter.at(state, length)
+            if adapter.has_state_refs:
+                recurrent.append((layers[i], adapter, state))
+            else:
+                adapter.restore_state(layers[i], state)
         if recurrent:
             clones = clone_states([state for _, _, state in recurrent])
             for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
