@@ -246,20 +246,23 @@ class WorkingCache(DynamicCache):
     def capture(self, length: int, row: int | None = None, copy_from: int | None = None) -> tuple[Run, Run | None]:
         """`capture_run`, and with `copy_from` a packed copy (`Run.packed_copy`) of its positions `[copy_from, length)`.
 
-        One pass over the layers makes both: each layer's keys are read once, while they are at hand.
+        One pass over the layers makes both: each layer's keys are read once, while they are at hand. Where
+        the copy is one stack, its device and size are every layer's (`stack` takes one device), so the run
+        needs no read of either per layer.
         """
         if self._landing is not None:
             self.land()
         layers, adapters, kv_layers = self.layers, self.profile.adapters, self.profile.kv_layers
-        keys: list[torch.Tensor | None] = [None] * len(layers)
-        values: list[torch.Tensor | None] = [None] * len(layers)
-        devices: list[torch.device | None] = [None] * len(layers)
+        num_layers = len(layers)
+        keys: list[torch.Tensor | None] = [None] * num_layers
+        values: list[torch.Tensor | None] = [None] * num_layers
         fresh_keys: list[torch.Tensor] = []
         fresh_values: list[torch.Tensor] = []
-        span = 0 if copy_from is None else length - copy_from
-        nbytes, dtype, same_dtype = 0, None, True
-        # Each layer with keys checked, cut only where it holds more (each view costs a dispatch), its device and
-        # bytes read for the run (which then needs no pass of its own), and its new positions viewed for the copy.
+        start = length if copy_from is None else copy_from
+        span = length - start
+        dtype, same_dtype = None, True
+        # Each layer with keys checked, cut only where it holds more (each view costs a dispatch), and its new
+        # positions viewed for the copy.
         for i in kv_layers:
             kv = adapters[i].capture_kv(layers[i])
             assert kv is not None, f"layer {i} holds no positions, expected {length}"
@@ -271,27 +274,41 @@ class WorkingCache(DynamicCache):
                 k, v = k[..., :length, :], v[..., :length, :]
             if row is not None:
                 k, v = k[row : row + 1], v[row : row + 1]
-            keys[i], values[i], devices[i] = k, v, k.device
-            nbytes += k.nbytes + v.nbytes
+            keys[i], values[i] = k, v
             if copy_from is not None:
-                fresh_keys.append(k.narrow(-2, copy_from, span))
-                fresh_values.append(v.narrow(-2, copy_from, span))
+                fresh_keys.append(k.narrow(-2, start, span))
+                fresh_values.append(v.narrow(-2, start, span))
                 if dtype is None:
                     dtype = k.dtype
                 same_dtype = same_dtype and k.dtype is dtype and v.dtype is dtype
-        per_token = nbytes // max(length, 1)
+        copies, stacks = pack(fresh_keys + fresh_values, same_dtype) if copy_from is not None else ([], [])
+        devices: list[torch.device | None]
+        if len(stacks) == 1 and span > 0:  # every layer's keys on the stack's device, holding its bytes per token
+            device = stacks[0].device
+            devices = [device] * num_layers if len(kv_layers) == num_layers else [None] * num_layers
+            if len(kv_layers) != num_layers:
+                for i in kv_layers:
+                    devices[i] = device
+            per_token = stacks[0].nbytes // span
+        else:
+            devices, nbytes = [None] * num_layers, 0
+            for i in kv_layers:
+                key, value = keys[i], values[i]
+                assert key is not None and value is not None
+                devices[i] = key.device
+                nbytes += key.nbytes + value.nbytes
+            per_token = nbytes // max(length, 1)
         run = Run.checked(keys, values, 0, length, devices, per_token)
         if copy_from is None:
             return run, None
-        copies, stacks = pack(fresh_keys + fresh_values, same_dtype)
         num_kv = len(kv_layers)
-        if num_kv == len(layers):
+        if num_kv == num_layers:
             tail_keys, tail_values = copies[:num_kv], copies[num_kv:]
         else:  # layers without keys keep their None
-            tail_keys, tail_values = [None] * len(layers), [None] * len(layers)
+            tail_keys, tail_values = [None] * num_layers, [None] * num_layers
             for j, i in enumerate(kv_layers):
                 tail_keys[i], tail_values[i] = copies[j], copies[num_kv + j]
-        tail = Run.checked(tail_keys, tail_values, copy_from, length, list(devices), per_token)
+        tail = Run.checked(tail_keys, tail_values, start, length, list(devices), per_token)
         tail.buffers = stacks
         return run, tail
 
