@@ -23,6 +23,10 @@ from hf_prefix_cache.model.layers import LayerState
 class Run:
     """Keys/values `[B, H, hi - lo, D]` per attention layer (None for layers without keys).
 
+    A run made from one stack (`WorkingCache.capture`'s copy of the new positions) makes its per-layer
+    views of the stack only when `keys` or `values` is first read: a copy the placement drops (its prefix
+    moved onto the whole run) or never reads again costs no view per layer.
+
     `devices` remembers where each layer's tensors belong, so a run brought back from host
     memory or disk goes to the device of its own layer (models split over several devices).
     `wait`, when set, blocks until an asynchronous copy into these tensors has finished;
@@ -40,16 +44,17 @@ class Run:
     """
 
     __slots__ = (
+        "_keys",
+        "_packed",
+        "_values",
         "_views",
         "buffers",
         "devices",
         "hi",
-        "keys",
         "landing",
         "lo",
         "nbytes_per_token",
         "num_refs",
-        "values",
         "wait",
     )
 
@@ -62,8 +67,9 @@ class Run:
         devices: list[torch.device | None] | None = None,
         nbytes_per_token: int | None = None,
     ) -> None:
-        self.keys = keys
-        self.values = values
+        self._keys: list[torch.Tensor | None] | None = keys
+        self._values: list[torch.Tensor | None] | None = values
+        self._packed: tuple[torch.Tensor, tuple[int, ...], int] | None = None
         self.lo = lo
         self.hi = hi
         self.num_refs = 0  # stored segments reading this run: changed only by `take` and `give_back`
@@ -89,6 +95,74 @@ class Run:
             nbytes_per_token = total // max(span, 1)
         self.devices = found if devices is None else devices
         self.nbytes_per_token = nbytes_per_token
+
+    @property
+    def keys(self) -> list[torch.Tensor | None]:
+        """Each layer's keys (None for layers without keys)."""
+        keys = self._keys
+        return keys if keys is not None else self._unpack()[0]
+
+    @keys.setter
+    def keys(self, keys: list[torch.Tensor | None]) -> None:
+        self._keys = keys
+
+    @property
+    def values(self) -> list[torch.Tensor | None]:
+        """Each layer's values (None for layers without keys)."""
+        values = self._values
+        return values if values is not None else self._unpack()[1]
+
+    @values.setter
+    def values(self, values: list[torch.Tensor | None]) -> None:
+        self._values = values
+
+    def _unpack(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Make the per-layer views of a run made from one stack (`packed`); what was set since stays."""
+        assert self._packed is not None, "a run without keys or values"
+        stack, kv_layers, num_layers = self._packed
+        copies = stack.unbind(0)
+        num_kv = len(kv_layers)
+        keys: list[torch.Tensor | None]
+        values: list[torch.Tensor | None]
+        if num_kv == num_layers:
+            keys, values = list(copies[:num_kv]), list(copies[num_kv:])
+        else:  # layers without keys keep their None
+            keys, values = [None] * num_layers, [None] * num_layers
+            for j, i in enumerate(kv_layers):
+                keys[i], values[i] = copies[j], copies[num_kv + j]
+        if self._keys is None:
+            self._keys = keys
+        if self._values is None:
+            self._values = values
+        self._packed = None
+        return self._keys, self._values
+
+    @classmethod
+    def packed(
+        cls,
+        stack: torch.Tensor,
+        kv_layers: tuple[int, ...],
+        num_layers: int,
+        lo: int,
+        hi: int,
+        devices: list[torch.device | None],
+        nbytes_per_token: int,
+    ) -> Run:
+        """A run whose keys and values are `stack`: the keys of the `kv_layers` (of `num_layers`), then their values.
+
+        Its per-layer views are made when first read. `stack` is its one buffer (`buffers`).
+
+        >>> stack = torch.arange(8.0).view(2, 1, 1, 2, 2)  # one layer: its keys, then its values
+        >>> run = Run.packed(stack, (0,), 1, 3, 5, [torch.device("cpu")], 16)
+        >>> run.keys[0].tolist(), run.values[0].shape
+        ([[[[0.0, 1.0], [2.0, 3.0]]]], torch.Size([1, 1, 2, 2]))
+        """
+        assert stack.shape[0] == 2 * len(kv_layers), f"a stack of {stack.shape[0]} for {len(kv_layers)} layers"
+        run = cls.__new__(cls)
+        run._keys, run._values, run._packed, run.lo, run.hi = None, None, (stack, kv_layers, num_layers), lo, hi
+        run.num_refs, run.wait, run.landing, run.buffers, run._views = 0, None, None, [stack], None
+        run.devices, run.nbytes_per_token = devices, nbytes_per_token
+        return run
 
     @property
     def nbytes(self) -> int:
@@ -195,7 +269,7 @@ class Run:
         No pass over the layers, as `Run(...)` makes: for callers that have just made each tensor.
         """
         run = cls.__new__(cls)
-        run.keys, run.values, run.lo, run.hi = keys, values, lo, hi
+        run._keys, run._values, run._packed, run.lo, run.hi = keys, values, None, lo, hi
         run.num_refs, run.wait, run.landing, run.buffers, run._views = 0, None, None, [], None
         run.devices, run.nbytes_per_token = devices, nbytes_per_token
         return run
@@ -203,31 +277,39 @@ class Run:
     def adopt(self, other: Run) -> None:
         """Hold `other`'s tensors and range instead of this run's own (a copy of part of it); references stay."""
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
-        self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
-        self.buffers, self._views = other.buffers, None
+        self._keys, self._values, self._packed = other._keys, other._values, other._packed  # views unmade stay so
+        self.lo, self.hi, self.buffers, self._views = other.lo, other.hi, other.buffers, None
+
+
+def stack_one(views: list[torch.Tensor], same_dtype: bool = False) -> torch.Tensor | None:
+    """`views` stacked by one call, or None where they cannot share one stack (several dtypes, shapes or devices).
+
+    The dtype is checked here (`stack` would promote mixed ones) unless the caller says it checked
+    (`same_dtype`); `stack` itself refuses several shapes or devices.
+    """
+    if not views or not (same_dtype or len({v.dtype for v in views}) == 1):
+        return None
+    try:
+        with torch.no_grad():
+            return torch.stack(views)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:  # several shapes or devices
+        return None
 
 
 def pack(views: list[torch.Tensor], same_dtype: bool = False) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
     """Contiguous copies of `views` (in their order) and the stacks that hold them, one per device, dtype and shape.
 
-    Views of one dtype are stacked by one call when `stack` takes them (it refuses several shapes or
-    devices; those are grouped); the dtype is checked here (`stack` would promote mixed ones) unless
-    the caller says it checked (`same_dtype`).
+    One stack where they can share it (`stack_one`); otherwise grouped.
 
     >>> copies, stacks = pack([torch.ones(2, 3)[:, :1], torch.zeros(2, 1), torch.ones(4)])
     >>> [tuple(c.shape) for c in copies], [tuple(s.shape) for s in stacks]
     ([(2, 1), (2, 1), (4,)], [(2, 2, 1), (1, 4)])
     """
-    if views and (same_dtype or len({v.dtype for v in views}) == 1):
-        try:
-            with torch.no_grad():
-                stack = torch.stack(views)
-        except torch.OutOfMemoryError:
-            raise
-        except RuntimeError:  # several shapes or devices
-            pass
-        else:
-            return list(stack.unbind(0)), [stack]
+    stack = stack_one(views, same_dtype)
+    if stack is not None:
+        return list(stack.unbind(0)), [stack]
     groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
     for i, t in enumerate(views):
         where = (t.device, t.dtype, t.shape)

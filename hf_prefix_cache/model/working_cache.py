@@ -24,7 +24,7 @@ from hf_prefix_cache.model.layers import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot, pack
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot, pack, stack_one
 
 KVPieces = Sequence[tuple[Sequence[torch.Tensor | None], Sequence[torch.Tensor | None]]]
 
@@ -281,15 +281,16 @@ class WorkingCache(DynamicCache):
                 if dtype is None:
                     dtype = k.dtype
                 same_dtype = same_dtype and k.dtype is dtype and v.dtype is dtype
-        copies, stacks = pack(fresh_keys + fresh_values, same_dtype) if copy_from is not None else ([], [])
+        views = fresh_keys + fresh_values
+        stack = stack_one(views, same_dtype) if copy_from is not None else None
         devices: list[torch.device | None]
-        if len(stacks) == 1 and span > 0:  # every layer's keys on the stack's device, holding its bytes per token
-            device = stacks[0].device
+        if stack is not None and span > 0:  # every layer's keys on the stack's device, holding its bytes per token
+            device = stack.device
             devices = [device] * num_layers if len(kv_layers) == num_layers else [None] * num_layers
             if len(kv_layers) != num_layers:
                 for i in kv_layers:
                     devices[i] = device
-            per_token = stacks[0].nbytes // span
+            per_token = stack.nbytes // span
         else:
             devices, nbytes = [None] * num_layers, 0
             for i in kv_layers:
@@ -301,13 +302,14 @@ class WorkingCache(DynamicCache):
         run = Run.checked(keys, values, 0, length, devices, per_token)
         if copy_from is None:
             return run, None
+        if stack is not None:  # its views per layer are made when read (`Run.packed`)
+            return run, Run.packed(stack, kv_layers, num_layers, start, length, list(devices), per_token)
+        copies, stacks = pack(views, same_dtype)  # several stacks (or none: no layer with keys)
         num_kv = len(kv_layers)
-        if num_kv == num_layers:
-            tail_keys, tail_values = copies[:num_kv], copies[num_kv:]
-        else:  # layers without keys keep their None
-            tail_keys, tail_values = [None] * num_layers, [None] * num_layers
-            for j, i in enumerate(kv_layers):
-                tail_keys[i], tail_values[i] = copies[j], copies[num_kv + j]
+        tail_keys: list[torch.Tensor | None] = [None] * num_layers
+        tail_values: list[torch.Tensor | None] = [None] * num_layers
+        for j, i in enumerate(kv_layers):  # layers without keys keep their None
+            tail_keys[i], tail_values[i] = copies[j], copies[num_kv + j]
         tail = Run.checked(tail_keys, tail_values, start, length, list(devices), per_token)
         tail.buffers = stacks
         return run, tail
