@@ -10,6 +10,7 @@ Knows nothing about the tree or the store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -21,6 +22,10 @@ from hf_prefix_cache.model.layers import LayerState
 
 class Run:
     """Keys/values `[B, H, hi - lo, D]` per attention layer (None for layers without keys).
+
+    A run made from one stack (`WorkingCache.capture`'s copy of the new positions) makes its per-layer
+    views of the stack only when `keys` or `values` is first read: a copy the placement drops (its prefix
+    moved onto the whole run) or never reads again costs no view per layer.
 
     `devices` remembers where each layer's tensors belong, so a run brought back from host
     memory or disk goes to the device of its own layer (models split over several devices).
@@ -39,16 +44,17 @@ class Run:
     """
 
     __slots__ = (
+        "_keys",
+        "_packed",
+        "_values",
         "_views",
         "buffers",
         "devices",
         "hi",
-        "keys",
         "landing",
         "lo",
         "nbytes_per_token",
         "num_refs",
-        "values",
         "wait",
     )
 
@@ -61,8 +67,9 @@ class Run:
         devices: list[torch.device | None] | None = None,
         nbytes_per_token: int | None = None,
     ) -> None:
-        self.keys = keys
-        self.values = values
+        self._keys: list[torch.Tensor | None] | None = keys
+        self._values: list[torch.Tensor | None] | None = values
+        self._packed: tuple[torch.Tensor, tuple[int, ...], int] | None = None
         self.lo = lo
         self.hi = hi
         self.num_refs = 0  # stored segments reading this run: changed only by `take` and `give_back`
@@ -88,6 +95,74 @@ class Run:
             nbytes_per_token = total // max(span, 1)
         self.devices = found if devices is None else devices
         self.nbytes_per_token = nbytes_per_token
+
+    @property
+    def keys(self) -> list[torch.Tensor | None]:
+        """Each layer's keys (None for layers without keys)."""
+        keys = self._keys
+        return keys if keys is not None else self._unpack()[0]
+
+    @keys.setter
+    def keys(self, keys: list[torch.Tensor | None]) -> None:
+        self._keys = keys
+
+    @property
+    def values(self) -> list[torch.Tensor | None]:
+        """Each layer's values (None for layers without keys)."""
+        values = self._values
+        return values if values is not None else self._unpack()[1]
+
+    @values.setter
+    def values(self, values: list[torch.Tensor | None]) -> None:
+        self._values = values
+
+    def _unpack(self) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Make the per-layer views of a run made from one stack (`packed`); what was set since stays."""
+        assert self._packed is not None, "a run without keys or values"
+        stack, kv_layers, num_layers = self._packed
+        copies = stack.unbind(0)
+        num_kv = len(kv_layers)
+        keys: list[torch.Tensor | None]
+        values: list[torch.Tensor | None]
+        if num_kv == num_layers:
+            keys, values = list(copies[:num_kv]), list(copies[num_kv:])
+        else:  # layers without keys keep their None
+            keys, values = [None] * num_layers, [None] * num_layers
+            for j, i in enumerate(kv_layers):
+                keys[i], values[i] = copies[j], copies[num_kv + j]
+        if self._keys is None:
+            self._keys = keys
+        if self._values is None:
+            self._values = values
+        self._packed = None
+        return self._keys, self._values
+
+    @classmethod
+    def packed(
+        cls,
+        stack: torch.Tensor,
+        kv_layers: tuple[int, ...],
+        num_layers: int,
+        lo: int,
+        hi: int,
+        devices: list[torch.device | None],
+        nbytes_per_token: int,
+    ) -> Run:
+        """A run whose keys and values are `stack`: the keys of the `kv_layers` (of `num_layers`), then their values.
+
+        Its per-layer views are made when first read. `stack` is its one buffer (`buffers`).
+
+        >>> stack = torch.arange(8.0).view(2, 1, 1, 2, 2)  # one layer: its keys, then its values
+        >>> run = Run.packed(stack, (0,), 1, 3, 5, [torch.device("cpu")], 16)
+        >>> run.keys[0].tolist(), run.values[0].shape
+        ([[[[0.0, 1.0], [2.0, 3.0]]]], torch.Size([1, 1, 2, 2]))
+        """
+        assert stack.shape[0] == 2 * len(kv_layers), f"a stack of {stack.shape[0]} for {len(kv_layers)} layers"
+        run = cls.__new__(cls)
+        run._keys, run._values, run._packed, run.lo, run.hi = None, None, (stack, kv_layers, num_layers), lo, hi
+        run.num_refs, run.wait, run.landing, run.buffers, run._views = 0, None, None, [stack], None
+        run.devices, run.nbytes_per_token = devices, nbytes_per_token
+        return run
 
     @property
     def nbytes(self) -> int:
@@ -152,9 +227,10 @@ class Run:
         """A new run holding contiguous copies of `[lo, hi)`, laid out in one new buffer per device, dtype and shape.
 
         Tensors of one shape (every layer's keys and values, usually) are stacked by one kernel and
-        the copies are views of the stack: two calls into torch, however many layers there are. The
-        run's `buffers` are those stacks, which hold its keys and values and nothing else: a check
-        of every value (`all_finite`) reads them as a few tensors instead of one view per layer.
+        the copies are views of the stack: a view per tensor and two calls into torch, however many
+        layers there are. The run's `buffers` are those stacks, which hold its keys and values and
+        nothing else: a check of every value (`all_finite`) reads them as a few tensors instead of
+        one view per layer.
 
         >>> run = Run([torch.arange(8.0).view(1, 1, 4, 2)], [torch.ones(1, 1, 4, 2)], 0, 4)
         >>> copy = run.packed_copy(1, 3)
@@ -166,38 +242,92 @@ class Run:
         assert self.lo <= lo <= hi <= self.hi, f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})"
         if self.wait is not None or self.landing is not None:
             self._land(True)
-        a, b = lo - self.lo, hi - self.lo
+        a, span = lo - self.lo, hi - lo
         tensors = [*self.keys, *self.values]
-        # One pass over the layers: each sliced and grouped by what can share a stack.
-        groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
-        for i, t in enumerate(tensors):
-            if t is not None:
-                t = t[..., a:b, :]
-                where = (t.device, t.dtype, t.shape)
-                group = groups.get(where)
-                if group is None:
-                    groups[where] = ([i], [t])
-                else:
-                    group[0].append(i)
-                    group[1].append(t)
-        copies: list[torch.Tensor | None] = [None] * len(tensors)
-        stacks: list[torch.Tensor] = []
-        with torch.no_grad():
-            for members, views in groups.values():
-                stack = torch.stack(views)
-                stacks.append(stack)
-                for i, copy in zip(members, stack.unbind(0), strict=True):
-                    copies[i] = copy
+        views = [t.narrow(-2, a, span) for t in tensors if t is not None]
+        copies, stacks = pack(views)
+        if len(views) != len(tensors):  # layers without keys keep their None
+            made = iter(copies)
+            copies = [None if t is None else next(made) for t in tensors]
         num_layers = len(self.keys)
-        run = Run(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
+        run = Run.checked(copies[:num_layers], copies[num_layers:], lo, hi, list(self.devices), self.nbytes_per_token)
         run.buffers = stacks
+        return run
+
+    @classmethod
+    def checked(
+        cls,
+        keys: list[torch.Tensor | None],
+        values: list[torch.Tensor | None],
+        lo: int,
+        hi: int,
+        devices: list[torch.device | None],
+        nbytes_per_token: int,
+    ) -> Run:
+        """A run of tensors whose lengths (`hi - lo` positions each), devices and bytes the caller has worked out.
+
+        No pass over the layers, as `Run(...)` makes: for callers that have just made each tensor.
+        """
+        run = cls.__new__(cls)
+        run._keys, run._values, run._packed, run.lo, run.hi = keys, values, None, lo, hi
+        run.num_refs, run.wait, run.landing, run.buffers, run._views = 0, None, None, [], None
+        run.devices, run.nbytes_per_token = devices, nbytes_per_token
         return run
 
     def adopt(self, other: Run) -> None:
         """Hold `other`'s tensors and range instead of this run's own (a copy of part of it); references stay."""
         assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
-        self.keys, self.values, self.lo, self.hi = other.keys, other.values, other.lo, other.hi
-        self.buffers, self._views = other.buffers, None
+        self._keys, self._values, self._packed = other._keys, other._values, other._packed  # views unmade stay so
+        self.lo, self.hi, self.buffers, self._views = other.lo, other.hi, other.buffers, None
+
+
+def stack_one(views: list[torch.Tensor], same_dtype: bool = False) -> torch.Tensor | None:
+    """`views` stacked by one call, or None where they cannot share one stack (several dtypes, shapes or devices).
+
+    The dtype is checked here (`stack` would promote mixed ones) unless the caller says it checked
+    (`same_dtype`); `stack` itself refuses several shapes or devices.
+    """
+    if not views or not (same_dtype or len({v.dtype for v in views}) == 1):
+        return None
+    try:
+        with torch.no_grad():
+            return torch.stack(views)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:  # several shapes or devices
+        return None
+
+
+def pack(views: list[torch.Tensor], same_dtype: bool = False) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """Contiguous copies of `views` (in their order) and the stacks that hold them, one per device, dtype and shape.
+
+    One stack where they can share it (`stack_one`); otherwise grouped.
+
+    >>> copies, stacks = pack([torch.ones(2, 3)[:, :1], torch.zeros(2, 1), torch.ones(4)])
+    >>> [tuple(c.shape) for c in copies], [tuple(s.shape) for s in stacks]
+    ([(2, 1), (2, 1), (4,)], [(2, 2, 1), (1, 4)])
+    """
+    stack = stack_one(views, same_dtype)
+    if stack is not None:
+        return list(stack.unbind(0)), [stack]
+    groups: dict[tuple[torch.device, torch.dtype, torch.Size], tuple[list[int], list[torch.Tensor]]] = {}
+    for i, t in enumerate(views):
+        where = (t.device, t.dtype, t.shape)
+        group = groups.get(where)
+        if group is None:
+            groups[where] = ([i], [t])
+        else:
+            group[0].append(i)
+            group[1].append(t)
+    copies: list[torch.Tensor | None] = [None] * len(views)
+    stacks: list[torch.Tensor] = []
+    with torch.no_grad():
+        for members, same in groups.values():
+            stack = torch.stack(same)
+            stacks.append(stack)
+            for i, copy in zip(members, stack.unbind(0), strict=True):
+                copies[i] = copy
+    return copies, stacks
 
 
 @dataclass(slots=True)
@@ -245,7 +375,8 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
     """Whether every floating-point tensor of `tensors` holds only finite values (meta tensors hold none).
 
     The checks run on each tensor's own device and are reduced there, so a device costs one
-    synchronisation however many tensors it holds.
+    synchronisation however many tensors it holds; a device holding one tensor (a packed copy's
+    stack) costs one reduction and that read.
 
     >>> all_finite([torch.ones(2), torch.tensor([0.0, float("nan")])])
     False
@@ -263,21 +394,19 @@ def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
                 group.append(t)
     per_device: dict[torch.device, list[torch.Tensor]] = {}
     for (device, dtype), members in groups.items():
-        # One reduction per group: a NaN or inf anywhere makes its tensor's norm NaN or inf. Summed in
-        # float32, so half-precision states cannot overflow it; only magnitudes near 1e19 could, and
-        # those are not stored either. A group of one tensor (a packed copy's stack) takes one plain norm.
-        wide = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed
-        if len(members) == 1:
-            norms = [torch.linalg.vector_norm(members[0], 2, dtype=wide)]
-        else:
-            norms = list(torch._foreach_norm(members, 2, dtype=wide))
+        # One reduction per group, accumulated in float32 (float64 for float64 states, never narrowed): a NaN
+        # anywhere makes it NaN, an infinity makes it infinite or NaN (opposite infinities), and finite values
+        # make it finite unless they add up beyond float32's range (magnitudes near 1e38, not stored either).
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        # Several tensors: the sums of their magnitudes, in one dispatch.
+        sums = [members[0].sum(dtype=wide)] if len(members) == 1 else list(torch._foreach_norm(members, 1, dtype=wide))
         held = per_device.get(device)
         if held is None:
-            per_device[device] = norms
+            per_device[device] = sums
         else:
-            held.extend(norms)
-    for norms in per_device.values():
-        norm = norms[0] if len(norms) == 1 else torch.stack(norms)
-        if not bool(norm.isfinite().all()):
+            held.extend(sums)
+    for sums in per_device.values():
+        total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+        if not math.isfinite(total.item()):
             return False
     return True

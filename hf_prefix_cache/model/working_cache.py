@@ -24,7 +24,7 @@ from hf_prefix_cache.model.layers import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.states import ItemState, Run, Snapshot, pack, stack_one
 
 KVPieces = Sequence[tuple[Sequence[torch.Tensor | None], Sequence[torch.Tensor | None]]]
 
@@ -108,29 +108,32 @@ class WorkingCache(DynamicCache):
             assert keys is None and values is None and snapshot is None and not items
             self._restore_landing(length, landing[0], landing[1], batch_size)
             return
-        assert batch_size == 1 or not self.profile.has_state, "batched restores are for attention-only models"
-        recurrent: list[tuple[Any, LayerAdapter, LayerState]] = []  # states by reference: cloned together below
-        for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            if adapter.has_kv:
-                assert keys is not None and values is not None
+        profile, layers = self.profile, self.layers
+        assert batch_size == 1 or not profile.has_state, "batched restores are for attention-only models"
+        adapters = profile.adapters
+        if profile.kv_layers:  # the layers with keys, then those with states (the profile lists each once)
+            assert keys is not None and values is not None
+            for i in profile.kv_layers:
                 k, v = keys[i], values[i]
                 assert k is not None and v is not None, f"layer {i} has no stored keys"
                 if batch_size > 1:
                     k, v = k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)
-                adapter.restore_kv(layer, k, v, length)
-            if adapter.has_state:
-                assert snapshot is not None, f"a state restore of {length} tokens without a snapshot"
-                assert snapshot.length - snapshot.reach <= length <= snapshot.length, (
-                    f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
-                )
-                state = snapshot.states[i]
-                if length != snapshot.length:
-                    assert adapter.restores_below_length, "only window states restore below their length"
-                    state = adapter.at(state, length)
-                if adapter.has_state_refs:
-                    recurrent.append((layer, adapter, state))
-                else:
-                    adapter.restore_state(layer, state)
+                adapters[i].restore_kv(layers[i], k, v, length)
+        recurrent: list[tuple[Any, LayerAdapter, LayerState]] = []  # states by reference: cloned together below
+        for i in profile.state_layers:
+            adapter = adapters[i]
+            assert snapshot is not None, f"a state restore of {length} tokens without a snapshot"
+            assert snapshot.length - snapshot.reach <= length <= snapshot.length, (
+                f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
+            )
+            state = snapshot.states[i]
+            if length != snapshot.length:
+                assert adapter.restores_below_length, "only window states restore below their length"
+                state = adapter.at(state, length)
+            if adapter.has_state_refs:
+                recurrent.append((layers[i], adapter, state))
+            else:
+                adapter.restore_state(layers[i], state)
         if recurrent:
             clones = clone_states([state for _, _, state in recurrent])
             for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
@@ -238,25 +241,78 @@ class WorkingCache(DynamicCache):
 
     def capture_run(self, length: int, row: int | None = None) -> Run:
         """The keys/values of positions `[0, length)` (of one batch `row`), by reference."""
+        return self.capture(length, row)[0]
+
+    def capture(self, length: int, row: int | None = None, copy_from: int | None = None) -> tuple[Run, Run | None]:
+        """`capture_run`, and with `copy_from` a packed copy (`Run.packed_copy`) of its positions `[copy_from, length)`.
+
+        One pass over the layers makes both: each layer's keys are read once, while they are at hand. Where
+        the copy is one stack, its device and size are every layer's (`stack` takes one device), so the run
+        needs no read of either per layer.
+        """
         if self._landing is not None:
             self.land()
-        keys: list[torch.Tensor | None] = []
-        values: list[torch.Tensor | None] = []
-        for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            kv = adapter.capture_kv(layer) if adapter.has_kv else None
-            if adapter.has_kv:
+        layers, adapters, kv_layers = self.layers, self.profile.adapters, self.profile.kv_layers
+        num_layers = len(layers)
+        keys: list[torch.Tensor | None] = [None] * num_layers
+        values: list[torch.Tensor | None] = [None] * num_layers
+        fresh_keys: list[torch.Tensor] = []
+        fresh_values: list[torch.Tensor] = []
+        start = length if copy_from is None else copy_from
+        span = length - start
+        dtype, same_dtype = None, True
+        # Each layer with keys checked, cut only where it holds more (each view costs a dispatch), and its new
+        # positions viewed for the copy.
+        for i in kv_layers:
+            kv = adapters[i].capture_kv(layers[i])
+            assert kv is not None, f"layer {i} holds no positions, expected {length}"
+            k, v = kv
+            held = k.shape[-2]
+            if held != length:
                 # Fewer only up to an indexer's tie (`exact_length`): what precedes it, by reference too.
-                shorter = self.tied_at is not None and kv is not None and length <= kv[0].shape[-2]
-                assert kv is not None and (kv[0].shape[-2] == length or shorter), (
-                    f"layer {i} holds {None if kv is None else kv[0].shape[-2]} positions, expected {length}"
-                )
-                if kv[0].shape[-2] != length:  # a view only where it cuts something (each view costs a dispatch)
-                    kv = kv[0][..., :length, :], kv[1][..., :length, :]
-            if kv is not None and row is not None:
-                kv = kv[0][row : row + 1], kv[1][row : row + 1]
-            keys.append(kv[0] if kv is not None else None)
-            values.append(kv[1] if kv is not None else None)
-        return Run(keys, values, 0, length)
+                assert self.tied_at is not None and length < held, f"layer {i} holds {held} positions, not {length}"
+                k, v = k[..., :length, :], v[..., :length, :]
+            if row is not None:
+                k, v = k[row : row + 1], v[row : row + 1]
+            keys[i], values[i] = k, v
+            if copy_from is not None:
+                fresh_keys.append(k.narrow(-2, start, span))
+                fresh_values.append(v.narrow(-2, start, span))
+                if dtype is None:
+                    dtype = k.dtype
+                same_dtype = same_dtype and k.dtype is dtype and v.dtype is dtype
+        views = fresh_keys + fresh_values
+        stack = stack_one(views, same_dtype) if copy_from is not None else None
+        devices: list[torch.device | None]
+        if stack is not None and span > 0:  # every layer's keys on the stack's device, holding its bytes per token
+            device = stack.device
+            devices = [device] * num_layers if len(kv_layers) == num_layers else [None] * num_layers
+            if len(kv_layers) != num_layers:
+                for i in kv_layers:
+                    devices[i] = device
+            per_token = stack.nbytes // span
+        else:
+            devices, nbytes = [None] * num_layers, 0
+            for i in kv_layers:
+                key, value = keys[i], values[i]
+                assert key is not None and value is not None
+                devices[i] = key.device
+                nbytes += key.nbytes + value.nbytes
+            per_token = nbytes // max(length, 1)
+        run = Run.checked(keys, values, 0, length, devices, per_token)
+        if copy_from is None:
+            return run, None
+        if stack is not None:  # its views per layer are made when read (`Run.packed`)
+            return run, Run.packed(stack, kv_layers, num_layers, start, length, list(devices), per_token)
+        copies, stacks = pack(views, same_dtype)  # several stacks (or none: no layer with keys)
+        num_kv = len(kv_layers)
+        tail_keys: list[torch.Tensor | None] = [None] * num_layers
+        tail_values: list[torch.Tensor | None] = [None] * num_layers
+        for j, i in enumerate(kv_layers):  # layers without keys keep their None
+            tail_keys[i], tail_values[i] = copies[j], copies[num_kv + j]
+        tail = Run.checked(tail_keys, tail_values, start, length, list(devices), per_token)
+        tail.buffers = stacks
+        return run, tail
 
     def restore_rows(self, parts: Sequence[tuple[WorkingCache, int]], length: int, expand: int = 1) -> None:
         """Load a batch whose rows were restored one by one: each part's cache behind its left padding.

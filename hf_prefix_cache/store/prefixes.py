@@ -334,7 +334,10 @@ class Prefixes:
         computed_from: int,
     ) -> _Capture | None:
         """The cache's states of `[0, length)` (one `row` of a batch) and its snapshots; None if not finite."""
-        run = cache.capture_run(length, row) if self.profile.has_kv else None
+        start = min(computed_from, length)
+        # After a restored prefix the tree likely keeps just the new positions: they are copied out once (one
+        # stack) and the check reads that copy; a chat turn whose prefix moves onto this run drops the copy.
+        run, tail = cache.capture(length, row, start if start > 0 else None) if self.profile.has_kv else (None, None)
         all_snapshots = list(snapshots)
         if self.profile.has_state:
             all_snapshots.append(cache.snapshot(length))
@@ -342,15 +345,10 @@ class Prefixes:
             all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
         if items:
             self._devices.remember(items[0])
-        start = min(computed_from, length)
-        tail = run.packed_copy(start, length) if run is not None and start > 0 else None
-        # After a restored prefix the tree likely keeps just the new positions: they are copied out once (one
-        # stack) and the check reads that copy; a chat turn whose prefix moves onto this run drops the copy.
         if tail is not None:
             fresh: list[torch.Tensor | None] = list(tail.buffers)
-        elif run is not None:
-            keys, values = run.slice(start, length)
-            fresh = keys + values
+        elif run is not None:  # nothing restored: every position is new, and the run holds exactly those
+            fresh = [*run.keys, *run.values]
         else:
             fresh = []
         if not all_finite([*fresh, *state_tensors(all_snapshots), *state_tensors(items)]):
