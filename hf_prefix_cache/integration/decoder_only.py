@@ -151,13 +151,13 @@ class DecoderOnlyHook(PatchingHook):
         self, args: tuple[Any, ...], kwargs: dict[str, Any], session: Session | None
     ) -> tuple[_Call, str | None]:
         """Step 1, check: the call's ids and settings, or why it cannot reuse safely."""
-        bound = self._signature.bind_partial(*args, **kwargs)
-        input_ids = bound.arguments.get("inputs")
+        arguments = self._arguments(args, kwargs)
+        input_ids = arguments.get("inputs")
         if input_ids is None:
             input_ids = kwargs.get("input_ids")
         prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         call = _Call(args, kwargs, input_ids, prompt_len, session)
-        checked = check_call(self._profile, self._model, self._signature, input_ids, bound.arguments, kwargs)
+        checked = check_call(self._profile, self._model, self._signature, input_ids, arguments, kwargs)
         settings, reason = checked.settings, checked.reason
         if settings is None:
             return call, reason  # refused before the prompt was read
@@ -167,7 +167,7 @@ class DecoderOnlyHook(PatchingHook):
         # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
         call.drop_impl = bool(settings.cache_implementation)
         call.expand, call.beams = settings.expand, (settings.num_beams or 1) > 1
-        call.assisted = settings.assisted or bound.arguments.get("assistant_model") is not None
+        call.assisted = settings.assisted or arguments.get("assistant_model") is not None
         if settings.static is not None:
             # Sized as generate sizes it: the longest sequence but its last token (or the config's own size).
             new = settings.max_new_tokens

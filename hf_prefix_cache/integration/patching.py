@@ -86,9 +86,29 @@ class PatchingHook:
         self._patches: list[_Removable] = []
         self._original = self._patch("generate", self).original
         self._signature = generate_signature(model, self._original)
+        params = self._signature.parameters.values()
+        self._positional = tuple(p.name for p in params if p.kind in _POSITIONAL)
+        self._var_keyword = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A call's arguments by parameter name, its ``**kwargs`` among them (what `Signature.bind_partial` binds,
+        flattened, at the cost of a dict): positional arguments by the names of `_signature`'s positional
+        parameters. A call that cannot be bound this way (more positional arguments than names, a name given
+        twice) is bound by `bind_partial`, which raises as `generate` would.
+        """
+        names = self._positional
+        if len(args) <= len(names):
+            arguments = dict(zip(names, args, strict=False))  # the first len(args) names
+            if arguments.keys().isdisjoint(kwargs):
+                arguments.update(kwargs)
+                return arguments
+        arguments = dict(self._signature.bind_partial(*args, **kwargs).arguments)
+        if self._var_keyword is not None:
+            arguments.update(arguments.pop(self._var_keyword, {}))
+        return arguments
 
     def _patch(self, name: str, replacement: Callable[..., Any]) -> InstancePatch:
         """Replace `model.<name>` by `replacement` until `detach`."""
@@ -105,6 +125,9 @@ class PatchingHook:
         patches, self._patches = self._patches, []
         for patch in patches:
             patch.remove()
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def generate_signature(model: Any, original: Callable[..., Any]) -> inspect.Signature:
