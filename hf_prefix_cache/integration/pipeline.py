@@ -249,12 +249,8 @@ def sequence_keys(
             if host[:, -1].all():  # each row's flag, read off its end
                 rows = []
                 for row, new in zip(known_rows, rows_of(host[:, :-1]), strict=True):
-                    # As `TokenIds` when the known row has its bytes too (tuples concatenate in C).
-                    joined = (
-                        TokenIds(tuple.__add__(row, new), row.packed + new.packed)
-                        if isinstance(row, TokenIds)
-                        else [*row, *new]
-                    )
+                    # As `TokenIds` when the known row has its bytes too (the bytes concatenate, no int is made).
+                    joined = TokenIds.from_bytes(row.packed + new.packed) if isinstance(row, TokenIds) else [*row, *new]
                     rows.append(joined)
     if rows is None:
         rows = list(token_rows(sequences[:, :length]))

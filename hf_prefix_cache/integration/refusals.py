@@ -288,12 +288,11 @@ def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
 
 
 def rows_of(host: NDArray[np.int64]) -> list[TokenIds]:
-    """The rows of a 2-D int64 host array as `TokenIds`: the ints and their bytes from the same copy."""
+    """The rows of a 2-D int64 host array as `TokenIds`, from their bytes (no Python int is made)."""
+    if host.shape[0] == 1:
+        return [TokenIds.from_bytes(host.tobytes())]
     data, width = host.tobytes(), 8 * host.shape[1]  # C order: row after row
-    rows = []
-    for i, row in enumerate(host.tolist()):
-        rows.append(TokenIds(row, data[i * width : (i + 1) * width]))
-    return rows
+    return [TokenIds.from_bytes(data[i * width : (i + 1) * width]) for i in range(host.shape[0])]
 
 
 def token_rows(ids: torch.Tensor) -> list[TokenIds]:

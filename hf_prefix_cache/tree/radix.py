@@ -3,7 +3,9 @@
 Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
 torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
 when an edge splits (`NodeValue`). Symbols are any hashable values compared by equality (token
-ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`).
+ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`), and the key
+of a node it inserts is a `TokenIds` as well, so a hit makes no Python int of its ids but the
+few the walk reads to find each child.
 
 Each namespace has its own root, so entries of different namespaces never share nodes,
 while eviction still orders all of them by one clock.
@@ -23,7 +25,7 @@ calls out of these loops; the store runs them on every request.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from time import monotonic
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -75,11 +77,11 @@ class Node(Generic[V]):
         "value",
     )
 
-    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: tuple[Hashable, ...], start: int) -> None:
+    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: Sequence[Hashable], start: int) -> None:
         self.namespace = namespace
         self.parent = parent
         self.key = key
-        self.packed: bytes | None = None  # the key as int64 bytes, when it was inserted from `TokenIds`
+        self.packed: bytes | None = None  # the key's int64 bytes, when inserted from `TokenIds` (as is the key)
         self.start = start
         self.children: dict[Hashable, Node[V]] = {}
         self.value: V | None = None
@@ -171,13 +173,13 @@ class RadixTree(Generic[V]):
             return MatchResult(0, ())
         path: list[Node[V]] = []
         node, pos, n = root, 0, len(symbols)
-        # `symbols[pos]` through C (a `TokenIds` indexes through Python otherwise); its bytes when it has them.
-        at: Callable[[Any, int], Hashable] = (
-            tuple.__getitem__ if isinstance(symbols, tuple) else type(symbols).__getitem__
-        )
-        query = symbols.packed if isinstance(symbols, TokenIds) else None
+        # `seq[pos]` in C: a `TokenIds` is indexed through its bytes' view (no Python int but the one read).
+        seq: Sequence[Hashable] = symbols
+        query = None
+        if isinstance(symbols, TokenIds):
+            seq, query = symbols.view, symbols.packed
         while pos < n:
-            child = node.children.get(at(symbols, pos))
+            child = node.children.get(seq[pos])
             if child is None:
                 break
             size = len(child.key)
@@ -212,7 +214,7 @@ class RadixTree(Generic[V]):
 
     def symbols_of(self, node: Node[V]) -> tuple[Hashable, ...]:
         """The whole sequence from the root to the end of `node`."""
-        keys: list[tuple[Hashable, ...]] = []
+        keys: list[Sequence[Hashable]] = []
         walk: Node[V] | None = node
         while walk is not None and not walk.is_root:
             keys.append(walk.key)
@@ -247,14 +249,15 @@ class RadixTree(Generic[V]):
             parent = last if last is not None else self._roots.get(namespace)
             if parent is None:
                 parent = self._roots[namespace] = Node(namespace, None, (), 0)
-            key = (
-                tuple.__getitem__(symbols, slice(matched_len, None))
-                if isinstance(symbols, tuple)
-                else tuple(symbols[matched_len:])
-            )
-            new_node = Node(namespace, parent, key, matched_len)
+            key: Sequence[Hashable]
             if isinstance(symbols, TokenIds):
-                new_node.packed = symbols.packed[8 * matched_len :]
+                # Token ids stay bytes: the key is a `TokenIds` too (its ints made only if asked for).
+                key = TokenIds.from_bytes(symbols.packed[8 * matched_len :])
+            else:
+                key = tuple(symbols[matched_len:])
+            new_node = Node(namespace, parent, key, matched_len)
+            if isinstance(key, TokenIds):
+                new_node.packed = key.packed
             value = make_value(matched_len, n)
             new_node.value = value
             new_node.nbytes = value.nbytes
