@@ -7,7 +7,7 @@ outputs a hit could not reproduce. Each rule returns a reason from `reasons.py` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -250,32 +250,35 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
     A mask of zeros then ones in every row is left padding: each row's tokens start after its zeros
     (`pads`). Any other mask with zeros (right or inner padding, other values) is `padding`, and so are
     pad tokens without a mask (transformers would infer a mask from them). One read of the device: the
-    ids travel with each row's padding and a flag for its mask's shape, reduced on the device.
+    ids and the mask travel together (one concatenation) and are checked on the host copy.
 
     >>> read_prompt(torch.tensor([[5, 6], [7, 8]]), torch.tensor([[0, 1], [1, 1]]), None)
     Prompt(rows=[(6,), (7, 8)], pads=(1, 0), reason=None)
     >>> read_prompt(torch.tensor([[5, 6]]), torch.tensor([[1, 0]]), None).reason
     'padding'
     """
-    width = input_ids.shape[-1]
-    none = (0,) * input_ids.shape[0]
+    num_rows, width = input_ids.shape[0], input_ids.shape[-1]
+    none = (0,) * num_rows
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
         return Prompt(rows_of(read_to_host(input_ids)), none, reasons.ATTENTION_MASK_SHAPE)
     if mask is None:
-        rows = rows_of(read_to_host(input_ids))
+        host = read_to_host(input_ids)
         pad = getattr(config, "pad_token_id", None)  # transformers infers a mask only from a pad token it knows
-        return Prompt(rows, none, reasons.PADDING if pad is not None and _has_pad(rows, pad, config) else None)
-    # Zeros then ones: the row equals its count of zeros in zeros, then ones (any other value, or a zero after a one,
-    # differs). Seven operations on the device (each a kernel launch on a GPU).
-    pads = (mask == 0).sum(-1, keepdim=True)
-    left = (mask == (torch.arange(width, device=mask.device) >= pads)).all(-1, keepdim=True)
-    host = read_to_host(torch.cat([input_ids, pads.to(input_ids.device), left.to(input_ids.device)], 1))
-    full = rows_of(host[:, :-2])
-    row_pads = tuple(host[:, -2].tolist())
-    if not host[:, -1].all() or max(row_pads) >= width:
-        return Prompt(full, none, reasons.PADDING)  # not left padding, or a row with no token at all
-    if not any(row_pads):
-        return Prompt(full, row_pads, None)
+        return Prompt(rows_of(host), none, reasons.PADDING if pad is not None and _has_pad(host, pad, config) else None)
+    if mask.is_floating_point() or mask.is_complex():
+        mask = torch.where(mask == 0, 0, torch.where(mask == 1, 1, 2))  # 2: any other value (a rare mask's dtype)
+    # The mask's rows below the ids' rows, as int64: one concatenation, one read.
+    host = read_to_host(torch.cat([input_ids.to(torch.int64), mask.to(input_ids.device, torch.int64)]))
+    ids, marks = host[:num_rows], host[num_rows:]
+    if width and (marks == 1).all():
+        return Prompt(rows_of(ids), none, None)
+    # Zeros then ones: each row equals its count of zeros in zeros, then ones (any other value, or a zero after a
+    # one, differs).
+    pads = (marks == 0).sum(1)
+    row_pads = tuple(pads.tolist())
+    if not (marks == (np.arange(width) >= pads[:, None])).all() or max(row_pads) >= width:
+        return Prompt(rows_of(ids), none, reasons.PADDING)  # not left padding, or a row with no token at all
+    full = rows_of(ids)
     return Prompt([row[p:] for row, p in zip(full, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
 
 
@@ -304,10 +307,14 @@ def token_rows(ids: torch.Tensor) -> list[TokenIds]:
     return rows_of(read_to_host(ids))
 
 
-def _has_pad(rows: Sequence[Sequence[int]], pad: int, config: Any) -> bool:
-    """`infers_padding` on rows already on the host, for the pad token `pad` of `config`."""
+def _has_pad(host: NDArray[np.int64], pad: Any, config: Any) -> bool:
+    """`infers_padding` on ids already on the host (`host`), for the pad token `pad` of `config`."""
     eos = config.eos_token_id
-    return pad not in (eos if isinstance(eos, list) else [eos]) and any(pad in row for row in rows)
+    if pad in (eos if isinstance(eos, list) else [eos]):
+        return False
+    if isinstance(pad, int) and -(2**63) <= pad < 2**63:
+        return bool((host == pad).any())
+    return any(pad in row for row in rows_of(host))
 
 
 def infers_padding(input_ids: torch.Tensor, config: Any) -> bool:
