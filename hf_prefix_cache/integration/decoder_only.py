@@ -351,8 +351,8 @@ class DecoderOnlyHook(PatchingHook):
             # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
             assert kv_len is not None
             cache.trim(kv_len, range(len(rows)))
-        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`); the prompt's rows are read already.
-        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length(), prompt=(call.input_ids, rows))
+        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
+        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length())
         batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
         for row, key in enumerate(keys):
             store.insert_sequence(
