@@ -7,6 +7,7 @@ outputs a hit could not reproduce. Each rule returns a reason from `reasons.py` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -269,9 +270,10 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
         mask = torch.where(mask == 0, 0, torch.where(mask == 1, 1, 2))  # 2: any other value (a rare mask's dtype)
     # The mask's rows below the ids' rows, as int64: one concatenation, one read.
     host = read_to_host(torch.cat([input_ids.to(torch.int64), mask.to(input_ids.device, torch.int64)]))
+    data, size = host.tobytes(), 8 * num_rows * width
+    if width and data.endswith(_ones(size)):  # a mask of ones (no padding): one memcmp
+        return Prompt(_split_rows(data[:size], num_rows), none, None)
     ids, marks = host[:num_rows], host[num_rows:]
-    if width and (marks == 1).all():
-        return Prompt(rows_of(ids), none, None)
     # Zeros then ones: each row equals its count of zeros in zeros, then ones (any other value, or a zero after a
     # one, differs).
     pads = (marks == 0).sum(1)
@@ -292,10 +294,24 @@ def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
 
 def rows_of(host: NDArray[np.int64]) -> list[TokenIds]:
     """The rows of a 2-D int64 host array as `TokenIds`, from their bytes (no Python int is made)."""
-    if host.shape[0] == 1:
-        return [TokenIds.from_bytes(host.tobytes())]
-    data, width = host.tobytes(), 8 * host.shape[1]  # C order: row after row
-    return [TokenIds.from_bytes(data[i * width : (i + 1) * width]) for i in range(host.shape[0])]
+    return _split_rows(host.tobytes(), host.shape[0])
+
+
+def _split_rows(data: bytes, num_rows: int) -> list[TokenIds]:
+    """`num_rows` rows of int64 ids, one after the other in `data`, as `TokenIds`."""
+    if num_rows == 1:
+        return [TokenIds.from_bytes(data)]
+    width = len(data) // num_rows
+    return [TokenIds.from_bytes(data[i * width : (i + 1) * width]) for i in range(num_rows)]
+
+
+@functools.lru_cache(maxsize=4)
+def _ones(nbytes: int) -> bytes:
+    """`nbytes` bytes of int64 ones (native order), to compare a mask with (kept for a few prompt sizes)."""
+    return _ONE * (nbytes // 8)
+
+
+_ONE = np.ones(1, np.int64).tobytes()
 
 
 def token_rows(ids: torch.Tensor) -> list[TokenIds]:
