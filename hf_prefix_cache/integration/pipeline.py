@@ -1,6 +1,6 @@
 """The request pipeline every family shares: check, key, restore, generate, store.
 
-A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespace and tree
+A hook checks the call (its own inputs, then `checks.py`) and keys it (namespace and tree
 symbols); the functions here do the rest with the store's contract (`store/contract.py`):
 
 - `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
@@ -29,7 +29,7 @@ import torch
 
 from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import IncompatibleModelError
-from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
+from hf_prefix_cache.integration.checks import read_to_host, rows_of, token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
