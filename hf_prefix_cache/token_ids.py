@@ -32,10 +32,12 @@ class TokenIds(Sequence[int]):
     (True, True, (5, 6, 7))
     """
 
-    __slots__ = ("_ids", "_view", "packed")
+    __slots__ = ("_ids", "packed", "view")
 
+    #: The ids as int64 bytes (native order).
     packed: bytes
-    _view: memoryview
+    #: The same bytes as a read-only `memoryview` of format ``"q"``: indexing, iteration and `len` in C.
+    view: memoryview
     _ids: tuple[int, ...] | None
 
     def __init__(self, ids: Iterable[int], packed: bytes) -> None:
@@ -43,7 +45,7 @@ class TokenIds(Sequence[int]):
         ints = tuple(ids)
         assert len(packed) == 8 * len(ints), f"{len(packed)} bytes for {len(ints)} token ids"
         self.packed = packed
-        self._view = memoryview(packed).cast("q")
+        self.view = memoryview(packed).cast("q")
         self._ids = ints
 
     @classmethod
@@ -51,7 +53,7 @@ class TokenIds(Sequence[int]):
         """The ids whose int64 bytes (native order) are `packed`; no Python int is made."""
         self = cls.__new__(cls)
         self.packed = packed
-        self._view = memoryview(packed).cast("q")  # raises on a length that is not a whole number of ids
+        self.view = memoryview(packed).cast("q")  # raises on a length that is not a whole number of ids
         self._ids = None
         return self
 
@@ -60,13 +62,8 @@ class TokenIds(Sequence[int]):
         """The ids as a tuple of Python ints, built on first use and kept."""
         ids = self._ids
         if ids is None:
-            ids = self._ids = tuple(self._view.tolist())
+            ids = self._ids = tuple(self.view.tolist())
         return ids
-
-    @property
-    def view(self) -> memoryview:
-        """The ids as a read-only `memoryview` of format ``"q"``: indexing and iteration in C."""
-        return self._view
 
     def __len__(self) -> int:
         return len(self.packed) >> 3
@@ -79,23 +76,23 @@ class TokenIds(Sequence[int]):
 
     def __getitem__(self, index: SupportsIndex | slice) -> int | TokenIds | tuple[int, ...]:
         if not isinstance(index, slice):
-            value: int = self._view[index]
+            value: int = self.view[index]
             return value
         start, stop, step = index.indices(len(self.packed) >> 3)
         if step != 1:
-            return tuple(self._view[index].tolist())
+            return tuple(self.view[index].tolist())
         if start == 0 and stop << 3 >= len(self.packed):
             return self
         return TokenIds.from_bytes(self.packed[8 * start : 8 * max(start, stop)])
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._view)
+        return iter(self.view)
 
     def __reversed__(self) -> Iterator[int]:
-        return reversed(self._view)
+        return reversed(self.view)
 
     def __contains__(self, value: object) -> bool:
-        return value in self._view
+        return value in self.view
 
     def index(self, value: Any, start: int = 0, stop: int = 2**62) -> int:
         return self.ids.index(value, start, stop)
@@ -109,7 +106,7 @@ class TokenIds(Sequence[int]):
         if isinstance(other, tuple):
             return len(other) == len(self.packed) >> 3 and self.ids == other
         if isinstance(other, list):
-            return len(other) == len(self.packed) >> 3 and self._view.tolist() == other
+            return len(other) == len(self.packed) >> 3 and self.view.tolist() == other
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:

@@ -275,26 +275,30 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
     num_rows, width = input_ids.shape[0], input_ids.shape[-1]
     none = (0,) * num_rows
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
-        return Prompt(rows_of(read_to_host(input_ids)), none, reasons.ATTENTION_MASK_SHAPE)
+        return Prompt(rows_of(read_to_host(input_ids).tobytes(), num_rows), none, reasons.ATTENTION_MASK_SHAPE)
     if mask is None:
         host = read_to_host(input_ids)
         pad = getattr(config, "pad_token_id", None)  # transformers infers a mask only from a pad token it knows
-        return Prompt(rows_of(host), none, reasons.PADDING if pad is not None and _has_pad(host, pad, config) else None)
+        return Prompt(
+            rows_of(host.tobytes(), num_rows),
+            none,
+            reasons.PADDING if pad is not None and _has_pad(host, pad, config) else None,
+        )
     if mask.is_floating_point() or mask.is_complex():
         mask = torch.where(mask == 0, 0, torch.where(mask == 1, 1, 2))  # 2: any other value (a rare mask's dtype)
     # The mask's rows below the ids' rows, as int64: one concatenation, one read.
     host = read_to_host(torch.cat([input_ids.to(torch.int64), mask.to(input_ids.device, torch.int64)]))
-    data, size = host.tobytes(), 8 * num_rows * width
-    if width and data.endswith(_ones(size)):  # a mask of ones (no padding): one memcmp
-        return Prompt(_split_rows(data[:size], num_rows), none, None)
-    ids, marks = host[:num_rows], host[num_rows:]
+    data, size = host[:num_rows].tobytes(), 8 * num_rows * width
+    if width and _ones(size).startswith(host.data.cast("B")[size:]):  # a mask of ones: one memcmp, in place
+        return Prompt(rows_of(data, num_rows), none, None)
+    marks = host[num_rows:]
     # Zeros then ones: each row equals its count of zeros in zeros, then ones (any other value, or a zero after a
     # one, differs).
     pads = (marks == 0).sum(1)
     row_pads = tuple(pads.tolist())
     if not (marks == (np.arange(width) >= pads[:, None])).all() or max(row_pads) >= width:
-        return Prompt(rows_of(ids), none, reasons.PADDING)  # not left padding, or a row with no token at all
-    full = rows_of(ids)
+        return Prompt(rows_of(data, num_rows), none, reasons.PADDING)  # not left padding, or a row with no token at all
+    full = rows_of(data, num_rows)
     return Prompt([row[p:] for row, p in zip(full, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
 
 
@@ -306,13 +310,13 @@ def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
     return array
 
 
-def rows_of(host: NDArray[np.int64]) -> list[TokenIds]:
-    """The rows of a 2-D int64 host array as `TokenIds`, from their bytes (no Python int is made)."""
-    return _split_rows(host.tobytes(), host.shape[0])
+def rows_of(data: bytes, num_rows: int) -> list[TokenIds]:
+    """`num_rows` rows of int64 ids, one after the other in `data` (a host array's `tobytes()`), as `TokenIds`:
+    no Python int is made.
 
-
-def _split_rows(data: bytes, num_rows: int) -> list[TokenIds]:
-    """`num_rows` rows of int64 ids, one after the other in `data`, as `TokenIds`."""
+    >>> rows_of(np.array([[5, 6], [7, 8]]).tobytes(), 2)[1][1:]
+    (8,)
+    """
     if num_rows == 1:
         return [TokenIds.from_bytes(data)]
     width = len(data) // num_rows
@@ -334,7 +338,7 @@ def token_rows(ids: torch.Tensor) -> list[TokenIds]:
     >>> token_rows(torch.tensor([[5, 6], [7, 8]]))[1][1:]
     (8,)
     """
-    return rows_of(read_to_host(ids))
+    return rows_of(read_to_host(ids).tobytes(), ids.shape[0])
 
 
 def _has_pad(host: NDArray[np.int64], pad: Any, config: Any) -> bool:
@@ -344,7 +348,7 @@ def _has_pad(host: NDArray[np.int64], pad: Any, config: Any) -> bool:
         return False
     if isinstance(pad, int) and -(2**63) <= pad < 2**63:
         return bool((host == pad).any())
-    return any(pad in row for row in rows_of(host))
+    return any(pad in row for row in rows_of(host.tobytes(), len(host)))
 
 
 def infers_padding(input_ids: torch.Tensor, config: Any) -> bool:

@@ -316,14 +316,14 @@ class DecoderOnlyHook(PatchingHook):
         self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]
     ) -> None:
         """Step 5, store: count the request, then store each finished row with its states."""
-        store, rows = self._store, call.rows
+        store, rows, prompt_len = self._store, call.rows, call.prompt_len  # no row has padding here (`__call__`)
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.record(Served(len(rows[0]), lease.cached_len, len(rows), call.key.symbols if has_media else None))
+        store.record(Served(prompt_len, lease.cached_len, len(rows), call.key.symbols if has_media else None))
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,
-            len(rows[0]),
+            prompt_len,
             f" (x{len(rows)} rows)" if len(rows) > 1 else "",
         )
         logger.debug(

@@ -122,23 +122,25 @@ def restore(
 ) -> tuple[Lease, WorkingCache] | None:
     """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
-    `key` is the first row's (its tree symbols, media spans included); each row is restored
+    `key` is the first row's (its tree symbols, media spans included: one symbol per id); each row is restored
     `expand` times (`generate` makes that many rows of each for beams or several returned
     sequences) into a working cache made for `profile`. None when memory ran out twice: after a
     first out-of-memory error the store has moved its unpinned entries off the device, and it is
     tried once more into a fresh cache. A failed attempt leaves nothing pinned and no
     half-restored cache.
     """
-    shared = len(rows[0]) if len(rows) == 1 else common_prefix_len(rows)
-    if shared != len(key.symbols):
-        key = key.prefix(shared)
+    shared = prompt_len = len(rows[0])
+    if len(rows) > 1:
+        shared = common_prefix_len(rows)
+        if shared != len(key.symbols):
+            key = key.prefix(shared)
     for attempt in range(2):
         try:
             cache = WorkingCache(profile)
             lease = store.acquire(
                 key,
                 cache,
-                limit=min(shared, len(rows[0]) - 1),
+                limit=min(shared, prompt_len - 1),
                 batch_size=len(rows) * expand,
                 overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
@@ -233,7 +235,7 @@ def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None
     if length <= 0:
         return []
     host = read_to_host(sequences)  # whole rows: a slice of columns would be copied on the device first
-    rows = rows_of(host[:, :length])
+    rows = rows_of(host[:, :length].tobytes(), len(host))
     if not key.spans:
         return [key.with_symbols(row) for row in rows]
     # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from hf_prefix_cache.tree.radix import Node
 
 
-def common_len(key: Sequence[Hashable], symbols: Sequence[Hashable], pos: int) -> int:
+def common_len(key: tuple[Hashable, ...], symbols: Sequence[Hashable], pos: int) -> int:
     """Number of leading symbols of `key` equal to `symbols[pos:]`.
 
     >>> common_len((1, 2, 3), [0, 1, 2, 9], 1)

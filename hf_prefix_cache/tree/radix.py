@@ -3,9 +3,9 @@
 Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
 torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
 when an edge splits (`NodeValue`). Symbols are any hashable values compared by equality (token
-ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`), and the key
-of a node it inserts is a `TokenIds` as well, so a hit makes no Python int of its ids but the
-few the walk reads to find each child.
+ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`) and read
+through its `memoryview`, so a hit makes no Python int of its ids but the one each child is
+found by and the few new ones of the node it inserts.
 
 Each namespace has its own root, so entries of different namespaces never share nodes,
 while eviction still orders all of them by one clock.
@@ -77,11 +77,11 @@ class Node(Generic[V]):
         "value",
     )
 
-    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: Sequence[Hashable], start: int) -> None:
+    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: tuple[Hashable, ...], start: int) -> None:
         self.namespace = namespace
         self.parent = parent
         self.key = key
-        self.packed: bytes | None = None  # the key's int64 bytes, when inserted from `TokenIds` (as is the key)
+        self.packed: bytes | None = None  # the key as int64 bytes, when it was inserted from `TokenIds`
         self.start = start
         self.children: dict[Hashable, Node[V]] = {}
         self.value: V | None = None
@@ -172,12 +172,12 @@ class RadixTree(Generic[V]):
         if root is None:
             return MatchResult(0, ())
         path: list[Node[V]] = []
-        node, pos, n = root, 0, len(symbols)
-        # `seq[pos]` in C: a `TokenIds` is indexed through its bytes' view (no Python int but the one read).
+        # `seq[pos]` and its length in C: a `TokenIds` is read through its bytes' view (no Python int but the one read).
         seq: Sequence[Hashable] = symbols
         query = None
         if isinstance(symbols, TokenIds):
             seq, query = symbols.view, symbols.packed
+        node, pos, n = root, 0, len(seq)
         while pos < n:
             child = node.children.get(seq[pos])
             if child is None:
@@ -214,7 +214,7 @@ class RadixTree(Generic[V]):
 
     def symbols_of(self, node: Node[V]) -> tuple[Hashable, ...]:
         """The whole sequence from the root to the end of `node`."""
-        keys: list[Sequence[Hashable]] = []
+        keys: list[tuple[Hashable, ...]] = []
         walk: Node[V] | None = node
         while walk is not None and not walk.is_root:
             keys.append(walk.key)
@@ -236,7 +236,9 @@ class RadixTree(Generic[V]):
         new sequence leaves in its middle is split, with its value split alongside. The new
         leaf sits on `tier`. The whole path is then marked used, as `touch` does.
         """
-        if not symbols:
+        seq = symbols.view if isinstance(symbols, TokenIds) else symbols  # length and slices in C
+        n = len(seq)
+        if not n:
             return InsertResult(0, (), None)
         matched_len, found = self.match(namespace, symbols)
         path = list(found)
@@ -244,20 +246,15 @@ class RadixTree(Generic[V]):
         if last is not None and last.start + len(last.key) > matched_len:  # the query leaves this edge in its middle
             last = path[-1] = self._split(last, matched_len - last.start)
         new_node: Node[V] | None = None
-        n = len(symbols)
         if matched_len < n:
             parent = last if last is not None else self._roots.get(namespace)
             if parent is None:
                 parent = self._roots[namespace] = Node(namespace, None, (), 0)
-            key: Sequence[Hashable]
-            if isinstance(symbols, TokenIds):
-                # Token ids stay bytes: the key is a `TokenIds` too (its ints made only if asked for).
-                key = TokenIds.from_bytes(symbols.packed[8 * matched_len :])
-            else:
-                key = tuple(symbols[matched_len:])
+            # The new ids only (few on a hit; the stored prefix stays bytes), with their bytes where the query has them.
+            key = tuple(seq[matched_len:])
             new_node = Node(namespace, parent, key, matched_len)
-            if isinstance(key, TokenIds):
-                new_node.packed = key.packed
+            if isinstance(symbols, TokenIds):
+                new_node.packed = symbols.packed[8 * matched_len :]
             value = make_value(matched_len, n)
             new_node.value = value
             new_node.nbytes = value.nbytes
