@@ -14,15 +14,16 @@ class TokenIds(Sequence[int]):
     """Token ids held as int64 bytes (native order): the tree compares them at C speed, and no Python int is
     made until something asks for one.
 
-    Made by the hooks from the host copy of the ids (`from_bytes`): a hit reads the ids, matches,
-    stores and inserts them without turning them into Python ints (32k of them cost about half a
-    millisecond). Indexing and iteration read the bytes through a `memoryview` in C; `ids`, the
-    tuple of ints, is built on first use (equality with a tuple or list, hashing, `repr`) and kept.
-    A slice keeps its bytes. A node inserted from a `TokenIds` query keeps its key's bytes beside
-    the key (`Node.packed`, checked against the key by `checks.py`), so comparing a stored key with a
-    query costs a `memcmp` instead of a Python comparison per token. It is immutable, so ids and
-    bytes cannot drift apart; it compares equal (and hashes equal) to the tuple of the same ids, and
-    equal to a list of them, as the tuples and lists of ids it stands in for did.
+    Made by the hooks from the host copy of the ids (`from_bytes`): a hit reads its prompt, matches
+    it and stores it without turning it into Python ints (32k of them cost about half a
+    millisecond); the node it inserts keys only its new ids. Indexing, iteration and `in` read the
+    bytes through a `memoryview` (`view`) in C; `ids`, the tuple of ints, is built on first use
+    (equality with a tuple or list, hashing, `repr`) and kept. A slice keeps its bytes. A node
+    inserted from a `TokenIds` query keeps its key's bytes beside the key (`Node.packed`, checked
+    against the key by `tree/checks.py`), so comparing a stored key with a query costs a `memcmp`
+    instead of a Python comparison per token. It is immutable, so ids and bytes cannot drift apart;
+    it compares equal (and hashes equal) to the tuple of the same ids, and equal to a list of them,
+    as the tuples and lists of ids it stands in for did.
 
     >>> from array import array
     >>> ids = TokenIds.from_bytes(array("q", [5, 6, 7]).tobytes())
