@@ -1,4 +1,4 @@
-"""TokenIds: token ids with their int64 bytes, so the radix tree compares them at C speed.
+"""TokenIds: token ids held as their int64 bytes, so the radix tree compares them at C speed.
 
 Shared by the layer that reads ids from tensors (`integration/`) and the tree that compares
 them (`tree/`); like `errors.py` and `reasons.py` it imports nothing of the package.
@@ -6,58 +6,135 @@ them (`tree/`); like `errors.py` and `reasons.py` it imports nothing of the pack
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import SupportsIndex, overload
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, SupportsIndex, overload
 
 
-class TokenIds(tuple[int, ...]):
-    """Token ids that carry their bytes as int64 (native order): the tree compares them at C speed.
+class TokenIds(Sequence[int]):
+    """Token ids held as int64 bytes (native order): the tree compares them at C speed, and no Python int is
+    made until something asks for one.
 
-    Made by the hooks from the same host copy of the ids as the ints themselves, so the two
-    always agree. A slice keeps its bytes. A node inserted from a `TokenIds` query keeps its
-    key's bytes beside the key (`Node.packed`, checked against the key by `checks.py`), so
-    comparing a stored key with a query costs a `memcmp` instead of a Python comparison per token.
-    It is immutable, so ids and bytes cannot drift apart, and it compares equal to a list of the
-    same ids, as the lists of ids it stands in for did.
+    Made by the hooks from the host copy of the ids (`from_bytes`): a hit reads its prompt, matches
+    it and stores it without turning it into Python ints (32k of them cost about half a
+    millisecond); the node it inserts keys only its new ids. Indexing, iteration and `in` read the
+    bytes through a `memoryview` (`view`) in C; `ids`, the tuple of ints, is built on first use
+    (equality with a tuple or list, hashing, `repr`) and kept. A slice keeps its bytes. A node
+    inserted from a `TokenIds` query keeps its key's bytes beside the key (`Node.packed`, checked
+    against the key by `tree/checks.py`), so comparing a stored key with a query costs a `memcmp`
+    instead of a Python comparison per token. It is immutable, so ids and bytes cannot drift apart;
+    it compares equal (and hashes equal) to the tuple of the same ids, and equal to a list of them,
+    as the tuples and lists of ids it stands in for did.
 
     >>> from array import array
-    >>> ids = TokenIds([5, 6, 7], array("q", [5, 6, 7]).tobytes())
-    >>> ids[1:] == [6, 7], ids[1:].packed == array("q", [6, 7]).tobytes()
-    (True, True)
+    >>> ids = TokenIds.from_bytes(array("q", [5, 6, 7]).tobytes())
+    >>> ids[1:] == [6, 7], ids[1:].packed == array("q", [6, 7]).tobytes(), ids[0], 7 in ids
+    (True, True, 5, True)
+    >>> TokenIds([5, 6, 7], ids.packed) == (5, 6, 7), hash(ids) == hash((5, 6, 7)), ids
+    (True, True, (5, 6, 7))
     """
 
-    packed: bytes
+    __slots__ = ("_ids", "packed", "view")
 
-    def __new__(cls, ids: Iterable[int], packed: bytes) -> TokenIds:
-        self = super().__new__(cls, ids)
-        assert len(packed) == 8 * len(self), f"{len(packed)} bytes for {len(self)} token ids"
+    #: The ids as int64 bytes (native order).
+    packed: bytes
+    #: The same bytes as a read-only `memoryview` of format ``"q"``: indexing, iteration and `len` in C.
+    view: memoryview
+    _ids: tuple[int, ...] | None
+
+    def __init__(self, ids: Iterable[int], packed: bytes) -> None:
+        """Ids and their int64 bytes, read from the same host copy (`from_bytes` needs only the bytes)."""
+        ints = tuple(ids)
+        assert len(packed) == 8 * len(ints), f"{len(packed)} bytes for {len(ints)} token ids"
         self.packed = packed
+        self.view = memoryview(packed).cast("q")
+        self._ids = ints
+
+    @classmethod
+    def from_bytes(cls, packed: bytes) -> TokenIds:
+        """The ids whose int64 bytes (native order) are `packed`; no Python int is made."""
+        self = cls.__new__(cls)
+        self.packed = packed
+        self.view = memoryview(packed).cast("q")  # raises on a length that is not a whole number of ids
+        self._ids = None
         return self
 
-    def __getnewargs__(self) -> tuple[tuple[int, ...], bytes]:
-        return tuple(self), self.packed  # pickle and copy rebuild it through `__new__`
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The ids as a tuple of Python ints, built on first use and kept."""
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = tuple(self.view.tolist())
+        return ids
+
+    def __len__(self) -> int:
+        return len(self.packed) >> 3
 
     @overload
     def __getitem__(self, index: SupportsIndex) -> int: ...
 
     @overload
-    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, index: slice) -> TokenIds | tuple[int, ...]: ...
 
-    def __getitem__(self, index: SupportsIndex | slice) -> int | tuple[int, ...]:
+    def __getitem__(self, index: SupportsIndex | slice) -> int | TokenIds | tuple[int, ...]:
         if not isinstance(index, slice):
-            return tuple.__getitem__(self, index)
-        start, stop, step = index.indices(len(self))
+            value: int = self.view[index]
+            return value
+        start, stop, step = index.indices(len(self.packed) >> 3)
         if step != 1:
-            return tuple.__getitem__(self, index)
-        if start == 0 and stop >= len(self):
+            return tuple(self.view[index].tolist())
+        if start == 0 and stop << 3 >= len(self.packed):
             return self
-        stop = max(start, stop)
-        return TokenIds(tuple.__getitem__(self, index), self.packed[8 * start : 8 * stop])
+        return TokenIds.from_bytes(self.packed[8 * start : 8 * max(start, stop)])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.view)
+
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(self.view)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.view
+
+    def index(self, value: Any, start: int = 0, stop: int = 2**62) -> int:
+        return self.ids.index(value, start, stop)
+
+    def count(self, value: Any) -> int:
+        return self.ids.count(value)
 
     def __eq__(self, other: object) -> bool:
-        return tuple.__eq__(self, tuple(other) if isinstance(other, list) else other)
+        if isinstance(other, TokenIds):
+            return self.packed == other.packed
+        if isinstance(other, tuple):
+            return len(other) == len(self.packed) >> 3 and self.ids == other
+        if isinstance(other, list):
+            return len(other) == len(self.packed) >> 3 and self.view.tolist() == other
+        return NotImplemented
 
     def __ne__(self, other: object) -> bool:
-        return not self == other
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
-    __hash__ = tuple.__hash__
+    def __hash__(self) -> int:
+        return hash(self.ids)  # as the tuple's, which it equals
+
+    def __add__(self, other: object) -> TokenIds | tuple[int, ...]:
+        if isinstance(other, TokenIds):
+            return TokenIds.from_bytes(self.packed + other.packed)
+        if isinstance(other, tuple):
+            return self.ids + other
+        return NotImplemented
+
+    def __radd__(self, other: object) -> tuple[int, ...]:
+        if isinstance(other, tuple):
+            return other + self.ids
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self.ids)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return _from_bytes, (self.packed,)  # pickle and copy rebuild it from its bytes
+
+
+def _from_bytes(packed: bytes) -> TokenIds:
+    return TokenIds.from_bytes(packed)

@@ -27,8 +27,8 @@ import torch
 from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
-from hf_prefix_cache.integration import pipeline, recurrent_rows, refusals
-from hf_prefix_cache.integration.decoder_checks import check_call, media_layout, serving_modes
+from hf_prefix_cache.integration import pipeline, recurrent_rows
+from hf_prefix_cache.integration.checks import CACHE_IMPLEMENTATION, check_call, media_layout, serving_modes
 from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
 from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
@@ -221,7 +221,7 @@ class DecoderOnlyHook(PatchingHook):
             call.static = to_static(cache, self._model.config, call.static_len)
             kwargs[profile.cache_kwarg] = call.static
         if call.drop_impl:
-            kwargs[refusals.CACHE_IMPLEMENTATION] = None
+            kwargs[CACHE_IMPLEMENTATION] = None
         return self._original(*call.args, **kwargs), snapshots
 
     def _serve_rows(self, call: _Call) -> Any:
@@ -243,7 +243,7 @@ class DecoderOnlyHook(PatchingHook):
         cold_kwargs, kwargs = dict(call.kwargs), call.kwargs
         kwargs[profile.cache_kwarg] = cache
         if call.drop_impl:
-            kwargs[refusals.CACHE_IMPLEMENTATION] = None
+            kwargs[CACHE_IMPLEMENTATION] = None
         if call.assisted:
             cache.skip_len = length
         cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
@@ -291,7 +291,7 @@ class DecoderOnlyHook(PatchingHook):
         prefill = recurrent_rows.Prefill(
             self._model, self._profile, self._serving.snapshot_interval, self._one_token_steps
         )
-        return recurrent_rows.serve(store, prefill, self._original, rows, refusals.CACHE_IMPLEMENTATION)
+        return recurrent_rows.serve(store, prefill, self._original, rows, CACHE_IMPLEMENTATION)
 
     def _prefill(self, call: _Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
         """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
@@ -316,14 +316,14 @@ class DecoderOnlyHook(PatchingHook):
         self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]
     ) -> None:
         """Step 5, store: count the request, then store each finished row with its states."""
-        store, rows = self._store, call.rows
+        store, rows, prompt_len = self._store, call.rows, call.prompt_len  # no row has padding here (`__call__`)
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        store.record(Served(len(rows[0]), lease.cached_len, len(rows), call.key.symbols if has_media else None))
+        store.record(Served(prompt_len, lease.cached_len, len(rows), call.key.symbols if has_media else None))
         logger.info(
             "prefix cache: reused %d of %d prompt tokens%s",
             lease.cached_len,
-            len(rows[0]),
+            prompt_len,
             f" (x{len(rows)} rows)" if len(rows) > 1 else "",
         )
         logger.debug(
@@ -351,8 +351,8 @@ class DecoderOnlyHook(PatchingHook):
             # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
             assert kv_len is not None
             cache.trim(kv_len, range(len(rows)))
-        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`); the prompt's rows are read already.
-        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length(), prompt=(call.input_ids, rows))
+        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
+        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length())
         batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
         for row, key in enumerate(keys):
             store.insert_sequence(

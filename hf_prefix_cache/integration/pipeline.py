@@ -1,6 +1,6 @@
 """The request pipeline every family shares: check, key, restore, generate, store.
 
-A hook checks the call (its own inputs, then `refusals.py`) and keys it (namespace and tree
+A hook checks the call (its own inputs, then `checks.py`) and keys it (namespace and tree
 symbols); the functions here do the rest with the store's contract (`store/contract.py`):
 
 - `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
@@ -22,21 +22,20 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import IncompatibleModelError
-from hf_prefix_cache.integration.refusals import read_to_host, rows_of, token_rows
+from hf_prefix_cache.integration.checks import read_to_host, rows_of, token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store
 from hf_prefix_cache.store.sessions import Session
-from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -123,23 +122,25 @@ def restore(
 ) -> tuple[Lease, WorkingCache] | None:
     """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
-    `key` is the first row's (its tree symbols, media spans included); each row is restored
+    `key` is the first row's (its tree symbols, media spans included: one symbol per id); each row is restored
     `expand` times (`generate` makes that many rows of each for beams or several returned
     sequences) into a working cache made for `profile`. None when memory ran out twice: after a
     first out-of-memory error the store has moved its unpinned entries off the device, and it is
     tried once more into a fresh cache. A failed attempt leaves nothing pinned and no
     half-restored cache.
     """
-    shared = len(rows[0]) if len(rows) == 1 else common_prefix_len(rows)
-    if shared != len(key.symbols):
-        key = key.prefix(shared)
+    shared = prompt_len = len(rows[0])
+    if len(rows) > 1:
+        shared = common_prefix_len(rows)
+        if shared != len(key.symbols):
+            key = key.prefix(shared)
     for attempt in range(2):
         try:
             cache = WorkingCache(profile)
             lease = store.acquire(
                 key,
                 cache,
-                limit=min(shared, len(rows[0]) - 1),
+                limit=min(shared, prompt_len - 1),
                 batch_size=len(rows) * expand,
                 overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
@@ -217,12 +218,7 @@ def store_rows(
         store.insert_sequence(key.with_symbols(ids[pad:]), part, computed_from=computed_from[row])
 
 
-def sequence_keys(
-    key: PrefixKey,
-    sequences: torch.Tensor,
-    cache_len: int | None,
-    prompt: tuple[torch.Tensor, Sequence[Sequence[int]]] | None = None,
-) -> list[PrefixKey]:
+def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None) -> list[PrefixKey]:
     """The key of each row of `sequences` to store: its first `cache_len` ids (None: all but the last), under
     `key`'s namespace and spans; no key when that is nothing.
 
@@ -231,42 +227,20 @@ def sequence_keys(
     replaced by the key's media symbols in every row (rows of one prompt: samples). The caller
     stores each key with `Store.insert_sequence` (one row of a cache of several: `row=` its index).
 
-    `prompt`, the prompt's ids and their rows already read to the host, spares reading them again:
-    `generate` returns the prompt followed by the new tokens, and that the prompt part equals the
-    known ids is checked on the device, its flag (one per row) travelling back with the new tokens
-    in the same read. Only when a row differs is every token read.
+    The rows are what `generate` returned, read in one piece (no operation on the device but the
+    copy) and kept as bytes (`TokenIds`): reading the prompt part again costs a copy of 8 bytes per
+    token, less than comparing it with the prompt on the device would.
     """
     length = sequences.shape[1] - 1 if cache_len is None else cache_len
     if length <= 0:
         return []
-    rows: list[Sequence[int]] | None = None
-    if prompt is not None:
-        ids, known_rows = prompt
-        known = ids.shape[-1]
-        if ids.shape == sequences[:, :known].shape and known <= length and len(known_rows) == ids.shape[0]:
-            flag = (sequences[:, :known] == ids.to(sequences.device)).all(dim=-1, keepdim=True)
-            host = read_to_host(torch.cat([sequences[:, known:length], flag.to(sequences.dtype)], 1))
-            if host[:, -1].all():  # each row's flag, read off its end
-                rows = []
-                for row, new in zip(known_rows, rows_of(host[:, :-1]), strict=True):
-                    # As `TokenIds` when the known row has its bytes too (tuples concatenate in C).
-                    joined = (
-                        TokenIds(tuple.__add__(row, new), row.packed + new.packed)
-                        if isinstance(row, TokenIds)
-                        else [*row, *new]
-                    )
-                    rows.append(joined)
-    if rows is None:
-        rows = list(token_rows(sequences[:, :length]))
-    prompt_symbols = key.symbols if key.spans else None
-    keys = []
-    for row_ids in rows:
-        symbols: Sequence[Hashable] = row_ids
-        if prompt_symbols is not None:
-            # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
-            symbols = [*prompt_symbols[:length], *row_ids[len(prompt_symbols) :]]
-        keys.append(key.with_symbols(symbols))
-    return keys
+    host = read_to_host(sequences)  # whole rows: a slice of columns would be copied on the device first
+    rows = rows_of(host[:, :length].tobytes(), len(host))
+    if not key.spans:
+        return [key.with_symbols(row) for row in rows]
+    # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
+    prompt_symbols = key.symbols
+    return [key.with_symbols([*prompt_symbols[:length], *row[len(prompt_symbols) :]]) for row in rows]
 
 
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:

@@ -34,8 +34,8 @@ import torch
 
 from hf_prefix_cache import reasons
 from hf_prefix_cache.integration import pipeline
+from hf_prefix_cache.integration.checks import token_rows
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
-from hf_prefix_cache.integration.refusals import token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_prefix_cache import _compat, reasons
-from hf_prefix_cache.integration import pipeline, refusals
+from hf_prefix_cache.integration import checks, pipeline
 from hf_prefix_cache.integration.encoder_keyed import (
     DecoderRequest,
     keep_encoder_output,
@@ -117,7 +117,7 @@ class WhisperHook(PatchingHook):
             hidden = self._encode(features, mask)
             keep_encoder_output(request, hidden)
         bound.arguments["input_features"] = None
-        settings = refusals.GenerationSettings(self._model, call.get("generation_config"), extra)
+        settings = checks.GenerationSettings(self._model, call.get("generation_config"), extra)
         copies = settings.num_return_sequences or 1
         if copies > 1:
             hidden = hidden.expand(copies, -1, -1)
@@ -160,7 +160,7 @@ class WhisperHook(PatchingHook):
         profile = self._profile
         if profile.unsupported is not None:
             return profile.unsupported
-        refused = refusals.refused_argument(call, encoder_keyed=True)
+        refused = checks.refused_argument(call, encoder_keyed=True)
         if refused is not None:
             return refused
         return self._clip_problem(features, call) or self._settings_problem(call)
@@ -190,21 +190,21 @@ class WhisperHook(PatchingHook):
         """A setting (or decoder prompt) the hook cannot serve exactly, if any."""
         # As Whisper reads a setting: an argument given (not None), then the passed config, then the model's.
         given = {name: value for name, value in call.items() if value is not None}
-        setting = refusals.GenerationSettings(self._model, call.get("generation_config"), given)
+        setting = checks.GenerationSettings(self._model, call.get("generation_config"), given)
         for name, reason in _REFUSED_SETTINGS.items():
             if getattr(setting, name):
                 return reason
         temperature = call.get("temperature")
         if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
             return reasons.TEMPERATURE_FALLBACK  # several generate calls on one request
-        modes = refusals.Modes(expands=self._profile.expands)
-        problem = refusals.decoding_problem(setting, modes) or refusals.cache_implementation_problem(
+        modes = checks.Modes(expands=self._profile.expands)
+        problem = checks.decoding_problem(setting, modes) or checks.cache_implementation_problem(
             setting, _SERVED_IMPLEMENTATIONS
         )
         if problem is not None:
             return problem
         ids = call.get("decoder_input_ids")
-        return refusals.ids_problem(ids) if ids is not None else None
+        return checks.ids_problem(ids) if ids is not None else None
 
     # ----------------------------------------------------------------- inner call
     def _serve_segment(self, *args: Any, **kwargs: Any) -> Any:

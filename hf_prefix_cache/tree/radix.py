@@ -3,7 +3,9 @@
 Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
 torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
 when an edge splits (`NodeValue`). Symbols are any hashable values compared by equality (token
-ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`).
+ids, media symbols); a `TokenIds` query is compared on its int64 bytes (`compare.py`) and read
+through its `memoryview`, so a hit makes no Python int of its ids but the one each child is
+found by and the few new ones of the node it inserts.
 
 Each namespace has its own root, so entries of different namespaces never share nodes,
 while eviction still orders all of them by one clock.
@@ -23,7 +25,7 @@ calls out of these loops; the store runs them on every request.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from time import monotonic
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -170,14 +172,14 @@ class RadixTree(Generic[V]):
         if root is None:
             return MatchResult(0, ())
         path: list[Node[V]] = []
-        node, pos, n = root, 0, len(symbols)
-        # `symbols[pos]` through C (a `TokenIds` indexes through Python otherwise); its bytes when it has them.
-        at: Callable[[Any, int], Hashable] = (
-            tuple.__getitem__ if isinstance(symbols, tuple) else type(symbols).__getitem__
-        )
-        query = symbols.packed if isinstance(symbols, TokenIds) else None
+        # `seq[pos]` and its length in C: a `TokenIds` is read through its bytes' view (no Python int but the one read).
+        seq: Sequence[Hashable] = symbols
+        query = None
+        if isinstance(symbols, TokenIds):
+            seq, query = symbols.view, symbols.packed
+        node, pos, n = root, 0, len(seq)
         while pos < n:
-            child = node.children.get(at(symbols, pos))
+            child = node.children.get(seq[pos])
             if child is None:
                 break
             size = len(child.key)
@@ -234,7 +236,9 @@ class RadixTree(Generic[V]):
         new sequence leaves in its middle is split, with its value split alongside. The new
         leaf sits on `tier`. The whole path is then marked used, as `touch` does.
         """
-        if not symbols:
+        seq = symbols.view if isinstance(symbols, TokenIds) else symbols  # length and slices in C
+        n = len(seq)
+        if not n:
             return InsertResult(0, (), None)
         matched_len, found = self.match(namespace, symbols)
         path = list(found)
@@ -242,16 +246,12 @@ class RadixTree(Generic[V]):
         if last is not None and last.start + len(last.key) > matched_len:  # the query leaves this edge in its middle
             last = path[-1] = self._split(last, matched_len - last.start)
         new_node: Node[V] | None = None
-        n = len(symbols)
         if matched_len < n:
             parent = last if last is not None else self._roots.get(namespace)
             if parent is None:
                 parent = self._roots[namespace] = Node(namespace, None, (), 0)
-            key = (
-                tuple.__getitem__(symbols, slice(matched_len, None))
-                if isinstance(symbols, tuple)
-                else tuple(symbols[matched_len:])
-            )
+            # The new ids only (few on a hit; the stored prefix stays bytes), with their bytes where the query has them.
+            key = tuple(seq[matched_len:])
             new_node = Node(namespace, parent, key, matched_len)
             if isinstance(symbols, TokenIds):
                 new_node.packed = symbols.packed[8 * matched_len :]

@@ -1,4 +1,4 @@
-"""Step 1 of a decoder-only call (`decoder_checks.check_call`) and the settings it reads (`refusals.GenerationSettings`).
+"""Step 1 of a decoder-only call (`checks.check_call`) and the settings it reads (`checks.GenerationSettings`).
 
 The end-to-end outcome of each refusal (counted reason, output equal to a cold run) is the bad-input
 catalogue's (`test_bad_inputs.py`); these tests pin what the one pass relies on: settings read once in
@@ -17,15 +17,15 @@ import torch
 from transformers import GenerationConfig
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.integration import refusals, whisper
-from hf_prefix_cache.integration.decoder_checks import check_call
+from hf_prefix_cache.integration import checks, whisper
+from hf_prefix_cache.integration.checks import check_call
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.testing.tiny_attention import tiny_llama
 
 
 def _settings(kwargs: dict[str, Any], passed: GenerationConfig | None = None, **model_config: Any) -> Any:
     model = SimpleNamespace(generation_config=GenerationConfig(**model_config))
-    return refusals.GenerationSettings(model, passed, kwargs)
+    return checks.GenerationSettings(model, passed, kwargs)
 
 
 def test_a_setting_is_read_from_the_kwarg_then_the_passed_config_then_the_models() -> None:
@@ -49,7 +49,7 @@ def test_derived_facts_are_those_of_the_settings() -> None:
 
 def test_every_setting_a_family_reads_is_read_once() -> None:
     """The settings are slots filled when made: Whisper's refused settings are among them, other names do not exist."""
-    assert set(whisper._REFUSED_SETTINGS) <= set(refusals.SETTINGS)
+    assert set(whisper._REFUSED_SETTINGS) <= set(checks.SETTINGS)
     settings = _settings({})
     assert not hasattr(settings, "__dict__")
     with pytest.raises(AttributeError):
@@ -70,15 +70,15 @@ _VALUES: dict[str, tuple[Any, ...]] = {
 def test_plain_settings_pass_every_shared_settings_rule() -> None:
     """Where `is_plain` holds no shared settings rule refuses, in any mode; every other combination some rule
     refuses in some mode, so a check may skip the rules exactly when the settings are plain."""
-    modes = [refusals.Modes(expands=e, assisted=a) for e in (False, True) for a in (False, True)]
+    modes = [checks.Modes(expands=e, assisted=a) for e in (False, True) for a in (False, True)]
     served_sets = [frozenset(), frozenset({"dynamic"})]
     plain = 0
     for values in itertools.product(*_VALUES.values()):
         settings = _settings(dict(zip(_VALUES, values, strict=True)))
         found = {
-            refusals.decoding_problem(settings, mode)
-            or refusals.cache_implementation_problem(settings, served)
-            or refusals.output_problem(settings)
+            checks.decoding_problem(settings, mode)
+            or checks.cache_implementation_problem(settings, served)
+            or checks.output_problem(settings)
             for mode in modes
             for served in served_sets
         }
@@ -90,14 +90,14 @@ def test_plain_settings_pass_every_shared_settings_rule() -> None:
     assert plain == 2 * 2 * 2  # beams and sequences of one (or unset), the cache used (or unset)
 
 
-def _check(model: Any, ids: Any, **kwargs: Any) -> refusals.Prompt | str | None:
+def _check(model: Any, ids: Any, **kwargs: Any) -> checks.Prompt | str | None:
     signature = inspect.signature(model.generate)
     arguments = signature.bind_partial(ids, **kwargs).arguments
     checked = check_call(profile_model(model), model, signature, ids, arguments, arguments.get("kwargs", {}))
     if checked.settings is None:
         assert checked.reason is not None and not checked.rows
         return checked.reason
-    return refusals.Prompt(checked.rows, checked.pads, checked.reason)
+    return checks.Prompt(checked.rows, checked.pads, checked.reason)
 
 
 def test_a_plain_call_reads_its_prompt() -> None:
@@ -131,9 +131,9 @@ def test_a_plain_call_reads_its_prompt() -> None:
             {"output_attentions": True, "return_dict_in_generate": True, "attention_mask": torch.ones(1, 2)},
             reasons.OUTPUT_ATTENTIONS,
         ),
-        ({"attention_mask": torch.ones(1, 2)}, refusals.Prompt([[5, 6, 7]], (0,), reasons.ATTENTION_MASK_SHAPE)),
+        ({"attention_mask": torch.ones(1, 2)}, checks.Prompt([[5, 6, 7]], (0,), reasons.ATTENTION_MASK_SHAPE)),
         # A value of None is not given: nothing to refuse.
-        ({"inputs_embeds": None, "pixel_values": None, "foo": None}, refusals.Prompt([[5, 6, 7]], (0,), None)),
+        ({"inputs_embeds": None, "pixel_values": None, "foo": None}, checks.Prompt([[5, 6, 7]], (0,), None)),
     ],
 )
 def test_the_first_reason_in_check_order_is_counted(kwargs: dict[str, Any], reason: Any) -> None:

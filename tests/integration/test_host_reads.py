@@ -1,5 +1,5 @@
-"""What the hook reads back from the device: the prompt with one mask flag per row, and stored rows
-that reuse the prompt already read only when `generate` returned it unchanged."""
+"""What the hook reads back from the device: the prompt with its mask, checked on the host, and the stored
+rows as `generate` returned them, each in one read."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.integration.checks import read_prompt
 from hf_prefix_cache.integration.pipeline import sequence_keys
-from hf_prefix_cache.integration.refusals import read_prompt
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 
 
@@ -57,25 +57,23 @@ def test_any_mask_is_left_padding_exactly_when_its_rows_are_zeros_then_ones(dtyp
             assert prompt == (expected, tuple(spec), None), mask
 
 
-def test_stored_rows_reuse_the_prompt_only_when_generate_returned_it_unchanged() -> None:
-    """The known prompt rows are reused when the returned sequences start with those ids, else all is read."""
-    ids = torch.tensor([[5, 6, 7]])
+def test_stored_rows_are_what_generate_returned() -> None:
+    """Each stored row holds the ids `generate` returned (its prompt part included, even where a model's generate
+    rewrote it), up to the length the cache covers."""
     sequences = torch.tensor([[5, 6, 7, 40, 41]])
-    sentinel = [[5, 6, 7]]
 
-    def _rows_on_host(
-        sequences: torch.Tensor, length: int, prompt: tuple[torch.Tensor, list[list[int]]] | None
-    ) -> list:
-        return [key.symbols for key in sequence_keys(PrefixKey("ns", ()), sequences, length, prompt)]
+    def _rows_on_host(sequences: torch.Tensor, length: int | None) -> list:
+        return [key.symbols for key in sequence_keys(PrefixKey("ns", ()), sequences, length)]
 
-    assert _rows_on_host(sequences, 4, (ids, sentinel)) == [[5, 6, 7, 40]]
+    assert _rows_on_host(sequences, 4) == [[5, 6, 7, 40]]
     changed = torch.tensor([[5, 99, 7, 40, 41]])  # a model whose generate rewrote its prompt
-    assert _rows_on_host(changed, 4, (ids, sentinel)) == [[5, 99, 7, 40]]
-    assert _rows_on_host(sequences, 2, (ids, sentinel)) == [[5, 6]]  # the cache covers less than the prompt
-    assert _rows_on_host(sequences, 4, None) == [[5, 6, 7, 40]]
+    assert _rows_on_host(changed, 4) == [[5, 99, 7, 40]]
+    assert _rows_on_host(sequences, 2) == [[5, 6]]  # the cache covers less than the prompt
+    assert _rows_on_host(sequences, None) == [[5, 6, 7, 40]]
+    assert _rows_on_host(torch.tensor([[5, 6, 7], [8, 9, 10]]), None) == [[5, 6], [8, 9]]
 
 
-def test_the_hook_hands_the_tree_token_bytes_read_with_the_ids() -> None:
+def test_the_hook_hands_the_tree_token_bytes_read_with_the_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompts and stored rows reach the tree as TokenIds whose bytes are those of the ids read, so every
     text node compares at C speed (a silent fall back to per-int comparisons would only be slow, so it is
     checked here), and a branching second request reuses exactly the shared prefix."""
@@ -98,7 +96,14 @@ def test_the_hook_hands_the_tree_token_bytes_read_with_the_ids() -> None:
     assert_same_as_cold(model, first, store)
     branch = torch.cat([first[:, :25], torch.randint(5, 90, (1, 10))], 1)
     branch[0, 25] = 95  # differs from the stored row at position 25
+    # No step of the hit turns a row of ids into a tuple of Python ints (32k of them cost ~0.5 ms).
+    built: list[int] = []
+    ids_of = TokenIds.ids.fget
+    assert ids_of is not None
+    monkeypatch.setattr(TokenIds, "ids", property(lambda row: built.append(len(row)) or ids_of(row)))
     assert_same_as_cold(model, branch, store)
+    assert built == []
+    monkeypatch.undo()
     assert hits.last() == 25
     nodes = list(store._store._tree.iter_nodes())
     assert len(nodes) == 3 and all(node.packed is not None for node in nodes)

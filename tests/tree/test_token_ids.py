@@ -138,3 +138,23 @@ def test_token_id_queries_that_end_inside_an_edge_or_on_its_boundary() -> None:
         result = fast.insert("ns", ids(stored[:cut]), lambda a, b: Blob(stored[a:b]))
         assert result.new_node is None and ranges(result.path) == [(0, cut)]
         fast.check_integrity()
+
+
+def test_a_match_and_an_insert_read_token_ids_through_their_bytes() -> None:
+    """A `TokenIds` query is matched and inserted without building its tuple of Python ints: the new node holds
+    only the new ids (with their bytes), and a query ending inside an edge splits it on its bytes too."""
+    stored = list(range(1000, 3000))
+    tree: RadixTree[Blob] = RadixTree()
+    first = TokenIds.from_bytes(array("q", stored).tobytes())
+    tree.insert("ns", first, lambda a, b: Blob(stored[a:b]))
+    longer = TokenIds.from_bytes(array("q", [*stored, 7, 8, 9]).tobytes())
+    assert tree.match("ns", longer).matched_len == 2000
+    result = tree.insert("ns", longer, lambda a, b: Blob([*stored, 7, 8, 9][a:b]))
+    assert result.matched_len == 2000 and result.new_node is not None
+    assert result.new_node.key == (7, 8, 9) and result.new_node.packed == array("q", [7, 8, 9]).tobytes()
+    shorter = longer[:1500]
+    assert isinstance(shorter, TokenIds)
+    assert tree.insert("ns", shorter, lambda a, b: Blob(stored[a:b])).path[-1].end == 1500  # a split, no new node
+    assert first._ids is None and longer._ids is None and shorter._ids is None
+    tree.check_integrity()
+    assert shorter == tuple(stored[:1500]) and hash(shorter) == hash(tuple(stored[:1500]))  # ints made when asked
