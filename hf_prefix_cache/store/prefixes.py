@@ -302,7 +302,9 @@ class Prefixes:
         if length < self.min_store_len:
             return self._skip(reasons.ENTRY_BELOW_MIN_STORE_LEN)
         assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
-        stored_len = self._stored_len(namespace, tokens, session, touch=not self.profile.has_state and not items)
+        stored_len = self._stored_len(
+            namespace, tokens, length, session, touch=not self.profile.has_state and not items
+        )
         if stored_len is None:
             return InsertOutcome(0)  # an exact repeat: nothing new to capture
         capture = self._capture(cache, length, row, snapshots, items, computed_from)
@@ -312,8 +314,8 @@ class Prefixes:
         with lock.raw:
             if self._upkeep.active:
                 self._upkeep.maintain(namespace)
-            too_large = self._too_large(len(tokens) - stored_len, capture, items, stored_len)
-            matched_len = length if too_large else self._place(namespace, tokens, capture, items, row, session)
+            too_large = self._too_large(length - stored_len, capture, items, stored_len)
+            matched_len = length if too_large else self._place(namespace, tokens, length, capture, items, row, session)
             if not lock.quiet:
                 lock.check_pressure()
         if not lock.quiet:
@@ -387,6 +389,7 @@ class Prefixes:
         self,
         namespace: str,
         tokens: Sequence[Any],
+        length: int,
         capture: _Capture,
         items: Sequence[ItemState],
         row: int | None,
@@ -397,7 +400,7 @@ class Prefixes:
         Returns:
             How many leading tokens were stored already (the match the insert extended).
         """
-        run, per_token, length = capture.run, capture.nbytes_per_token, len(tokens)
+        run, per_token = capture.run, capture.nbytes_per_token
         result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, per_token))
         if run is not None and result.new_node is not None:
             run.take()
@@ -418,14 +421,17 @@ class Prefixes:
             self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
         return result.matched_len
 
-    def _stored_len(self, namespace: str, tokens: Sequence[Any], session: Session | None, touch: bool) -> int | None:
-        """How many leading `tokens` are stored; None when all are and `touch` marked them used (held by `session`)."""
+    def _stored_len(
+        self, namespace: str, tokens: Sequence[Any], length: int, session: Session | None, touch: bool
+    ) -> int | None:
+        """How many leading `tokens` (`length` of them) are stored; None when all are and `touch` marked them used
+        (held by `session`)."""
         lock = self._lock
         with lock.raw:
             if self._upkeep.active:
                 self._upkeep.maintain(namespace)
             match = self._tree.match(namespace, tokens)
-            repeat = touch and match.matched_len == len(tokens) and match.path and match.path[-1].end == len(tokens)
+            repeat = touch and match.matched_len == length and match.path and match.path[-1].end == length
             if repeat:
                 self._tree.touch(match.path)
                 if session is not None:
