@@ -158,10 +158,9 @@ class Run:
         ([[[[0.0, 1.0], [2.0, 3.0]]]], torch.Size([1, 1, 2, 2]))
         """
         assert stack.shape[0] == 2 * len(kv_layers), f"a stack of {stack.shape[0]} for {len(kv_layers)} layers"
-        run = cls.__new__(cls)
-        run._keys, run._values, run._packed, run.lo, run.hi = None, None, (stack, kv_layers, num_layers), lo, hi
-        run.num_refs, run.wait, run.landing, run.buffers, run._views = 0, None, None, [stack], None
-        run.devices, run.nbytes_per_token = devices, nbytes_per_token
+        run = cls.checked([], [], lo, hi, devices, nbytes_per_token)
+        run._keys = run._values = None  # made from the stack when first read (`_unpack`)
+        run._packed, run.buffers = (stack, kv_layers, num_layers), [stack]
         return run
 
     @property
