@@ -109,7 +109,9 @@ def adapter_for(
     row = ADAPTERS.get(cls) or ADAPTERS.get(f"{cls.__module__}.{cls.__qualname__}")
     if row is None:
         return None
-    adapter = row(layer, LayerOptions(sliding_window_mode, index_dim, keeps_indexer_positions, holds_items, indexes_keys))
+    adapter = row(
+        layer, LayerOptions(sliding_window_mode, index_dim, keeps_indexer_positions, holds_items, indexes_keys)
+    )
     return adapter if adapter is None or adapter.holds_items == holds_items else None
 
 
