@@ -75,13 +75,18 @@ def _results(junit: Path) -> dict[str, tuple[str, str]]:
     """Node id -> (outcome, first line of its message) from pytest's JUnit XML."""
     out: dict[str, tuple[str, str]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        node = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
+        classname, name = case.get("classname", ""), case.get("name", "")
+        # A module skipped or failing at collection is a case named by its module, with no class name.
+        node = classname.replace(".", "/") + ".py::" + name if classname else name.replace(".", "/") + ".py"
         outcome, message = "passed", ""
         for tag in ("failure", "error", "skipped"):
             found = case.find(tag)
             if found is not None:
                 outcome = "skipped" if tag == "skipped" else "failed"
-                message = (found.get("message") or "").strip().splitlines()[0] if found.get("message") else tag
+                text = found.get("message") or ""
+                if text in ("", "collection skipped", "collection failure"):
+                    text = f"{text} {found.text or ''}".strip()
+                message = (text.splitlines() or [tag])[0]
                 break
         out[node] = (outcome, message)
     return out
@@ -96,7 +101,7 @@ def _area(selection: tuple[str, ...], results: dict[str, tuple[str, str]]) -> tu
         return "FAIL", "no test ran (renamed or not collected: see the log)"
     if failed:
         node, message = failed[0]
-        return "FAIL", f"{len(failed)} of {len(mine)} failed; first: {node.split('::', 1)[1]}: {message}"
+        return "FAIL", f"{len(failed)} of {len(mine)} failed; first: {node.split('::')[-1]}: {message}"
     if not passed:
         return "SKIP", next(m for _, m in mine.values())
     return "PASS", f"{passed} passed" + (f", {len(mine) - passed} skipped" if len(mine) > passed else "")
