@@ -41,10 +41,6 @@ COLD_FAMILIES: dict[str, str] = {
     # GIT: the image's features are prepended before the prompt's embeddings (no placeholder ids; the
     # cache holds positions the prompt has no ids for) and attend both ways.
     "git": "image tokens are prepended outside input_ids (the cache is longer than the prompt)",
-    # Ovis2.5 (transformers 5.25): each image's (video's) start and end ids take indicator embeddings, but only in a
-    # call passing that kind's pixels, whose items they must count; an item would have to span its framing ids,
-    # which no generic layout does (a hand-written adapter as Ovis2's could; `tests/integration/test_models_525.py`).
-    "ovis2_5": "start / end ids embed as media only in a call passing their pixels: items must span them",
 }
 
 

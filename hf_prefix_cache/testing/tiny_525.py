@@ -3,7 +3,7 @@
 Built as `tiny_build` describes (float32, eager attention, generation that never stops early).
 Each builder raises `ImportError` on a release without the model type (5.23, 5.24); tests skip then.
 LLaVA-OneVision-1.5's tiny model, whose media the generic table serves, is with its family in
-`testing/media/grid.py`.
+`testing/media/grid.py`; Ovis2.5's media cases are in `testing/media/ovis2_5.py`.
 
 * `tiny_kolibri1_1`: Kolibri 1.1's three kinds of layer: sliding, indexed attention (an indexer and a
   reindexer rescoring its pool) and a "reuse" layer attending to an earlier layer's keys

@@ -4,9 +4,9 @@ Every request runs cold and through the store: equal tokens, logits within 1e-4;
 Kolibri 1.1's "reuse" layers attend to an earlier layer's keys and never write their own cache
 layer (a `DummyLayer`): they are neither captured nor restored. Its indexed layers keep no indexer
 keys, so they are stored as full attention, and prompts are served up to the indexers' budget (a
-query seeing at most top-k + local + sink keys keeps them all). Ovis2.5's media run cold (its
-framing ids take media embeddings only in a call passing their pixels); its text is served.
-LLaVA-OneVision-1.5's media are served by the generic table (`tests/media/test_media_families.py`).
+query seeing at most top-k + local + sink keys keeps them all). Ovis2.5's items span their framing
+ids (embedded as media only in a call passing their pixels): a changed image reuses nothing from its
+start id on. Both VLMs' image and video turns run in `tests/media/test_media_families.py`.
 """
 
 from __future__ import annotations
@@ -84,14 +84,25 @@ def test_kolibri_prompts_past_the_budget_run_cold_with_their_reason() -> None:
         assert store.stats().fallbacks == {reasons.with_detail(reasons.INDEXER_TOP_K, BUDGET): 2}
 
 
-def test_ovis2_5_media_run_cold_with_their_reason_and_text_is_served() -> None:
+def test_ovis2_5_items_span_their_framing_ids() -> None:
+    """A turn adding an image reuses the first whole; another image under the same ids reuses only the text before
+    its start id; framing ids in a prompt without pixels are text, cached or not."""
     model = _model("ovis2_5")
-    image, kwargs = tiny_525.ovis_image(1)
-    with served(model, clean=False) as store:
+    first_image, first_kwargs = tiny_525.ovis_image(1)
+    second_image, second_kwargs = tiny_525.ovis_image(2, (1, 4, 8))
+    with served(model) as store:
         hits = Hits(store)
-        prompt = torch.cat([random_prompt(5, seed=5), image, random_prompt(4, seed=6)], 1)
-        assert_same_as_cold(model, prompt, store, new=4, **kwargs)
-        assert_same_as_cold(model, prompt, store, new=4, **kwargs)
-        assert hits.last() == 0
-        assert store.stats().fallbacks == {reasons.with_detail(reasons.MEDIA_INPUTS, "ovis2_5"): 2}
-        _turns(model, store, first=8, more=3)
+        prompt = torch.cat([random_prompt(5, seed=5), first_image, random_prompt(4, seed=6)], 1)
+        out = assert_same_as_cold(model, prompt, store, new=4, **first_kwargs)
+        turn = torch.cat([out.sequences, random_prompt(3, seed=7), second_image, random_prompt(2, seed=8)], 1)
+        both = {name: torch.cat([first_kwargs[name], second_kwargs[name]]) for name in first_kwargs}
+        assert_same_as_cold(model, turn, store, new=4, **both)
+        assert hits.last() == out.sequences.shape[1] - 1
+        _, other_kwargs = tiny_525.ovis_image(7)  # the first image's grid, other pixels
+        assert_same_as_cold(model, prompt, store, new=4, **other_kwargs)
+        assert hits.last() == 5  # the text before the image's start id
+        framing = torch.tensor([[tiny_525.OVIS_IMAGE_START, tiny_525.OVIS_IMAGE_END]])  # no placeholders, no pixels
+        text = torch.cat([random_prompt(6, seed=9), framing, random_prompt(3, seed=10)], 1)
+        assert_same_as_cold(model, text, store, new=4)
+        assert_same_as_cold(model, text, store, new=4)
+        assert hits.last() == text.shape[1] - 1
