@@ -6,7 +6,9 @@ chat template's outer ``<|vision_start|><|video_pad|><|vision_end|>`` into the f
 than on 5.23 and 5.24. Whatever the release writes, the video's item must span exactly its
 placeholders (first frame's first to last frame's last), a second turn with the same video must
 reuse the first and equal a cold run, and another video under the same ids must reuse nothing
-past the video's start. Runs on every release the suite runs on (`scripts/test`: 5.25 and 5.23).
+past the video's start (Qwen3.5, whose recurrent layers restore only at a snapshot: nothing).
+Qwen-VL and Qwen3.5 (same processor, same adapter's video items) run on every release the suite
+runs on (`scripts/test`: 5.25 and 5.23).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from packaging.version import Version
 from transformers.video_utils import VideoMetadata
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.testing.compare import served
+from hf_prefix_cache.testing.media.qwen3 import cached_qwen3
 from hf_prefix_cache.testing.tiny_processors import qwen3_vl_text_processor
 from hf_prefix_cache.testing.tiny_qwen_media import Media
 from hf_prefix_cache.testing.tiny_vlm_parts import VIDEO_ID, VISION_END_ID, VISION_START_ID
@@ -33,6 +37,20 @@ GRID = (2, 4, 4)  # two frames (four sampled, two per temporal patch) of 4 place
 NEW = 4
 SUPPRESS = list(range(100, 128))  # answers hold no media or framing ids
 COLLAPSES = Version(transformers.__version__) >= Version("5.25")
+#: Qwen3-VL, and Qwen3.5 (the same processor; hybrid text layers, whose media prompts the hook prefills itself).
+#: On 5.25 Qwen3.5's restores miss the linear layers' new token counter (transformers-5.25 notes §2), which the
+#: fix in `model/working_cache.py` sets: strict, so that the fix turns these into failures to unmark.
+MODELS = [
+    "qwen3_vl",
+    pytest.param(
+        "qwen3_5",
+        marks=pytest.mark.xfail(COLLAPSES, reason="5.25: linear layers' token counter not restored", strict=True),
+    ),
+]
+
+
+def _model(name: str) -> Any:
+    return cached_vlm(name) if name == "qwen3_vl" else cached_qwen3(name)
 
 
 def _prompt(before: str, after: str) -> torch.Tensor:
@@ -49,9 +67,9 @@ def _kwargs(ids: torch.Tensor, seed: int) -> dict[str, Any]:
     return {**Media(videos=[(seed, GRID, 0.5)]).kwargs(ids, qwen3=True), "suppress_tokens": SUPPRESS}
 
 
-@pytest.fixture
-def store() -> Iterator[PrefixCache]:
-    with served(cached_vlm("qwen3_vl")) as store:
+@pytest.fixture(params=MODELS)
+def store(request: pytest.FixtureRequest) -> Iterator[PrefixCache]:
+    with served(_model(request.param)) as store:
         yield store
 
 
@@ -63,9 +81,12 @@ def test_the_release_writes_one_wrapper_per_frame_or_one_more_around_them() -> N
     assert int((ids == VISION_START_ID).sum()) == int((ids == VISION_END_ID).sum()) == frames + (not COLLAPSES)
 
 
-def test_the_video_item_spans_exactly_its_placeholders() -> None:
+@pytest.mark.parametrize("name", ["qwen3_vl", "qwen3_5"])
+def test_the_video_item_spans_exactly_its_placeholders(name: str) -> None:
     ids = _prompt("the cat ", " what is in the image")
-    layout = media_adapter_for(cached_vlm("qwen3_vl")).layout(ids[0].tolist(), _kwargs(ids, 5))
+    adapter = media_adapter_for(_model(name))
+    assert adapter is not None
+    layout = adapter.layout(ids[0].tolist(), _kwargs(ids, 5))
     assert layout is not None
     (item,) = layout.items
     where = (ids[0] == VIDEO_ID).nonzero().flatten()
@@ -75,7 +96,7 @@ def test_the_video_item_spans_exactly_its_placeholders() -> None:
 
 
 def test_a_second_turn_with_the_same_video_reuses_the_first(store: PrefixCache) -> None:
-    hits, model = Hits(store), cached_vlm("qwen3_vl")
+    hits, model = Hits(store), store.model
     first = _prompt("the cat ", " what is in the image")
     out = assert_same_as_cold(model, first, store, new=NEW, **_kwargs(first, 5))
     assert hits.last() == 0
@@ -85,11 +106,14 @@ def test_a_second_turn_with_the_same_video_reuses_the_first(store: PrefixCache) 
 
 
 def test_another_video_under_the_same_ids_reuses_nothing_past_its_start(store: PrefixCache) -> None:
-    hits, model = Hits(store), cached_vlm("qwen3_vl")
+    hits, model = Hits(store), store.model
     ids = _prompt("the cat ", " what is in the image")
     assert_same_as_cold(model, ids, store, new=NEW, **_kwargs(ids, 5))
     hits.last()
     assert_same_as_cold(model, ids, store, new=NEW, **_kwargs(ids, 6))
-    assert hits.last() == int((ids[0] == VIDEO_ID).nonzero()[0])
+    # Up to the video's first placeholder; Qwen3.5's recurrent layers restore only at a snapshot, and the first
+    # request took none before the video.
+    start = int((ids[0] == VIDEO_ID).nonzero()[0])
+    assert hits.last() == (0 if profile_model(model).has_recurrence else start)
     assert_same_as_cold(model, ids, store, new=NEW, **_kwargs(ids, 5))  # the first video again: all but the last
     assert hits.last() == ids.shape[1] - 1
