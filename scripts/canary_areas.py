@@ -82,7 +82,9 @@ def _results(junit: Path) -> dict[str, tuple[str, str]]:
         for tag in ("failure", "error", "skipped"):
             found = case.find(tag)
             if found is not None:
-                outcome = "skipped" if tag == "skipped" else "failed"
+                outcome = (
+                    "failed" if tag != "skipped" else "xfailed" if found.get("type") == "pytest.xfail" else "skipped"
+                )
                 text = found.get("message") or ""
                 if text in ("", "collection skipped", "collection failure"):
                     text = f"{text} {found.text or ''}".strip()
@@ -96,7 +98,7 @@ def _area(selection: tuple[str, ...], results: dict[str, tuple[str, str]]) -> tu
     """An area's status and the detail printed under it (the first failure, or why it skipped)."""
     mine = {n: r for n, r in results.items() if any(n == s or n.startswith(s + "::") for s in selection)}
     failed = [(n, m) for n, (o, m) in mine.items() if o == "failed"]
-    passed = sum(o == "passed" for o, _ in mine.values())
+    passed = sum(o == "passed" for o, _ in mine.values())  # an expected failure (xfail) neither passes nor fails
     if not mine:
         return "FAIL", "no test ran (renamed or not collected: see the log)"
     if failed:
@@ -104,7 +106,8 @@ def _area(selection: tuple[str, ...], results: dict[str, tuple[str, str]]) -> tu
         return "FAIL", f"{len(failed)} of {len(mine)} failed; first: {node.split('::')[-1]}: {message}"
     if not passed:
         return "SKIP", next(m for _, m in mine.values())
-    return "PASS", f"{passed} passed" + (f", {len(mine) - passed} skipped" if len(mine) > passed else "")
+    others = [o for o, _ in mine.values() if o != "passed"]
+    return "PASS", ", ".join([f"{passed} passed"] + [f"{others.count(o)} {o}" for o in sorted(set(others))])
 
 
 def main(argv: list[str]) -> int:
