@@ -5,7 +5,8 @@ test compares cached with cold runs (tokens, logits within 1e-4) and counts hits
 fails names what the new release broke: a cache layer type, a media kind, a decoding mode, an
 encoder-decoder family, serving, or only the declared version range. One pytest process runs them
 all (its start-up, not the tests, is most of the time), with one torch thread; `serve --help` runs
-after it. Run by `scripts/canary` with the canary environment's Python, from the repository root.
+after it (the serve area's request needs the real model's files, `hf_prefix_cache.api.models`).
+Run by `scripts/canary` with the canary environment's Python, from the repository root.
 
 Usage::
 
@@ -67,6 +68,10 @@ AREAS: dict[str, tuple[str, ...]] = {
         "tests/integration/test_seq2seq.py::test_an_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder[bart]",
     ),
     "new model types (5.25)": ("tests/integration/test_models_525.py",),
+    # A real server (SmolLM2) and transformers serve side by side: one two-turn chat, equal answers, hits.
+    "serve: a request": (
+        "tests/frontends/test_serve.py::test_each_turn_reuses_the_previous_one_and_equals_transformers_serve[json]",
+    ),
     "declared version range": ("tests/api/test_compat.py::test_the_installed_release_is_one_we_tested",),
 }
 
@@ -88,7 +93,9 @@ def _results(junit: Path) -> dict[str, tuple[str, str]]:
                 text = found.get("message") or ""
                 if text in ("", "collection skipped", "collection failure"):
                     text = f"{text} {found.text or ''}".strip()
-                message = (text.splitlines() or [tag])[0]
+                # Its first two lines, each cut short: an exception's own first line may be a long command.
+                lines = [line.strip()[:110] for line in text.splitlines() if line.strip()] or [tag]
+                message = " | ".join(lines[:2])
                 break
         out[node] = (outcome, message)
     return out
@@ -137,7 +144,7 @@ def main(argv: list[str]) -> int:
         )
     )
     for name, status, detail in rows:
-        print(f"{status:4s} {name:28s} {detail}"[:240])
+        print(f"{status:4s} {name:28s} {detail}")
     counts = {s: sum(r[1] == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
     print(
         f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped of {len(rows)} areas; "
