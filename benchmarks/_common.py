@@ -22,6 +22,16 @@ from hf_prefix_cache import _compat
 #: The keyword `generate` and forwards take a cache under on this transformers release (`cache` from 5.24).
 CACHE = _compat.CACHE_KWARGS[0] if _compat.CACHE_RENAMED else _compat.CACHE_KWARGS[1]
 
+# transformers 5.25's `from_pretrained` swaps in hub kernels (fused norms, rotary, scans; nothing on CPU) unless
+# USE_HUB_KERNELS is false. The benchmarks measure the store against transformers' own kernels, so they are off
+# unless the caller sets the variable (USE_HUB_KERNELS=YES python benchmarks/...); every header prints it.
+os.environ.setdefault("USE_HUB_KERNELS", "NO")
+
+
+def hub_kernels() -> str:
+    """The hub-kernel setting the run's models load with, as printed beside its figures."""
+    return f"USE_HUB_KERNELS={os.environ.get('USE_HUB_KERNELS', 'YES')}"
+
 
 @dataclass
 class Timings:
@@ -87,7 +97,7 @@ def start_run(threads: int | None) -> float:
 
 def print_environment(note: str = "") -> None:
     """Versions and the load average at the start (timings on a busy machine are not comparable)."""
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}{note}")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {hub_kernels()}{note}")
     print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
 
 

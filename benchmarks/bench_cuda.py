@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 import transformers
-from _common import CACHE
+from _common import CACHE, hub_kernels
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import PrefixCache
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     model = build_llama(args.device, args.small)
     vocab = model.config.vocab_size - 1
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
-    print(f"device: {name}; torch {torch.__version__}; transformers {transformers.__version__}")
+    print(f"device: {name}; torch {torch.__version__}; transformers {transformers.__version__}; {hub_kernels()}")
     print(f"model: {'small float32' if args.small else 'Llama-3.2-1B shape, random weights, bfloat16'}\n")
     columns = ("cold ms", "hit ms", "ideal ms", "store ms", "cold/hit", "hit/ideal")
     print(f"{'prompt':>7s} " + " ".join(f"{c:>9s}" for c in columns))

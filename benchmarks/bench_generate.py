@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 import transformers
-from _common import CACHE, Timings, load_average, print_end, start_run, timed, tiny_llama
+from _common import CACHE, Timings, hub_kernels, load_average, print_end, start_run, timed, tiny_llama
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.heads} heads, {args.kv_heads} KV heads, vocab {args.vocab}, {model.dtype}, "
         f"attn={model.config._attn_implementation}, torch threads={torch.get_num_threads()}"
     )
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {hub_kernels()}")
     print(f"prompt = {args.prefix_len}-token shared prefix + {args.suffix_len}-token fresh suffix, greedy")
     print(f"load average at start: {load_average()} on {os.cpu_count()} CPUs (other processes skew every timing)")
 

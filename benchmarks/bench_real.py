@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
+            "use_hub_kernels": os.environ.get("USE_HUB_KERNELS", "YES"),
             "python": sys.version.split()[0],
             "reps": args.reps,
             "load_average_end": load_average(),

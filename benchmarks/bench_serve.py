@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -211,7 +212,18 @@ def _report(results: dict[str, Any], args: argparse.Namespace, questions: list[s
     print("  ".join(cells))
     print("same answers as transformers serve: " + ", ".join(f"{n} {'yes' if same[n] else 'NO'}" for n in names))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "same": same}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "use_hub_kernels": os.environ["USE_HUB_KERNELS"],
+                    "results": results,
+                    "same": same,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     if args.plot and results:
         _plot(results, args)
 

@@ -252,6 +252,18 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     },  # fmt: skip
     "inkling2_text": {"unpadded_vocab_size": VOCAB},
     "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
+    # Kolibri 1.1: an indexer layer, a layer reusing its keys (a `DummyLayer`) and rescoring its pool, between two
+    # sliding layers; its indexer scores with at most the query heads of one key head.
+    "kolibri1_1": {
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "indexed_attention", "indexed_attention", "sliding_attention"],
+        "index_layers": [1],
+        "kv_source_layers": [0, 1, 1, 3],
+        "index_num_heads": 2,
+        "mlp_only_layers": [0],
+    },
+    # Its vision tower projects to the text model's width.
+    "llava_onevision1_5": {"vision_config": {"out_hidden_size": 64}},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 _TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})

@@ -45,6 +45,11 @@ BIDIRECTIONAL_UNLESS_DECODER = frozenset(
 # left-padded batch through the row-by-row path was off its cold run (MiniMax 3.6e-3, RecurrentGemma and RWKV by
 # more than 1): their layers do not leave a state as it was over masked padding.
 _ROWS_NOT_JOINED = frozenset({"minimax", "recurrent_gemma", "rwkv"})
+# Types whose indexed layers keep no indexer keys: their indexers rank the layer's own keys (Kolibri 1.1), so those
+# layers are stored as full attention. Their indexers are not watched for ties (`indexer_ties.py`): a prompt runs
+# cold past the indexers' budget (`_indexer_exact_len`). Their "reuse" layers read another layer's keys and never
+# update their own cache layer: transformers makes those `DummyLayer`s (from `kv_sharing_modes`), which hold nothing.
+_KEYS_INDEXED_MODEL_TYPES = frozenset({"kolibri1_1"})
 # Types the support matrix (scripts/support_matrix.py) found failing or inexact through the store, run cold:
 _COLD_MODEL_TYPES = {
     # full-causal masks over sliding-window cache layers: chunking changes output
@@ -221,13 +226,20 @@ def profile_model(
         index_dim = _index_dim(config.get_text_config(decoder=True))
         # Qwen4-Exp: the first indexed layer keeps the indexers' positions too.
         keep_positions = index_dim is not None and _keeps_indexer_positions(config)
+        keys_indexed = model_type in _KEYS_INDEXED_MODEL_TYPES
         if encoder_family is not None and unsupported is None:
             layer_types, per_layer_kwargs = _decoder_layers(config, layer_types, per_layer_kwargs)
         for layer_type, kwargs in zip(layer_types, per_layer_kwargs, strict=True):
             cls = DYNAMIC_LAYER_TYPE_MAPPING.get(layer_type)
             layer = cls(**kwargs) if cls is not None else None
             adapter = (
-                adapter_for(layer, sliding_window_mode, index_dim, keeps_indexer_positions=keep_positions)
+                adapter_for(
+                    layer,
+                    sliding_window_mode,
+                    index_dim,
+                    keeps_indexer_positions=keep_positions,
+                    indexes_keys=keys_indexed,
+                )
                 if layer is not None
                 else None
             )
@@ -257,11 +269,12 @@ def profile_model(
             )
             break
         adapters[i] = item_adapter
-    indexed = any(a.has_indexer_keys for a in adapters)
+    keys_indexed = model_type in _KEYS_INDEXED_MODEL_TYPES
+    indexed = keys_indexed or any(a.has_indexer_keys for a in adapters)
     # Layers whose entries an indexer ranks, each entry covering this many tokens (DeepSeek-V4's CSA layers).
     entry_tokens = max((a.entry_tokens or 0 for a in adapters), default=0)
     # Indexers whose every top-k can be checked for ties (`indexer_ties.py`) reuse prompts of any length.
-    watch_indexers = indexed and bool(indexer_modules(inner))
+    watch_indexers = indexed and not keys_indexed and bool(indexer_modules(inner))
     return ModelProfile(
         cache_kwarg=cache_kwarg,
         adapters=tuple(adapters),
@@ -302,7 +315,8 @@ def _indexer_exact_len(config: Any) -> int:
 
     Each query sees at most the prompt's length in keys (GLM-5-Next: in pools of `index_kpool` keys, of which
     it keeps `index_topk // index_kpool`); while that is within the top-k, the selection is every key whatever
-    the scores, so a suffix's prefill attends exactly as the whole prompt's does.
+    the scores, so a suffix's prefill attends exactly as the whole prompt's does. Kolibri 1.1's queries keep
+    their sink and local tokens besides the top-k, and select nothing while they see no more keys than all three.
     """
     text = config.get_text_config(decoder=True)
     top_k = getattr(text, "index_topk", None)
@@ -310,7 +324,8 @@ def _indexer_exact_len(config: Any) -> int:
         return 0  # a top-k we cannot read: no prompt is known to keep every key, so every one runs cold
     pool = getattr(text, "index_kpool", None)
     pool = pool if isinstance(pool, int) and pool > 0 else 1
-    return (top_k // pool) * pool
+    kept = [getattr(text, name, None) for name in ("index_num_local_tokens", "index_num_sink_tokens")]
+    return (top_k // pool) * pool + sum(n for n in kept if isinstance(n, int) and n > 0)
 
 
 def _ranked_entries_len(config: Any, entry_tokens: int) -> int | None:

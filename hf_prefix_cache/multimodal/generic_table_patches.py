@@ -60,6 +60,28 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # LLaVA-OneVision-1.5 (transformers 5.25): a RICE-ViT tower on flattened patch rows, attention within each frame
+    # (a class token prepended to each), 2x2 merge; 1D positions; a video is one run of all its frames.
+    "llava_onevision1_5": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="thw",
+                sizes="image_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+            KindRule(
+                "video",
+                VIDEO_TOKEN_ID,
+                "pixel_values_videos",
+                count="thw",
+                sizes="video_grid_thw",
+                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+            ),
+        ),
+    ),
     # HyperCLOVA X Vision V2: a Qwen2.5-VL tower (windows within each item) on flattened patch rows, 2x2 merge;
     # 1D positions (its generate drops position ids, its text model counts them); a video is one run of all its frames.
     "hyperclovax_vision_v2": FamilyRule(

@@ -98,3 +98,27 @@ def qwen2_vl_processor() -> Any:
         tokenizer=tiny_tokenizer(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]),
         chat_template=_template("<|vision_start|><|image_pad|><|vision_end|>"),
     )
+
+
+class _TextOnlyQwen3VLProcessor(transformers.Qwen3VLProcessor):
+    """`Qwen3VLProcessor`'s text path (placeholder expansion) alone: its video processor needs torchvision
+    (not installed here), so its two sizes stand in for it. The release's own `replace_video_token` and
+    `get_text_with_replacements` write the prompt (5.25 collapses the template's outer video wrapper)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from types import SimpleNamespace
+
+        self.tokenizer = tokenizer
+        self.image_processor = self.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+        self.vision_start_token, self.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+        for name in ("image", "video", "vision_start", "vision_end"):
+            setattr(self, f"{name}_token_id", tokenizer.convert_tokens_to_ids(getattr(self, f"{name}_token")))
+
+
+@functools.cache
+def qwen3_vl_text_processor() -> Any:
+    """A Qwen3-VL processor for prompts (ids 120-123: image, video, vision start, vision end), not pixels."""
+    return _TextOnlyQwen3VLProcessor(
+        tiny_tokenizer(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"])
+    )

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, packed, qwen3, registry
+from hf_prefix_cache.testing.media import grid, ovis2_5, packed, qwen3, registry
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
@@ -23,7 +23,7 @@ CASES = registry.suite_cases()
 IMAGE_AND_VIDEO = (("image", 2), ("video", 5))
 #: A first turn's medium and the media a second turn adds ((kind, seed) each), per family.
 TURNS = [
-    *[(name, ("image", 1), IMAGE_AND_VIDEO) for name in (*grid.FAMILIES, *qwen3.FAMILIES)],
+    *[(name, ("image", 1), IMAGE_AND_VIDEO) for name in (*grid.FAMILIES, *qwen3.FAMILIES, *ovis2_5.FAMILIES)],
     *[(name, ("image", 1), (("image", 2),)) for name in packed.FAMILIES],
     *[
         (name, (first, 1), ((then, 2),))
@@ -37,7 +37,9 @@ TURNS = [
     *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
 ]
 #: The kinds of medium a family's changed-medium case runs with.
-CHANGES = [(name, kind) for name in (*grid.FAMILIES, *qwen3.FAMILIES) for kind in ("image", "video")] + [
+CHANGES = [
+    (name, kind) for name in (*grid.FAMILIES, *qwen3.FAMILIES, *ovis2_5.FAMILIES) for kind in ("image", "video")
+] + [
     *[(name, "image") for name in packed.FAMILIES],
     *[(name, kind) for name in ("inkling_mm_model", "nemotron_h_omni") for kind in ("image", "audio")],
     *[(name, "image") for name in ("emu3", "ovis2")],

@@ -6,6 +6,7 @@ can be served.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, random_prompt
 from transformers import DynamicCache
@@ -88,3 +89,20 @@ def test_unknown_layer_classes_are_refused_not_guessed() -> None:
     assert adapter_for(DynamicLayer()) is not None
     assert adapter_for(DynamicIndexedLayer()) is None
     assert adapter_for(StaticLayer(max_cache_len=8)) is None
+
+
+def test_a_key_indexed_layer_is_stored_as_its_keys_and_refuses_indexer_keys() -> None:
+    """Kolibri 1.1's indexed layers keep no indexer keys: stored as full attention, never with a lost indexer."""
+    from transformers.cache_utils import DynamicIndexedLayer
+
+    adapter = adapter_for(DynamicIndexedLayer(), indexes_keys=True)
+    assert adapter is not None and adapter.has_kv and not adapter.has_indexer_keys
+    assert not adapter.has_static_form and not adapter.defers_keys
+    layer = DynamicIndexedLayer()
+    keys, values = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    layer.update(keys, values)
+    captured = adapter.capture_kv(layer)
+    assert captured is not None and torch.equal(captured[0], keys) and torch.equal(captured[1], values)
+    layer.update_indexer(torch.randn(1, 5, 8))
+    with pytest.raises(AssertionError, match="indexer keys"):
+        adapter.capture_kv(layer)

@@ -31,7 +31,7 @@ from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState, NoCacheA
 from hf_prefix_cache.model.layers.compressed import CompressedAttentionAdapter
 from hf_prefix_cache.model.layers.cross import CrossAttentionAdapter
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
-from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter
+from hf_prefix_cache.model.layers.indexed import IndexedAttentionAdapter, KeyIndexedAttentionAdapter
 from hf_prefix_cache.model.layers.recurrent import HybridAdapter, HybridSlidingAdapter, RecurrentAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter, WindowStateAdapter
 
@@ -49,10 +49,12 @@ class LayerOptions(NamedTuple):
     keeps_indexer_positions: bool = False
     #: The layer holds media items (a cross-attention layer, named by the media adapter).
     holds_items: bool = False
+    #: An indexed layer keeps no indexer keys: its indexers rank the layer's own keys (Kolibri 1.1).
+    indexes_keys: bool = False
 
 
 _FULL, _CROSS, _NO_CACHE = FullAttentionAdapter(), CrossAttentionAdapter(), NoCacheAdapter()
-_SLIDING, _WINDOW = SlidingWindowAdapter(), WindowStateAdapter()
+_SLIDING, _WINDOW, _KEY_INDEXED = SlidingWindowAdapter(), WindowStateAdapter(), KeyIndexedAttentionAdapter()
 _RECURRENT, _HYBRID, _HYBRID_SLIDING = RecurrentAdapter(), HybridAdapter(), HybridSlidingAdapter()
 _DEEPSEEK_V4 = "transformers.models.deepseek_v4.modeling_deepseek_v4"
 
@@ -64,6 +66,8 @@ ADAPTERS: dict[type | str, Callable[[Any, LayerOptions], LayerAdapter | None]] =
     DynamicIndexedLayer: lambda layer, o: (
         IndexedAttentionAdapter(o.index_dim, keeps_positions=o.keeps_indexer_positions)
         if o.index_dim is not None
+        else _KEY_INDEXED
+        if o.indexes_keys
         else None
     ),
     LinearAttentionLayer: lambda layer, o: _RECURRENT,
@@ -84,6 +88,7 @@ def adapter_for(
     *,
     keeps_indexer_positions: bool = False,
     holds_items: bool = False,
+    indexes_keys: bool = False,
 ) -> LayerAdapter | None:
     """The adapter for `layer`'s exact class, or None when the class (or, with these options, the layer) is not
     supported.
@@ -92,6 +97,7 @@ def adapter_for(
     `index_dim` is the width of an indexed layer's indexer keys (the config's `index_head_dim`):
     without it such a layer is not supported. `keeps_indexer_positions`: an indexed layer keeps its indexers'
     positions too. `holds_items`: the layer holds media items (cross-attention); only a plain `DynamicLayer` does.
+    `indexes_keys`: an indexed layer without `index_dim` keeps no indexer keys (its indexers rank its keys).
 
     >>> from transformers.cache_utils import DynamicLayer, StaticLayer
     >>> adapter_for(DynamicLayer()).has_kv, adapter_for(DynamicLayer(), holds_items=True).holds_items
@@ -103,7 +109,9 @@ def adapter_for(
     row = ADAPTERS.get(cls) or ADAPTERS.get(f"{cls.__module__}.{cls.__qualname__}")
     if row is None:
         return None
-    adapter = row(layer, LayerOptions(sliding_window_mode, index_dim, keeps_indexer_positions, holds_items))
+    adapter = row(
+        layer, LayerOptions(sliding_window_mode, index_dim, keeps_indexer_positions, holds_items, indexes_keys)
+    )
     return adapter if adapter is None or adapter.holds_items == holds_items else None
 
 

@@ -6,6 +6,9 @@ the keys, so they restore by slicing too. The store holds two tensors per layer,
 indexer keys travel inside the values: each head's values get `ceil(index_dim / heads)` more
 channels holding its share of the indexer row (zero-padded), and a restore splits them off
 again. Capturing therefore copies the values once; the keys are still shared.
+
+Kolibri 1.1's indexers keep no keys of their own: they rank the layer's keys themselves, so its
+indexed layers hold plain keys and values (`KeyIndexedAttentionAdapter`).
 """
 
 from __future__ import annotations
@@ -77,3 +80,19 @@ class IndexedAttentionAdapter(FullAttentionAdapter):
         per_head = self._per_head(heads)
         padded = F.pad(indexer, (0, heads * per_head - self.index_dim))
         return padded.view(indexer.shape[0], indexer.shape[1], heads, per_head).transpose(1, 2)
+
+
+class KeyIndexedAttentionAdapter(FullAttentionAdapter):
+    """`DynamicIndexedLayer` whose indexers rank the layer's own keys and keep none (Kolibri 1.1): full attention.
+
+    Which keys a query attends to is the indexers' choice, made afresh by every forward from the keys and
+    the query; the profile bounds the prompts served to those whose every query keeps all its keys.
+    """
+
+    has_static_form = False  # a static indexed layer is not one plain buffer
+    defers_keys = False  # landing at first use is for plain full attention alone
+
+    def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        # Indexer keys here would be state this adapter does not store: refuse rather than lose them.
+        assert layer.indexer_keys is None and layer.indexer_position_ids is None, "indexer keys in a key-indexed layer"
+        return super().capture_kv(layer)
