@@ -38,15 +38,7 @@ NEW = 4
 SUPPRESS = list(range(100, 128))  # answers hold no media or framing ids
 COLLAPSES = Version(transformers.__version__) >= Version("5.25")
 #: Qwen3-VL, and Qwen3.5 (the same processor; hybrid text layers, whose media prompts the hook prefills itself).
-#: On 5.25 Qwen3.5's restores miss the linear layers' new token counter (transformers-5.25 notes §2), which the
-#: fix in `model/working_cache.py` sets: strict, so that the fix turns these into failures to unmark.
-MODELS = [
-    "qwen3_vl",
-    pytest.param(
-        "qwen3_5",
-        marks=pytest.mark.xfail(COLLAPSES, reason="5.25: linear layers' token counter not restored", strict=True),
-    ),
-]
+MODELS = ["qwen3_vl", "qwen3_5"]
 
 
 def _model(name: str) -> Any:
