@@ -10,8 +10,9 @@ back tokens. Subclasses change only what the store and an operator need:
 - `client.StoreModelManager` and `client.ScopedEngineClient`: every request crosses to the model's
   process with its tenant, salt and deadline, and ``cached_tokens`` and its timings come back;
   `/v1/models` lists the forced model under its served name;
-- the chat, text-completion, Responses and transcription handlers: each request is checked
-  (`validate.py`) and runs as a request of its own (see `requests.py`).
+- the chat, text-completion, Responses and transcription handlers: each request is parsed and
+  checked off the event loop (`bodies.py`, `validate.py`) and runs as a request of its own
+  (see `requests.py`).
 
 Around them, ASGI middlewares (outermost first): requests counted by status (`metrics.py`),
 keys and tenants (`access.py`), the body limit and admission (`limits.py`), the salt header.
@@ -42,9 +43,10 @@ from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import GenerationState, Modality
 
 from hf_prefix_cache.frontends.serve.access import Access, AccessMiddleware, current_caller
+from hf_prefix_cache.frontends.serve.bodies import parse_off_loop
 from hf_prefix_cache.frontends.serve.client import StoreModelManager
 from hf_prefix_cache.frontends.serve.engine import StoreLoader
-from hf_prefix_cache.frontends.serve.errors import error_response, http_exception_handler
+from hf_prefix_cache.frontends.serve.errors import error_response, http_exception_handler, value_error_handler
 from hf_prefix_cache.frontends.serve.limits import Admission, BodyLimit
 from hf_prefix_cache.frontends.serve.metrics import ServeMetrics, StatusRecorder
 from hf_prefix_cache.frontends.serve.requests import ModelNames, SaltHeader, scoped_request
@@ -55,6 +57,7 @@ from hf_prefix_cache.frontends.serve.validate import (
     check_chat,
     check_completion,
     check_response,
+    check_text,
 )
 from hf_prefix_cache.frontends.serve_args import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT
 
@@ -110,12 +113,29 @@ class _Scoped:
 
     settings: RequestSettings
     check: Any = None
+    prompt_field = "messages"  # the field a prompt over the context is blamed on
 
     async def _scoped(self, handle: Any, body: dict[str, Any], request_id: str) -> Any:
-        if self.check is not None:
-            self.check(body)
+        await asyncio.to_thread(self._check_body, body)  # off the event loop: a large body takes a while
         settings = self.settings
         return await scoped_request(handle, body, request_id, settings.names, settings.timeout)
+
+    def _check_body(self, body: dict[str, Any]) -> None:
+        check_text(body)
+        if self.check is not None:
+            self.check(body)
+
+    def _check_prompt_length(self, engine: Any, inputs: dict[str, Any]) -> None:
+        """transformers' check of the prompt against the context, as a 400 naming the field and both numbers."""
+        from transformers.cli.serving.utils import prompt_length
+
+        limit = engine.generation_state.context_length(engine.model_config)
+        length = prompt_length(inputs)
+        if limit is not None and length >= limit:
+            raise RequestError(
+                self.prompt_field,
+                f"the prompt has {length} tokens; the model's context is {limit} tokens: shorten the prompt",
+            )
 
 
 class ScopedChatHandler(_Scoped, ChatCompletionHandler):
@@ -125,6 +145,14 @@ class ScopedChatHandler(_Scoped, ChatCompletionHandler):
 
     async def handle_request(self, body: dict[str, Any], request_id: str) -> Any:
         return await self._scoped(super().handle_request, body, request_id)
+
+    def _build_generation_kwargs(self, body: dict[str, Any], model_generation_config: Any) -> dict[str, Any]:
+        """transformers' settings, with ``logit_bias``'s integer biases as floats (what `generate` takes; OpenAI's API
+        takes both)."""
+        kwargs = dict(super()._build_generation_kwargs(body, model_generation_config))
+        if kwargs.get("sequence_bias"):
+            kwargs["sequence_bias"] = {ids: float(bias) for ids, bias in kwargs["sequence_bias"].items()}
+        return kwargs
 
     def get_processor_inputs_from_messages(self, messages: list[dict[str, Any]], modality: Any) -> list[dict[str, Any]]:  # type: ignore[override]
         """transformers' conversion, refusing media parts a text-only model would drop without a word."""
@@ -145,6 +173,7 @@ class ScopedCompletionHandler(_Scoped, CompletionHandler):
     """``/v1/completions``, each request checked and in its own scope."""
 
     check = staticmethod(check_completion)
+    prompt_field = "prompt"
 
     async def handle_request(self, body: dict[str, Any], request_id: str) -> Any:
         return await self._scoped(super().handle_request, body, request_id)
@@ -154,6 +183,7 @@ class ScopedResponseHandler(_Scoped, ResponseHandler):
     """``/v1/responses``, each request checked and in its own scope."""
 
     check = staticmethod(check_response)
+    prompt_field = "input"
 
     async def handle_request(self, body: dict[str, Any], request_id: str) -> Any:
         return await self._scoped(super().handle_request, body, request_id)
@@ -216,7 +246,16 @@ def build_app(
         systemone_handler=SystemOneHandler(**common, chat_template_kwargs={}, decision_config=None),
         enable_cors=options.enable_cors,
     )
+    parse_off_loop(
+        app,
+        {
+            "/v1/chat/completions": chat.handle_request,
+            "/v1/completions": completion.handle_request,
+            "/v1/responses": response.handle_request,
+        },
+    )
     app.add_exception_handler(HTTPException, http_exception_handler)
+    app.add_exception_handler(ValueError, value_error_handler)  # replaces transformers' {"detail": ...}
     app.add_middleware(SaltHeader)
     app.add_middleware(
         Admission, max_queued=options.max_queued, retry_after=metrics.retry_after, on_change=metrics.set_admitted

@@ -70,12 +70,36 @@ def fit_context(config: Any, prompt_len: int, generation_kwargs: dict[str, Any],
         generation_kwargs["max_new_tokens"] = limit - prompt_len
 
 
+def check_bias(config: Any, generation_kwargs: dict[str, Any]) -> None:
+    """Refuse (400) a ``logit_bias`` naming a token id outside the model's vocabulary, naming the id and its size."""
+    bias = generation_kwargs.get("sequence_bias")
+    if not bias:
+        return
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(text_config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    for ids in bias:
+        for token_id in ids:
+            if not 0 <= token_id < vocab:
+                raise RequestError(
+                    "logit_bias",
+                    f"logit_bias names token id {token_id}, outside the model's vocabulary of {vocab} tokens "
+                    f"(ids 0 to {vocab - 1})",
+                )
+
+
 def _timeout_message(waited: float) -> str:
     return f"the request waited {waited:.1f} s in the queue, past its timeout (--request-timeout); try again"
 
 
 class _Job:
-    """One request's job as its API server follows it: the reports of its process applied to the request."""
+    """One request's job as its API server follows it: the reports of its process applied to the request.
+
+    A cancel (the client left) waits until the job has started: transformers' runner drops a
+    request cancelled while queued, and its prompt would never be stored; started, the job stops
+    after its first token (`engine.StopWhenCancelled`) and the store keeps its prompt.
+    """
 
     def __init__(self, request: ServeRequest | None, metrics: ServeMetrics | None) -> None:
         self.request = request
@@ -83,6 +107,9 @@ class _Job:
         self.started = False
         self.timed_out: float | None = None
         self.ended: Ended | None = None
+        self.task: asyncio.Task[Any] | None = None  # what sends the job and waits for its end
+        self._cancel_pending = False
+        self._left = False
         if metrics is not None:
             metrics.job_queued()
 
@@ -92,6 +119,8 @@ class _Job:
             self.started = True
             if self.metrics is not None:
                 self.metrics.job_started()
+            if self._cancel_pending:
+                self.cancel()
         elif isinstance(item, TimedOut):
             self.timed_out = item.waited
         elif isinstance(item, Ended):
@@ -102,8 +131,20 @@ class _Job:
             return False
         return True
 
-    def leave(self) -> None:
-        """The request is over (however it ended): the gauges and Retry-After."""
+    def cancel(self) -> None:
+        """Stop the job: now if it has started (or ended), else as soon as it starts."""
+        if not self.started and self.timed_out is None and self.ended is None:
+            self._cancel_pending = True
+        elif self.task is not None:
+            self.task.cancel()
+
+    def leave(self, task: Any = None) -> None:
+        """The job is over, however it ended (once): the gauges and Retry-After."""
+        if isinstance(task, asyncio.Future) and not task.cancelled():
+            task.exception()  # retrieved: a request whose client left has no one else to read it
+        if self._left:
+            return
+        self._left = True
         if self.metrics is not None:
             finished = self.ended.finished if self.ended is not None else None
             self.metrics.job_left(self.started, None if finished is None else finished.ended - finished.arrival)
@@ -115,7 +156,6 @@ class _Collector:
     def __init__(self, job: _Job) -> None:
         self.job = job
         self.total_tokens = 0
-        self.task: asyncio.Task[Any] | None = None
 
     def put_token(self, token: Any) -> None:
         self.job.report(token)
@@ -124,12 +164,11 @@ class _Collector:
         pass
 
     def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        self.job.cancel()
 
 
 class _ReportingDetokenizer(Detokenizer):
-    """transformers' `Detokenizer`, reading the job's reports out of its token stream."""
+    """transformers' `Detokenizer`, reading the job's reports out of its token stream; a cancel waits for the start."""
 
     job: _Job
 
@@ -138,6 +177,9 @@ class _ReportingDetokenizer(Detokenizer):
             super().put_token(token_id)
         elif self.job.timed_out is not None:
             self._queue.put_nowait(_StreamError(_timeout_message(self.job.timed_out)))
+
+    def cancel(self) -> None:
+        self.job.cancel()
 
 
 class ScopedEngineClient(EngineClient):
@@ -156,6 +198,7 @@ class ScopedEngineClient(EngineClient):
         request = pending()
         prompt_len = int(inputs["input_ids"].shape[-1])
         fit_context(self.model_config, prompt_len, generation_kwargs, request.max_new_field if request else None)
+        check_bias(self.model_config, generation_kwargs)
         tokens = await self._run(request, run_job, (dict(inputs), generation_kwargs))
         return self.processor.decode(tokens, skip_special_tokens=True), prompt_len, tokens
 
@@ -165,6 +208,7 @@ class ScopedEngineClient(EngineClient):
         request = pending()
         prompt_len = int(inputs["input_ids"].shape[-1])
         fit_context(self.model_config, prompt_len, generation_kwargs, request.max_new_field if request else None)
+        check_bias(self.model_config, generation_kwargs)
         return self._stream(request, run_job, (dict(inputs), generation_kwargs), response_parser)
 
     async def submit(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -178,12 +222,14 @@ class ScopedEngineClient(EngineClient):
         collector = _Collector(job)
         if request is not None:
             request.cancel = collector.cancel
+        submitted = (job_function, (self._ticket(request, False), *args))
+        job.task = asyncio.ensure_future(self._send_request("submit", args=submitted, streamer=collector))  # type: ignore[arg-type]
+        job.task.add_done_callback(job.leave)
         try:
-            await self._send_request(
-                "submit", args=(job_function, (self._ticket(request, False), *args)), streamer=collector
-            )  # type: ignore[arg-type]
-        finally:
-            job.leave()
+            await asyncio.shield(job.task)
+        except asyncio.CancelledError:  # the client left: the job stops once started (see `_Job`)
+            job.cancel()
+            raise
         if job.timed_out is not None:
             raise HTTPException(503, _timeout_message(job.timed_out), headers={"Retry-After": "1"})
         return None if job.ended is None else job.ended.result
@@ -211,7 +257,7 @@ class ScopedEngineClient(EngineClient):
             finally:
                 job.leave()
 
-        streamer.task = asyncio.create_task(wait_for_the_end())
+        streamer.task = job.task = asyncio.create_task(wait_for_the_end())
         return output, streamer
 
 

@@ -228,6 +228,33 @@ def _message(param: str, message: Any) -> None:
     _content(f"{param}.content", message.get("content"), may_be_empty=role == "assistant")
 
 
+def check_text(value: Any, param: str = "") -> None:
+    """Every string of a body must be encodable text: a lone surrogate (JSON's ``"\\ud800"``) is a 400 naming its field.
+
+    >>> try:
+    ...     check_text({"messages": [{"role": "user", "content": "hi \\ud800"}]})
+    ... except RequestError as exc:
+    ...     print(exc.param)
+    messages[0].content
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(
+                param or None,
+                f"{param or 'the body'} holds a lone surrogate (\\u{ord(value[exc.start]):04x}) at character "
+                f"{exc.start}: text must be valid Unicode (a surrogate pair's two halves together)",
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, param)
+            check_text(item, f"{param}.{key}" if param else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{param}[{i}]")
+
+
 def check_chat(body: dict[str, Any]) -> None:
     """A ``/v1/chat/completions`` body (raises `RequestError` at its first wrong field)."""
     messages = body.get("messages")
