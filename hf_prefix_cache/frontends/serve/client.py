@@ -186,6 +186,20 @@ class ScopedEngineClient(EngineClient):
     """transformers' `EngineClient`, each call sent as a job of ours with its request's ticket (see above)."""
 
     metrics: ServeMetrics | None = None
+    asker: Asker | None = None
+
+    def start(self, on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Start the model's process (if it is not running) with a query channel of its own.
+
+        A fresh channel each time: a process stopped while it waited on its queries queue leaves that
+        queue's lock taken, and the next process would wait on it forever.
+        """
+        if not self.process_running and not self.externally_managed:
+            loader: StoreLoader = self.loader  # type: ignore[assignment]
+            self.loader = loader = loader.for_engine()
+            assert loader.channel is not None
+            self.asker = Asker(loader.channel)
+        super().start(on_progress)
 
     def _ticket(self, request: ServeRequest | None, stream: bool) -> Ticket:
         if request is None:
@@ -325,22 +339,19 @@ class StoreModelManager(ModelManager):
         self.metrics = metrics
         self.served_name = served_name
         self.api_server = api_server
-        self.askers: dict[str, Asker] = {}
         super().__init__(loader, **kwargs)
 
-    def _client(self, model_id: str, loader: StoreLoader, **kwargs: Any) -> ScopedEngineClient:
+    def _client(self, model_id: str, **kwargs: Any) -> ScopedEngineClient:
+        loader: StoreLoader = self.loader  # type: ignore[assignment]
         engine = ScopedEngineClient(model_id, loader, self.generation_state, **kwargs)
         engine.metrics = self.metrics
-        if loader.channel is not None:
-            self.askers[model_id] = Asker(loader.channel, self.api_server)
+        if kwargs.get("connection") is not None and loader.channel is not None:
+            engine.asker = Asker(loader.channel, self.api_server)  # the supervisor's process, shared
         return engine
 
     def preload_engine(self, force_model: str, engine_connection: tuple[Any, ...] | None) -> None:
         model_id = canonical_model_id(force_model)
-        loader: StoreLoader = self.loader  # type: ignore[assignment]
-        if engine_connection is None and loader.channel is None:
-            loader = loader.for_engine()
-        engine = self._client(model_id, loader, connection=engine_connection)
+        engine = self._client(model_id, connection=engine_connection)
         self.engines[model_id] = engine
         if engine_connection is None:
             engine.start()
@@ -350,17 +361,15 @@ class StoreModelManager(ModelManager):
             return super().get_engine(model)
         model_id = canonical_model_id(model)
         if model_id not in self.engines:
-            loader: StoreLoader = self.loader  # type: ignore[assignment]
-            engine = self._client(model_id, loader.for_engine(), timeout=self.model_timeout)
-            self.engines.setdefault(model_id, engine)
+            self.engines.setdefault(model_id, self._client(model_id, timeout=self.model_timeout))
         return self.engines[model_id]
 
     def running(self) -> list[tuple[str, Asker]]:
         """The models whose process runs now, with the asker of each."""
         return [
-            (model_id, self.askers[model_id])
+            (model_id, engine.asker)
             for model_id, engine in list(self.engines.items())
-            if engine.process_running and model_id in self.askers
+            if isinstance(engine, ScopedEngineClient) and engine.process_running and engine.asker is not None
         ]
 
     def list_models(self, cache_dir: str | None = None) -> list[dict[Any, Any]]:
