@@ -252,8 +252,8 @@ class ScopedEngineClient(EngineClient):
         self, request: ServeRequest | None, job_function: Any, args: tuple[Any, ...], response_parser: Any
     ) -> tuple[asyncio.Queue[Any], Any]:
         output: asyncio.Queue[Any] = asyncio.Queue()
-        tokenizer = getattr(self.processor, "tokenizer", self.processor)._tokenizer
-        streamer = _ReportingDetokenizer(tokenizer, output, response_parser=response_parser)
+        tokenizer: Any = getattr(self.processor, "tokenizer", self.processor)
+        streamer = _ReportingDetokenizer(tokenizer._tokenizer, output, response_parser=response_parser)
         streamer.job = job = _Job(request, self.metrics)
         if request is not None:
             request.cancel = streamer.cancel

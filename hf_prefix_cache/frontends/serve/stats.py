@@ -57,7 +57,7 @@ def store_metrics(model_id: str, store: Any) -> str:
                 yield out
 
     registry = CollectorRegistry()
-    registry.register(Labelled())  # type: ignore[arg-type]
+    registry.register(Labelled())
     return bytes(generate_latest(registry)).decode("utf-8")
 
 
@@ -80,5 +80,5 @@ def merge_metrics(texts: Iterable[str]) -> str:
             yield from merged.values()
 
     registry = CollectorRegistry()
-    registry.register(Merged())  # type: ignore[arg-type]
+    registry.register(Merged())
     return bytes(generate_latest(registry)).decode("utf-8")

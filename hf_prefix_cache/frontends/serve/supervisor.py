@@ -48,7 +48,7 @@ def run_api_servers(options: ServeOptions, host: str, port: int, log_level: str)
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, lambda *_: sys.exit(0))
     count = options.api_servers
-    sock = uvicorn.Config(app=None, host=host, port=port).bind_socket()
+    sock = uvicorn.Config(app=None, host=host, port=port).bind_socket()  # type: ignore[arg-type]
     loader = options.loader().for_engine(count)
     state = GenerationState(continuous_batching=False, compile=False)
     model_process, requests, results = EngineClient.start_process(options.model, loader, state, api_servers=count)
