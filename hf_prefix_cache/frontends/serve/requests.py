@@ -74,7 +74,7 @@ class ServeRequest:
 
 
 def pending() -> ServeRequest | None:
-    """The request whose handler runs in this task, until it has handed its job to the inference thread."""
+    """The request whose handler runs in this task, until it has sent its job to the model's process."""
     return _PENDING.get()
 
 
