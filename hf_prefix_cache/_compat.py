@@ -14,6 +14,13 @@ both). What moved between them and how each is bridged here:
   (`generate_slices_prompt`). Where it does not slice, the decoder-only hook skips the restored
   prefix itself.
 - **Mamba mixers** are called with `cache=` (5.24), `cache_params=` before: read with `cache_in`.
+- **Linear layers count their tokens** (5.25): each linear-attention layer keeps
+  `cumulative_length_linear`, `Cache.get_seq_length()` reads layer 0 (linear on most hybrids), and
+  `generate` slices the prompt by it for every cache, all-linear ones included. A restore sets the
+  counter to the restored length (`set_linear_length`); before 5.25 there is none to set.
+- **Past recording** (5.25): a linear layer's `activate_past_recording` takes how many recurrent
+  states to keep and then clones one state per forward into a history for `crop`; a hybrid layer
+  with a sliding window shares that switch. `record_past` keeps no history (we never crop those).
 - **Whisper** keeps the cache in `generate_kwargs["cache"]` (5.24): `cache_in` again.
 - **transformers serve** (`hf-prefix-cache serve` builds on its classes): 5.24's `/v1/models` lists
   the forced model (`ModelManager.list_models`); 5.23 calls `ModelManager.get_gen_models`, which
@@ -35,6 +42,7 @@ import warnings
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+import torch
 import transformers
 from packaging.version import Version
 
@@ -44,12 +52,17 @@ logger = logging.getLogger("hf_prefix_cache")
 
 #: The oldest and newest transformers releases the whole suite runs on (scripts/install, scripts/test).
 OLDEST_TESTED = "5.23"
-NEWEST_TESTED = "5.24"
+NEWEST_TESTED = "5.25"
 #: What pyproject.toml allows: exactly the tested releases (tests/api/test_compat.py keeps them equal).
-SUPPORTED = f">={OLDEST_TESTED},<5.25"
+SUPPORTED = f">={OLDEST_TESTED},<5.26"
 INSTALLED = Version(transformers.__version__)
 #: 5.24 renamed `past_key_values` / `cache_params` to `cache` in forwards, `generate` and outputs.
 CACHE_RENAMED = Version("5.24.0.dev0") <= INSTALLED
+#: 5.25 gave every linear-attention layer its own token counter, which `Cache.get_seq_length()` reads on layer 0.
+LINEAR_LAYERS_COUNT = Version("5.25.0.dev0") <= INSTALLED
+#: 5.25: `crop` rolls a linear layer's states back through the history assisted decoding records (5.24 refused
+#: assisted decoding on stateful models).
+LINEAR_LAYERS_CROP = LINEAR_LAYERS_COUNT
 #: Every name a supported release passes a cache under, newest first.
 CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
 # Forward parameters with "cache" or "past" in their name that are not a cache we could serve: settings,
@@ -177,6 +190,43 @@ def generate_slices_prompt(cache_kwarg: str, layer_classes: Iterable[type]) -> b
         return issubclass(cls, LinearAttentionCacheLayerMixin) and not issubclass(cls, CacheLayerMixin)
 
     return not all(is_linear(cls) for cls in layer_classes)
+
+
+def set_linear_length(layer: Any, length: int, device: torch.device | None) -> None:
+    """Make a linear-attention layer count `length` tokens seen (5.25's `cumulative_length_linear`).
+
+    A layer restored from a snapshot of `length` tokens has seen them, and `generate` slices the
+    prompt by what layer 0 counts: left at 0, it would feed the restored prefix again. A no-op
+    before 5.25 and for layers without the counter.
+    """
+    if LINEAR_LAYERS_COUNT and hasattr(layer, "cumulative_length_linear"):
+        layer.cumulative_length_linear = torch.tensor(length, dtype=torch.long, device=device)
+
+
+class _NoHistory(list):  # type: ignore[type-arg]
+    """A recurrent-state history that keeps nothing: `extend` and `append` drop what they are given."""
+
+    def extend(self, values: Iterable[Any]) -> None:
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+
+def record_past(layer: Any) -> None:
+    """Switch on `layer`'s past recording (a sliding layer keeps every key), keeping no recurrent-state history.
+
+    On 5.25 a hybrid layer's linear part shares the switch: with it on, every forward would clone its
+    recurrent state into a history for `crop` (which we never call on these layers), and a call without
+    `recurrent_states_to_keep` stores None there, which `Cache.get_recurrent_states_to_keep` cannot compare.
+    """
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    if LINEAR_LAYERS_COUNT and isinstance(layer, LinearAttentionCacheLayerMixin):
+        layer.activate_past_recording(recurrent_states_to_keep=0)
+        layer.recurrent_states_history = {i: _NoHistory() for i in layer.recurrent_states_history}
+    else:
+        layer.activate_past_recording()
 
 
 # ----------------------------------------------------------------- transformers serve

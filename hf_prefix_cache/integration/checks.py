@@ -447,9 +447,14 @@ def _refused(reason: str) -> Checked:
 def serving_modes(profile: ModelProfile) -> Modes:
     """The decoding modes this model is served in: expanded rows where its layers keep every position or its
     rows' recurrent states can be joined (`recurrent_rows.py`), assisted decoding where transformers' `crop`
-    keeps them exact (and `generate` slices the prompt)."""
+    keeps them exact (and `generate` slices the prompt): for recurrent states (from transformers 5.25), only where
+    the states are the cache's own (not a model's own cache class or module-kept states, which `crop` cannot
+    roll back), a multi-token forward continues them, and the mixer's chunked and one-token states agree
+    (`ModelProfile.assists_exactly`)."""
     expands = profile.expands or profile.joins_rows
-    return Modes(expands=expands, assisted=profile.is_croppable and profile.prompt_sliced)
+    own_states = profile.own_cache is None and not profile.single_token_steps and profile.assists_exactly
+    assisted = profile.is_croppable and profile.prompt_sliced and (own_states or not profile.has_recurrence)
+    return Modes(expands=expands, assisted=assisted)
 
 
 def _ids_problem(profile: ModelProfile, input_ids: Any) -> str | None:

@@ -208,7 +208,9 @@ class DecoderOnlyHook(PatchingHook):
         snapshots: list[Snapshot] = []
         fed = lease.cached_len
         cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
-        if profile.has_state:
+        if profile.has_state and not (call.assisted and profile.has_recurrence):
+            # Assisted decoding's first forward computes its last candidates' states one token at a time, and a cold
+            # run's takes the whole prompt: generate feeds all the cache lacks, so the same tokens are sequential.
             fed, snapshots = self._prefill(call, lease, cache)
         if not profile.prompt_sliced or call.assisted:
             cache.skip_len = fed

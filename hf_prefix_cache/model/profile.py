@@ -91,6 +91,11 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
+    #: Whether assisted decoding on a restored prefix stays within tolerance of a cold run (`integration/checks.py`).
+    #: False for gated delta-rule mixers (Qwen3-Next, Qwen3.5, ...): assisted decoding computes its candidates'
+    #: states one token at a time and a prefix's in chunks, and on the tiny Qwen3-Next a restored run lands 4.5e-4
+    #: from the cold one (the cold assisted run is itself 2.9e-4 from the plain one).
+    assists_exactly: bool = True
     #: How a model's own cache is met (`own_caches.py`): MiniMax's `MiniMaxCache`, RWKV's `state` list. The working
     #: cache gets its bridge (and is made an instance of the own class). None for other models.
     own_cache: OwnCache | None = None
@@ -133,6 +138,10 @@ class ModelProfile:
     keeps_positions: bool = field(init=False)
     #: The layers a fresh working cache sets up (`LayerAdapter.prepare`).
     prepared_layers: tuple[int, ...] = field(init=False)
+    #: The layer that answers how many positions the cache holds (`WorkingCache.get_seq_length`): the first with
+    #: keys where layer 0 keeps only a state (since 5.25 such a layer answers its own token counter, which
+    #: module-kept and bridged states never advance), else layer 0.
+    length_layer: int = field(init=False)
 
     def __post_init__(self) -> None:
         adapters = self.adapters
@@ -160,6 +169,11 @@ class ModelProfile:
             "defers_keys": bool(cached) and not self.item_layers and all(a.defers_keys for a in cached),
             "keeps_positions": any(a.keeps_positions for a in adapters),
             "prepared_layers": tuple(i for i, a in enumerate(adapters) if a.needs_prepare),
+            "length_layer": (
+                next(i for i, a in enumerate(adapters) if a.has_kv)
+                if has_kv and adapters and adapters[0].has_state and not adapters[0].has_kv
+                else 0
+            ),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -265,6 +279,7 @@ def profile_model(
             _indexer_exact_len(config) if indexed and not watch_indexers else _ranked_entries_len(config, entry_tokens)
         ),
         watch_indexers=watch_indexers,
+        assists_exactly=not any("DeltaNet" in type(module).__name__ for module in model.modules()),
         own_cache=own if unsupported is None else None,
     )
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Cache, DynamicCache
 
+from hf_prefix_cache._compat import LINEAR_LAYERS_COUNT, set_linear_length
 from hf_prefix_cache.model.landing import Landing, combine
 from hf_prefix_cache.model.layers import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
@@ -39,9 +40,11 @@ _READS_NO_DATA = frozenset(
         "has_previous_state",
         "is_recording_past",
         "activate_past_recording",
+        "get_recurrent_states_to_keep",  # 5.25
+        "increase_count",  # 5.25: a linear layer's token counter
     }
 )
-# Every other public Cache method lands every layer before it runs (in transformers 5.23-5.24: crop,
+# Every other public Cache method lands every layer before it runs (in transformers 5.23-5.25: crop,
 # reorder_cache, batch_repeat_interleave, batch_select_indices, offload, prefetch, reset, ...).
 _LANDS_ALL = tuple(
     sorted(
@@ -138,8 +141,27 @@ class WorkingCache(DynamicCache):
             clones = clone_states([state for _, _, state in recurrent])
             for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
                 adapter.load_state(layer, clone)
+            self._count_linear(length)
         if items:
             self._restore_items(items)
+
+    def get_seq_length(self, layer_idx: int = 0) -> Any:
+        """Positions held, as `Cache.get_seq_length`; layer 0's question goes to `ModelProfile.length_layer`.
+
+        `generate` slices the prompt by this. From 5.25 a linear layer 0 answers its own token counter, which
+        models with module-kept or bridged states never advance: the first layer with keys answers instead, as
+        transformers itself did before 5.25.
+        """
+        if layer_idx == 0 and LINEAR_LAYERS_COUNT:
+            layer_idx = self.profile.length_layer
+        return super().get_seq_length(layer_idx)
+
+    def _count_linear(self, length: int) -> None:
+        """Linear layers count `length` tokens seen, as after a cold prefill (5.25, `_compat.set_linear_length`)."""
+        if LINEAR_LAYERS_COUNT:
+            for i in self.profile.state_layers:
+                layer = self.layers[i]
+                set_linear_length(layer, length, getattr(layer, "device", None))
 
     @property
     def defers_keys(self) -> bool:
@@ -349,6 +371,7 @@ class WorkingCache(DynamicCache):
             if expand > 1:
                 k, v = k.repeat_interleave(expand, dim=0), v.repeat_interleave(expand, dim=0)
             adapter.restore_kv(layer, k, v, length)
+        self._count_linear(length)
 
     def copy_row(self, row: int, start: int, end: int) -> WorkingCache:
         """A one-row cache holding copies of positions `[start, end)` of batch `row` (to store that row alone).
@@ -366,15 +389,18 @@ class WorkingCache(DynamicCache):
             if kv is not None:
                 k, v = (t[row : row + 1, :, start:end].clone() for t in kv)
                 adapter.restore_kv(fresh, k, v, end - start)
+        out._count_linear(end)
         return out
 
     def trim(self, length: int, rows: Sequence[int]) -> None:
         """Keep positions `[0, length)` of batch `rows` in every attention layer (copies), for a cache
         that is only read afterwards (to store a prompt that beam search expanded).
 
-        Only where every layer keeps every position (`ModelProfile.expands`): a state cannot go back.
+        Where every layer keeps every position (`ModelProfile.expands`); with states, only to all the keys hold
+        (copies of the kept rows, after assisted decoding cropped its rejected candidates): a state cannot go back.
         """
-        assert self.profile.expands, "only caches of per-token keys trim"
+        if not self.profile.expands and length != self.kv_length():
+            raise ValueError(f"a cache with states trims only to what its keys hold ({self.kv_length()}), not {length}")
         self.land()
         index: torch.Tensor | None = None
         for layer, adapter in zip(self.layers, self.profile.adapters, strict=True):
@@ -428,13 +454,15 @@ class WorkingCache(DynamicCache):
         """Positions held by the attention layers, or None when the model has none."""
         if not self.profile.has_kv:
             return None
-        return int(self.get_seq_length())
+        return int(self.layers[self.profile.kv_layers[0]].get_seq_length())
 
     def exact_length(self) -> int | None:
         """Positions whose states a cold prefill computes alike: `kv_length`, but not from an indexer's tie on."""
         if not self.profile.has_kv:
             return None
-        kv_len = int(self.get_seq_length())  # `kv_length`, without a call of its own
+        # `kv_length`, without a call of its own. The first layer with keys, not layer 0: since 5.25 a linear layer 0
+        # answers its own token counter, which module-kept and bridged states never advance.
+        kv_len = int(self.layers[self.profile.kv_layers[0]].get_seq_length())
         if self.tied_at is None:
             return kv_len
         # A recurrent state summarises every position: it cannot be taken back to the tie, so nothing is stored.

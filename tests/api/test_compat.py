@@ -34,6 +34,11 @@ def test_the_install_script_builds_the_oldest_tested_release() -> None:
     assert f"OLDEST_TESTED={_compat.OLDEST_TESTED}" in (ROOT / "scripts" / "install").read_text()
 
 
+def test_the_install_script_pins_the_newest_tested_release() -> None:
+    """scripts/install puts the compat module's newest release in the main environment, even over an older one."""
+    assert f"NEWEST_TESTED={_compat.NEWEST_TESTED}" in (ROOT / "scripts" / "install").read_text()
+
+
 def test_the_installed_release_is_one_we_tested() -> None:
     """A newer release fails here until the suite has passed on it and NEWEST_TESTED names it."""
     assert _compat.is_tested_release(), _compat.untested_message("The suite runs on an untested transformers")

@@ -15,6 +15,7 @@ from conftest import CACHE_NAME, LOGIT_TOL, Hits, cached_model, max_logit_diff, 
 from transformers import pipeline
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache._compat import LINEAR_LAYERS_CROP
 from hf_prefix_cache.testing.tiny_attention import tiny_qwen4_exp
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
 from tests.integration.test_batches import left_padded, run
@@ -178,10 +179,44 @@ def test_a_pipeline_batch_on_a_hybrid_model_reuses_the_shared_prefix() -> None:
         store.detach()
 
 
+# From transformers 5.25 `crop` rolls recurrent states back: prompt lookup is served on Mamba-2, conv and parallel
+# hybrids; a gated delta-rule mixer (Qwen3-Next), Mamba-1's scan (Jamba) and sliding keys (Inkling) run it cold.
+ASSISTED_SERVED = ("bamba", "lfm2", "falcon_h1")
+ASSISTED_COLD = ("qwen3_next", "jamba", "inkling_text")
+
+
+@pytest.mark.skipif(not LINEAR_LAYERS_CROP, reason="transformers < 5.25 refuses assisted decoding on stateful models")
+@pytest.mark.parametrize("stored", ASSISTED_SERVED + ASSISTED_COLD, indirect=True)
+def test_prompt_lookup_on_states_reuses_the_prefix_exactly_or_runs_cold_by_name(
+    stored: Any, request: pytest.FixtureRequest
+) -> None:
+    """Prompt lookup over a prompt whose first 30 tokens are stored: equal to cold, the stored prefix reused where
+    the rollback keeps the states exact, else cold as `assisted_decoding`; the states it stores serve a next turn."""
+    model, store, prompts = stored
+    ids = prompts[0]
+    lookup = torch.cat([ids, ids[:, :12]], dim=1)  # a repeated stretch, so candidates are found and some rejected
+    cold = run(model, lookup, torch.ones_like(lookup), None, prompt_lookup_num_tokens=3)
+    hits = Hits(store)
+    warm = run(model, lookup, torch.ones_like(lookup), store, prompt_lookup_num_tokens=3)
+    _same(cold, warm)
+    if request.node.callspec.params["stored"] in ASSISTED_COLD:
+        assert hits.last() == 0
+        assert store.stats().fallbacks == {"assisted_decoding": 1}
+        return
+    assert hits.last() == 30, "the 30 stored tokens were not reused"
+    assert store.stats().fallbacks == {}
+    # Its sequence is stored with the state after it (no snapshot inside the prompt: generate fed all of it): a
+    # plain next turn reuses all of it but the last token.
+    turn = torch.cat([warm.sequences, prompts[1][:, :6]], dim=1)
+    _same(run(model, turn, torch.ones_like(turn), None), run(model, turn, torch.ones_like(turn), store))
+    assert hits.last() == warm.sequences.shape[1] - 1, "the assisted call's own sequence was not stored"
+
+
+@pytest.mark.skipif(LINEAR_LAYERS_CROP, reason="transformers >= 5.25 runs assisted decoding on stateful models")
 @pytest.mark.parametrize("stored", ["bamba"], indirect=True)
 def test_assisted_decoding_on_states_is_left_to_transformers_refusal(stored: Any) -> None:
-    """Prompt lookup would crop rejected candidates, which a recurrent state cannot undo: the call runs cold, as
-    `assisted_decoding`, and transformers refuses it for stateful models exactly as without the store."""
+    """Before 5.25, prompt lookup would crop rejected candidates, which a recurrent state cannot undo: the call runs
+    cold, as `assisted_decoding`, and transformers refuses it for stateful models exactly as without the store."""
     model, store, prompts = stored
     ids = prompts[0]
     with pytest.raises(ValueError, match="stateful") as cold:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hf_prefix_cache._compat import LINEAR_LAYERS_CROP
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter
@@ -38,7 +39,9 @@ class RecurrentAdapter(LayerAdapter):
     has_state = True
     has_recurrence = True
     has_state_refs = True  # `state_refs`, `load_state`
-    is_croppable = False  # a state summarises every token: it cannot go back
+    # A state summarises every token: before 5.25 it cannot go back; from 5.25 transformers' `crop` rolls it back
+    # through the states it recorded for assisted decoding's candidates (`activate_past_recording`).
+    is_croppable = LINEAR_LAYERS_CROP
 
     def prepare(self, layer: Any) -> None:
         pass
@@ -177,6 +180,7 @@ class HybridSlidingAdapter(HybridAdapter):
     """`LinearAttentionAndSlidingWindowAttentionLayer`: a recurrent state plus sliding keys, every position kept."""
 
     _kv = SlidingWindowAdapter()
+    is_croppable = False  # its sliding keys: transformers' crop cuts a recording window back (`SlidingWindowAdapter`)
     needs_prepare = True  # the sliding keys' past recording
 
     def prepare(self, layer: Any) -> None:

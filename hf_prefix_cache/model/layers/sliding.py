@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache._compat import record_past
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 
@@ -36,7 +37,7 @@ class SlidingWindowAdapter(FullAttentionAdapter):
 
     def prepare(self, layer: Any) -> None:
         # Keep all past keys: `update` then returns only the visible window, exactly as without recording.
-        layer.activate_past_recording()
+        record_past(layer)
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         kv = super().capture_kv(layer)
