@@ -148,6 +148,13 @@ def test_a_large_body_does_not_hold_health_back(server: ServeProcess) -> None:
     assert len(waits) >= 3 and max(waits) < 1.0, waits
 
 
+def test_a_body_that_is_not_a_json_object_is_a_400(server: ServeProcess) -> None:
+    """Parsed in a worker thread now, a body that is not JSON, or JSON but not an object, is still refused (400)."""
+    for raw in (b"{not json", b'["messages"]', b"\xff\xfe"):
+        response = _post(server, raw)
+        assert response.status_code == 400 and "JSON" in response.json()["error"]["message"], response.text
+
+
 # ----------------------------------------------------------------------------- several API servers
 @pytest.fixture(scope="module")
 def api_servers(folder: str) -> Iterator[ServeProcess]:

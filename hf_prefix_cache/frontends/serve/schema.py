@@ -13,7 +13,7 @@ import base64
 import binascii
 import io
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -180,6 +180,9 @@ class _Common(_Model):
 class ChatBody(_Common):
     """A ``/v1/chat/completions`` body."""
 
+    #: Lists validated a chunk at a time (`validate.py`), each item as this model.
+    chunked: ClassVar[dict[str, type[BaseModel]]] = {"messages": Message}
+
     messages: Annotated[list[Message], Field(min_length=1)]
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
@@ -205,6 +208,8 @@ class InputItem(_Model):
 
 class ResponseBody(_Common):
     """A ``/v1/responses`` body."""
+
+    chunked: ClassVar[dict[str, type[BaseModel]]] = {"input": InputItem}
 
     input: NonEmptyStr | Annotated[list[InputItem], Field(min_length=1)]
     max_output_tokens: PositiveInt | None = None

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hf_prefix_cache.frontends.serve.schema import (
     IMAGE_PARTS,
@@ -96,21 +96,51 @@ def _shown(value: Any) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
+#: Items of a long list (``messages``, ``input``) validated per call: each call holds the GIL, and the event
+#: loop (``/health`` included) waits for it; between chunks it runs.
+CHUNK_LEN = 1000
+
+
 def _validated(model: type[BaseModel], body: dict[str, Any], prefix: str = "") -> Any:
-    """`body` validated as `model`; its first wrong field (the deepest error of it) as a `RequestError`."""
+    """`body` validated as `model`; its first wrong field (the deepest error of it) as a `RequestError`.
+
+    A long list the model names in ``chunked`` is validated a chunk of items at a time, so that no
+    one call holds the GIL for the whole of a large body.
+    """
+    chunked: dict[str, type[BaseModel]] = getattr(model, "chunked", {})
+    lists = {n: v for n in chunked if isinstance(v := body.get(n), list) and len(v) > CHUNK_LEN}
+    head = {**body, **{name: items[:1] for name, items in lists.items()}} if lists else body
     try:
-        return model.model_validate(body)
+        result = model.model_validate(head)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        first = errors[0]["loc"][:1]
-        same = [e for e in errors if e["loc"][:1] == first]
-        params = [_param(body, e["loc"], e["type"]) for e in same]
-        deepest = max(params, key=len)  # a union's branch that got furthest says most
-        named = [e for e, p in zip(same, params, strict=True) if p == deepest]
-        messages = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in named)  # each once, in order
-        param = f"{prefix}.{deepest}" if prefix and deepest else (prefix or deepest)
-        message = ", or ".join(messages)
-        raise RequestError(param, f"{param}: {message}; got {_shown(named[0].get('input'))}") from None
+        raise _refusal(body, exc.errors(include_url=False), prefix) from None
+    for name, items in lists.items():
+        item_type: Any = chunked[name]
+        adapter: TypeAdapter[list[Any]] = TypeAdapter(list[item_type])
+        validated: list[Any] = []
+        for start in range(0, len(items), CHUNK_LEN):
+            try:
+                validated += adapter.validate_python(items[start : start + CHUNK_LEN], strict=True)
+            except ValidationError as exc:
+                errors = [
+                    {**e, "loc": (name, start + int(e["loc"][0]), *e["loc"][1:])} for e in exc.errors(include_url=False)
+                ]
+                raise _refusal(body, errors, prefix) from None
+        setattr(result, name, validated)
+    return result
+
+
+def _refusal(body: dict[str, Any], errors: list[Any], prefix: str) -> RequestError:
+    """The first wrong field of `errors` (the deepest error of it) as a `RequestError`."""
+    first = errors[0]["loc"][:1]
+    same = [e for e in errors if e["loc"][:1] == first]
+    params = [_param(body, e["loc"], e["type"]) for e in same]
+    deepest = max(params, key=len)  # a union's branch that got furthest says most
+    named = [e for e, p in zip(same, params, strict=True) if p == deepest]
+    messages = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in named)  # each once, in order
+    param = f"{prefix}.{deepest}" if prefix and deepest else (prefix or deepest)
+    message = ", or ".join(messages)
+    return RequestError(param, f"{param}: {message}; got {_shown(named[0].get('input'))}")
 
 
 def _generation_config(value: str | None) -> None:
