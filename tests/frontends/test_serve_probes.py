@@ -9,6 +9,8 @@ two API servers share one model's process and its one store.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -183,3 +185,34 @@ def test_two_api_servers_share_one_store(api_servers: ServeProcess) -> None:
     assert store["integrity"] == "ok" and store["stats"]["requests"] == stats_before + 12
     text = httpx.get(api_servers.url + "/metrics").text
     assert f'hf_prefix_cache_serve_request_seconds_count{{model="{NAME}",tenant="-"}} 12.0' in text
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The processes `pid` spawned with multiprocessing (its model's process), read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the model's process through /proc")
+def test_the_server_stops_when_its_model_process_dies(folder: str) -> None:
+    """A model's process killed (out of memory, a crash) stops the server with exit status 1, as transformers serve
+    does, for whatever runs it to restart it."""
+    process = ServeProcess(folder, "--served-model-name", NAME, name="serve-engine-dies")
+    try:
+        process.wait()
+        (engine,) = _spawned_children(process.proc.pid)
+        os.kill(engine, signal.SIGKILL)
+        assert process.proc.wait(timeout=60) == 1, process.tail()
+        assert "model's process died" in process.tail()
+    finally:
+        process.stop()

@@ -117,13 +117,15 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    if options.api_servers > 1:
-        from hf_prefix_cache.frontends.serve.supervisor import run_api_servers
+    from hf_prefix_cache.frontends.serve.supervisor import run_api_servers, serve_until_an_engine_dies
 
+    if options.api_servers > 1:
         return run_api_servers(options, args.host, args.port, args.log_level)
-    app, _ = build_app(options)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+
+    app, models = build_app(options)
+    return serve_until_an_engine_dies(
+        app, models, uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,9 +34,27 @@ def serve_api(
     """One API server (a spawned process): the app, joined to the model's process through `connection`."""
     import uvicorn
 
-    app, _ = build_app(options, loader=loader, engine_connection=connection, api_server=connection[2])
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
-    server.run(sockets=[sock])
+    app, models = build_app(options, loader=loader, engine_connection=connection, api_server=connection[2])
+    serve_until_an_engine_dies(app, models, uvicorn.Config(app, log_level=log_level), sockets=[sock])
+
+
+def serve_until_an_engine_dies(app: Any, models: Any, config: Any, sockets: list[Any] | None = None) -> int:
+    """Run uvicorn with `config` until stopped, or until a model's process dies (as transformers serve does: whatever
+    runs the server restarts it); returns the exit status (1: an engine died)."""
+    import uvicorn
+
+    server = uvicorn.Server(config)
+
+    async def stop_if_an_engine_died() -> None:
+        if models.is_dead:
+            server.should_exit = True
+
+    config.callback_notify, config.timeout_notify = stop_if_an_engine_died, 5
+    server.run(sockets=sockets)
+    if models.is_dead:
+        print("hf-prefix-cache serve: a model's process died (see above): stopping", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def run_api_servers(options: ServeOptions, host: str, port: int, log_level: str) -> int:
