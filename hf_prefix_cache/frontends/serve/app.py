@@ -1,32 +1,32 @@
-"""The app: transformers' own OpenAI-compatible server, with a prefix store attached to every model it loads.
+"""The app: transformers' own OpenAI-compatible server, with a prefix store beside every model it runs.
 
-Built from transformers' classes (`transformers.cli.serving`), none copied: its `build_server`
-makes the FastAPI app and its handlers answer every endpoint. Subclasses change only what the
-store and an operator need:
+Built from transformers' classes (`transformers.cli.serving`, 5.25's engine architecture), none
+copied: its `build_server` makes the FastAPI app and its handlers answer every endpoint. Each model
+runs in a process of its own (the engine); the API server tokenizes, sends it requests and reads
+back tokens. Subclasses change only what the store and an operator need:
 
-- `StoreModelManager`: each model it loads gets a `PrefixCache(model, attach="all")`, dropped
-  (saved to disk first, with a disk tier) when transformers unloads the model; `/v1/models`
-  lists the forced model under its served name;
-- `ScopedGenerationState`: hands out `generation.ScopedGenerateManager`s, never continuous
-  batching, whose paged cache a store cannot serve;
-- the chat, text-completion, Responses and transcription handlers: each request is checked
-  (`validate.py`) and runs as a request of its own (tenant and salt in, ``cached_tokens`` out;
-  see `requests.py`).
+- `engine.StoreLoader`: the loader pickled into each model's process; the model it loads gets a
+  `PrefixCache(model, attach="all")`, saved (with a disk tier) when the process is stopped;
+- `client.StoreModelManager` and `client.ScopedEngineClient`: every request crosses to the model's
+  process with its tenant, salt and deadline, and ``cached_tokens`` and its timings come back;
+  `/v1/models` lists the forced model under its served name;
+- the chat, text-completion, Responses and transcription handlers: each request is parsed and
+  checked off the event loop (`bodies.py`, `validate.py`) and runs as a request of its own
+  (see `requests.py`).
 
 Around them, ASGI middlewares (outermost first): requests counted by status (`metrics.py`),
 keys and tenants (`access.py`), the body limit and admission (`limits.py`), the salt header.
-Beside transformers' routes: ``GET /v1/cache/stats`` (every store's `CacheStats`, budgets and
-pinned nodes as JSON, ``?check=true`` adds its integrity check; a tenant sees only its own
+Beside transformers' routes: ``GET /v1/cache/stats`` (every running store's `CacheStats`, budgets
+and pinned nodes as JSON, ``?check=true`` adds its integrity check; a tenant sees only its own
 counters) and ``GET /metrics`` (the stores' metrics, `frontends/prometheus.py`, and the requests',
-`metrics.py`; needs `prometheus_client`, in the serve extra).
+`metrics.py`; needs `prometheus_client`, in the serve extra). Both are asked of the models'
+processes over their query channels (`engine.Channel`), beside generation.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import logging
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,27 +36,28 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
-from transformers.cli.serving.model_manager import ModelManager
 from transformers.cli.serving.response import ResponseHandler
 from transformers.cli.serving.server import build_server
 from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import GenerationState, Modality
 
-from hf_prefix_cache._compat import LISTS_FORCED_MODEL
-from hf_prefix_cache.api.prefix_cache import PrefixCache, store_of
 from hf_prefix_cache.frontends.serve.access import Access, AccessMiddleware, current_caller
-from hf_prefix_cache.frontends.serve.errors import error_response, http_exception_handler
-from hf_prefix_cache.frontends.serve.generation import ScopedGenerateManager
+from hf_prefix_cache.frontends.serve.bodies import parse_off_loop
+from hf_prefix_cache.frontends.serve.client import StoreModelManager
+from hf_prefix_cache.frontends.serve.engine import StoreLoader
+from hf_prefix_cache.frontends.serve.errors import error_response, http_exception_handler, value_error_handler
 from hf_prefix_cache.frontends.serve.limits import Admission, BodyLimit
 from hf_prefix_cache.frontends.serve.metrics import ServeMetrics, StatusRecorder
 from hf_prefix_cache.frontends.serve.requests import ModelNames, SaltHeader, scoped_request
+from hf_prefix_cache.frontends.serve.stats import merge_metrics
 from hf_prefix_cache.frontends.serve.validate import (
     TEXT_PARTS,
     RequestError,
     check_chat,
     check_completion,
     check_response,
+    check_text,
 )
 from hf_prefix_cache.frontends.serve_args import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT
 
@@ -77,6 +78,7 @@ class ServeOptions:
         keys: each client API key's tenant (empty, with no `admin_key`: no keys needed).
         admin_key: the key of ``/metrics``, the full stats and the integrity check.
         max_body_bytes, max_queued, request_timeout: the limits (`limits.py`; timeout in seconds, None: none).
+        api_servers: API server processes sharing the forced model's process (``--api-server-count``).
     """
 
     model: str | None = None
@@ -91,102 +93,11 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_queued: int = DEFAULT_MAX_QUEUED
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT
+    api_servers: int = 1
 
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    """A loaded model and its store."""
-
-    model_id: str
-    store: PrefixCache
-
-
-class StoreModelManager(ModelManager):
-    """transformers' `ModelManager`; every model it loads gets a store, dropped when the model is unloaded."""
-
-    def __init__(self, store_options: dict[str, Any] | None, served_name: str | None = None, **kwargs: Any) -> None:
-        self._store_options = store_options
-        self.served_name = served_name
-        self._served: dict[int, ServedModel] = {}
-        self._served_lock = threading.Lock()
-        super().__init__(**kwargs)  # loads a forced model now, through load_model_and_processor below
-
-    def load_model_and_processor(self, model_id_and_revision: str, *args: Any, **kwargs: Any) -> Any:
-        model, processor = super().load_model_and_processor(model_id_and_revision, *args, **kwargs)
-        if self._store_options is not None:
-            with self._served_lock:
-                if id(model) not in self._served:
-                    self._attach(model_id_and_revision, model)
-        return model, processor
-
-    def _attach(self, model_id: str, model: Any) -> None:
-        store = PrefixCache(model, attach="all", **self._store_options)  # type: ignore[arg-type]
-        self._served[id(model)] = ServedModel(model_id, store)
-        logger.info("prefix store attached to %s: budgets %s", model_id, store.budgets)
-        for timed in list(self.loaded_models.values()):
-            if timed.model is model:
-                unload = timed.delete_model
-
-                def delete_model(unload: Any = unload, key: int = id(model)) -> None:
-                    self._drop(key)
-                    unload()
-
-                timed.delete_model = delete_model  # type: ignore[method-assign]
-
-    def _drop(self, key: int) -> None:
-        with self._served_lock:
-            served = self._served.pop(key, None)
-        if served is None:
-            return
-        if served.store.budgets.get("disk"):
-            served.store.save()  # what a restart should find again
-        served.store.detach()
-
-    def served(self) -> list[ServedModel]:
-        """The loaded models and their stores."""
-        with self._served_lock:
-            return list(self._served.values())
-
-    def _forced_listing(self) -> list[dict[str, Any]]:
-        name = self.served_name or self.force_model
-        return [{"id": name, "object": "model", "created": 0, "owned_by": "local"}]
-
-    if LISTS_FORCED_MODEL:
-
-        def list_models(self, cache_dir: str | None = None) -> list[dict[Any, Any]]:
-            """`/v1/models`: the forced model under its served name, else transformers' listing."""
-            if self.force_model is not None:
-                return self._forced_listing()
-            return list(super().list_models(cache_dir))
-
-    else:
-
-        def get_gen_models(self, cache_dir: str | None = None) -> list[dict[str, Any]]:
-            """5.23's `/v1/models` (see `_compat`): the forced model alone (its served name), else the hub cache's."""
-            if self.force_model is not None:
-                return self._forced_listing()
-            try:
-                return list(super().get_gen_models(cache_dir))  # type: ignore[misc]
-            except Exception:  # no hub cache at all (huggingface_hub.CacheNotFound): nothing to list
-                return []
-
-
-class ScopedGenerationState(GenerationState):
-    """transformers' `GenerationState`, with one `ScopedGenerateManager` per model and no continuous batching."""
-
-    def __init__(self, metrics: ServeMetrics | None = None) -> None:
-        super().__init__(continuous_batching=False, compile=False)
-        self.metrics = metrics
-        self._managers: dict[str, ScopedGenerateManager] = {}
-        self._managers_lock = threading.Lock()
-
-    def get_manager(self, model_id: str, use_cb: bool = False) -> Any:
-        assert not use_cb, "continuous batching is off in this server"
-        with self._managers_lock:
-            manager = self._managers.get(model_id)
-            if manager is None:
-                manager = self._managers[model_id] = ScopedGenerateManager(self.metrics)
-            return manager
+    def loader(self) -> StoreLoader:
+        """The loader each model's process gets (its store's options; no query channel yet)."""
+        return StoreLoader(self.store, device=self.device, dtype=self.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +113,29 @@ class _Scoped:
 
     settings: RequestSettings
     check: Any = None
+    prompt_field = "messages"  # the field a prompt over the context is blamed on
 
     async def _scoped(self, handle: Any, body: dict[str, Any], request_id: str) -> Any:
-        if self.check is not None:
-            self.check(body)
+        await asyncio.to_thread(self._check_body, body)  # off the event loop: a large body takes a while
         settings = self.settings
         return await scoped_request(handle, body, request_id, settings.names, settings.timeout)
+
+    def _check_body(self, body: dict[str, Any]) -> None:
+        check_text(body)
+        if self.check is not None:
+            self.check(body)
+
+    def _check_prompt_length(self, engine: Any, inputs: dict[str, Any]) -> None:
+        """transformers' check of the prompt against the context, as a 400 naming the field and both numbers."""
+        from transformers.cli.serving.utils import prompt_length
+
+        limit = engine.generation_state.context_length(engine.model_config)
+        length = prompt_length(inputs)
+        if limit is not None and length >= limit:
+            raise RequestError(
+                self.prompt_field,
+                f"the prompt has {length} tokens; the model's context is {limit} tokens: shorten the prompt",
+            )
 
 
 class ScopedChatHandler(_Scoped, ChatCompletionHandler):
@@ -217,6 +145,14 @@ class ScopedChatHandler(_Scoped, ChatCompletionHandler):
 
     async def handle_request(self, body: dict[str, Any], request_id: str) -> Any:
         return await self._scoped(super().handle_request, body, request_id)
+
+    def _build_generation_kwargs(self, body: dict[str, Any], model_generation_config: Any) -> dict[str, Any]:
+        """transformers' settings, with ``logit_bias``'s integer biases as floats (what `generate` takes; OpenAI's API
+        takes both)."""
+        kwargs = dict(super()._build_generation_kwargs(body, model_generation_config))
+        if kwargs.get("sequence_bias"):
+            kwargs["sequence_bias"] = {ids: float(bias) for ids, bias in kwargs["sequence_bias"].items()}
+        return kwargs
 
     def get_processor_inputs_from_messages(self, messages: list[dict[str, Any]], modality: Any) -> list[dict[str, Any]]:  # type: ignore[override]
         """transformers' conversion, refusing media parts a text-only model would drop without a word."""
@@ -237,6 +173,7 @@ class ScopedCompletionHandler(_Scoped, CompletionHandler):
     """``/v1/completions``, each request checked and in its own scope."""
 
     check = staticmethod(check_completion)
+    prompt_field = "prompt"
 
     async def handle_request(self, body: dict[str, Any], request_id: str) -> Any:
         return await self._scoped(super().handle_request, body, request_id)
@@ -246,6 +183,7 @@ class ScopedResponseHandler(_Scoped, ResponseHandler):
     """``/v1/responses``, each request checked and in its own scope."""
 
     check = staticmethod(check_response)
+    prompt_field = "input"
 
     async def handle_request(self, body: dict[str, Any], request_id: str) -> Any:
         return await self._scoped(super().handle_request, body, request_id)
@@ -261,34 +199,40 @@ class ScopedTranscriptionHandler(_Scoped, TranscriptionHandler):
         return await self._scoped(handle, {}, "")
 
 
-def build_app(options: ServeOptions) -> tuple[FastAPI, StoreModelManager]:
-    """transformers' app for `options`, with stores; loads a forced model now.
+def build_app(
+    options: ServeOptions,
+    loader: StoreLoader | None = None,
+    engine_connection: tuple[Any, ...] | None = None,
+    api_server: int = 0,
+) -> tuple[FastAPI, StoreModelManager]:
+    """transformers' app for `options`, with stores; starts the forced model's process now (or, with
+    `engine_connection`, joins the one `supervisor.run_api_servers` started with `loader`).
 
     Returns:
-        The FastAPI app (run it with uvicorn) and its model manager (`served()` lists the stores).
+        The FastAPI app (run it with uvicorn) and its model manager (`running()` lists the models' processes).
 
     Example:
         >>> app, models = build_app(ServeOptions(model="path/to/model", store={"max_bytes": "1GB"}))  # doctest: +SKIP
     """
+    metrics = ServeMetrics()
+    state = GenerationState(continuous_batching=False, compile=False)  # a paged cache no store can serve
     models = StoreModelManager(
-        options.store,
+        loader or options.loader(),
+        metrics=metrics,
         served_name=options.served_name,
-        device=options.device,
-        dtype=options.dtype,
-        trust_remote_code=False,
-        attn_implementation=None,
+        api_server=api_server,
+        generation_state=state,
         model_timeout=options.model_timeout,
         force_model=options.model,
+        engine_connection=engine_connection,
     )
-    metrics = ServeMetrics()
-    state = ScopedGenerationState(metrics)
     settings = RequestSettings(ModelNames(options.served_name, options.model), options.request_timeout)
     common: dict[str, Any] = {"model_manager": models, "generation_state": state}
     handlers = (
         ScopedChatHandler(**common, chat_template_kwargs={}),
         ScopedCompletionHandler(**common),
         ScopedResponseHandler(**common, chat_template_kwargs={}),
-        ScopedTranscriptionHandler(**common),
+        ScopedTranscriptionHandler(models),
     )
     for handler in handlers:
         handler.settings = settings
@@ -300,10 +244,18 @@ def build_app(options: ServeOptions) -> tuple[FastAPI, StoreModelManager]:
         response_handler=response,
         transcription_handler=transcription,
         systemone_handler=SystemOneHandler(**common, chat_template_kwargs={}, decision_config=None),
-        generation_state=state,
         enable_cors=options.enable_cors,
     )
+    parse_off_loop(
+        app,
+        {
+            "/v1/chat/completions": chat.handle_request,
+            "/v1/completions": completion.handle_request,
+            "/v1/responses": response.handle_request,
+        },
+    )
     app.add_exception_handler(HTTPException, http_exception_handler)
+    app.add_exception_handler(ValueError, value_error_handler)  # replaces transformers' {"detail": ...}
     app.add_middleware(SaltHeader)
     app.add_middleware(
         Admission, max_queued=options.max_queued, retry_after=metrics.retry_after, on_change=metrics.set_admitted
@@ -313,70 +265,42 @@ def build_app(options: ServeOptions) -> tuple[FastAPI, StoreModelManager]:
     app.add_middleware(StatusRecorder, metrics=metrics)  # added last: outermost, so it sees every answer
 
     @app.get("/v1/cache/stats")
-    def cache_stats(check: bool = False) -> JSONResponse:
-        """Every store's stats, budgets and pinned nodes (``?check=true``: integrity too); a tenant: its counters."""
+    async def cache_stats(check: bool = False) -> JSONResponse:
+        """Every running store's stats, budgets and pinned nodes (``?check=true``: integrity too); a tenant: its
+        counters."""
         caller = current_caller()
         if not caller.is_admin:
             if check:
                 return error_response(403, "the integrity check needs the admin key", "check")
-            return JSONResponse(metrics.tenant_view(caller.tenant))
-        return JSONResponse({"object": "list", "data": [_describe(s, check) for s in models.served()]})
+            return JSONResponse(await asyncio.to_thread(_tenant_view, models, caller.tenant))
+        described = await asyncio.to_thread(_ask_all, models, "stats", check)
+        return JSONResponse({"object": "list", "data": [d for d in described if d is not None]})
 
-    stores = _store_metrics(models)
-    if stores is not None and metrics.registry is not None:
+    if metrics.registry is not None:
 
         @app.get("/metrics")
-        def prometheus_metrics() -> PlainTextResponse:
-            text, content_type = stores()
-            return PlainTextResponse(text + metrics.render().decode("utf-8"), media_type=content_type)
+        async def prometheus_metrics() -> PlainTextResponse:
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            texts = await asyncio.to_thread(_ask_all, models, "metrics", None)
+            return PlainTextResponse(merge_metrics([*texts, metrics.render()]), media_type=CONTENT_TYPE_LATEST)
 
     return app, models
 
 
-def _describe(served: ServedModel, check: bool) -> dict[str, Any]:
-    store = served.store
-    described = {
-        "model": served.model_id,
-        "stats": dataclasses.asdict(store.stats()),
-        "budgets": store.budgets,
-        "pinned_nodes": store_of(store).num_pinned_nodes(),
-    }
-    if check:
+def _ask_all(models: StoreModelManager, kind: str, arg: Any) -> list[Any]:
+    """Every running model's process's answer to a query (a process that stopped meanwhile is left out)."""
+    answers = []
+    for _, asker in models.running():
         try:
-            store.check_integrity()
-            described["integrity"] = "ok"
-        except RuntimeError as exc:
-            described["integrity"] = str(exc)
-    return described
+            answers.append(asker.ask(kind, arg))
+        except TimeoutError:
+            logger.warning("a model's process did not answer %s", kind)
+    return answers
 
 
-def _store_metrics(models: StoreModelManager) -> Any:
-    """A function answering a Prometheus scrape with every store's metrics (labelled by model), or None without
-    `prometheus_client`."""
-    try:
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-        from prometheus_client.core import Metric
-
-        from hf_prefix_cache.frontends.prometheus import StoreCollector
-    except ImportError:
-        return None
-
-    class ServedCollector:
-        def collect(self) -> Iterator[Any]:
-            merged: dict[str, Any] = {}
-            for served in models.served():
-                for family in StoreCollector(served.store).collect():
-                    out = merged.get(family.name)
-                    if out is None:
-                        out = merged[family.name] = Metric(family.name, family.documentation, family.type)
-                    for sample in family.samples:
-                        out.add_sample(sample.name, {**sample.labels, "model": served.model_id}, sample.value)
-            yield from merged.values()
-
-    registry = CollectorRegistry()
-    registry.register(ServedCollector())
-
-    def scrape() -> tuple[str, str]:
-        return generate_latest(registry).decode("utf-8"), CONTENT_TYPE_LATEST
-
-    return scrape
+def _tenant_view(models: StoreModelManager, tenant: str | None) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for counters in _ask_all(models, "tenant", tenant):
+        merged.update(counters)
+    return {"object": "tenant.stats", "tenant": tenant, "models": merged}

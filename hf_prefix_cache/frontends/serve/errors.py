@@ -1,6 +1,6 @@
 """Errors as OpenAI clients read them: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status.
 
-Every refusal of the server goes out in this shape: transformers' own `HTTPException`s, ours
+Every refusal of the server goes out in this shape: transformers' own `HTTPException`s and `ValueError`s, ours
 (`validate.RequestError`, which names the field in ``param``), and the middlewares' 401, 403,
 413 and 429 (`error_response`).
 
@@ -44,3 +44,9 @@ async def http_exception_handler(_request: Request, exc: Exception) -> JSONRespo
     detail: Any = exc.detail
     message = detail if isinstance(detail, str) else str(detail)
     return error_response(exc.status_code, message, getattr(exc, "param", None), dict(exc.headers or {}))
+
+
+async def value_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    """transformers' request errors (`ValueError`: a model the server does not serve, a setting `generate` refuses, as
+    its model's process sends them back): 400 in OpenAI's shape, as transformers answers them in its own."""
+    return error_response(400, str(exc))

@@ -2,12 +2,12 @@
 
 - `BodyLimit` reads a request's body before the app does and answers 413 past ``max_body_bytes``
   (at once when ``Content-Length`` says so);
-- `Admission` counts the generation requests in the server (queued for the one inference thread
+- `Admission` counts the generation requests in the server (queued for the model's process
   or generating) from arrival until their response is sent; past ``max_queued`` a request gets
   429 with ``Retry-After`` (the seconds recent requests took, at least 1);
 - the timeout is carried by each request (`requests.ServeRequest.deadline`): a job still queued at
   its deadline is answered 503 without running, one that starts is given the time left as
-  ``max_time`` (`generation.py`).
+  ``max_time`` (`engine.run_job`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """What the server measures of its requests, for ``/metrics`` (Prometheus) and each tenant's ``/v1/cache/stats``.
 
-Recorded as requests happen (the stores' own counters are read at each scrape, by
-`frontends/prometheus.py`). Metric names, all prefixed ``hf_prefix_cache_serve_``:
+Recorded as requests happen: the jobs' latencies and tokens in the model's process
+(`JobMetrics`, beside the store, one for every API server), answers and queue gauges in each API
+server (`ServeMetrics`); the stores' own counters are read at each scrape (`frontends/prometheus.py`).
+Metric names, all prefixed ``hf_prefix_cache_serve_``:
 
 | name | type | labels |
 |---|---|---|
@@ -13,7 +15,7 @@ Recorded as requests happen (the stores' own counters are read at each scrape, b
 | `prompt_tokens_total`, `cached_tokens_total`, `generated_tokens_total` | counter | `model`, `tenant` |
 | `reused_token_ratio` (cached over prompt tokens, so far) | gauge | `model`, `tenant` |
 | `cancelled_total` (client gone; its prompt is still stored) | counter | `model`, `tenant` |
-| `admitted` (queued or generating), `queued`, `running` | gauge | |
+| `admitted` (queued or generating), `queued`, `running` (each API server's own) | gauge | |
 
 The tenant label is the key's tenant, ``-`` for the operator (no keys, or the admin key).
 Without `prometheus_client` only the tenants' JSON counters are kept.
@@ -50,7 +52,7 @@ class TenantCounters:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """One generation job's numbers, as `generation.py` reports them."""
+    """One generation job's numbers, as the model's process reports them (`engine.py`)."""
 
     model: str
     tenant: str | None
@@ -64,15 +66,17 @@ class Finished:
     cancelled: bool
 
 
-class ServeMetrics:
-    """The server's request metrics; `render` answers a Prometheus scrape (None without `prometheus_client`)."""
+class JobMetrics:
+    """What the model's process measures of the jobs it runs, for every API server at once.
+
+    Lives in the engine process beside the store (`engine.py`): each job's `Finished` is recorded
+    there, so with ``--api-server-count N`` the histograms and each tenant's counters cover every
+    API server's requests. `render` answers the job part of a scrape (None-safe without `prometheus_client`).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tenants: dict[tuple[str, str], TenantCounters] = {}
-        self._recent: deque[float] = deque(maxlen=32)  # request seconds, for Retry-After
-        self.queued = 0
-        self.running = 0
         try:
             import prometheus_client as prom
         except ImportError:
@@ -87,9 +91,6 @@ class ServeMetrics:
         def counter(name: str, doc: str, labels: list[str]) -> Any:
             return prom.Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
 
-        self._requests = counter(
-            "requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status", "tenant"]
-        )
         self._ttft = histogram(
             "time_to_first_token_seconds", "arrival to the first generated token", mt, _LATENCY_BUCKETS
         )
@@ -103,33 +104,10 @@ class ServeMetrics:
         self._ratio = prom.Gauge(
             f"{PREFIX}_reused_token_ratio", "cached over prompt tokens so far", mt, registry=registry
         )
-        self._admitted = prom.Gauge(f"{PREFIX}_admitted", "generation requests queued or generating", registry=registry)
-        prom.Gauge(f"{PREFIX}_queued", "jobs waiting for the inference thread", registry=registry).set_function(
-            lambda: self.queued
-        )
-        prom.Gauge(f"{PREFIX}_running", "jobs generating now", registry=registry).set_function(lambda: self.running)
 
-    # ------------------------------------------------------------ recording
-    def set_admitted(self, n: int) -> None:
-        """The number of generation requests admitted (queued or generating)."""
-        if self.registry is not None:
-            self._admitted.set(n)
-
-    def job_queued(self) -> None:
+    def record(self, done: Finished) -> None:
+        """A job that ran (one past its deadline before it started is not recorded)."""
         with self._lock:
-            self.queued += 1
-
-    def job_started(self) -> None:
-        with self._lock:
-            self.queued -= 1
-            self.running += 1
-
-    def job_finished(self, done: Finished | None) -> None:
-        """A job ended (None: it never ran, e.g. past its deadline)."""
-        with self._lock:
-            self.running -= 1
-            if done is None:
-                return
             tenant = done.tenant or NO_TENANT
             counts = self._tenants.setdefault((done.model, tenant), TenantCounters())
             counts.requests += 1
@@ -138,7 +116,6 @@ class ServeMetrics:
             counts.generated_tokens += done.generated_tokens
             counts.cancelled += int(done.cancelled)
             ratio = counts.cached_tokens / counts.prompt_tokens if counts.prompt_tokens else 0.0
-            self._recent.append(done.ended - done.arrival)
         if self.registry is None:
             return
         labels = (done.model, tenant)
@@ -156,7 +133,81 @@ class ServeMetrics:
             self._cancelled.labels(*labels).inc()
         self._ratio.labels(*labels).set(ratio)
 
+    def tenant_view(self, tenant: str | None) -> dict[str, Any]:
+        """What `tenant` may see: its own counters, per model."""
+        name = tenant or NO_TENANT
+        with self._lock:
+            models = {model: asdict(c) for (model, t), c in self._tenants.items() if t == name}
+        return {"object": "tenant.stats", "tenant": tenant, "models": models}
+
+    def render(self) -> str:
+        """The job metrics in Prometheus' text format ("" without `prometheus_client`)."""
+        if self.registry is None:
+            return ""
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry)).decode("utf-8")
+
+
+class ServeMetrics:
+    """What one API server measures: answers by status, requests admitted, jobs queued and running, Retry-After.
+
+    The jobs' own latencies and token counts are measured in the model's process (`JobMetrics`);
+    a scrape of ``/metrics`` joins the two (`app.py`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recent: deque[float] = deque(maxlen=32)  # request seconds, for Retry-After
+        self.queued = 0
+        self.running = 0
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            self.registry: Any = None
+            return
+        self.registry = registry = prom.CollectorRegistry()
+        self._requests = prom.Counter(
+            f"{PREFIX}_requests",
+            "HTTP requests answered, by endpoint and status",
+            ["endpoint", "status", "tenant"],
+            registry=registry,
+        )
+        self._admitted = prom.Gauge(f"{PREFIX}_admitted", "generation requests queued or generating", registry=registry)
+        prom.Gauge(f"{PREFIX}_queued", "jobs waiting for the model's process", registry=registry).set_function(
+            lambda: self.queued
+        )
+        prom.Gauge(f"{PREFIX}_running", "jobs generating now", registry=registry).set_function(lambda: self.running)
+
+    # ------------------------------------------------------------ recording
+    def set_admitted(self, n: int) -> None:
+        """The number of generation requests admitted (queued or generating)."""
+        if self.registry is not None:
+            self._admitted.set(n)
+
+    def job_queued(self) -> None:
+        """A job was sent to the model's process."""
+        with self._lock:
+            self.queued += 1
+
+    def job_started(self) -> None:
+        """A job sent began to run."""
+        with self._lock:
+            self.queued -= 1
+            self.running += 1
+
+    def job_left(self, started: bool, seconds: float | None = None) -> None:
+        """A job ended (`started`: it ran; `seconds`: arrival to end, for Retry-After), or left the queue unrun."""
+        with self._lock:
+            if started:
+                self.running -= 1
+            else:
+                self.queued -= 1
+            if seconds is not None:
+                self._recent.append(seconds)
+
     def answered(self, endpoint: str, status: int, tenant: str | None) -> None:
+        """Count one answer."""
         if self.registry is not None:
             self._requests.labels(endpoint, str(status), tenant or NO_TENANT).inc()
 
@@ -166,18 +217,13 @@ class ServeMetrics:
         with self._lock:
             return sum(self._recent) / len(self._recent) if self._recent else 1.0
 
-    def tenant_view(self, tenant: str | None) -> dict[str, Any]:
-        """What `tenant` may see: its own counters, per model."""
-        name = tenant or NO_TENANT
-        with self._lock:
-            models = {model: asdict(c) for (model, t), c in self._tenants.items() if t == name}
-        return {"object": "tenant.stats", "tenant": tenant, "models": models}
-
-    def render(self) -> bytes:
-        """The request metrics in Prometheus' text format."""
+    def render(self) -> str:
+        """This API server's metrics in Prometheus' text format ("" without `prometheus_client`)."""
+        if self.registry is None:
+            return ""
         from prometheus_client import generate_latest
 
-        return bytes(generate_latest(self.registry))
+        return bytes(generate_latest(self.registry)).decode("utf-8")
 
 
 class StatusRecorder:

@@ -1,7 +1,7 @@
 """One request's way through transformers' server: its tenant and salt in, its reused prompt tokens out.
 
-transformers' handlers run each request's `model.generate(**inputs)` on a per-model inference
-thread, with no cache argument; the model's store (attached with ``attach="all"``) serves it.
+transformers' handlers send each request's `model.generate(**inputs)` to the model's process,
+with no cache argument; the model's store (attached there with ``attach="all"``) serves it.
 This module carries a `ServeRequest` (its `RequestScope`, tenant, deadline) along that path
 without copying any of the handlers:
 
@@ -11,9 +11,9 @@ without copying any of the handlers:
    ``MAX_SALT_LEN`` characters), joins it under the caller's tenant (`access.py`: a tenant is
    derived from its API key, so a salt only narrows within it), makes the request's scope and
    keeps the request pending while transformers' handler runs.
-3. `generation.ScopedGenerateManager` (what the handler calls to start generation) runs the job
-   inside that scope on the inference thread; the store salts the namespace with it and
-   records the restored length in it before the first token.
+3. `client.ScopedEngineClient` (what the handler calls to start generation) sends the job to
+   the model's process with the request's `engine.Ticket` (salt and tenant); there it runs in a
+   scope of that salt, and its restored length comes back with the job's end.
 4. The handler's response gets ``cached_tokens`` in its usage (`with_cached_tokens`): chat and
    text completions in ``usage.prompt_tokens_details``, the Responses API in
    ``usage.input_tokens_details``; in a stream, the chunk or event that carries the usage. Its
@@ -61,7 +61,7 @@ class ServeRequest:
         model_name: the name the request is answered and measured under.
         arrival: when it arrived (`metrics.now`); deadline: when it must be done (None: never).
         max_new_field: the body's field naming a number of new tokens (None: it named none).
-        cancel: set by `generation.py`: stops the request's `generate` after the current token.
+        cancel: set by `client.py`: stops the request's `generate` after the current token.
     """
 
     scope: RequestScope
@@ -74,7 +74,7 @@ class ServeRequest:
 
 
 def pending() -> ServeRequest | None:
-    """The request whose handler runs in this task, until it has handed its job to the inference thread."""
+    """The request whose handler runs in this task, until it has sent its job to the model's process."""
     return _PENDING.get()
 
 
@@ -118,16 +118,22 @@ def request_salt(body: dict[str, Any]) -> str | None:
 
 
 def tenant_salt(tenant: str | None, salt: str | None) -> str | None:
-    """The store salt of a request: its client salt within its tenant's namespace (no tenant: the salt as it is).
+    """The store salt of a request: its tenant and its client salt framed as one JSON array (neither: None).
 
-    A client cannot reach another tenant's entries by writing that tenant's name as its salt:
+    One-to-one: every pair but (None, None) becomes ``[tenant, salt]``, and no request's salt reaches
+    the store unframed, so no salt a client (or the operator) writes can spell another tenant's
+    namespace, whatever it contains:
 
     >>> tenant_salt("acme", None) != tenant_salt("globex", "acme")
     True
+    >>> tenant_salt("acme", None) != tenant_salt(None, tenant_salt("acme", None))
+    True
+    >>> tenant_salt(None, None) is None, tenant_salt(None, "x")
+    (True, '[null,"x"]')
     """
-    if tenant is None:
-        return salt
-    return json.dumps(["tenant", tenant, salt], separators=(",", ":"))
+    if tenant is None and salt is None:
+        return None
+    return json.dumps([tenant, salt], separators=(",", ":"))
 
 
 async def scoped_request(

@@ -1,0 +1,307 @@
+"""The model's process: the store beside the model, each request run in its own scope, its numbers sent back.
+
+transformers 5.25 runs each model in a process of its own (the engine), spawned with a pickled
+`ModelLoader`; the API servers send it requests through queues and read back tokens and results.
+This module is what runs there, without copying transformers' runner:
+
+- `StoreLoader` (a `ModelLoader`, importable for spawn) loads the model as transformers does and
+  attaches its `PrefixCache(model, attach="all")` with the CLI's options; it starts the thread that
+  answers the API servers' queries (stats, integrity, metrics: `Channel`) beside generation, and on
+  SIGTERM (an unloaded model) saves a store with a disk tier first.
+- `run_job` is what the API servers submit for each request (`GenerateRunner.submit`, always as a
+  streaming request, so that it knows its request id): it runs the request's ``generate`` inside
+  the request's `RequestScope` (its `Ticket` carries the tenant's salt across), gives it the time
+  left before its deadline as ``max_time`` (a job still queued at its deadline never runs), stops
+  it after the current token when the request is cancelled (normally: the store keeps what was
+  computed), and sends back, in the request's own token stream, `Started` and then `Ended` (its
+  `Finished` numbers, ``cached_tokens`` included, and the result of a request that does not stream).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.cli.serving.model_manager import ModelLoader
+
+from hf_prefix_cache.frontends.serve.metrics import Finished, JobMetrics, now
+from hf_prefix_cache.store.scope import RequestScope, active
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+# ------------------------------------------------------------------ what crosses
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What crosses to the model's process with a request, beside its inputs and generation settings.
+
+    Attributes:
+        salt: the request's store salt (its tenant's namespace and its ``cache_salt``; `requests.tenant_salt`).
+        tenant: its tenant, for the metrics (None: the operator).
+        model_name: the name it is answered and measured under.
+        arrival: when it arrived (`metrics.now`, a clock every process of the machine shares).
+        deadline: when it must be done (None: never).
+        stream: whether its tokens stream back one by one (else they come back with `Ended`).
+    """
+
+    salt: str | None
+    tenant: str | None
+    model_name: str
+    arrival: float
+    deadline: float | None
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The job left the queue and runs (sent in its token stream)."""
+
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The job was still queued at its deadline and never ran."""
+
+    waited: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The job ran: its numbers, and the result of a job whose tokens did not stream."""
+
+    finished: Finished
+    result: Any = None
+
+
+# ------------------------------------------------------------------ one job
+class Progress:
+    """The streamer `generate` is given: times and counts the tokens, sends them on, notices a cancel.
+
+    Args:
+        streamer: transformers' streamer of the request (its `runner` and `request_id`).
+        forward: send each token to the API server as it comes (a streaming request).
+    """
+
+    def __init__(self, streamer: Any, forward: bool) -> None:
+        self.runner = streamer.runner
+        self.request_id: int = streamer.request_id
+        self.forward = forward
+        self.first_token_at: float | None = None
+        self.num_tokens = 0
+        self.was_cancelled = False
+        self._prompt_seen = False
+
+    @property
+    def is_cancelled(self) -> bool:
+        """Whether the API server cancelled the request (its client left)."""
+        return self.request_id in self.runner.cancelled_request_ids
+
+    def send(self, item: Any) -> None:
+        """Send `item` (a report) in the request's token stream, ahead of its end."""
+        self.runner.send_results([self.request_id], [item], [])
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate's first put is the prompt
+            self._prompt_seen = True
+            return
+        if self.first_token_at is None:
+            self.first_token_at = now()
+        tokens = value.reshape(-1).tolist()
+        self.num_tokens += len(tokens)
+        self.runner.count_tokens(generated=len(tokens))
+        if self.forward and not self.is_cancelled:
+            self.runner.send_results([self.request_id] * len(tokens), tokens, [])
+
+    def end(self) -> None:
+        self.was_cancelled = self.is_cancelled
+
+
+class StopWhenCancelled(StoppingCriteria):
+    """Ends generation normally (so the store keeps what was computed) once the request is cancelled."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        done = self.progress.is_cancelled
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+def generate_tokens(
+    model: Any, processor: Any, inputs: dict[str, Any], generation_kwargs: dict[str, Any], progress: Progress
+) -> list[int]:
+    """One request's ``generate``, as transformers' `GenerateRunner` calls it, with our streamer and stop."""
+    kwargs = dict(generation_kwargs)
+    seed = kwargs.pop("seed", None)
+    if seed is not None:
+        torch.manual_seed(seed)
+    model_inputs = {key: value.to(model.device) if hasattr(value, "to") else value for key, value in inputs.items()}
+    call = {**model_inputs, **{name: value for name, value in kwargs.items() if value is not None}}
+    call.update(tokenizer=processor, streamer=progress)
+    call["stopping_criteria"] = StoppingCriteriaList([StopWhenCancelled(progress)])
+    if hasattr(model, "has_talker"):
+        call["generation_mode"] = "text"  # as transformers' runner: text only
+    sequences = model.generate(**call)
+    return list(sequences[0, model_inputs["input_ids"].shape[-1] :].tolist())
+
+
+def run_job(
+    model: Any,
+    processor: Any,
+    ticket: Ticket,
+    inputs: dict[str, Any],
+    generation_kwargs: dict[str, Any],
+    streamer: Any = None,
+) -> None:
+    """What an API server submits for a generation request: `generate_tokens` in the request's scope (see above)."""
+    progress = Progress(streamer, forward=ticket.stream)
+    started = now()
+    if ticket.deadline is not None:
+        left = ticket.deadline - started
+        if left <= 0:
+            progress.send(TimedOut(started - ticket.arrival))
+            return
+        max_time = generation_kwargs.get("max_time")
+        generation_kwargs = {**generation_kwargs, "max_time": left if max_time is None else min(left, max_time)}
+    progress.send(Started(started))
+    scope = RequestScope(ticket.salt)
+    with active(scope):
+        tokens = generate_tokens(model, processor, inputs, generation_kwargs, progress)
+    finished = Finished(
+        model=ticket.model_name,
+        tenant=ticket.tenant,
+        arrival=ticket.arrival,
+        started=started,
+        first_token_at=progress.first_token_at,
+        ended=now(),
+        prompt_tokens=int(inputs["input_ids"].shape[-1]),
+        cached_tokens=scope.cached_len,
+        generated_tokens=progress.num_tokens,
+        cancelled=progress.was_cancelled,
+    )
+    ENGINE.jobs.record(finished)
+    progress.send(Ended(finished, None if ticket.stream else tokens))
+
+
+def run_call(
+    model: Any, processor: Any, ticket: Ticket, function: Callable[..., Any], args: tuple[Any, ...], streamer: Any
+) -> None:
+    """Any other function an API server submits (transcription): run in the request's scope; its result sent back."""
+    progress = Progress(streamer, forward=ticket.stream)
+    started = now()
+    if ticket.deadline is not None and ticket.deadline <= started:
+        progress.send(TimedOut(started - ticket.arrival))
+        return
+    progress.send(Started(started))
+    scope = RequestScope(ticket.salt)
+    with active(scope):
+        result = function(model, processor, *args, **({"streamer": progress} if ticket.stream else {}))
+    finished = Finished(
+        ticket.model_name, ticket.tenant, ticket.arrival, started, None, now(), 0, scope.cached_len, 0, False
+    )
+    progress.send(Ended(finished, None if ticket.stream else result))
+
+
+# ------------------------------------------------------------------ the store and its queries
+class Channel:
+    """Queries of the API servers to one model's process, answered beside generation: one queue in, one out each.
+
+    Args:
+        api_servers: how many API servers ask (each reads its own replies queue).
+    """
+
+    def __init__(self, api_servers: int = 1) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.queries: Any = context.Queue()
+        self.replies: list[Any] = [context.Queue() for _ in range(api_servers)]
+
+
+class EngineState:
+    """The model's process's own: its model's name and store, the jobs' metrics."""
+
+    def __init__(self) -> None:
+        self.model_id = ""
+        self.store: Any = None
+        self.jobs = JobMetrics()
+
+    def answer(self, kind: str, arg: Any) -> Any:
+        """A query's answer: ``stats`` (arg: run the integrity check), ``tenant`` (arg: the tenant), ``metrics``."""
+        from hf_prefix_cache.frontends.serve.stats import describe, store_metrics
+
+        if kind == "stats":
+            return None if self.store is None else describe(self.model_id, self.store, bool(arg))
+        if kind == "tenant":
+            return self.jobs.tenant_view(arg)["models"]
+        if kind == "metrics":
+            stores = "" if self.store is None else store_metrics(self.model_id, self.store)
+            return stores + self.jobs.render()
+        raise ValueError(f"unknown query {kind!r}")
+
+    def serve(self, channel: Channel) -> None:
+        """Answer `channel`'s queries until the process ends (a thread of its own)."""
+        while True:
+            api_server, query_id, kind, arg = channel.queries.get()
+            try:
+                reply: Any = self.answer(kind, arg)
+            except Exception as exc:  # the query fails, not the process
+                logger.exception("query %s failed", kind)
+                reply = RuntimeError(f"{type(exc).__name__}: {exc}")
+            channel.replies[api_server].put((query_id, reply))
+
+    def save_and_exit(self, *_: Any) -> None:
+        """SIGTERM (transformers unloads the model): save a store with a disk tier, so a restart finds it, then exit."""
+        store = self.store
+        try:
+            if store is not None and store.budgets.get("disk"):
+                store.save()
+        finally:
+            os._exit(0)
+
+
+#: This process's state (set up in the model's process by `StoreLoader`; empty in an API server).
+ENGINE = EngineState()
+
+
+class StoreLoader(ModelLoader):
+    """transformers' `ModelLoader`; the model it loads in its process gets a store, and answers queries.
+
+    Args:
+        store_options: `PrefixCache` keyword arguments (None: no store).
+        channel: where the API servers' queries come from (None: none).
+        **kwargs: `ModelLoader`'s (device, dtype, ...).
+    """
+
+    def __init__(self, store_options: dict[str, Any] | None, channel: Channel | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.store_options = store_options
+        self.channel = channel
+
+    def for_engine(self, api_servers: int = 1) -> StoreLoader:
+        """A copy with a channel of its own, for one more model's process."""
+        loader = copy.copy(self)
+        loader.channel = Channel(api_servers)
+        return loader
+
+    def load_model_and_processor(self, model_id: str, on_progress: Callable[..., Any] | None = None) -> Any:
+        model, processor = super().load_model_and_processor(model_id, on_progress)
+        ENGINE.model_id = model_id
+        if self.store_options is not None:
+            from hf_prefix_cache.api.prefix_cache import PrefixCache
+
+            ENGINE.store = PrefixCache(model, attach="all", **self.store_options)
+            logger.info("prefix store attached to %s: budgets %s", model_id, ENGINE.store.budgets)
+        if self.channel is not None:
+            threading.Thread(target=ENGINE.serve, args=(self.channel,), name="store-queries", daemon=True).start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, ENGINE.save_and_exit)
+        return model, processor
