@@ -22,12 +22,11 @@ both). What moved between them and how each is bridged here:
   states to keep and then clones one state per forward into a history for `crop`; a hybrid layer
   with a sliding window shares that switch. `record_past` keeps no history (we never crop those).
 - **Whisper** keeps the cache in `generate_kwargs["cache"]` (5.24): `cache_in` again.
-- **transformers serve** (`hf-prefix-cache serve` builds on its classes): 5.24's `/v1/models` lists
-  the forced model (`ModelManager.list_models`); 5.23 calls `ModelManager.get_gen_models`, which
-  scans only the hub cache and answers 500 when there is none (`LISTS_FORCED_MODEL`: on 5.23 the
-  serve front end answers for the forced model itself). 5.23's `ModelManager.process_model_name`
-  appends ``@main`` to a local folder too. Every class, method and parameter of the server we use
-  is listed in `_SERVE_NEEDS` and checked at start by `check_serve`.
+- **transformers serve** (`hf-prefix-cache serve` builds on its classes): only 5.25's server, which
+  runs the model in an engine process of its own, is supported (`SERVE_MIN`, `serve_requirement`);
+  on older releases `serve` exits with one line naming the version found and what to install.
+  Every class, method and parameter of the server we use is listed in `_SERVE_NEEDS` and checked
+  at start by `check_serve`.
 
 Anything else a release changes under us must fail loudly, naming the version found, the
 versions tested and what to do (`untested_message`), never run cold in silence.

@@ -454,7 +454,7 @@ class WorkingCache(DynamicCache):
         """Positions held by the attention layers, or None when the model has none."""
         if not self.profile.has_kv:
             return None
-        return int(self.layers[self.profile.kv_layers[0]].get_seq_length())
+        return int(self.get_seq_length(self.profile.kv_layers[0]))
 
     def exact_length(self) -> int | None:
         """Positions whose states a cold prefill computes alike: `kv_length`, but not from an indexer's tie on."""
@@ -462,7 +462,7 @@ class WorkingCache(DynamicCache):
             return None
         # `kv_length`, without a call of its own. The first layer with keys, not layer 0: since 5.25 a linear layer 0
         # answers its own token counter, which module-kept and bridged states never advance.
-        kv_len = int(self.layers[self.profile.kv_layers[0]].get_seq_length())
+        kv_len = int(self.get_seq_length(self.profile.kv_layers[0]))
         if self.tied_at is None:
             return kv_len
         # A recurrent state summarises every position: it cannot be taken back to the tie, so nothing is stored.
