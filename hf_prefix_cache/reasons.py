@@ -63,6 +63,10 @@ MEDIA_PADDING = "media_padding"
 # `window` positions: a call that wrote past the window was served, but its sequence cannot be copied out to store
 # (reduced reuse; the prefix it restored stays stored).
 STATIC_WINDOW = "static_window"
+# A padded batch restores every row to one column (the cache holds as many columns in each row): a row whose stored
+# prefix reaches past that column (another row brings less, or nothing, before it) reuses only up to it
+# (reduced reuse).
+BATCH_LAYOUT = "batch_layout"
 BATCH_SIZE = "batch_size"
 PADDING = "padding"
 ATTENTION_MASK_SHAPE = "attention_mask_shape"

@@ -262,6 +262,8 @@ class DecoderOnlyHook(PatchingHook):
         store.record(
             Served(call.prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
         )
+        if any(lease.cached_len > used for lease, used in zip(leases, reused, strict=True)):
+            store.record(ReducedReuse(reasons.BATCH_LAYOUT))  # a row had more stored than the shared column allows
         logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)

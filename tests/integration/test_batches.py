@@ -82,7 +82,8 @@ def test_a_left_padded_batch_restores_each_rows_own_prefix(stored: Any, mode: di
     assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
     assert max_logit_diff(cold, warm) < LOGIT_TOL
     assert hits.last() == sum(expected_hits(ROWS)) == 27 + 20 + 12
-    assert store.stats().fallbacks == {}
+    # Row 0 has 30 stored but the shared column lets it reuse 27: the loss is counted, not silent.
+    assert store.stats().fallbacks == {"batch_layout": 1}
 
 
 @pytest.mark.parametrize("stored", ["llama"], indirect=True)
@@ -96,8 +97,25 @@ def test_equal_rows_extending_different_prompts_reuse_more_than_they_share(store
     warm = run(model, ids, mask, store)
     assert torch.equal(cold.sequences, warm.sequences)
     assert max_logit_diff(cold, warm) < LOGIT_TOL
-    # Stored 30, 20 and 24 tokens: every row reaches column 20.
+    # Stored 30, 20 and 24 tokens: every row reaches column 20, and the rows that had more say so.
     assert hits.last() == 3 * 20
+    assert store.stats().fallbacks == {"batch_layout": 1}
+
+
+@pytest.mark.parametrize("stored", ["llama"], indirect=True)
+def test_a_longest_row_with_nothing_stored_leaves_the_batch_cold_and_says_so(stored: Any) -> None:
+    """A padded batch whose longest row has nothing stored restores no row (they share column 0): still equal to
+    cold, and the stored prefixes the other rows could not use are counted as `batch_layout`, not lost in silence."""
+    model, store, prompts = stored
+    fresh = random_prompt(45, seed=99)  # longer than every other row, nothing of it stored
+    ids, mask = left_padded([fresh, *prompts[1:]])
+    cold = run(model, ids, mask, None)
+    hits = Hits(store)
+    warm = run(model, ids, mask, store)
+    assert torch.equal(cold.sequences, warm.sequences)
+    assert max_logit_diff(cold, warm) < LOGIT_TOL
+    assert hits.last() == 0
+    assert store.stats().fallbacks == {"batch_layout": 1}
 
 
 @pytest.mark.parametrize("stored", ["llama"], indirect=True)

@@ -118,15 +118,18 @@ def test_random_batches_are_exact(name: str, batches: list[list[list[int]]]) -> 
     stored: list[list[int]] = []
     try:
         for rows in batches:
-            reach = len(rows[0]) - 1  # never the last token, fed for its logits
-            for row in rows:
-                reach = min(reach, longest_prefix(stored, row))
-            before = store.stats().hit_tokens
+            limit = len(rows[0]) - 1  # never the last token, fed for its logits
+            own = [min(limit, longest_prefix(stored, row)) for row in rows]
+            reach = min(own)
+            before, layout_before = store.stats().hit_tokens, store.stats().fallbacks.get("batch_layout", 0)
             out = assert_same_as_cold(model, torch.tensor(rows), store, new=NEW)
             # Counted per row: every row reuses its own stored prefix up to the column all of them reach.
             assert store.stats().hit_tokens - before == len(rows) * reach
+            # A row that had more stored than that column says so (`batch_layout`); a batch that lost none does not.
+            lost = store.stats().fallbacks.get("batch_layout", 0) - layout_before
+            assert lost == (1 if len(rows) > 1 and max(own) > reach else 0), (own, reach, lost)
             stored += [seq[:-1] for seq in out.sequences.tolist()]
-        assert not store.stats().fallbacks, store.stats().fallbacks
+        assert set(store.stats().fallbacks) <= {"batch_layout"}, store.stats().fallbacks
         store.check_integrity()
     finally:
         store.detach()
