@@ -101,15 +101,24 @@ def serve(
     profile = prefill.profile
     prompt_len = call.input_ids.shape[-1]
     prefilled: dict[TokenIds, _Prefilled] = {}
+    # Every distinct row's prefix is restored (and so pinned) before any row is stored: a row stored early under a
+    # byte budget could otherwise evict what a later row was about to restore.
+    held: dict[TokenIds, tuple[Lease, WorkingCache]] = {}
     try:
+        for row in call.rows:
+            if row not in held:
+                restored = pipeline.restore(store, profile, call.key.with_symbols(row), [row])
+                if restored is None:
+                    pipeline.release_all(store, [lease for lease, _ in held.values()])
+                    held.clear()
+                    return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
+                held[row] = restored
         for i, row in enumerate(call.rows):
             if row in prefilled:
                 continue  # identical rows restore and prefill once
-            restored = pipeline.restore(store, profile, call.key.with_symbols(row), [row])
-            if restored is None:
-                pipeline.release_all(store, [p.lease for p in prefilled.values()])
-                return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
-            lease, cache = restored
+            if prefilled:  # an earlier row of this call was stored: it may have left a snapshot further along this one
+                held[row] = _restored_again(store, profile, call.key.with_symbols(row), row, held[row])
+            lease, cache = held[row]
             ids = call.input_ids[i : i + 1, call.pads[i] :]
             # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
             fed, snapshots = prefill_states(
@@ -125,6 +134,7 @@ def serve(
             )
             assert fed == ids.shape[1] - 1, f"a row of {ids.shape[1]} tokens prefilled to {fed}"
             prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
+            del held[row]  # its lease is the prefilled row's now
             # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
             # (a shared system prompt stored with another question has no snapshot at its end), and its end.
             _store_prompt(store, call.key.with_symbols(row), prefilled[row])
@@ -141,7 +151,7 @@ def serve(
             kwargs[drop_kwarg] = None
         output = original(*call.args, **kwargs)
     finally:
-        pipeline.release_all(store, [p.lease for p in prefilled.values()])
+        pipeline.release_all(store, [p.lease for p in prefilled.values()] + [lease for lease, _ in held.values()])
     reused = [p.lease.cached_len for p in parts]
     store.record(Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True))))
     logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
@@ -149,6 +159,26 @@ def serve(
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         _store_rows(store, call, sequences, batch, parts)
     return output
+
+
+def _restored_again(
+    store: Store, profile: ModelProfile, key: PrefixKey, row: TokenIds, held: tuple[Lease, WorkingCache]
+) -> tuple[Lease, WorkingCache]:
+    """`held` (a row's restored prefix), or a longer one where an earlier row of this call stored further along it.
+
+    The longer lease is taken before the held one is given back, so the held prefix stays pinned until then; if
+    memory runs out for the longer one, the held one serves.
+    """
+    lease, _ = held
+    if store.stored_len(key.namespace, key.symbols) <= lease.cached_len:
+        return held
+    longer = pipeline.restore(store, profile, key, [row])
+    if longer is None or longer[0].cached_len <= lease.cached_len:
+        if longer is not None:
+            store.release(longer[0])
+        return held
+    store.release(lease)
+    return longer
 
 
 def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:

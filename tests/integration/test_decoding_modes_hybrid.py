@@ -251,3 +251,35 @@ def test_states_beside_indexed_attention_run_rows_cold_with_a_reason(mode: dict[
         assert store.stats().fallbacks == {reason: 1}
     finally:
         store.detach()
+
+
+def test_a_padded_batch_under_a_byte_budget_reuses_what_was_stored_before_it() -> None:
+    """Eight rows, six with a stored prefix, under a budget that holds those six entries: every row is restored (and
+    so pinned) before any row is stored, so the two new rows' entries cannot evict what the others restore."""
+    model = cached_model("bamba")
+    prompts = [random_prompt(20 + i, seed=40 + i) for i in range(8)]
+
+    def fill(store: PrefixCache) -> None:
+        for prompt in prompts[2:]:
+            stored = prompt[:, :-3]
+            model.generate(stored, attention_mask=torch.ones_like(stored), max_new_tokens=1, **{CACHE_NAME: store})
+
+    sizing = PrefixCache(model)
+    fill(sizing)
+    budget = sizing.stats().nbytes
+    sizing.detach()
+    store = PrefixCache(model, max_bytes=budget)
+    try:
+        fill(store)
+        assert store.stats().entries == 6 and store.stats().evictions == 0
+        ids, mask = left_padded(prompts)
+        cold = run(model, ids, mask, None)
+        hits = Hits(store)
+        warm = run(model, ids, mask, store)
+        _same(cold, warm)
+        # Each stored row reuses its stored prompt (all of it: its last token and the generated one sit past it).
+        assert hits.last() == sum(p.shape[1] - 3 for p in prompts[2:])
+        assert store.stats().evictions > 0  # the new rows were stored, evicting once the six were used
+        store.check_integrity()
+    finally:
+        store.detach()
