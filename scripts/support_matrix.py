@@ -49,6 +49,7 @@ from typing import Any
 
 import support_inputs
 import support_media
+import support_shrink
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "support.md"
@@ -67,198 +68,7 @@ MAPPINGS = (
     ("speech seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
 )
 
-VOCAB = 128
-
-# Integer config attributes set wherever a config (or sub-config) has them.
-_SIZES: dict[str, int] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "d_model": 64,
-    "n_embd": 64,
-    "dim": 64,
-    "embed_dim": 64,
-    "intermediate_size": 128,
-    "ffn_dim": 128,
-    "n_inner": 128,
-    "d_ff": 128,
-    "decoder_ffn_dim": 128,
-    "encoder_ffn_dim": 128,
-    "num_attention_heads": 4,
-    "n_head": 4,
-    "n_heads": 4,
-    "num_heads": 4,
-    "decoder_attention_heads": 4,
-    "encoder_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "n_kv_heads": 2,
-    "head_dim": 16,
-    "num_hidden_layers": 2,
-    "n_layer": 2,
-    "n_layers": 2,
-    "num_layers": 2,
-    "decoder_layers": 2,
-    "encoder_layers": 2,
-    "num_decoder_layers": 2,
-    "num_local_experts": 4,
-    "num_experts": 4,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    "n_shared_experts": 1,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8,
-    "v_head_dim": 16,
-    "n_group": 1,
-    "topk_group": 1,
-    "first_k_dense_replace": 1,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "mamba_n_heads": 8,
-    "mamba_d_head": 16,
-    "mamba_n_groups": 1,
-    "mamba_d_state": 16,
-    "mamba_expand": 2,
-    "state_size": 16,
-    "ssm_state_size": 16,
-    "time_step_rank": 8,
-    "mamba_chunk_size": 16,
-    "chunk_size": 16,
-    "num_mel_bins": 16,
-    "image_size": 32,
-    "patch_size": 8,
-    "projection_dim": 64,
-    "vision_output_dim": 64,
-    "lru_width": 64,
-    "num_experts_per_token": 2,
-    "linear_num_heads": 4,
-    "linear_head_dim": 16,
-    "swa_num_attention_heads": 4,
-    "swa_num_key_value_heads": 2,
-    "swa_head_dim": 16,
-    "index_topk": 256,  # every key kept at sweep lengths; past the top-k a store runs cold (`indexer_top_k`)
-    "index_n_heads": 8,
-    "index_head_dim": 16,
-}
-# Token ids moved inside the tiny vocabulary (ids 0-3 are never in the scenario's prompts).
-_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": None, "decoder_start_token_id": 1}
-# Per-family overrides, only where the generic shrink fails.
-# Dict values merge into the shrunk sub-config instead of replacing it.
-_MROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
-# Qwen4-Exp's indexer sizes, left unset (None) by its default config.
-# 8 indexer heads: with 2, ReLU zeroes every head of many blocks, and their exact ties send turns cold (`indexer_tie`).
-_QWEN4_INDEXER = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16}
-_QWEN4_INDEXER.update(indexer_budget=8, indexer_compress_ratio=4)
-_COMPASS_ROPE = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
-_QUERY_MODELS: dict[str, Any] = {
-    "text_config": {"word_embed_proj_dim": 64},
-    "qformer_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
-}
-_OVERRIDES: dict[str, dict[str, Any]] = {
-    # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
-    "bamba": {"attn_layer_indices": [1]},
-    "recurrent_gemma": {"num_hidden_layers": 3, "block_types": ["recurrent", "recurrent", "attention"]},
-    # Hybrids whose first layers are all recurrent: one recurrent layer, then one with attention.
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
-    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
-    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "mamba_headdim": 16},
-    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
-    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
-    # M-RoPE sections must add up to half the rotary dimension of the tiny heads (16, or 8 at a 0.5 factor).
-    "qwen2_vl": {"text_config": _MROPE},
-    "qwen2_5_vl": {"text_config": _MROPE},
-    "glm4v": {"text_config": _MROPE},
-    "glm46v": {"text_config": _MROPE},
-    "glmga": {"text_config": _MROPE},
-    "glm_ocr": {"text_config": _MROPE},
-    "paddleocr_vl": {"text_config": _MROPE},
-    "glm4v_moe": {
-        "text_config": {
-            "rope_parameters": {**_MROPE["rope_parameters"], "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}
-        }
-    },  # fmt: skip
-    "reformer": {"axial_pos_shape": [8, 8], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"]},
-    # Sizes the config leaves unset (None) or derives from others.
-    "nemotron": {"num_key_value_heads": 2},
-    "deepseek_v2": {"num_experts_per_tok": 2},
-    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1},
-    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
-    "gptj": {"rotary_dim": 8},
-    "codegen": {"rotary_dim": 8},
-    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
-    # KV sharing: the last layer of each kind reuses an earlier one's cache.
-    "gemma3n_text": {
-        "num_hidden_layers": 4,
-        "num_kv_shared_layers": 2,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        "activation_sparsity_pattern": [0.0, 0.0, 0.0, 0.0],
-        "intermediate_size": 128,
-    },
-    "ministral": {"head_dim": 16},
-    "zaya": {"num_experts_per_tok": 1},
-    # Its own cache sizes the state as if keys and values had one head size (transformers 5.23).
-    "xlstm": {"embedding_dim": 64, "num_blocks": 2, "qk_dim_factor": 1.0},
-    "hunyuan_v1_dense": {"head_dim": 16},
-    "hunyuan_v1_moe": {"head_dim": 16},
-    # Byte-level: hashed n-gram tables and the global model's width, outside the generic names.
-    "blt": {
-        "encoder_hash_byte_group_vocab": 64,
-        "encoder_config": {"hidden_size_global": 64},
-        "decoder_config": {"hidden_size_global": 64},
-    },
-    # Expert counts left unset (None) by the default config.
-    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
-    # The default attention sub-config lacks the rotary base its attention reads (transformers 5.23).
-    # and it clamps queries, keys and values by `clip_qkv`, which must then be set.
-    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
-    "qwen4_exp_text": _QWEN4_INDEXER,
-    "qwen4_exp": {"text_config": _QWEN4_INDEXER},
-    # Rotary settings per layer kind, empty in the default config.
-    "cohere_compass_text": _COMPASS_ROPE,
-    "cohere_compass": {"text_config": _COMPASS_ROPE},
-    # Query-token models: 8 queries (not 32), each with a placeholder id (None by default: no image merged).
-    # The default OPT text model projects its embeddings to a width of its own; the Q-Former is a BERT of its own.
-    "blip-2": {"num_query_tokens": 8, "image_token_index": 120, **_QUERY_MODELS},
-    "instructblip": {"num_query_tokens": 8, "image_token_index": 120, **_QUERY_MODELS},
-    "instructblipvideo": {"num_query_tokens": 8, "video_token_index": 120, **_QUERY_MODELS},
-    # T5-style attention: heads of d_kv each.
-    "pix2struct": {"vision_config": {"d_kv": 16}, "text_config": {"d_kv": 16}},
-    # The width its vision encoder projects to for the decoder, and windows to fit a 4 x 4 patch grid.
-    "pp_formulanet": {"vision_config": {"decoder_hidden_size": 64, "window_size": 2, "global_attn_indexes": [1]}},
-    "kosmos-2": {"latent_query_num": 8},
-    # The thinkers' rotary index reads these ids, which their config classes leave unset (None).
-    "qwen2_5_omni_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
-    "qwen3_omni_moe_thinker": {"vision_start_token_id": 121, "vision_end_token_id": 122, "text_config": _MROPE},
-    "udop": {"image_size": 32, "patch_size": 8},
-    # Head sizes its config derives (nope + rope) where the MLA rule above sets the rotary part only.
-    "mistral4": {"head_dim": 16},
-    # Sliding-window heads read the window even where every layer is full attention.
-    "step3p7": {"text_config": {"sliding_window": 8}},
-    # Multi-head attention (its eager attention does not repeat grouped key / value heads).
-    "unlimited_ocr": {"text_config": {"num_key_value_heads": 4}},
-    # The embedding is as large as the unpadded vocabulary.
-    # Cross-attention sizes of its decoder, outside the generic names.
-    "dia": {
-        "decoder_config": {
-            "cross_num_attention_heads": 4,
-            "cross_head_dim": 16,
-            "cross_num_key_value_heads": 2,
-            "cross_hidden_size": 64,
-        }
-    },  # fmt: skip
-    "inkling2_text": {"unpadded_vocab_size": VOCAB},
-    "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
-}
-# Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
-_TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})
-_SUB_CONFIGS = (
-    "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
-    "encoder_config", "decoder_config", "global_config", "patcher_config",
-)  # fmt: skip
+VOCAB = support_shrink.VOCAB
 
 
 @dataclass
@@ -292,51 +102,6 @@ def model_types() -> dict[str, list[str]]:
     return dict(sorted(types.items()))
 
 
-def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) -> dict[str, Any]:
-    """Constructor kwargs of `config`'s class giving a tiny model: sizes, ids and sub-configs.
-
-    `trim_per_layer` drops `per_layer_config` entries of layers past the tiny count (Gemma 4,
-    whose config refuses them; other families' per-layer entries set sizes that must stay).
-    """
-    present = config.to_dict()
-    kwargs: dict[str, Any] = {k: v for k, v in _SIZES.items() if isinstance(present.get(k), int)}
-    kwargs.update({k: v for k, v in _IDS.items() if k in present})
-    layers = kwargs.get("num_hidden_layers")
-    layer_types = present.get("layer_types")
-    if layers is not None and isinstance(layer_types, list) and len(layer_types) > layers:
-        # Keep one layer of each kind, first occurrences first, so the tiny model has every kind.
-        kinds = list(dict.fromkeys(layer_types))
-        kwargs["num_hidden_layers"] = max(layers, len(kinds))
-        kwargs["layer_types"] = (kinds + layer_types)[: kwargs["num_hidden_layers"]]
-    if isinstance(present.get("qk_rope_head_dim"), int):
-        if "head_dim" in kwargs:
-            kwargs["head_dim"] = kwargs["qk_rope_head_dim"]  # MLA: rotary part of each head
-        if "num_key_value_heads" in kwargs and "num_attention_heads" in kwargs:
-            kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]  # MLA has no grouped heads
-    old_layers = present.get("num_hidden_layers")
-    new_layers = kwargs.get("num_hidden_layers")
-    if isinstance(old_layers, int) and isinstance(new_layers, int) and old_layers > new_layers:
-        # Per-layer lists (sizes, block kinds) follow the new layer count.
-        for name, value in present.items():
-            if isinstance(value, list) and len(value) == old_layers and name != "layer_types":
-                kwargs[name] = value[:new_layers]
-    per_layer = present.get("per_layer_config")
-    if trim_per_layer and isinstance(per_layer, dict) and isinstance(new_layers, int):
-        # Per-layer settings keyed by layer index: keep those of the layers that remain.
-        kwargs["per_layer_config"] = {k: v for k, v in per_layer.items() if int(k) < new_layers}
-    for name in ("sliding_window", "sliding_window_size"):
-        if isinstance(present.get(name), int):
-            kwargs[name] = 8
-    if isinstance(present.get("attention_chunk_size"), int):
-        kwargs["attention_chunk_size"] = 8
-    if depth < 2:
-        for name in _SUB_CONFIGS:
-            sub = getattr(config, name, None)
-            if sub is not None and hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-                kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1, trim_per_layer)}
-    return kwargs
-
-
 def build(model_type: str, auto_class: str) -> Any:
     """A tiny random-weight float32 eval model of `model_type` through `auto_class`."""
     import torch
@@ -345,8 +110,7 @@ def build(model_type: str, auto_class: str) -> Any:
     from hf_prefix_cache.model.profile import BIDIRECTIONAL_UNLESS_DECODER
 
     config_cls = transformers.CONFIG_MAPPING[model_type]
-    trim = model_type in _TRIM_PER_LAYER
-    kwargs = _merged(_shrunk_kwargs(config_cls(), trim_per_layer=trim), _OVERRIDES.get(model_type, {}))
+    kwargs = support_shrink.shrunk_kwargs(model_type)
     if model_type in BIDIRECTIONAL_UNLESS_DECODER and auto_class == "AutoModelForCausalLM":
         kwargs["is_decoder"] = True  # as transformers asks for a standalone causal LM of a BERT-style family
     config = config_cls(**kwargs)
@@ -364,14 +128,6 @@ def build(model_type: str, auto_class: str) -> Any:
     gen.do_sample, gen.max_length, gen.min_new_tokens = False, None, None
     gen.temperature = gen.top_p = gen.top_k = None
     return model
-
-
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`base` updated by `extra`, dicts merged key by key (a sub-config keeps its shrunk sizes)."""
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def special_ids(config: Any) -> list[int]:
