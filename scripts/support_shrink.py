@@ -198,7 +198,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
-_TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified"})
+# (A standalone text config does not check the keys; trimming there would change rows already served.)
+_TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified", "gemma4_unified_assistant", "diffusion_gemma", "dots3_note"})
 _SUB_CONFIGS = (
     "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
     "encoder_config", "decoder_config", "global_config", "patcher_config",
@@ -213,6 +214,8 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
     """
     present = config.to_dict()
     kwargs: dict[str, Any] = {k: v for k, v in SIZES.items() if isinstance(present.get(k), int)}
+    # A head size of 0 switches its part off (GLM-5-Next's NoPE heads): it stays 0.
+    kwargs.update({k: 0 for k in kwargs if k.endswith("_dim") and present[k] == 0})
     kwargs.update({k: v for k, v in _IDS.items() if k in present})
     layers = kwargs.get("num_hidden_layers")
     layer_types = present.get("layer_types")
@@ -242,12 +245,36 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
             kwargs[name] = 8
     if isinstance(present.get("attention_chunk_size"), int):
         kwargs["attention_chunk_size"] = 8
-    if depth < 2:
-        for name in _SUB_CONFIGS:
-            sub = getattr(config, name, None)
-            if sub is not None and hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-                kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1, trim_per_layer)}
+    rope = present.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list) and len(rope["mrope_section"]) == 3:
+        kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(present, kwargs, rope)}
+    if depth < 3:
+        for name, sub in _sub_configs(config).items():
+            kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1, trim_per_layer)}
     return kwargs
+
+
+def _mrope_section(present: dict[str, Any], kwargs: dict[str, Any], rope: dict[str, Any]) -> list[int]:
+    """Three M-RoPE sections (time, height, width) adding up to half the tiny rotary dimension."""
+    head_dim = kwargs.get("qk_rope_head_dim") or kwargs.get("head_dim")
+    if not head_dim:
+        head_dim = kwargs.get("hidden_size", 64) // kwargs.get("num_attention_heads", 4)
+    factor = rope.get("partial_rotary_factor", present.get("partial_rotary_factor")) or 1.0
+    half = int(head_dim * factor) // 2
+    base, rest = divmod(half, 3)
+    return [base, base + (rest >= 2), base + (rest >= 1)]
+
+
+def _sub_configs(config: Any) -> dict[str, Any]:
+    """The nested configs of `config` by constructor name: every attribute holding a config (adaptors, talkers,
+    codecs, Q-Formers included), never a read-only property (WavTokenizer's `encoder_config` is derived)."""
+    found: dict[str, Any] = {}
+    for name, value in [*((n, getattr(config, n, None)) for n in _SUB_CONFIGS), *vars(config).items()]:
+        if isinstance(getattr(type(config), name, None), property) or name.startswith("_"):
+            continue
+        if value is not None and hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            found[name] = value
+    return found
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
