@@ -196,6 +196,42 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },  # fmt: skip
     "inkling2_text": {"unpadded_vocab_size": VOCAB},
     "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
+    # Widths a projector hands to the text model, which these configs check against its hidden size
+    # (set here, not in `SIZES`: the other families' projectors are never run by text prompts).
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": 16}},  # a quarter of the text width
+    "granite_docling": {"vision_config": {"out_hidden_size": 64}},
+    "hunyuan_vl": {"vision_config": {"out_hidden_size": 64, "text_hidden_size": 64}, "text_config": {"head_dim": 16}},
+    "inkling2": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
+    "inkling2_loop": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
+    "muse_spark": {"out_hidden_size": 64, "audio_config": {"out_hidden_size": 64}},
+    # Vision layers the adapter reads, inside the tiny tower.
+    "molmo2": {"adapter_config": {"vision_feature_layer": [-1, -2], "text_hidden_size": 64}},
+    # Deepstack projections (vision layer, text layer) and spatial targets, inside the tiny towers (None by default).
+    "granite4_vision": {"deepstack_layer_map": [[-1, 0]], "spatial_target_layers": [1]},
+    # Its audio tokenizer has no projections around the quantizer: codebook and hidden widths are one.
+    "apertus1p5": {"audio_config": {"codebook_dim": 64}},
+    # Sizes the default config leaves unset (None) or the model reads without the config defining them.
+    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"]}},
+    "diffusion_gemma": {"text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}},
+    "qwen3_omni_moe": {"talker_config": {"text_config": {"shared_expert_intermediate_size": 32}}},
+    "moonshine_streaming": {"num_key_value_heads": 4},
+    "chameleon": {"vocabulary_map": {"<image>": 120}},  # no image tokens: text prompts only
+    # Its rotary embedding reads M-RoPE sections the default config does not list; experts as `SIZES` would.
+    "ernie4_5_vl_moe": {
+        "text_config": {"moe_num_experts": 4, "moe_k": 2, "rope_parameters": {"mrope_section": [2, 3, 3]}}
+    },
+    # MLA sliding layers whose head size is nope + rope (the generic MLA rule sets the rotary part only).
+    "dots3_note": {"text_config": {"head_dim": 16}},
+    # The audio pad id is the last row of the joint text + codebook embedding.
+    "kyutai_speech_to_text": {"audio_pad_token_id": VOCAB + 32 * 2049},
+    # Input, looped and output blocks adding up to the layer count (its to_dict doubles the counts).
+    "dory": {
+        "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "n_input_layers": 1,
+        "n_recurrent_layers": 1,
+        "n_output_layers": 1,
+    },
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 # (A standalone text config does not check the keys; trimming there would change rows already served.)
@@ -217,6 +253,8 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
     # A head size of 0 switches its part off (GLM-5-Next's NoPE heads): it stays 0.
     kwargs.update({k: 0 for k in kwargs if k.endswith("_dim") and present[k] == 0})
     kwargs.update({k: v for k, v in _IDS.items() if k in present})
+    if "eos_token_id" in kwargs and not _allows_none(config, "eos_token_id"):
+        kwargs["eos_token_id"] = VOCAB - 1  # a config that must name one (never prompted, suppressed in answers)
     layers = kwargs.get("num_hidden_layers")
     layer_types = present.get("layer_types")
     if layers is not None and isinstance(layer_types, list) and len(layer_types) > layers:
@@ -252,6 +290,14 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
         for name, sub in _sub_configs(config).items():
             kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1, trim_per_layer)}
     return kwargs
+
+
+def _allows_none(config: Any, name: str) -> bool:
+    """Whether the config dataclass's field `name` accepts None (True where it is no dataclass field)."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else {}
+    return name not in fields or "None" in str(fields[name].type)
 
 
 def _mrope_section(present: dict[str, Any], kwargs: dict[str, Any], rope: dict[str, Any]) -> list[int]:
@@ -290,5 +336,10 @@ def shrunk_kwargs(model_type: str) -> dict[str, Any]:
     import transformers
 
     config_cls = transformers.CONFIG_MAPPING[model_type]
+    overrides = OVERRIDES.get(model_type, {})
+    try:
+        default = config_cls()
+    except ValueError:  # the default config fails its own validators (Gemma 4 Assistant): start from the overrides
+        default = config_cls(**overrides)
     trim = model_type in _TRIM_PER_LAYER
-    return _merged(_shrunk_kwargs(config_cls(), trim_per_layer=trim), OVERRIDES.get(model_type, {}))
+    return _merged(_shrunk_kwargs(default, trim_per_layer=trim), overrides)
