@@ -102,6 +102,7 @@ _QUERY_MODELS: dict[str, Any] = {
     "text_config": {"word_embed_proj_dim": 64},
     "qformer_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
 }
+_VIBEVOICE_TOKENIZER = {"num_filters": 4, "depths": [1] * 7}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -207,13 +208,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Vision layers the adapter reads, inside the tiny tower.
     "molmo2": {"adapter_config": {"vision_feature_layer": [-1, -2], "text_hidden_size": 64}},
     # Deepstack projections (vision layer, text layer) and spatial targets, inside the tiny towers (None by default).
-    "granite4_vision": {"deepstack_layer_map": [[-1, 0]], "spatial_target_layers": [1]},
+    "granite4_vision": {"deepstack_layer_map": [[-1, 0]], "spatial_target_layers": [1], "downsample_rate": "1/2"},
     # Its audio tokenizer has no projections around the quantizer: codebook and hidden widths are one.
-    "apertus1p5": {"audio_config": {"codebook_dim": 64}},
+    # Image and audio codes follow the text ids in one vocabulary: 16 and 8 codes, at 100 and 116.
+    "apertus1p5": {
+        "image_token_offset": 100,
+        "audio_token_offset": 116,
+        "vision_config": {"codebook_size": 16},
+        "audio_config": {"codebook_dim": 64, "codebook_size": 8},
+    },
     # Sizes the default config leaves unset (None) or the model reads without the config defining them.
     "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"]}},
     "diffusion_gemma": {"text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}},
-    "qwen3_omni_moe": {"talker_config": {"text_config": {"shared_expert_intermediate_size": 32}}},
+    "qwen3_omni_moe": {
+        "talker_config": {"spatial_merge_size": 2, "text_config": {"shared_expert_intermediate_size": 32}}
+    },
     "moonshine_streaming": {"num_key_value_heads": 4},
     "chameleon": {"vocabulary_map": {"<image>": 120}},  # no image tokens: text prompts only
     # Its rotary embedding reads M-RoPE sections the default config does not list; experts as `SIZES` would.
@@ -223,7 +232,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # MLA sliding layers whose head size is nope + rope (the generic MLA rule sets the rotary part only).
     "dots3_note": {"text_config": {"head_dim": 16}},
     # The audio pad id is the last row of the joint text + codebook embedding.
-    "kyutai_speech_to_text": {"audio_pad_token_id": VOCAB + 32 * 2049},
+    "kyutai_speech_to_text": {"audio_pad_token_id": VOCAB + 32 * 2049, "codec_config": {"upsample_groups": 64}},
+    # Audio tokenizers whose channels double at each of 6 stages from `num_filters`: 4 filters, one block a stage.
+    "vibevoice": {"audio_config": _VIBEVOICE_TOKENIZER, "semantic_model_config": _VIBEVOICE_TOKENIZER},
     # Input, looped and output blocks adding up to the layer count (its to_dict doubles the counts).
     "dory": {
         "num_hidden_layers": 3,
