@@ -113,21 +113,33 @@ def build(model_type: str, auto_class: str) -> Any:
     kwargs = support_shrink.shrunk_kwargs(model_type)
     if model_type in BIDIRECTIONAL_UNLESS_DECODER and auto_class == "AutoModelForCausalLM":
         kwargs["is_decoder"] = True  # as transformers asks for a standalone causal LM of a BERT-style family
-    config = config_cls(**kwargs)
+    model_cls, config = _model_class(getattr(transformers, auto_class), config_cls(**kwargs))
     torch.manual_seed(0)
-    auto = getattr(transformers, auto_class)
     try:
-        model = auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
+        model = model_cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
     except (ValueError, ImportError):
-        model = auto.from_config(config, dtype=torch.float32)
+        model = model_cls._from_config(config, dtype=torch.float32)
     model = model.float().eval()
     if model_type in support_inputs.PREPARE:
         support_inputs.PREPARE[model_type](model)
-    gen = model.generation_config
+    gen = getattr(model, "generation_config", None)
+    if gen is None:
+        return model  # not generative: `_text_row` says so
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, 1
     gen.do_sample, gen.max_length, gen.min_new_tokens = False, None, None
     gen.temperature = gen.top_p = gen.top_k = None
     return model
+
+
+def _model_class(auto: Any, config: Any) -> tuple[Any, Any]:
+    """The class `auto` builds for `config`, and the config it takes: a sub-config where the class reads one
+    (a text config, MusicGen's decoder). Looked up in the mapping itself: `from_config` refuses Evolla's
+    config, though its auto mapping names it."""
+    model_cls = auto._model_mapping[type(config)]
+    wanted = getattr(model_cls, "config_class", None)
+    if wanted is not None and not isinstance(config, wanted):
+        config = next((sub for sub in vars(config).values() if isinstance(sub, wanted)), config)
+    return model_cls, config
 
 
 def special_ids(config: Any) -> list[int]:
@@ -244,11 +256,21 @@ def _text_row(model_type: str, mappings: list[str]) -> Row:
         row.detail = _short(f"{type(exc).__name__}: {exc}")
         return row
     row.model_class = type(model).__name__
+    if not hasattr(model, "generate") or getattr(model, "generation_config", None) is None:
+        row.status, row.detail = "not run", f"not generative: {_not_generative(model)}"
+        return row
     try:
         row.status, row.detail, row.hit_tokens = scenario(model)
     except Exception as exc:  # noqa: BLE001 - a crash in generate is recorded, cold or cached alike
         row.status, row.detail = "error", _short(f"{type(exc).__name__}: {exc}")
     return row
+
+
+def _not_generative(model: Any) -> str:
+    """Why the text scenario cannot call `model`'s generate."""
+    if hasattr(model, "sample_actions"):
+        return "a robotics policy (it samples actions from images and a state, and has no `generate`)"
+    return f"`{type(model).__name__}` has no `generate`"
 
 
 def _short(text: str) -> str:
