@@ -175,7 +175,7 @@ def _generate(model: Any, feed: support_inputs.Feed, ids: Any, store: Any = None
     # Answers never produce a special id either, so later prompts stay text only.
     gen = model.generation_config
     forced: set[Any] = set()  # generate refuses to suppress a token it must force
-    for value in (gen.forced_eos_token_id, gen.forced_bos_token_id):
+    for value in (getattr(gen, "forced_eos_token_id", None), getattr(gen, "forced_bos_token_id", None)):
         forced.update(value if isinstance(value, list) else [value])
     kwargs["suppress_tokens"] = [i for i in special_ids(model.config) if 0 <= i < VOCAB and i not in forced] or None
     return model.generate(

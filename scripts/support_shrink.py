@@ -103,6 +103,8 @@ _QUERY_MODELS: dict[str, Any] = {
     "qformer_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128},
 }
 _VIBEVOICE_TOKENIZER = {"num_filters": 4, "depths": [1] * 7}
+# (0 shared layers: the config then shares all of them, however many the shrink leaves.)
+_GEMMA4_DRAFTER = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "num_kv_shared_layers": 0}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -201,7 +203,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # (set here, not in `SIZES`: the other families' projectors are never run by text prompts).
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": 16}},  # a quarter of the text width
     "granite_docling": {"vision_config": {"out_hidden_size": 64}},
-    "hunyuan_vl": {"vision_config": {"out_hidden_size": 64, "text_hidden_size": 64}, "text_config": {"head_dim": 16}},
+    "hunyuan_vl": {
+        "vision_config": {"out_hidden_size": 64, "text_hidden_size": 64},
+        "text_config": {"head_dim": 16, "rope_parameters": {"mrope_section": [2, 2, 2, 2]}},
+    },
     "inkling2": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
     "inkling2_loop": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
     "muse_spark": {"out_hidden_size": 64, "audio_config": {"out_hidden_size": 64}},
@@ -218,7 +223,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "audio_config": {"codebook_dim": 64, "codebook_size": 8},
     },
     # Sizes the default config leaves unset (None) or the model reads without the config defining them.
-    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"]}},
+    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse"], "num_experts_per_tok": 2}},
     "diffusion_gemma": {"text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}},
     "qwen3_omni_moe": {
         "talker_config": {"spatial_merge_size": 2, "text_config": {"shared_expert_intermediate_size": 32}}
@@ -230,7 +235,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "text_config": {"moe_num_experts": 4, "moe_k": 2, "rope_parameters": {"mrope_section": [2, 3, 3]}}
     },
     # MLA sliding layers whose head size is nope + rope (the generic MLA rule sets the rotary part only).
-    "dots3_note": {"text_config": {"head_dim": 16}},
+    # Its vision and audio adapters read their encoders' widths and write the text model's.
+    "dots3_note": {
+        "text_config": {"head_dim": 16},
+        "vision_config": {"adapter_in_dim": 64, "adapter_out_dim": 64},
+        "audio_config": {"adapter_input_size": 64, "adapter_out_dim": 64},
+    },
+    # Drafters: every layer reads the key / value states the Gemma 4 target hands it (no per-layer inputs).
+    "gemma4_assistant": {"text_config": _GEMMA4_DRAFTER},
+    "gemma4_unified_assistant": {"text_config": _GEMMA4_DRAFTER},
     # The audio pad id is the last row of the joint text + codebook embedding.
     "kyutai_speech_to_text": {"audio_pad_token_id": VOCAB + 32 * 2049, "codec_config": {"upsample_groups": 64}},
     # Audio tokenizers whose channels double at each of 6 stages from `num_filters`: 4 filters, one block a stage.
@@ -246,7 +259,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 # (A standalone text config does not check the keys; trimming there would change rows already served.)
-_TRIM_PER_LAYER = frozenset({"gemma4", "gemma4_unified", "gemma4_unified_assistant", "diffusion_gemma", "dots3_note"})
+_TRIM_PER_LAYER = frozenset(
+    {"gemma4", "gemma4_unified", "gemma4_assistant", "gemma4_unified_assistant", "diffusion_gemma", "dots3_note"}
+)
 _SUB_CONFIGS = (
     "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
     "encoder_config", "decoder_config", "global_config", "patcher_config",
@@ -350,7 +365,7 @@ def shrunk_kwargs(model_type: str) -> dict[str, Any]:
     overrides = OVERRIDES.get(model_type, {})
     try:
         default = config_cls()
-    except ValueError:  # the default config fails its own validators (Gemma 4 Assistant): start from the overrides
+    except Exception:  # noqa: BLE001 - the default config fails its own validators (Gemma 4 Assistant): start from the overrides
         default = config_cls(**overrides)
     trim = model_type in _TRIM_PER_LAYER
     return _merged(_shrunk_kwargs(default, trim_per_layer=trim), overrides)
