@@ -59,6 +59,10 @@ LOGIT_TOL = 1e-4
 ROWS_PER_WORKER = 10
 #: Address-space limit of a worker process, bytes.
 MEMORY_LIMIT = 4 * 2**30
+#: timm and torchvision, which `scripts/install` puts here (``--no-deps``, beside the CPU torch). Only a
+#: row whose model needs timm (a timm vision tower) runs with them, in a worker of its own: with timm
+#: importable transformers picks other image processors, so no other row may see it.
+TIMM_PACKAGES = ROOT / ".timm-packages"
 
 #: The auto mappings swept, in the order a type's row picks its model class.
 MAPPINGS = (
@@ -283,9 +287,16 @@ def _short(text: str) -> str:
 # --------------------------------------------------------------------------- worker pool
 
 
-def _worker() -> None:
-    """Read `model_type<TAB>mappings` lines on stdin; print each result as a marked JSON line."""
+def _worker(timm: bool = False) -> None:
+    """Read `model_type<TAB>mappings` lines on stdin; print each result as a marked JSON line.
+
+    `timm`: with `TIMM_PACKAGES` importable, and the two torchvision op schemas its import needs
+    declared (PyPI's torchvision cannot load its C++ ops beside a CPU torch), as Gemma 3n's tests do.
+    """
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if timm:
+        sys.path[:0] = [str(TIMM_PACKAGES), str(ROOT / "tests")]
+        import support.torchvision_ops  # noqa: F401 - declares the schemas on import
     # A config the shrink misses can ask for gigabytes: fail that row (MemoryError), not the machine.
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     import transformers
@@ -303,14 +314,15 @@ def _worker() -> None:
 class _Slot:
     """One worker process; restarted after a timeout or a crash."""
 
-    def __init__(self) -> None:
+    def __init__(self, timm: bool = False) -> None:
         self.proc: subprocess.Popen[str] | None = None
         self.num_rows = 0
+        self.timm = timm
 
     def _start(self) -> subprocess.Popen[str]:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         return subprocess.Popen(
-            [sys.executable, __file__, "--worker"],
+            [sys.executable, __file__, "--worker", *(["--timm"] if self.timm else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -364,6 +376,20 @@ class _Slot:
             self.proc = None
 
 
+def _with_timm(row: Row, timeout: float) -> Row:
+    """`row` again in a timm worker of its own where the model needs timm (unchanged otherwise)."""
+    if row.status != "not buildable" or "requires the timm library" not in row.detail:
+        return row
+    if not (TIMM_PACKAGES / "timm").is_dir():
+        row.detail = "needs timm and torchvision (a timm vision tower): `bash scripts/install` fills .timm-packages"
+        return row
+    slot = _Slot(timm=True)
+    try:
+        return slot.run(row.model_type, row.mappings, timeout)
+    finally:
+        slot.close()
+
+
 def _out_of_memory(row: Row) -> bool:
     return "allocate" in row.detail or "MemoryError" in row.detail
 
@@ -381,7 +407,7 @@ def sweep(types: dict[str, list[str]], workers: int, timeout: float) -> list[Row
                 if not todo:
                     break
                 model_type, mappings = todo.pop(0)
-            row = slot.run(model_type, mappings, timeout)
+            row = _with_timm(slot.run(model_type, mappings, timeout), timeout)
             with lock:
                 rows.append(row)
                 print(f"{len(rows)}/{len(types)} {row.model_type}: {row.status} {row.detail}", file=sys.stderr)
@@ -497,6 +523,7 @@ def parse(text: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--timm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--only", help="comma-separated model types (default: all)")
     parser.add_argument("--check", action="store_true", help="compare the rows with docs/support.md, write nothing")
     parser.add_argument("--in-process", action="store_true", help="run rows here, without workers or timeouts")
@@ -505,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DOC)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker()
+        _worker(args.timm)
         return 0
     types = model_types()
     if args.only:
