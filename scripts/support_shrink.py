@@ -105,6 +105,14 @@ _QUERY_MODELS: dict[str, Any] = {
 _VIBEVOICE_TOKENIZER = {"num_filters": 4, "depths": [1] * 7}
 # (0 shared layers: the config then shares all of them, however many the shrink leaves.)
 _GEMMA4_DRAFTER = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "num_kv_shared_layers": 0}
+# KV sharing: the last layer of each kind reuses an earlier one's cache.
+_GEMMA3N_TEXT = {
+    "num_hidden_layers": 4,
+    "num_kv_shared_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "activation_sparsity_pattern": [0.0, 0.0, 0.0, 0.0],
+    "intermediate_size": 128,
+}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # One attention layer after two recurrent ones (the generic 2 layers would be recurrent only).
     "bamba": {"attn_layer_indices": [1]},
@@ -138,12 +146,25 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "codegen": {"rotary_dim": 8},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # KV sharing: the last layer of each kind reuses an earlier one's cache.
-    "gemma3n_text": {
-        "num_hidden_layers": 4,
-        "num_kv_shared_layers": 2,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        "activation_sparsity_pattern": [0.0, 0.0, 0.0, 0.0],
-        "intermediate_size": 128,
+    "gemma3n_text": _GEMMA3N_TEXT,
+    # Gemma 3n's MobileNetV5 (timm) at a sixteenth of its channels, as the test suite's tiny model; its output
+    # width is fixed. Image and audio soft tokens follow the text ids.
+    "gemma3n": {
+        "text_config": {**_GEMMA3N_TEXT, "vocab_size_per_layer_input": VOCAB},
+        "vision_config": {
+            "model_args": {"channel_multiplier": 0.0625, "msfa_output_resolution": 2},
+            "hidden_size": 2048,
+            "vocab_size": 16,
+            "vocab_offset": VOCAB,
+        },
+        "audio_config": {"vocab_size": 16, "vocab_offset": VOCAB + 16},
+    },
+    # Perception LM's timm tower (a ResNet-50 by default, which its projector cannot read): a tiny PE ViT.
+    "perception_lm": {
+        "vision_config": {
+            "architecture": "vit_pe_core_tiny_patch16_384",
+            "model_args": {"embed_dim": 64, "depth": 2, "num_heads": 4, "img_size": 32},
+        }
     },
     "ministral": {"head_dim": 16},
     "zaya": {"num_experts_per_tok": 1},
