@@ -283,15 +283,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 _TRIM_PER_LAYER = frozenset(
     {"gemma4", "gemma4_unified", "gemma4_assistant", "gemma4_unified_assistant", "diffusion_gemma", "dots3_note"}
 )
+# Types whose deeper configs tie vocabularies and widths to each other (Nemotron 3.5 Transcribe: its ASR and
+# diarization configs inside the audio config check blank ids and head widths): only the named sub-configs shrink.
+_NAMED_ONLY = frozenset({"nemo_speechlm"})
 _SUB_CONFIGS = (
     "text_config", "vision_config", "audio_config", "decoder", "encoder", "speech_config",
     "encoder_config", "decoder_config", "global_config", "patcher_config",
 )  # fmt: skip
 
 
-def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) -> dict[str, Any]:
+def _shrunk_kwargs(
+    config: Any, depth: int = 0, trim_per_layer: bool = False, named_only: bool = False
+) -> dict[str, Any]:
     """Constructor kwargs of `config`'s class giving a tiny model: sizes, ids and sub-configs.
 
+    `named_only` shrinks only the sub-configs `_SUB_CONFIGS` names, two levels deep (see `_NAMED_ONLY`).
     `trim_per_layer` drops `per_layer_config` entries of layers past the tiny count (Gemma 4,
     whose config refuses them; other families' per-layer entries set sizes that must stay).
     """
@@ -333,9 +339,9 @@ def _shrunk_kwargs(config: Any, depth: int = 0, trim_per_layer: bool = False) ->
     rope = present.get("rope_parameters")
     if isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list) and len(rope["mrope_section"]) == 3:
         kwargs["rope_parameters"] = {**rope, "mrope_section": _mrope_section(present, kwargs, rope)}
-    if depth < 3:
-        for name, sub in _sub_configs(config).items():
-            kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1, trim_per_layer)}
+    if depth < (2 if named_only else 3):
+        for name, sub in _sub_configs(config, named_only).items():
+            kwargs[name] = {**sub.to_dict(), **_shrunk_kwargs(sub, depth + 1, trim_per_layer, named_only)}
     return kwargs
 
 
@@ -358,11 +364,12 @@ def _mrope_section(present: dict[str, Any], kwargs: dict[str, Any], rope: dict[s
     return [base, base + (rest >= 2), base + (rest >= 1)]
 
 
-def _sub_configs(config: Any) -> dict[str, Any]:
+def _sub_configs(config: Any, named_only: bool = False) -> dict[str, Any]:
     """The nested configs of `config` by constructor name: every attribute holding a config (adaptors, talkers,
     codecs, Q-Formers included), never a read-only property (WavTokenizer's `encoder_config` is derived)."""
     found: dict[str, Any] = {}
-    for name, value in [*((n, getattr(config, n, None)) for n in _SUB_CONFIGS), *vars(config).items()]:
+    named = [(n, getattr(config, n, None)) for n in _SUB_CONFIGS]
+    for name, value in named if named_only else [*named, *vars(config).items()]:
         if isinstance(getattr(type(config), name, None), property) or name.startswith("_"):
             continue
         if value is not None and hasattr(value, "to_dict") and hasattr(value, "model_type"):
@@ -389,4 +396,4 @@ def shrunk_kwargs(model_type: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - the default config fails its own validators (Gemma 4 Assistant): start from the overrides
         default = config_cls(**overrides)
     trim = model_type in _TRIM_PER_LAYER
-    return _merged(_shrunk_kwargs(default, trim_per_layer=trim), overrides)
+    return _merged(_shrunk_kwargs(default, trim_per_layer=trim, named_only=model_type in _NAMED_ONLY), overrides)
