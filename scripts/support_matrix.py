@@ -266,7 +266,8 @@ def _text_row(model_type: str, mappings: list[str]) -> Row:
         row.detail = _short(f"{type(exc).__name__}: {exc}")
         return row
     row.model_class = type(model).__name__
-    if not hasattr(model, "generate") or getattr(model, "generation_config", None) is None:
+    no_generate = not hasattr(model, "generate") or getattr(model, "generation_config", None) is None
+    if no_generate or model_type in NOT_GENERATIVE_ALONE:
         row.status, row.detail = "not run", f"not generative: {_not_generative(model)}"
         return row
     try:
@@ -276,8 +277,20 @@ def _text_row(model_type: str, mappings: list[str]) -> Row:
     return row
 
 
+_SPEAKS = "its generate speaks: it needs a real checkpoint's speakers (its thinker, row `{thinker}`, writes the text)"
+#: Types with a `generate` that cannot run alone, and why (`not run`).
+NOT_GENERATIVE_ALONE = {
+    "gemma4_assistant": "a drafter: every layer reads the key / value states a Gemma 4 target hands it",
+    "gemma4_unified_assistant": "a drafter: every layer reads the key / value states a Gemma 4 target hands it",
+    "qwen2_5_omni": _SPEAKS.format(thinker="qwen2_5_omni_thinker"),
+    "qwen3_omni_moe": _SPEAKS.format(thinker="qwen3_omni_moe_thinker"),
+}
+
+
 def _not_generative(model: Any) -> str:
     """Why the text scenario cannot call `model`'s generate."""
+    if model.config.model_type in NOT_GENERATIVE_ALONE:
+        return NOT_GENERATIVE_ALONE[model.config.model_type]
     if hasattr(model, "sample_actions"):
         return "a robotics policy (it samples actions from images and a state, and has no `generate`)"
     return f"`{type(model).__name__}` has no `generate`"

@@ -231,6 +231,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "inkling2": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
     "inkling2_loop": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
     "muse_spark": {"out_hidden_size": 64, "audio_config": {"out_hidden_size": 64}},
+    # One codebook: generate then takes one row of audio codes per prompt, as the sweep's prompts are.
+    "musicgen": {"decoder": {"num_codebooks": 1}},
+    "musicgen_melody": {"decoder": {"num_codebooks": 1}},
     # Vision layers the adapter reads, inside the tiny tower.
     "molmo2": {"adapter_config": {"vision_feature_layer": [-1, -2], "text_hidden_size": 64}},
     # Deepstack projections (vision layer, text layer) and spatial targets, inside the tiny towers (None by default).
