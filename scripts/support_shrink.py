@@ -254,9 +254,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "moonshine_streaming": {"num_key_value_heads": 4},
     "chameleon": {"vocabulary_map": {"<image>": 120}},  # no image tokens: text prompts only
-    # Its rotary embedding reads M-RoPE sections the default config does not list; experts as `SIZES` would.
+    # Its rotary embedding reads M-RoPE sections (height, width, time; height and width alike) the default config
+    # does not list; experts as `SIZES` would.
     "ernie4_5_vl_moe": {
-        "text_config": {"moe_num_experts": 4, "moe_k": 2, "rope_parameters": {"mrope_section": [2, 3, 3]}}
+        "text_config": {"moe_num_experts": 4, "moe_k": 2, "rope_parameters": {"mrope_section": [3, 3, 2]}}
     },
     # MLA sliding layers whose head size is nope + rope (the generic MLA rule sets the rotary part only).
     # Its vision and audio adapters read their encoders' widths and write the text model's.
