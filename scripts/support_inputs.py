@@ -252,9 +252,18 @@ def _end_audio(model: Any) -> None:
     model.config.decoder_config.eos_token_id = model.config.decoder_config.vocab_size - 1
 
 
+def _start_codes(model: Any) -> None:
+    """MusicGen's own generate pads its delay pattern with the decoder start id and expands by the number of
+    sequences, both read raw from a generation config that leaves them unset (None)."""
+    gen = model.generation_config
+    gen.decoder_start_token_id, gen.num_return_sequences = model.config.bos_token_id, 1
+
+
 #: Calls a model needs (besides its inputs) before it can generate at all.
 PREPARE: dict[str, Callable[[Any], None]] = {
     "xmod": lambda model: model.set_default_language("en_XX"),
     "pop2piano": _name_composers,
     "dia": _end_audio,
+    "musicgen": _start_codes,
+    "musicgen_melody": _start_codes,
 }
