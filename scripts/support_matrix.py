@@ -253,6 +253,8 @@ def scenario(model: Any) -> tuple[str, str, str]:
 def run_row(model_type: str, mappings: list[str]) -> Row:
     """Build and check one model type (in this process): the text scenario, then its media cases."""
     row = _text_row(model_type, mappings)
+    if row.status == "not buildable" and "requires the timm library" in row.detail:
+        return _timm_row(row)
     row.media = support_media.media_cell(model_type, LOGIT_TOL)
     return row
 
@@ -395,10 +397,8 @@ class _Slot:
             self.proc = None
 
 
-def _with_timm(row: Row, timeout: float) -> Row:
-    """`row` again in a timm worker of its own where the model needs timm (unchanged otherwise)."""
-    if row.status != "not buildable" or "requires the timm library" not in row.detail:
-        return row
+def _timm_row(row: Row, timeout: float = 300.0) -> Row:
+    """`row`, whose model needs timm, again in a timm worker of its own (from any process: sweep, tests)."""
     if not (TIMM_PACKAGES / "timm").is_dir():
         row.detail = "needs timm and torchvision (a timm vision tower): `bash scripts/install` fills .timm-packages"
         return row
@@ -426,7 +426,7 @@ def sweep(types: dict[str, list[str]], workers: int, timeout: float) -> list[Row
                 if not todo:
                     break
                 model_type, mappings = todo.pop(0)
-            row = _with_timm(slot.run(model_type, mappings, timeout), timeout)
+            row = slot.run(model_type, mappings, timeout)
             with lock:
                 rows.append(row)
                 print(f"{len(rows)}/{len(types)} {row.model_type}: {row.status} {row.detail}", file=sys.stderr)
