@@ -265,7 +265,8 @@ def _text_row(model_type: str, mappings: list[str]) -> Row:
     try:
         model = build(model_type, auto_class)
     except Exception as exc:  # noqa: BLE001 - any build failure is the row's result
-        row.detail = _short(f"{type(exc).__name__}: {exc}")
+        why = BUILD_FAILURES.get(model_type)
+        row.detail = _short(f"{why + ': ' if why else ''}{type(exc).__name__}: {exc}")
         return row
     row.model_class = type(model).__name__
     no_generate = not hasattr(model, "generate") or getattr(model, "generation_config", None) is None
@@ -279,6 +280,9 @@ def _text_row(model_type: str, mappings: list[str]) -> Row:
     return row
 
 
+#: Why a type's build fails where the reason is transformers' own (said before the exception, where it fails).
+_ALL_SHARED = "transformers before 5.25 refuses a model whose every layer is shared, as a drafter's are"
+BUILD_FAILURES = {"gemma4_assistant": _ALL_SHARED, "gemma4_unified_assistant": _ALL_SHARED}
 _SPEAKS = "its generate speaks: it needs a real checkpoint's speakers (its thinker, row `{thinker}`, writes the text)"
 #: Types with a `generate` that cannot run alone, and why (`not run`).
 NOT_GENERATIVE_ALONE = {
