@@ -13,7 +13,9 @@ logits within 1e-4 in float32):
 A row says ``served`` (with the hit tokens of steps 2 and 3), ``cold`` with the reasons the
 store counted in ``stats().fallbacks``, ``WRONG`` (cached differs from cold: a bug),
 ``not buildable`` (why) or ``timeout``. Each model type runs in a worker process with a
-time limit, so one hanging family does not stop the sweep.
+time limit, so one hanging family does not stop the sweep. A type whose model needs timm reruns
+in a worker of its own with `.timm-packages` on its path (`TIMM_PACKAGES`). How each config is
+shrunk, and the per-type overrides, live in `support_shrink.py`.
 
 The prompt is random text ids. Types that cannot generate from text ids alone get what their
 forward needs besides, from `support_inputs.py` (the same on every call): an encoder-decoder
@@ -33,66 +35,23 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import resource
-import select
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import support_inputs
 import support_media
+import support_pool
 import support_shrink
+from support_doc import MAPPINGS, Row, parse, render
+from support_doc import row_from_line as _row_from_line
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "support.md"
-MARK = "@@ROW "
 LOGIT_TOL = 1e-4
-#: Rows one worker runs before it exits and a fresh one starts.
-ROWS_PER_WORKER = 10
-#: Address-space limit of a worker process, bytes.
-MEMORY_LIMIT = 4 * 2**30
-#: timm and torchvision, which `scripts/install` puts here (``--no-deps``, beside the CPU torch). Only a
-#: row whose model needs timm (a timm vision tower) runs with them, in a worker of its own: with timm
-#: importable transformers picks other image processors, so no other row may see it.
-TIMM_PACKAGES = ROOT / ".timm-packages"
-
-#: The auto mappings swept, in the order a type's row picks its model class.
-MAPPINGS = (
-    ("causal LM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
-    ("image-text-to-text", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),
-    ("multimodal LM", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", "AutoModelForMultimodalLM"),
-    ("speech seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
-)
 
 VOCAB = support_shrink.VOCAB
-
-
-@dataclass
-class Row:
-    """One model type's result."""
-
-    model_type: str
-    mappings: list[str]
-    status: str  # served, cold, WRONG, not buildable, timeout, not run
-    detail: str = ""
-    hit_tokens: str = ""
-    model_class: str = ""
-    media: str = ""  # `support_media.media_cell`: hit / changed / repeat, or why not served; "" without a case
-
-    def line(self) -> str:
-        cells = (f"`{self.model_type}`", ", ".join(self.mappings), self.model_class, self.status)
-        return "| " + " | ".join((*cells, self.hit_tokens, self.media, self.detail)) + " |"
-
-    def is_wrong(self) -> bool:
-        return self.status == "WRONG" or support_media.media_status(self.media) == "WRONG"
 
 
 def model_types() -> dict[str, list[str]]:
@@ -254,7 +213,7 @@ def run_row(model_type: str, mappings: list[str]) -> Row:
     """Build and check one model type (in this process): the text scenario, then its media cases."""
     row = _text_row(model_type, mappings)
     if row.status == "not buildable" and "requires the timm library" in row.detail:
-        return _timm_row(row)
+        return support_pool.timm_row(row)
     row.media = support_media.media_cell(model_type, LOGIT_TOL)
     return row
 
@@ -309,240 +268,6 @@ def _short(text: str) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-# --------------------------------------------------------------------------- worker pool
-
-
-def _worker(timm: bool = False) -> None:
-    """Read `model_type<TAB>mappings` lines on stdin; print each result as a marked JSON line.
-
-    `timm`: with `TIMM_PACKAGES` importable, and the two torchvision op schemas its import needs
-    declared (PyPI's torchvision cannot load its C++ ops beside a CPU torch), as Gemma 3n's tests do.
-    """
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if timm:
-        sys.path[:0] = [str(TIMM_PACKAGES), str(ROOT / "tests")]
-        import support.torchvision_ops  # noqa: F401 - declares the schemas on import
-    # A config the shrink misses can ask for gigabytes: fail that row (MemoryError), not the machine.
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    import transformers
-
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    for line in sys.stdin:
-        model_type, mappings = line.rstrip("\n").split("\t")
-        row = run_row(model_type, mappings.split(","))
-        sys.stdout.write(MARK + json.dumps(asdict(row)) + "\n")
-        sys.stdout.flush()
-        if _out_of_memory(row):
-            return  # the parent starts a fresh worker
-
-
-class _Slot:
-    """One worker process; restarted after a timeout or a crash."""
-
-    def __init__(self, timm: bool = False) -> None:
-        self.proc: subprocess.Popen[str] | None = None
-        self.num_rows = 0
-        self.timm = timm
-
-    def _start(self) -> subprocess.Popen[str]:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        return subprocess.Popen(
-            [sys.executable, __file__, "--worker", *(["--timm"] if self.timm else [])],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-
-    def run(self, model_type: str, mappings: list[str], timeout: float) -> Row:
-        row = self._run(model_type, mappings, timeout)
-        if _out_of_memory(row):
-            row = self._run(model_type, mappings, timeout)  # once more in a fresh worker
-        self.num_rows += 1
-        if self.num_rows % ROWS_PER_WORKER == 0:
-            self.close()  # memory grows with every family's modules: start afresh
-        return row
-
-    def _run(self, model_type: str, mappings: list[str], timeout: float) -> Row:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
-        stdout = self.proc.stdout
-        assert self.proc.stdin is not None and stdout is not None
-        self.proc.stdin.write(f"{model_type}\t{','.join(mappings)}\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([stdout], [], [], max(left, 0))
-            if not ready:
-                self.proc.kill()
-                self.proc.wait()
-                self.proc = None
-                return Row(model_type, mappings, "timeout", f"no result in {timeout:.0f} s")
-            line = stdout.readline()
-            if not line:
-                code = self.proc.wait()
-                self.proc = None
-                return Row(model_type, mappings, "error", f"worker exited with code {code}")
-            if line.startswith(MARK):
-                row = Row(**json.loads(line[len(MARK) :]))
-                if _out_of_memory(row):
-                    self.proc.wait()  # the worker exits after this row
-                    self.proc = None
-                return row
-
-    def close(self) -> None:
-        if self.proc is not None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            self.proc.wait()
-            self.proc = None
-
-
-def _timm_row(row: Row, timeout: float = 300.0) -> Row:
-    """`row`, whose model needs timm, again in a timm worker of its own (from any process: sweep, tests)."""
-    if not (TIMM_PACKAGES / "timm").is_dir():
-        row.detail = "needs timm and torchvision (a timm vision tower): `bash scripts/install` fills .timm-packages"
-        return row
-    slot = _Slot(timm=True)
-    try:
-        return slot.run(row.model_type, row.mappings, timeout)
-    finally:
-        slot.close()
-
-
-def _out_of_memory(row: Row) -> bool:
-    return "allocate" in row.detail or "MemoryError" in row.detail
-
-
-def sweep(types: dict[str, list[str]], workers: int, timeout: float) -> list[Row]:
-    """Rows of every type in `types`, `workers` processes at a time."""
-    todo = list(types.items())
-    rows: list[Row] = []
-    lock = threading.Lock()
-
-    def drain() -> None:
-        slot = _Slot()
-        while True:
-            with lock:
-                if not todo:
-                    break
-                model_type, mappings = todo.pop(0)
-            row = slot.run(model_type, mappings, timeout)
-            with lock:
-                rows.append(row)
-                print(f"{len(rows)}/{len(types)} {row.model_type}: {row.status} {row.detail}", file=sys.stderr)
-        slot.close()
-
-    threads = [threading.Thread(target=drain) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sorted(rows, key=lambda r: r.model_type)
-
-
-# --------------------------------------------------------------------------- the document
-
-_HEADER = (
-    "| model type | mappings | class built | status | hit tokens (hit / repeat)"
-    " | media (hit / changed / repeat) | reason |"
-)
-_BUCKETS = ("served", "cold", "not buildable", "other")
-_MEDIA_BUCKETS = ("served", "cold", "other")  # WRONG counts as other (and fails the tests)
-
-
-def _bucket(status: str) -> str:
-    return status if status in _BUCKETS else "other"
-
-
-def render(rows: Iterable[Row]) -> str:
-    """The whole docs/support.md text for `rows`."""
-    import transformers
-
-    from hf_prefix_cache.multimodal import registry
-
-    rows = list(rows)
-    cold_families = ", ".join(f"`{t}`" for t in sorted(registry.cold()))
-    lines = [
-        "# Support matrix",
-        "",
-        f"Generated by `scripts/support_matrix.py` against transformers {transformers.__version__};",
-        "do not edit by hand.",
-        "",
-        "Each model type is built as a tiny random-weight float32 model from its config class and run",
-        "through a store: a cold first prompt, a second turn that should reuse it (hit), and an exact",
-        "repeat, each compared with a cold run (tokens identical, logits within 1e-4). Prompts are",
-        "random text ids that never hold (or generate) a token id the config names, so a media model",
-        "sees no placeholder without its medium. A type that cannot generate from text ids alone gets",
-        "what its forward needs besides, built from its tiny config and the same on every call",
-        "(`scripts/support_inputs.py`): encoder-decoders whose encoder reads audio features (Speech2Text,",
-        "Canary, Cohere ASR, SeamlessM4T, Pop2Piano), a waveform (Moonshine, SpeechT5, speech",
-        "encoder-decoder), pixels or patches (vision encoder-decoder, PP-FormulaNet, Pix2Struct) or a",
-        "page of boxed words (UDOP) get it as their encoder input and the prompt as `decoder_input_ids`;",
-        "models whose forward needs a medium get one image (BLIP, BLIP-2, InstructBLIP, Kosmos-2,",
-        "Idefics), four frames (InstructBLIP-Video) or streamed audio (Voxtral Realtime), with the",
-        "medium's placeholder ids leading every prompt where the model reads them; Dia (text to speech)",
-        "answers in audio codes, so its later prompts grow by text only. CI regenerates every row",
-        "(`tests/project/test_support_matrix.py`). `served`: exact with the hit tokens shown;",
-        "`cold`: the store ran cold and counted these reasons in `stats().fallbacks`; `not buildable`:",
-        "the tiny config or model could not be made; `error`: generate itself failed (cold as well);",
-        "`not run`: the scenario does not apply (encoder-decoder models served keyed by their encoder",
-        "input, covered by their own tests); `WRONG` would mean cached output differs from cold.",
-        "",
-        "**Media.** Every model type whose media an adapter serves (the hand-written adapters and",
-        "the generic table of `hf_prefix_cache/multimodal/`) also runs a media scenario",
-        "(`scripts/support_media.py`) on the test suite's tiny media model of its family (the",
-        "conditional-generation class, built by `hf_prefix_cache.testing`: `tiny_vlms`, `tiny_qwen_media` and",
-        "the family modules of `testing/media/`; not the row's shrunk model): cold,",
-        "text + medium A + text; hit, that prompt + its answer + more text (+ a second medium, except",
-        "for PaliGemma and Mllama); changed, the first prompt with medium B (same placeholders, other",
-        "content) in place of A, which must reuse nothing past A's first placeholder; repeat, the hit",
-        "prompt again. Each is compared with a cold run as above. The media model does not depend on",
-        "the row's (the Qwen2.5-Omni thinker's shrunk model cannot generate; its media model is served).",
-        "The media column gives the hit tokens of the last three steps, or `cold:` and the fallback",
-        "reasons; LLaVA's cell adds its Pixtral-tower case. PaliGemma (prefix-LM) reuses only an",
-        "identical prompt, so its hit and changed steps reuse 0 by design; Mllama scopes entries by the",
-        "prompt's images, so a changed image reuses nothing. Phi-4-multimodal keeps prompts holding both",
-        "an audio clip and an image in their own scope (a clip's projection depends on whether its prompt",
-        "has an image), so its hit step, which adds a clip and an image to an image-only conversation,",
-        "reuses 0 by design (its repeat reuses the whole prompt). Families whose text layers hold",
-        "recurrent states restore only at a snapshot, so their changed step reuses 0 (the first",
-        "request took no snapshot before A). An empty media cell means no media case:",
-        "the type has no media adapter, so its media requests run cold with a fallback reason (among",
-        "them GLM-4V, Qwen3-Omni and those `generic_table.COLD_FAMILIES` explains:",
-        f"{cold_families}),",
-        "or its audio goes to an encoder (Whisper-like speech seq2seq models are keyed by their",
-        "encoder input: `tests/integration/test_whisper.py`, `tests/integration/test_seq2seq.py`). Media",
-        "families' other paths (videos, several media per prompt, real processors, memory pressure)",
-        "are covered by `tests/media/test_media_*.py`.",
-        "",
-        "| mapping | types | " + " | ".join(_BUCKETS) + " | " + " | ".join(f"media {b}" for b in _MEDIA_BUCKETS) + " |",
-        "|---|---|" + "---|" * (len(_BUCKETS) + len(_MEDIA_BUCKETS)),
-    ]
-    for label, _, _ in MAPPINGS:
-        mine = [r for r in rows if label in r.mappings]
-        counts = {b: sum(_bucket(r.status) == b for r in mine) for b in _BUCKETS}
-        media = [support_media.media_status(r.media) for r in mine]
-        media_counts = {b: sum(m == b or (b == "other" and m == "WRONG") for m in media) for b in _MEDIA_BUCKETS}
-        cells = [*(str(counts[b]) for b in _BUCKETS), *(str(media_counts[b]) for b in _MEDIA_BUCKETS)]
-        lines.append(f"| {label} | {len(mine)} | " + " | ".join(cells) + " |")
-    lines += ["", _HEADER, "|---|---|---|---|---|---|---|"]
-    lines += [r.line() for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def parse(text: str) -> dict[str, str]:
-    """Row lines of a rendered document by model type."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("| `"):
-            out[line.split("`")[1]] = line
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -555,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DOC)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(args.timm)
+        support_pool.worker(args.timm)
         return 0
     types = model_types()
     if args.only:
@@ -565,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"not in the swept mappings: {', '.join(missing)}")
         types = {t: types[t] for t in wanted}
     in_process = [run_row(t, m) for t, m in types.items()] if args.in_process else None
-    rows = in_process if in_process is not None else sweep(types, args.workers, args.timeout)
+    rows = in_process if in_process is not None else support_pool.sweep(types, args.workers, args.timeout)
     if args.check:
         stored = parse(args.out.read_text())
         stale = [r.model_type for r in rows if stored.get(r.model_type) != r.line()]
@@ -579,19 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         rows = sorted(merged.values(), key=lambda r: r.model_type)
     args.out.write_text(render(rows))
     return 0
-
-
-def _row_from_line(line: str) -> Row:
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    return Row(
-        model_type=cells[0].strip("`"),
-        mappings=[m.strip() for m in cells[1].split(",")],
-        model_class=cells[2],
-        status=cells[3],
-        hit_tokens=cells[4],
-        media=cells[5],
-        detail=cells[6],
-    )
 
 
 if __name__ == "__main__":

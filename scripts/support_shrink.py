@@ -274,13 +274,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Audio tokenizers whose channels double at each of 6 stages from `num_filters`: 4 filters, one block a stage.
     "vibevoice": {"audio_config": _VIBEVOICE_TOKENIZER, "semantic_model_config": _VIBEVOICE_TOKENIZER},
     # Input, looped and output blocks adding up to the layer count (its to_dict doubles the counts).
-    "dory": {
-        "num_hidden_layers": 3,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "n_input_layers": 1,
-        "n_recurrent_layers": 1,
-        "n_output_layers": 1,
-    },
+    "dory": {"num_hidden_layers": 3, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+    | {"n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1},
 }
 # Types whose per_layer_config names layers past the tiny layer count (see `_shrunk_kwargs`).
 # (A standalone text config does not check the keys; trimming there would change rows already served.)
