@@ -40,6 +40,15 @@ CROSS_ATTENTION_LAYER = "cross_attention_layer"  # + ":" + the cache layer class
 WINDOW_MASK_MISMATCH = "window_mask_mismatch"
 CACHE_LONGER_THAN_PROMPT = "cache_longer_than_prompt"
 NGRAM_CACHE_LAYOUT = "ngram_cache_layout"
+# The class overrides `generate` with a loop of its own that does not continue a cache prefix as transformers' does
+# (MusicGen's codebook delay pattern, DiffusionGemma's block diffusion, which draws noise for whole blocks).
+OWN_GENERATE = "own_generate"
+# The model runs its layers more than once per token, each pass with cache layers of its own (Dory's looped block):
+# a restored prefix was 1.7e-4 off a cold run on the support matrix's tiny model.
+LOOPED_LAYERS = "looped_layers"
+# A sparse-attention indexer whose keys are not the width its config names (GLM-5-Next: rotary channels beside
+# `index_head_dim`), so the store cannot split them off its stored values.
+INDEXER_LAYOUT = "indexer_layout"
 SLICES_ITS_OWN_INPUT = "slices_its_own_input"  # the forward drops the cached ids itself and masks by its own lengths
 BIDIRECTIONAL_ATTENTION = "bidirectional_attention"  # a BERT-style causal LM without config.is_decoder=True
 

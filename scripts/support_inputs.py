@@ -173,6 +173,11 @@ def _streaming_audio(model: Any) -> Feed:
     return Feed(fixed={"input_features": _randn(1, c.audio_config.num_mel_bins, frames)})
 
 
+def _streaming_codec(model: Any) -> Feed:
+    """Kyutai speech-to-text: a waveform its codec cuts into one frame per token, as many as 48 tokens need."""
+    return Feed(fixed={"input_values": _randn(1, 1, 48 * model.config.codec_config.frame_size)})
+
+
 def _kosmos2(model: Any) -> Feed:
     """Kosmos-2: BOS, then one position per latent query, marked by `image_embeds_position_mask`."""
     import torch
@@ -211,6 +216,8 @@ FEEDS: dict[str, Callable[[Any], Feed]] = {
     "speech-encoder-decoder": _waveform("inputs"),
     "pop2piano": _pop2piano,
     "voxtral_realtime": _streaming_audio,
+    "kyutai_speech_to_text": _streaming_codec,
+    "moonshine_streaming": _waveform("input_values"),
     # text to speech: the prompt is the text its encoder reads; it answers in audio codes, not in text
     "dia": lambda _model: Feed(answer_in_prompt=False),
     # image-text encoder-decoders: the encoder's pixels
@@ -245,9 +252,18 @@ def _end_audio(model: Any) -> None:
     model.config.decoder_config.eos_token_id = model.config.decoder_config.vocab_size - 1
 
 
+def _start_codes(model: Any) -> None:
+    """MusicGen's own generate pads its delay pattern with the decoder start id and expands by the number of
+    sequences, both read raw from a generation config that leaves them unset (None)."""
+    gen = model.generation_config
+    gen.decoder_start_token_id, gen.num_return_sequences = model.config.bos_token_id, 1
+
+
 #: Calls a model needs (besides its inputs) before it can generate at all.
 PREPARE: dict[str, Callable[[Any], None]] = {
     "xmod": lambda model: model.set_default_language("en_XX"),
     "pop2piano": _name_composers,
     "dia": _end_audio,
+    "musicgen": _start_codes,
+    "musicgen_melody": _start_codes,
 }

@@ -78,6 +78,9 @@ class DecoderOnlyHook(PatchingHook):
 
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         super().__init__(store, model, serving)
+        self._one_token_steps = False
+        if serving.profile.unsupported is not None:
+            return  # every call runs cold (`checks.py`): nothing of the model to patch, which may not even have it
         if not serving.profile.prompt_sliced:
             self._keep(_skip_cached_ids(model, slice_mask=True, cache_kwarg=serving.profile.cache_kwarg))
         elif serving_modes(serving.profile).assisted:

@@ -59,6 +59,13 @@ _COLD_MODEL_TYPES = {
     # XLM's forward drops the ids its cache holds and builds its masks from its own lengths (5.24 names
     # that parameter `cache`; a restored prefix raised a mask-size error; 5.23's took no Cache at all)
     "xlm": reasons.SLICES_ITS_OWN_INPUT,
+    # Found WRONG by the support matrix once transformers 5.25's configs could be built tiny (#45), and run cold (keyed
+    # by the decoder's config type, which the profile reads):
+    "musicgen_decoder": reasons.OWN_GENERATE,  # a restore met 4 positions where 28 were fed (codebook delay pattern)
+    "musicgen_melody_decoder": reasons.OWN_GENERATE,
+    "diffusion_gemma_text": reasons.OWN_GENERATE,  # block diffusion: a cached first request gave another 4th token
+    "dory": reasons.LOOPED_LAYERS,
+    "glm5_next_text": reasons.INDEXER_LAYOUT,  # indexer keys of 33 channels for an index_head_dim of 16
 }
 
 

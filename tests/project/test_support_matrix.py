@@ -169,9 +169,10 @@ def test_every_fed_type_is_a_swept_type_of_some_release() -> None:
 @doc_release_only
 def test_no_row_is_an_error_of_the_sweeps_inputs() -> None:
     """The only `error` rows left are transformers' own failures, whatever the inputs (BLT: its own
-    `generate` reads a config attribute BltConfig lacks)."""
+    `generate` reads a config attribute BltConfig lacks; VibeVoice: its generate's noise scheduler
+    comes from `diffusers`, which the project does not install)."""
     errors = {t: line for t, line in ROWS.items() if support_matrix._row_from_line(line).status == "error"}
-    assert sorted(errors) == ["blt"], "\n".join(errors.values())
+    assert sorted(errors) == ["blt", "vibevoice"], "\n".join(errors.values())
 
 
 @pytest.mark.parametrize("model_type", ["megatron-bert", "xlm-roberta-xl", "rembert"])
