@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.checks import token_rows
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
@@ -123,7 +124,8 @@ def serve(
                 None,
                 prompt_end=True,
             )
-            assert fed == ids.shape[1] - 1, f"a row of {ids.shape[1]} tokens prefilled to {fed}"
+            if fed != ids.shape[1] - 1:
+                raise InconsistentStateError(f"a row of {ids.shape[1]} tokens prefilled to {fed}")
             prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
             # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
             # (a shared system prompt stored with another question has no snapshot at its end), and its end.

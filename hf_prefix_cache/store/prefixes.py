@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import Landing, land_all
 from hf_prefix_cache.model.profile import ModelProfile
@@ -221,7 +222,9 @@ class Prefixes:
         snapshot = None
         if self.profile.has_state:
             found, snapshot = best_snapshot(segments, restore_len)
-            assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
+            if found != restore_len:
+                self._unpin(pin)
+                raise InconsistentStateError(f"snapshot at {found}, planned {restore_len}")
         items: list[ItemState] = []
         if item_spans:
             assert not self.profile.has_state, "item states are for attention-only models"
@@ -301,7 +304,8 @@ class Prefixes:
             return InsertOutcome(0)
         if length < self.min_store_len:
             return self._skip(reasons.ENTRY_BELOW_MIN_STORE_LEN)
-        assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
+        if row is not None and self.profile.has_state:
+            raise InconsistentStateError("batched inserts are for attention-only models")
         stored_len = self._stored_len(
             namespace, tokens, length, session, touch=not self.profile.has_state and not items
         )
