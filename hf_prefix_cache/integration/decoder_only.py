@@ -27,6 +27,7 @@ import torch
 from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline, recurrent_rows
 from hf_prefix_cache.integration.checks import CACHE_IMPLEMENTATION, check_call, media_layout, serving_modes
 from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
@@ -116,9 +117,13 @@ class DecoderOnlyHook(PatchingHook):
         ours, session = pipeline.claim(store, self._model, kwargs, self._serving.serves_uncached)
         if not ours:
             return self._original(*args, **kwargs)
-        call, reason = self._read_call(args, kwargs, session)
+        call, refused = self._read_call(args, kwargs, session)
+        reason: str | pipeline.Cold | None = refused
         if reason is None:
-            reason = self._key(call)
+            try:
+                reason = self._key(call)
+            except InconsistentStateError as exc:  # the prompt's media symbols failed a guard
+                reason = pipeline.guard_failed(exc)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
         if self._profile.has_state and (len(call.rows) > 1 or call.expand > 1 or any(call.pads)):
@@ -126,8 +131,8 @@ class DecoderOnlyHook(PatchingHook):
         if any(call.pads) or (len(call.rows) > 1 and any(row != call.rows[0] for row in call.rows[1:])):
             return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast
         restored = pipeline.restore(store, self._profile, call.key, call.rows, expand=call.expand)
-        if restored is None:
-            return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
+        if isinstance(restored, pipeline.Cold):
+            return pipeline.run_cold(store, self._original, restored, call.prompt_len, args, kwargs)
         lease, cache = restored
         cold_kwargs = dict(kwargs)  # `_run` hands generate the working cache in `kwargs`
         try:
@@ -135,6 +140,10 @@ class DecoderOnlyHook(PatchingHook):
         except IndexerTie:
             # The prompt's suffix tied at an indexer's top-k: a full prefill may keep other keys.
             return pipeline.run_cold(store, self._original, reasons.INDEXER_TIE, call.prompt_len, args, cold_kwargs)
+        except InconsistentStateError as exc:  # the prefill (or a bridge) failed a guard: no answer from these states
+            return pipeline.run_cold(
+                store, self._original, pipeline.guard_failed(exc), call.prompt_len, args, cold_kwargs
+            )
         finally:
             store.release(lease)
         if call.static is not None:
@@ -235,10 +244,8 @@ class DecoderOnlyHook(PatchingHook):
         restored = pipeline.restore_rows(
             store, profile, [call.key.with_symbols(row) for row in call.rows], call.pads, call.expand
         )
-        if restored is None:
-            return pipeline.run_cold(
-                store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, call.args, call.kwargs
-            )
+        if isinstance(restored, pipeline.Cold):
+            return pipeline.run_cold(store, self._original, restored, call.prompt_len, call.args, call.kwargs)
         leases, cache, length = restored
         cold_kwargs, kwargs = dict(call.kwargs), call.kwargs
         kwargs[profile.cache_kwarg] = cache
@@ -254,6 +261,9 @@ class DecoderOnlyHook(PatchingHook):
             return pipeline.run_cold(
                 store, self._original, reasons.INDEXER_TIE, call.prompt_len, call.args, cold_kwargs
             )
+        except InconsistentStateError as exc:
+            cold = pipeline.guard_failed(exc)
+            return pipeline.run_cold(store, self._original, cold, call.prompt_len, call.args, cold_kwargs)
         finally:
             pipeline.release_all(store, leases)
         reused = [max(length - pad, 0) for pad in call.pads]
@@ -334,36 +344,39 @@ class DecoderOnlyHook(PatchingHook):
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
-        items: list[ItemState] = []
-        if call.key.item_spans:
-            # The cross-attention layers now hold every image; the restored ones are stored already.
-            items = cache.capture_items([end for _, end in call.key.item_spans], lease.num_items)
-        kv_len = cache.kv_length()
-        repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
-        if repeat and not (items or call.session):
-            return  # an exact repeat: the request added nothing to what it matched (and marked used) when acquired
-        if call.beams:
-            # The finished beams are not the cache's rows (beams are reordered every step and end at
-            # different steps), but every row holds the same prompt: store the prompt once, from the first.
-            cache.trim(call.prompt_len, range(0, len(rows) * call.expand, call.expand))
-            sequences = call.input_ids
-        elif call.assisted:
-            # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
-            assert kv_len is not None
-            cache.trim(kv_len, range(len(rows)))
-        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
-        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length())
-        batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
-        for row, key in enumerate(keys):
-            store.insert_sequence(
-                key,
-                cache,
-                snapshots,
-                row=row if batched else None,
-                session=None if batched else call.session,
-                items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
-                computed_from=lease.cached_len,
-            )
+        try:
+            items: list[ItemState] = []
+            if call.key.item_spans:
+                # The cross-attention layers now hold every image; the restored ones are stored already.
+                items = cache.capture_items([end for _, end in call.key.item_spans], lease.num_items)
+            kv_len = cache.kv_length()
+            repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
+            if repeat and not (items or call.session):
+                return  # an exact repeat: the request added nothing to what it matched (and marked used)
+            if call.beams:
+                # The finished beams are not the cache's rows (beams are reordered every step and end at
+                # different steps), but every row holds the same prompt: store the prompt once, from the first.
+                cache.trim(call.prompt_len, range(0, len(rows) * call.expand, call.expand))
+                sequences = call.input_ids
+            elif call.assisted:
+                # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
+                assert kv_len is not None
+                cache.trim(kv_len, range(len(rows)))
+            # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
+            keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length())
+            batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
+            for row, key in enumerate(keys):
+                store.insert_sequence(
+                    key,
+                    cache,
+                    snapshots,
+                    row=row if batched else None,
+                    session=None if batched else call.session,
+                    items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
+                    computed_from=lease.cached_len,
+                )
+        except InconsistentStateError as exc:  # the answer stands; what it would store failed a guard
+            pipeline.not_stored(store, exc)
 
     def _count_padded_media(self, call: _Call, lease: Lease) -> None:
         """Count `media_padding` when reuse stopped at an item keyed with its padding that is stored unpadded."""

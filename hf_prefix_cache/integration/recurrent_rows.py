@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.checks import token_rows
@@ -97,7 +96,8 @@ def serve(
     """Restore and prefill each distinct row alone, join them, run `original` (`generate`) on the batch, store the rows.
 
     `drop_kwarg` is the cache-implementation kwarg set to None when `call.drop_impl` (the working cache serves it).
-    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice.
+    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice, and as
+    `inconsistent_restore` when an exactness guard fails before the batch's answer is made.
     """
     profile = prefill.profile
     prompt_len = call.input_ids.shape[-1]
@@ -107,9 +107,9 @@ def serve(
             if row in prefilled:
                 continue  # identical rows restore and prefill once
             restored = pipeline.restore(store, profile, call.key.with_symbols(row), [row])
-            if restored is None:
+            if isinstance(restored, pipeline.Cold):
                 pipeline.release_all(store, [p.lease for p in prefilled.values()])
-                return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
+                return pipeline.run_cold(store, original, restored, prompt_len, call.args, call.kwargs)
             lease, cache = restored
             ids = call.input_ids[i : i + 1, call.pads[i] :]
             # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
@@ -142,6 +142,8 @@ def serve(
         if call.drop_impl:
             kwargs[drop_kwarg] = None
         output = original(*call.args, **kwargs)
+    except InconsistentStateError as exc:  # a row's prefill, its stored prompt or the join failed a guard
+        return pipeline.run_cold(store, original, pipeline.guard_failed(exc), prompt_len, call.args, call.kwargs)
     finally:
         pipeline.release_all(store, [p.lease for p in prefilled.values()])
     reused = [p.lease.cached_len for p in parts]
@@ -149,7 +151,10 @@ def serve(
     logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
     if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        _store_rows(store, call, sequences, batch, parts)
+        try:
+            _store_rows(store, call, sequences, batch, parts)
+        except InconsistentStateError as exc:  # the answer stands; what it would store failed a guard
+            pipeline.not_stored(store, exc)
     return output
 
 
