@@ -153,7 +153,11 @@ class DecoderOnlyHook(PatchingHook):
                 store.record(ReducedReuse(reasons.STATIC_WINDOW))
                 return output
             cache = copied
-        self._store_result(call, lease, cache, output, snapshots)
+        try:
+            self._store_result(call, lease, cache, output, snapshots)
+        except InconsistentStateError as exc:  # the cache the answer came from disagrees with it: not trusted
+            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+            return pipeline.run_cold(store, self._original, cold, call.prompt_len, args, cold_kwargs)
         return output
 
     def _read_call(
@@ -267,21 +271,25 @@ class DecoderOnlyHook(PatchingHook):
         finally:
             pipeline.release_all(store, leases)
         reused = [max(length - pad, 0) for pad in call.pads]
+        try:
+            if call.beams:
+                # As in `_store_result`: the prompt of each row, from the first of its beams.
+                cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
+                pipeline.store_rows(store, call.key, call.input_ids, cache, call.pads, reused)
+            else:
+                expanded = [i for i in range(len(call.rows)) for _ in range(call.expand)]
+                sequences = output if isinstance(output, torch.Tensor) else output.sequences
+                pads, computed = [call.pads[i] for i in expanded], [reused[i] for i in expanded]
+                pipeline.store_rows(store, call.key, sequences, cache, pads, computed)
+        except InconsistentStateError as exc:  # as in `__call__`: the answer is not trusted either
+            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+            return pipeline.run_cold(store, self._original, cold, call.prompt_len, call.args, cold_kwargs)
         store.record(
             Served(call.prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
         )
         logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
-        if call.beams:
-            # As in `_store_result`: the prompt of each row, from the first of its beams.
-            cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
-            pipeline.store_rows(store, call.key, call.input_ids, cache, call.pads, reused)
-        else:
-            expanded = [i for i in range(len(call.rows)) for _ in range(call.expand)]
-            sequences = output if isinstance(output, torch.Tensor) else output.sequences
-            pads, computed = [call.pads[i] for i in expanded], [reused[i] for i in expanded]
-            pipeline.store_rows(store, call.key, sequences, cache, pads, computed)
         return output
 
     def _serve_state_rows(self, call: _Call) -> Any:
@@ -325,7 +333,13 @@ class DecoderOnlyHook(PatchingHook):
     def _store_result(
         self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]
     ) -> None:
-        """Step 5, store: count the request, then store each finished row with its states."""
+        """Step 5, store: store each finished row with its states, then count the request.
+
+        Raises:
+            InconsistentStateError: the cache disagrees with the finished sequence (an exactness guard): nothing
+                is counted, and the caller reruns the call cold.
+        """
+        self._insert(call, lease, cache, output, snapshots)
         store, rows, prompt_len = self._store, call.rows, call.prompt_len  # no row has padding here (`__call__`)
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
@@ -341,42 +355,43 @@ class DecoderOnlyHook(PatchingHook):
         )
         if call.layout is not None and call.layout.has_padded:
             self._count_padded_media(call, lease)
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
-        try:
-            items: list[ItemState] = []
-            if call.key.item_spans:
-                # The cross-attention layers now hold every image; the restored ones are stored already.
-                items = cache.capture_items([end for _, end in call.key.item_spans], lease.num_items)
-            kv_len = cache.kv_length()
-            repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
-            if repeat and not (items or call.session):
-                return  # an exact repeat: the request added nothing to what it matched (and marked used)
-            if call.beams:
-                # The finished beams are not the cache's rows (beams are reordered every step and end at
-                # different steps), but every row holds the same prompt: store the prompt once, from the first.
-                cache.trim(call.prompt_len, range(0, len(rows) * call.expand, call.expand))
-                sequences = call.input_ids
-            elif call.assisted:
-                # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
-                assert kv_len is not None
-                cache.trim(kv_len, range(len(rows)))
-            # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
-            keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length())
-            batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
-            for row, key in enumerate(keys):
-                store.insert_sequence(
-                    key,
-                    cache,
-                    snapshots,
-                    row=row if batched else None,
-                    session=None if batched else call.session,
-                    items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
-                    computed_from=lease.cached_len,
-                )
-        except InconsistentStateError as exc:  # the answer stands; what it would store failed a guard
-            pipeline.not_stored(store, exc)
+
+    def _insert(self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]) -> None:
+        """Each finished row (a beam search's prompt, once) stored with its states and its media item states."""
+        store, rows = self._store, call.rows
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        items: list[ItemState] = []
+        if call.key.item_spans:
+            # The cross-attention layers now hold every image; the restored ones are stored already.
+            items = cache.capture_items([end for _, end in call.key.item_spans], lease.num_items)
+        kv_len = cache.kv_length()
+        repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
+        if repeat and not (items or call.session):
+            return  # an exact repeat: the request added nothing to what it matched (and marked used) when acquired
+        if call.beams:
+            # The finished beams are not the cache's rows (beams are reordered every step and end at
+            # different steps), but every row holds the same prompt: store the prompt once, from the first.
+            cache.trim(call.prompt_len, range(0, len(rows) * call.expand, call.expand))
+            sequences = call.input_ids
+        elif call.assisted:
+            # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
+            assert kv_len is not None
+            cache.trim(kv_len, range(len(rows)))
+        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
+        keys = pipeline.sequence_keys(call.key, sequences, cache.exact_length())
+        batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
+        for row, key in enumerate(keys):
+            store.insert_sequence(
+                key,
+                cache,
+                snapshots,
+                row=row if batched else None,
+                session=None if batched else call.session,
+                items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
+                computed_from=lease.cached_len,
+            )
 
     def _count_padded_media(self, call: _Call, lease: Lease) -> None:
         """Count `media_padding` when reuse stopped at an item keyed with its padding that is stored unpadded."""

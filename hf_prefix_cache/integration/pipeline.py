@@ -11,7 +11,8 @@ symbols); the functions here do the rest with the store's contract (`store/contr
 - `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
   working cache, retried once when memory runs out (the store moves entries off the device), or
   why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
-- `not_stored`: a failed exactness guard while a served request's states were stored, counted;
+- `guard_failed`, `not_stored`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run, or as
+  a served request not stored where the call cannot be run again;
 - `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
   the hook hands each to `Store.insert_sequence` with the states it stores.
 
@@ -110,14 +111,20 @@ class Cold(NamedTuple):
     detail: str = ""
 
 
-def guard_failed(exc: InconsistentStateError) -> Cold:
-    """A failed exactness guard before or while a prefix was restored: the call runs cold, never on those states."""
-    return Cold(reasons.INCONSISTENT_RESTORE, str(exc))
+def guard_failed(exc: InconsistentStateError, reason: str = reasons.INCONSISTENT_RESTORE) -> Cold:
+    """A failed exactness guard: the call runs cold, never answered from those states.
+
+    `reason`: `inconsistent_restore` before or during the cached run (a restore, a prefill, `generate`);
+    `inconsistent_capture` when the finished cache disagreed with its sequence as its states were captured
+    to store: the answer computed on that cache is not trusted either, so the call is run again, cold.
+    """
+    return Cold(reason, str(exc))
 
 
 def not_stored(store: Store, exc: InconsistentStateError) -> None:
-    """A failed exactness guard while a served request's states were captured to store: its answer stands (the
-    restore and `generate` ran before), but nothing more of it is stored; counted and logged once at WARNING."""
+    """A failed exactness guard while a served request's states were captured to store, where the hook cannot run
+    the call again (encoder-decoder hooks, inside `generate`): nothing more of it is stored; counted and logged once
+    at WARNING."""
     store.record(NotStored(reasons.INCONSISTENT_CAPTURE, str(exc)))
 
 
@@ -235,15 +242,12 @@ def store_rows(
     """
     kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
     assert kv_len is not None, "rows are stored from layers of per-token keys"
-    try:
-        for row, ids in enumerate(token_rows(sequences[:, :kv_len])):
-            pad = pads[row]
-            if kv_len <= pad:
-                continue
-            part = cache.copy_row(row, pad, kv_len)
-            store.insert_sequence(key.with_symbols(ids[pad:]), part, computed_from=computed_from[row])
-    except InconsistentStateError as exc:
-        not_stored(store, exc)
+    for row, ids in enumerate(token_rows(sequences[:, :kv_len])):
+        pad = pads[row]
+        if kv_len <= pad:
+            continue
+        part = cache.copy_row(row, pad, kv_len)
+        store.insert_sequence(key.with_symbols(ids[pad:]), part, computed_from=computed_from[row])
 
 
 def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None) -> list[PrefixKey]:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.checks import token_rows
@@ -96,8 +97,9 @@ def serve(
     """Restore and prefill each distinct row alone, join them, run `original` (`generate`) on the batch, store the rows.
 
     `drop_kwarg` is the cache-implementation kwarg set to None when `call.drop_impl` (the working cache serves it).
-    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice, and as
-    `inconsistent_restore` when an exactness guard fails before the batch's answer is made.
+    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice, as
+    `inconsistent_restore` when an exactness guard fails before the batch's answer is made, and as
+    `inconsistent_capture` when one fails as its rows are stored (the answer is then not trusted).
     """
     profile = prefill.profile
     prompt_len = call.input_ids.shape[-1]
@@ -146,15 +148,16 @@ def serve(
         return pipeline.run_cold(store, original, pipeline.guard_failed(exc), prompt_len, call.args, call.kwargs)
     finally:
         pipeline.release_all(store, [p.lease for p in prefilled.values()])
-    reused = [p.lease.cached_len for p in parts]
-    store.record(Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True))))
-    logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
     if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         try:
             _store_rows(store, call, sequences, batch, parts)
-        except InconsistentStateError as exc:  # the answer stands; what it would store failed a guard
-            pipeline.not_stored(store, exc)
+        except InconsistentStateError as exc:  # the batch's cache disagrees with its rows: its answer is not trusted
+            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+            return pipeline.run_cold(store, original, cold, prompt_len, call.args, call.kwargs)
+    reused = [p.lease.cached_len for p in parts]
+    store.record(Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True))))
+    logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
     return output
 
 

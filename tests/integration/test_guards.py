@@ -1,7 +1,7 @@
 """Exactness guards: a stored or captured state that disagrees with its sequence never reaches an answer or the store.
 
-Each test breaks one state on purpose and checks the request still equals a cold run, the failure is
-counted under its reason in `stats().fallbacks`, and it is logged once at WARNING. The guards are
+Each test breaks one state on purpose and checks the request still equals a cold run (it ran cold), the
+failure is counted under its reason in `stats().fallbacks`, and it is logged once at WARNING. The guards are
 explicit raises (`errors.InconsistentStateError`), so these hold under ``python -O`` too
 (`test_optimized.py` runs this file there).
 """
@@ -69,11 +69,11 @@ def test_a_stored_run_one_position_short_runs_the_call_cold(
     assert len(logged) == 1 and "from keys of" in logged[0], logged
 
 
-def test_a_captured_layer_one_position_short_is_not_stored(
+def test_a_captured_layer_one_position_short_reruns_the_call_cold(
     model: Any, store: PrefixCache, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A finished request whose cache holds fewer positions than its sequence (as transformers 5.25's counters
-    made hybrid layers do) keeps its answer; nothing is stored, counted once per request, logged once."""
+    """A finished request whose cache holds other positions than its sequence (as transformers 5.25's counters made
+    hybrid layers do) is not trusted: nothing is stored, the call runs again cold, counted, logged once."""
     capture_kv = FullAttentionAdapter.capture_kv
 
     def one_short(self: FullAttentionAdapter, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
