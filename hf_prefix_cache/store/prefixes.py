@@ -157,6 +157,8 @@ class Prefixes:
         active here (`store/scope.py`) is told the restored length. `overlap`: see `_restore`.
 
         Raises:
+            InconsistentStateError: the stored prefix failed an exactness guard as it was restored; nothing stays
+                pinned, and its deepest matched node is dropped (unless another request holds it).
             torch.OutOfMemoryError: bringing the entry back or restoring it did not fit; nothing stays pinned,
                 and every unpinned entry has been moved off the device, so a second attempt (into a fresh
                 working cache) may fit.
@@ -182,6 +184,8 @@ class Prefixes:
             if plan is not None:
                 with self._lock():
                     self._unpin(plan.pin)
+                    if isinstance(exc, InconsistentStateError):
+                        self._drop_inconsistent(plan.pin.node, exc)
             if is_out_of_memory(exc):
                 self.relieve_device()  # so that the caller's next attempt finds room
             raise
@@ -266,6 +270,13 @@ class Prefixes:
             self._unpin(lease.pin)
         if not self._lock.quiet:
             self._lock.after_unlock()
+
+    def _drop_inconsistent(self, node: Node[Segment] | None, exc: InconsistentStateError) -> None:
+        """A restore from `node`'s path failed an exactness guard: drop the node (unless a request holds a lease in
+        its subtree) so that no later request restores it again (under the lock; the hook runs the call cold)."""
+        if node is not None and node.lock_ref == 0:
+            logger.info("dropping a stored prefix whose restore failed an exactness guard: %s", exc)
+            self._placement.drop(node)
 
     def _unpin(self, pin: _Pin) -> None:
         """The one place a lease's pin is let go (under the lock)."""

@@ -52,21 +52,25 @@ def _cut_stored_keys(store: PrefixCache, keep: int) -> None:
             run._views = None  # views already cut from the whole keys
 
 
-def test_a_stored_run_one_position_short_runs_the_call_cold(
+def test_a_stored_run_one_position_short_runs_the_call_cold_and_is_dropped(
     model: Any, store: PrefixCache, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A restore whose stored keys hold fewer positions than planned runs cold: same tokens, counted, one WARNING."""
+    """A restore whose stored keys hold fewer positions than planned runs cold (same tokens, counted, one WARNING),
+    and the entry is dropped: the next request stores the prompt again and the one after reuses it."""
     prompt = random_prompt(24, seed=431)
     generate(model, prompt, **{CACHE_NAME: store})  # stored
     _cut_stored_keys(store, prompt.shape[1] - 2)  # a repeat restores all but the last prompt token: one short
     with caplog.at_level(logging.DEBUG, logger="hf_prefix_cache"):
         assert_same_as_cold(model, prompt, store)
-        assert_same_as_cold(model, prompt, store)  # the second time: counted again, logged at DEBUG only
     stats = store.stats()
-    assert stats.fallbacks == {reasons.INCONSISTENT_RESTORE: 2}
-    assert stats.hit_tokens == 0
+    assert stats.fallbacks == {reasons.INCONSISTENT_RESTORE: 1}
+    assert stats.hit_tokens == 0 and stats.entries == 0
     logged = _warnings(caplog, reasons.INCONSISTENT_RESTORE)
     assert len(logged) == 1 and "from keys of" in logged[0], logged
+    assert_same_as_cold(model, prompt, store)  # a miss, stored
+    assert_same_as_cold(model, prompt, store)  # a hit
+    assert store.stats().hit_tokens == prompt.shape[1] - 1
+    store.check_integrity()
 
 
 def test_a_captured_layer_one_position_short_reruns_the_call_cold(
