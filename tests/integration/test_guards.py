@@ -98,3 +98,34 @@ def test_a_captured_layer_one_position_short_reruns_the_call_cold(
     assert_same_as_cold(model, prompt, store)  # the guard passes again: stored, and the repeat hits
     assert_same_as_cold(model, prompt, store)
     assert store.stats().hit_tokens == prompt.shape[1] - 1
+
+
+def test_an_encoder_decoder_capture_one_position_short_is_not_stored(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Encoder-decoder hooks store from inside `generate`, where the call cannot run again: the answer stands, the
+    decoder states are not stored, counted and logged once."""
+    from integration.test_seq2seq import encoder_input, run, same_as_cold, tiny
+
+    capture_kv = FullAttentionAdapter.capture_kv
+
+    def one_short(self: FullAttentionAdapter, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        kv = capture_kv(self, layer)
+        return None if kv is None else (kv[0][..., :-1, :], kv[1][..., :-1, :])
+
+    model = tiny("bart")
+    store = PrefixCache(model)
+    try:
+        monkeypatch.setattr(FullAttentionAdapter, "capture_kv", one_short)
+        inputs = encoder_input("bart", seed=5)
+        with caplog.at_level(logging.DEBUG, logger="hf_prefix_cache"):
+            same_as_cold(model, store, inputs)
+            same_as_cold(model, store, inputs)
+        stats = store.stats()
+        assert stats.fallbacks == {reasons.INCONSISTENT_CAPTURE: 2} and stats.entries == 0
+        assert len(_warnings(caplog, reasons.INCONSISTENT_CAPTURE)) == 1
+        monkeypatch.undo()
+        run(model, inputs, past_key_values=store)
+        assert store.stats().entries == 1
+    finally:
+        store.detach()
