@@ -278,7 +278,7 @@ class WorkingCache(DynamicCache):
             held = k.shape[-2]
             if held != length:
                 # Fewer only up to an indexer's tie (`exact_length`): what precedes it, by reference too.
-                if self.tied_at is None or length > held:
+                if self.tied_at is None or length >= held:
                     raise InconsistentStateError(f"layer {i} holds {held} positions, not {length}")
                 k, v = k[..., :length, :], v[..., :length, :]
             if row is not None:
