@@ -126,6 +126,12 @@ OUT_OF_MEMORY = "out_of_memory"
 CROSS_ATTENTION_NEW_IMAGE = "cross_attention_new_image"  # new images end the sharing of a conversation (Mllama)
 REMOTE_UNAVAILABLE = "remote_unavailable"  # the shared tier could not be asked; local tiers served
 
+# --- an exactness guard failed (`errors.InconsistentStateError`): never a wrong answer, logged once at WARNING
+# A stored prefix (or the key, or a state prefilled for it) disagreed with what the restore planned: the call ran cold.
+INCONSISTENT_RESTORE = "inconsistent_restore"
+# The states a finished request would store disagree with its sequence: its answer stands, nothing is stored.
+INCONSISTENT_CAPTURE = "inconsistent_capture"
+
 # --- an insert stored nothing (counted under fallbacks too)
 ENTRY_BELOW_MIN_STORE_LEN = "entry_below_min_store_len"
 NON_FINITE_STATES = "non_finite_states"

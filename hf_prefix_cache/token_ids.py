@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, SupportsIndex, overload
 
+from hf_prefix_cache.errors import InconsistentStateError
+
 
 class TokenIds(Sequence[int]):
     """Token ids held as int64 bytes (native order): the tree compares them at C speed, and no Python int is
@@ -44,7 +46,8 @@ class TokenIds(Sequence[int]):
     def __init__(self, ids: Iterable[int], packed: bytes) -> None:
         """Ids and their int64 bytes, read from the same host copy (`from_bytes` needs only the bytes)."""
         ints = tuple(ids)
-        assert len(packed) == 8 * len(ints), f"{len(packed)} bytes for {len(ints)} token ids"
+        if len(packed) != 8 * len(ints):
+            raise InconsistentStateError(f"{len(packed)} bytes for {len(ints)} token ids")
         self.packed = packed
         self.view = memoryview(packed).cast("q")
         self._ids = ints

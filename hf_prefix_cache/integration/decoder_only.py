@@ -27,6 +27,7 @@ import torch
 from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline, recurrent_rows
 from hf_prefix_cache.integration.checks import CACHE_IMPLEMENTATION, check_call, media_layout, serving_modes
 from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
@@ -119,9 +120,13 @@ class DecoderOnlyHook(PatchingHook):
         ours, session = pipeline.claim(store, self._model, kwargs, self._serving.serves_uncached)
         if not ours:
             return self._original(*args, **kwargs)
-        call, reason = self._read_call(args, kwargs, session)
+        call, refused = self._read_call(args, kwargs, session)
+        reason: str | pipeline.Cold | None = refused
         if reason is None:
-            reason = self._key(call)
+            try:
+                reason = self._key(call)
+            except InconsistentStateError as exc:  # the prompt's media symbols failed a guard
+                reason = pipeline.guard_failed(exc)
         if reason is not None:
             return pipeline.run_cold(store, self._original, reason, call.prompt_len, args, kwargs)
         if self._profile.has_state and (len(call.rows) > 1 or call.expand > 1 or any(call.pads)):
@@ -129,8 +134,8 @@ class DecoderOnlyHook(PatchingHook):
         if any(call.pads) or (len(call.rows) > 1 and any(row != call.rows[0] for row in call.rows[1:])):
             return self._serve_rows(call)  # rows of their own; identical rows restore once, broadcast
         restored = pipeline.restore(store, self._profile, call.key, call.rows, expand=call.expand)
-        if restored is None:
-            return pipeline.run_cold(store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, args, kwargs)
+        if isinstance(restored, pipeline.Cold):
+            return pipeline.run_cold(store, self._original, restored, call.prompt_len, args, kwargs)
         lease, cache = restored
         cold_kwargs = dict(kwargs)  # `_run` hands generate the working cache in `kwargs`
         try:
@@ -138,6 +143,10 @@ class DecoderOnlyHook(PatchingHook):
         except IndexerTie:
             # The prompt's suffix tied at an indexer's top-k: a full prefill may keep other keys.
             return pipeline.run_cold(store, self._original, reasons.INDEXER_TIE, call.prompt_len, args, cold_kwargs)
+        except InconsistentStateError as exc:  # the prefill (or a bridge) failed a guard: no answer from these states
+            return pipeline.run_cold(
+                store, self._original, pipeline.guard_failed(exc), call.prompt_len, args, cold_kwargs
+            )
         finally:
             store.release(lease)
         if call.static is not None:
@@ -147,7 +156,11 @@ class DecoderOnlyHook(PatchingHook):
                 store.record(ReducedReuse(reasons.STATIC_WINDOW))
                 return output
             cache = copied
-        self._store_result(call, lease, cache, output, snapshots)
+        try:
+            self._store_result(call, lease, cache, output, snapshots)
+        except InconsistentStateError as exc:  # the cache the answer came from disagrees with it: not trusted
+            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+            return pipeline.run_cold(store, self._original, cold, call.prompt_len, args, cold_kwargs)
         return output
 
     def _read_call(
@@ -240,10 +253,8 @@ class DecoderOnlyHook(PatchingHook):
         restored = pipeline.restore_rows(
             store, profile, [call.key.with_symbols(row) for row in call.rows], call.pads, call.expand
         )
-        if restored is None:
-            return pipeline.run_cold(
-                store, self._original, reasons.OUT_OF_MEMORY, call.prompt_len, call.args, call.kwargs
-            )
+        if isinstance(restored, pipeline.Cold):
+            return pipeline.run_cold(store, self._original, restored, call.prompt_len, call.args, call.kwargs)
         leases, cache, length = restored
         cold_kwargs, kwargs = dict(call.kwargs), call.kwargs
         kwargs[profile.cache_kwarg] = cache
@@ -259,9 +270,25 @@ class DecoderOnlyHook(PatchingHook):
             return pipeline.run_cold(
                 store, self._original, reasons.INDEXER_TIE, call.prompt_len, call.args, cold_kwargs
             )
+        except InconsistentStateError as exc:
+            cold = pipeline.guard_failed(exc)
+            return pipeline.run_cold(store, self._original, cold, call.prompt_len, call.args, cold_kwargs)
         finally:
             pipeline.release_all(store, leases)
         reused = [max(length - pad, 0) for pad in call.pads]
+        try:
+            if call.beams:
+                # As in `_store_result`: the prompt of each row, from the first of its beams.
+                cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
+                pipeline.store_rows(store, call.key, call.input_ids, cache, call.pads, reused)
+            else:
+                expanded = [i for i in range(len(call.rows)) for _ in range(call.expand)]
+                sequences = output if isinstance(output, torch.Tensor) else output.sequences
+                pads, computed = [call.pads[i] for i in expanded], [reused[i] for i in expanded]
+                pipeline.store_rows(store, call.key, sequences, cache, pads, computed)
+        except InconsistentStateError as exc:  # as in `__call__`: the answer is not trusted either
+            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+            return pipeline.run_cold(store, self._original, cold, call.prompt_len, call.args, cold_kwargs)
         store.record(
             Served(call.prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True)))
         )
@@ -270,15 +297,6 @@ class DecoderOnlyHook(PatchingHook):
         logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
-        if call.beams:
-            # As in `_store_result`: the prompt of each row, from the first of its beams.
-            cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
-            pipeline.store_rows(store, call.key, call.input_ids, cache, call.pads, reused)
-        else:
-            expanded = [i for i in range(len(call.rows)) for _ in range(call.expand)]
-            sequences = output if isinstance(output, torch.Tensor) else output.sequences
-            pads, computed = [call.pads[i] for i in expanded], [reused[i] for i in expanded]
-            pipeline.store_rows(store, call.key, sequences, cache, pads, computed)
         return output
 
     def _serve_state_rows(self, call: _Call) -> Any:
@@ -322,7 +340,13 @@ class DecoderOnlyHook(PatchingHook):
     def _store_result(
         self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]
     ) -> None:
-        """Step 5, store: count the request, then store each finished row with its states."""
+        """Step 5, store: store each finished row with its states, then count the request.
+
+        Raises:
+            InconsistentStateError: the cache disagrees with the finished sequence (an exactness guard): nothing
+                is counted, and the caller reruns the call cold.
+        """
+        self._insert(call, lease, cache, output, snapshots)
         store, rows, prompt_len = self._store, call.rows, call.prompt_len  # no row has padding here (`__call__`)
         has_media = call.layout is not None and bool(call.layout.items)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
@@ -338,9 +362,13 @@ class DecoderOnlyHook(PatchingHook):
         )
         if call.layout is not None and call.layout.has_padded:
             self._count_padded_media(call, lease)
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
+
+    def _insert(self, call: _Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]) -> None:
+        """Each finished row (a beam search's prompt, once) stored with its states and its media item states."""
+        store, rows = self._store, call.rows
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
         items: list[ItemState] = []
         if call.key.item_spans:
             # The cross-attention layers now hold every image; the restored ones are stored already.

@@ -27,13 +27,14 @@ from typing import Any, TypeVar
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache import _compat
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.checks import token_rows
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Fallback, Lease, Served, Serving, Store
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -105,14 +106,15 @@ def restore_into(
     several returned sequences (after this step), and the encoder output with it.
 
     Sets the request's `lease` (release it when `generate` ends) and `working` cache (what to
-    store afterwards). False when memory ran out: the request is counted cold and `model_kwargs`
-    pass no cache.
+    store afterwards). False when memory ran out or an exactness guard failed (`pipeline.Cold`): the
+    request is counted cold and `model_kwargs` pass no cache.
     """
     store, rows = request.store, token_rows(decoder_ids)
     restored = pipeline.restore(store, request.serving.profile, request.key.with_symbols(rows[0]), rows, expand=expand)
-    if restored is None:
+    if isinstance(restored, pipeline.Cold):
         _compat.pop_cache(model_kwargs)
-        store.record(Fallback(reasons.OUT_OF_MEMORY, len(rows[0])))
+        store.record(Fallback(restored.reason, len(rows[0]), log=False))
+        store.record(FallbackRan(*restored))
         return False
     request.lease, request.working = restored
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
@@ -124,7 +126,10 @@ def store_decoder_rows(request: DecoderRequest, sequences: torch.Tensor, working
     """Store each decoder row of `sequences` with the states `working` holds for it (the session pins a lone row)."""
     keys = pipeline.sequence_keys(request.key, sequences, working.exact_length())
     batched = len(keys) > 1
-    for row, key in enumerate(keys):
-        request.store.insert_sequence(
-            key, working, row=row if batched else None, session=None if batched else request.session
-        )
+    try:
+        for row, key in enumerate(keys):
+            request.store.insert_sequence(
+                key, working, row=row if batched else None, session=None if batched else request.session
+            )
+    except InconsistentStateError as exc:  # the answer stands; what it would store failed a guard
+        pipeline.not_stored(request.store, exc)

@@ -9,7 +9,10 @@ symbols); the functions here do the rest with the store's contract (`store/contr
 - `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
 - `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
-  working cache, retried once when memory runs out (the store moves entries off the device);
+  working cache, retried once when memory runs out (the store moves entries off the device), or
+  why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
+- `guard_failed`, `not_stored`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run, or as
+  a served request not stored where the call cannot be run again;
 - `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
   the hook hands each to `Store.insert_sequence` with the states it stores.
 
@@ -23,18 +26,18 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from hf_prefix_cache import _compat
-from hf_prefix_cache.errors import IncompatibleModelError
+from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache.errors import IncompatibleModelError, InconsistentStateError
 from hf_prefix_cache.integration.checks import read_to_host, rows_of, token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
-from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Store
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, NotStored, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -101,33 +104,58 @@ def bind_call(
     return bound, bound.arguments.setdefault("kwargs", {})
 
 
+class Cold(NamedTuple):
+    """Why a restore gave up, so that the call runs cold: `reason`, and `detail` (what a failed guard found)."""
+
+    reason: str
+    detail: str = ""
+
+
+def guard_failed(exc: InconsistentStateError, reason: str = reasons.INCONSISTENT_RESTORE) -> Cold:
+    """A failed exactness guard: the call runs cold, never answered from those states.
+
+    `reason`: `inconsistent_restore` before or during the cached run (a restore, a prefill, `generate`);
+    `inconsistent_capture` when the finished cache disagreed with its sequence as its states were captured
+    to store: the answer computed on that cache is not trusted either, so the call is run again, cold.
+    """
+    return Cold(reason, str(exc))
+
+
+def not_stored(store: Store, exc: InconsistentStateError) -> None:
+    """A failed exactness guard while a served request's states were captured to store, where the hook cannot run
+    the call again (encoder-decoder hooks, inside `generate`): nothing more of it is stored; counted and logged once
+    at WARNING."""
+    store.record(NotStored(reasons.INCONSISTENT_CAPTURE, str(exc)))
+
+
 def run_cold(
     store: Store,
     original: Callable[..., Any],
-    reason: str,
+    reason: str | Cold,
     prompt_len: int,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """The original `generate`, untouched, with `reason` counted; logged only once the call ran (a call
-    that transformers rejects, such as one with a misspelt kwarg, raises its own error unannounced)."""
+    """The original `generate`, untouched, with `reason` counted; logged (with a `Cold`'s detail) only once the call
+    ran (a call that transformers rejects, such as one with a misspelt kwarg, raises its own error unannounced)."""
+    reason, detail = (reason, "") if isinstance(reason, str) else reason
     store.record(Fallback(reason, prompt_len, log=False))
     output = original(*args, **kwargs)
-    store.record(FallbackRan(reason))
+    store.record(FallbackRan(reason, detail))
     return output
 
 
 def restore(
     store: Store, profile: ModelProfile, key: PrefixKey, rows: Sequence[Sequence[int]], expand: int = 1
-) -> tuple[Lease, WorkingCache] | None:
+) -> tuple[Lease, WorkingCache] | Cold:
     """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
 
     `key` is the first row's (its tree symbols, media spans included: one symbol per id); each row is restored
     `expand` times (`generate` makes that many rows of each for beams or several returned
-    sequences) into a working cache made for `profile`. None when memory ran out twice: after a
+    sequences) into a working cache made for `profile`. `Cold` when memory ran out twice (after a
     first out-of-memory error the store has moved its unpinned entries off the device, and it is
-    tried once more into a fresh cache. A failed attempt leaves nothing pinned and no
-    half-restored cache.
+    tried once more into a fresh cache), or when an exactness guard failed (`guard_failed`). A
+    failed attempt leaves nothing pinned and no half-restored cache.
     """
     shared = prompt_len = len(rows[0])
     if len(rows) > 1:
@@ -145,23 +173,25 @@ def restore(
                 overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
             return lease, cache
+        except InconsistentStateError as exc:
+            return guard_failed(exc)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             logger.warning("out of memory restoring a cached prefix (attempt %d): %s", attempt + 1, exc)
-    return None
+    return Cold(reasons.OUT_OF_MEMORY)
 
 
 def restore_rows(
     store: Store, profile: ModelProfile, keys: Sequence[PrefixKey], pads: Sequence[int], expand: int = 1
-) -> tuple[list[Lease], WorkingCache, int] | None:
+) -> tuple[list[Lease], WorkingCache, int] | Cold:
     """Leases on each row's own longest stored prefix (one key a row), restored into one batch behind its left padding.
 
     The cache (made for `profile`) holds the same number of columns in every row, so the batch
     restores to the column `length` that every row reaches (its padding plus its stored prefix):
     row `i` gets `length - pads[i]` of its stored tokens (`WorkingCache.restore_rows`), each
     repeated `expand` times. Returns the leases (one per row, given back with `release_all`), the
-    cache and `length`; None when memory ran out twice, as `restore`.
+    cache and `length`; `Cold` when memory ran out twice or a guard failed, as `restore`.
     """
     for attempt in range(2):
         leases: list[Lease] = []
@@ -181,10 +211,12 @@ def restore_rows(
             return leases, cache, length
         except Exception as exc:
             release_all(store, leases)
+            if isinstance(exc, InconsistentStateError):
+                return guard_failed(exc)
             if not is_out_of_memory(exc):
                 raise
             logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
-    return None
+    return Cold(reasons.OUT_OF_MEMORY)
 
 
 def release_all(store: Store, leases: Sequence[Lease]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -51,7 +52,8 @@ def prefill_states(
     start, target = lease.cached_len, input_ids.shape[1] - 1
     if target <= start:
         return start, []
-    assert embeds is None or embeds.shape[1] == input_ids.shape[1] - start, f"{embeds.shape} from {start}"
+    if embeds is not None and embeds.shape[1] != input_ids.shape[1] - start:
+        raise InconsistentStateError(f"suffix embeddings of {embeds.shape[1]} positions from {start}")
     keep_end = prompt_end or embeds is not None or one_token_steps
     bounds = {target}
     if start < lease.matched_len < target:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.integration import pipeline
 from hf_prefix_cache.integration.checks import token_rows
 from hf_prefix_cache.integration.recurrent_prefill import prefill_states
@@ -96,7 +97,9 @@ def serve(
     """Restore and prefill each distinct row alone, join them, run `original` (`generate`) on the batch, store the rows.
 
     `drop_kwarg` is the cache-implementation kwarg set to None when `call.drop_impl` (the working cache serves it).
-    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice.
+    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice, as
+    `inconsistent_restore` when an exactness guard fails before the batch's answer is made, and as
+    `inconsistent_capture` when one fails as its rows are stored (the answer is then not trusted).
     """
     profile = prefill.profile
     prompt_len = call.input_ids.shape[-1]
@@ -108,10 +111,10 @@ def serve(
         for row in call.rows:
             if row not in held:
                 restored = pipeline.restore(store, profile, call.key.with_symbols(row), [row])
-                if restored is None:
+                if isinstance(restored, pipeline.Cold):
                     pipeline.release_all(store, [lease for lease, _ in held.values()])
                     held.clear()
-                    return pipeline.run_cold(store, original, reasons.OUT_OF_MEMORY, prompt_len, call.args, call.kwargs)
+                    return pipeline.run_cold(store, original, restored, prompt_len, call.args, call.kwargs)
                 held[row] = restored
         for i, row in enumerate(call.rows):
             if row in prefilled:
@@ -132,7 +135,8 @@ def serve(
                 None,
                 prompt_end=True,
             )
-            assert fed == ids.shape[1] - 1, f"a row of {ids.shape[1]} tokens prefilled to {fed}"
+            if fed != ids.shape[1] - 1:
+                raise InconsistentStateError(f"a row of {ids.shape[1]} tokens prefilled to {fed}")
             prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
             del held[row]  # its lease is the prefilled row's now
             # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
@@ -150,14 +154,20 @@ def serve(
         if call.drop_impl:
             kwargs[drop_kwarg] = None
         output = original(*call.args, **kwargs)
+    except InconsistentStateError as exc:  # a row's prefill, its stored prompt or the join failed a guard
+        return pipeline.run_cold(store, original, pipeline.guard_failed(exc), prompt_len, call.args, call.kwargs)
     finally:
         pipeline.release_all(store, [p.lease for p in prefilled.values()] + [lease for lease, _ in held.values()])
+    if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        try:
+            _store_rows(store, call, sequences, batch, parts)
+        except InconsistentStateError as exc:  # the batch's cache disagrees with its rows: its answer is not trusted
+            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+            return pipeline.run_cold(store, original, cold, prompt_len, call.args, call.kwargs)
     reused = [p.lease.cached_len for p in parts]
     store.record(Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True))))
     logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
-    if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        _store_rows(store, call, sequences, batch, parts)
     return output
 
 
@@ -173,8 +183,8 @@ def _restored_again(
     if store.stored_len(key.namespace, key.symbols) <= lease.cached_len:
         return held
     longer = pipeline.restore(store, profile, key, [row])
-    if longer is None or longer[0].cached_len <= lease.cached_len:
-        if longer is not None:
+    if isinstance(longer, pipeline.Cold) or longer[0].cached_len <= lease.cached_len:
+        if not isinstance(longer, pipeline.Cold):
             store.release(longer[0])
         return held
     store.release(lease)

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 import torch
 from transformers import DynamicCache
 
+from hf_prefix_cache.errors import InconsistentStateError
+
 
 class _LinearCacheBridge:
     """`MiniMaxCache`'s linear-state list, kept in the working cache's `LinearAttentionLayer`s instead."""
@@ -82,7 +84,8 @@ class _StateColumn:
 
 
 def _block_index(index: tuple[Any, ...]) -> int:
-    assert isinstance(index, tuple) and len(index) == 3 and isinstance(index[2], int), f"state indexed by {index}"
+    if not (isinstance(index, tuple) and len(index) == 3 and isinstance(index[2], int)):
+        raise InconsistentStateError(f"state indexed by {index}")
     return index[2]
 
 

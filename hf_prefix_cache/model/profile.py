@@ -16,6 +16,7 @@ from typing import Any
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
 from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import LayerAdapter, adapter_for
 from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
@@ -358,7 +359,8 @@ def _decoder_layers(config: Any, layer_types: list[str], per_layer_kwargs: list[
     if num_layers == len(layer_types):
         return layer_types, per_layer_kwargs
     # These decoders have one kind of layer throughout; repeat it.
-    assert len(set(layer_types)) == 1, f"mixed layer types {set(layer_types)} with {num_layers} decoder layers"
+    if len(set(layer_types)) != 1:
+        raise InconsistentStateError(f"mixed layer types {set(layer_types)} with {num_layers} decoder layers")
     return [layer_types[0]] * num_layers, [dict(per_layer_kwargs[0]) for _ in range(num_layers)]
 
 

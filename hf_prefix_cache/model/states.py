@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing
 from hf_prefix_cache.model.layers import LayerState
 
@@ -83,7 +84,8 @@ class Run:
         fill = devices is None
         for k in keys:
             if k is not None:
-                assert k.shape[-2] == span, f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions"
+                if k.shape[-2] != span:
+                    raise InconsistentStateError(f"run [{lo}, {hi}) given keys of {k.shape[-2]} positions")
                 if nbytes_per_token is None:
                     total += k.nbytes
             if fill:
@@ -157,7 +159,8 @@ class Run:
         >>> run.keys[0].tolist(), run.values[0].shape
         ([[[[0.0, 1.0], [2.0, 3.0]]]], torch.Size([1, 1, 2, 2]))
         """
-        assert stack.shape[0] == 2 * len(kv_layers), f"a stack of {stack.shape[0]} for {len(kv_layers)} layers"
+        if stack.shape[0] != 2 * len(kv_layers):
+            raise InconsistentStateError(f"a stack of {stack.shape[0]} for {len(kv_layers)} layers")
         run = cls.checked([], [], lo, hi, devices, nbytes_per_token)
         run._keys = run._values = None  # made from the stack when first read (`_unpack`)
         run._packed, run.buffers = (stack, kv_layers, num_layers), [stack]
@@ -194,7 +197,8 @@ class Run:
         With `land=False` copies still landing are not waited for: the caller must call
         `landing.ready(layer)` before it reads a layer (a restore that overlaps the prefill).
         """
-        assert self.lo <= start <= end <= self.hi, f"[{start}, {end}) outside run [{self.lo}, {self.hi})"
+        if not self.lo <= start <= end <= self.hi:
+            raise InconsistentStateError(f"[{start}, {end}) outside run [{self.lo}, {self.hi})")
         if self.wait is not None or (land and self.landing is not None):
             self._land(land)
         views = self._views
@@ -238,7 +242,8 @@ class Run:
         >>> copy.keys[0].untyped_storage().data_ptr() == copy.values[0].untyped_storage().data_ptr()
         True
         """
-        assert self.lo <= lo <= hi <= self.hi, f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})"
+        if not self.lo <= lo <= hi <= self.hi:
+            raise InconsistentStateError(f"[{lo}, {hi}) outside run [{self.lo}, {self.hi})")
         if self.wait is not None or self.landing is not None:
             self._land(True)
         a, span = lo - self.lo, hi - lo
@@ -275,7 +280,8 @@ class Run:
 
     def adopt(self, other: Run) -> None:
         """Hold `other`'s tensors and range instead of this run's own (a copy of part of it); references stay."""
-        assert self.lo <= other.lo <= other.hi <= self.hi, f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})"
+        if not self.lo <= other.lo <= other.hi <= self.hi:
+            raise InconsistentStateError(f"[{other.lo}, {other.hi}) outside [{self.lo}, {self.hi})")
         self._keys, self._values, self._packed = other._keys, other._values, other._packed  # views unmade stay so
         self.lo, self.hi, self.buffers, self._views = other.lo, other.hi, other.buffers, None
 

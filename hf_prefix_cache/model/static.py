@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import StaticCache
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.working_cache import WorkingCache
 
 
@@ -40,7 +41,8 @@ def to_static(working: WorkingCache, config: Any, max_cache_len: int) -> StaticC
             continue
         keys, values = kv
         length = keys.shape[-2]
-        assert length <= max_cache_len, f"a prefix of {length} positions in a static cache of {max_cache_len}"
+        if length > max_cache_len:
+            raise InconsistentStateError(f"a prefix of {length} positions in a static cache of {max_cache_len}")
         target = layers[i]
         target.lazy_initialization(keys, values)  # reads shapes, dtype and device only
         kept = min(length, target.max_cache_len)  # a sliding layer's buffer is its window

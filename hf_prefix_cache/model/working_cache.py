@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from transformers import Cache, DynamicCache
 
 from hf_prefix_cache._compat import LINEAR_LAYERS_COUNT, set_linear_length
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing, combine
 from hf_prefix_cache.model.layers import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
@@ -112,26 +113,31 @@ class WorkingCache(DynamicCache):
             self._restore_landing(length, landing[0], landing[1], batch_size)
             return
         profile, layers = self.profile, self.layers
-        assert batch_size == 1 or not profile.has_state, "batched restores are for attention-only models"
+        if batch_size != 1 and profile.has_state:
+            raise InconsistentStateError("batched restores are for attention-only models")
         adapters = profile.adapters
         if profile.kv_layers:  # the layers with keys, then those with states (the profile lists each once)
             assert keys is not None and values is not None
             for i in profile.kv_layers:
                 k, v = keys[i], values[i]
-                assert k is not None and v is not None, f"layer {i} has no stored keys"
+                if k is None or v is None:
+                    raise InconsistentStateError(f"layer {i} has no stored keys")
                 if batch_size > 1:
                     k, v = k.expand(batch_size, -1, -1, -1), v.expand(batch_size, -1, -1, -1)
                 adapters[i].restore_kv(layers[i], k, v, length)
         recurrent: list[tuple[Any, LayerAdapter, LayerState]] = []  # states by reference: cloned together below
         for i in profile.state_layers:
             adapter = adapters[i]
-            assert snapshot is not None, f"a state restore of {length} tokens without a snapshot"
-            assert snapshot.length - snapshot.reach <= length <= snapshot.length, (
-                f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
-            )
+            if snapshot is None:
+                raise InconsistentStateError(f"a state restore of {length} tokens without a snapshot")
+            if not snapshot.length - snapshot.reach <= length <= snapshot.length:
+                raise InconsistentStateError(
+                    f"a state restore of {length} tokens from a snapshot at {snapshot.length} (reach {snapshot.reach})"
+                )
             state = snapshot.states[i]
             if length != snapshot.length:
-                assert adapter.restores_below_length, "only window states restore below their length"
+                if not adapter.restores_below_length:
+                    raise InconsistentStateError(f"layer {i}: only window states restore below their length")
                 state = adapter.at(state, length)
             if adapter.has_state_refs:
                 recurrent.append((layers[i], adapter, state))
@@ -244,10 +250,11 @@ class WorkingCache(DynamicCache):
             adapter = self.profile.adapters[i]
             assert adapter.holds_items, f"layer {i} holds no media items"
             kv = adapter.capture_media(self.layers[i])
-            assert kv is not None and kv[0].shape[-2] % len(ends) == 0, (
-                f"cross-attention layer {i} holds {None if kv is None else kv[0].shape[-2]} vision tokens "
-                f"for {len(ends)} items"
-            )
+            if kv is None or kv[0].shape[-2] % len(ends) != 0:
+                raise InconsistentStateError(
+                    f"cross-attention layer {i} holds {None if kv is None else kv[0].shape[-2]} vision tokens "
+                    f"for {len(ends)} items"
+                )
             held[i] = kv
         out = []
         for j in range(skip, len(ends)):
@@ -287,12 +294,14 @@ class WorkingCache(DynamicCache):
         # positions viewed for the copy.
         for i in kv_layers:
             kv = adapters[i].capture_kv(layers[i])
-            assert kv is not None, f"layer {i} holds no positions, expected {length}"
+            if kv is None:
+                raise InconsistentStateError(f"layer {i} holds no positions, expected {length}")
             k, v = kv
             held = k.shape[-2]
             if held != length:
                 # Fewer only up to an indexer's tie (`exact_length`): what precedes it, by reference too.
-                assert self.tied_at is not None and length < held, f"layer {i} holds {held} positions, not {length}"
+                if self.tied_at is None or length >= held:
+                    raise InconsistentStateError(f"layer {i} holds {held} positions, not {length}")
                 k, v = k[..., :length, :], v[..., :length, :]
             if row is not None:
                 k, v = k[row : row + 1], v[row : row + 1]
@@ -362,9 +371,8 @@ class WorkingCache(DynamicCache):
             if not adapter.has_kv:
                 continue
             held = [(adapter.capture_kv(part.layers[i]) if pad < length else None, pad) for part, pad in parts]
-            assert self.profile.expands or all(kv is None or kv[0].shape[-2] == length - pad for kv, pad in held), (
-                "a row with states holds other positions than its keys would"
-            )
+            if not (self.profile.expands or all(kv is None or kv[0].shape[-2] == length - pad for kv, pad in held)):
+                raise InconsistentStateError(f"layer {i}: a row with states holds other positions than its keys would")
             template = next(kv for kv, _ in held if kv is not None)
             k = torch.cat([_behind_padding(kv[0] if kv else None, template[0], length, pad) for kv, pad in held])
             v = torch.cat([_behind_padding(kv[1] if kv else None, template[1], length, pad) for kv, pad in held])
@@ -400,7 +408,9 @@ class WorkingCache(DynamicCache):
         (copies of the kept rows, after assisted decoding cropped its rejected candidates): a state cannot go back.
         """
         if not self.profile.expands and length != self.kv_length():
-            raise ValueError(f"a cache with states trims only to what its keys hold ({self.kv_length()}), not {length}")
+            raise InconsistentStateError(
+                f"a cache with states trims only to what its keys hold ({self.kv_length()}), not {length}"
+            )
         self.land()
         index: torch.Tensor | None = None
         for layer, adapter in zip(self.layers, self.profile.adapters, strict=True):
@@ -474,7 +484,8 @@ def _behind_padding(tensor: torch.Tensor | None, template: torch.Tensor, length:
     all zeros, shaped like `template`, for a row that is padding only."""
     if tensor is None or pad >= length:
         return template.new_zeros((1, template.shape[1], length, template.shape[-1]))
-    assert tensor.shape[-2] >= length - pad, f"a row restored {tensor.shape[-2]} positions, {length - pad} wanted"
+    if tensor.shape[-2] < length - pad:
+        raise InconsistentStateError(f"a row restored {tensor.shape[-2]} positions, {length - pad} wanted")
     return F.pad(tensor[..., : length - pad, :], (0, 0, pad, 0))
 
 
@@ -501,7 +512,8 @@ class _LandingKV:
             if not adapter.has_kv:
                 continue
             k, v = pieces[0][0][i], pieces[0][1][i]
-            assert k is not None and v is not None, f"layer {i} has no stored keys"
+            if k is None or v is None:
+                raise InconsistentStateError(f"layer {i} has no stored keys")
             where = (k.device, k.dtype)
             if where not in stand_ins:
                 stand_ins[where] = torch.full((), float("nan"), dtype=k.dtype, device=k.device)

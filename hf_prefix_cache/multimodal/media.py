@@ -25,7 +25,7 @@ import torch
 import xxhash
 from PIL import Image
 
-from hf_prefix_cache.errors import UnhashableMediaError
+from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
 
 #: Media kinds and the code each one has inside a symbol.
 KIND_CODES = {"image": 1, "video": 2, "audio": 3}
@@ -92,7 +92,8 @@ class MediaItem:
 
     def symbols(self, digest: int | None = None) -> list[int]:
         """The tree symbols of the item's placeholder positions (negative ints, never token ids)."""
-        assert self.end - self.start <= 1 << _INDEX_BITS, f"{self.end - self.start} placeholders do not fit a symbol"
+        if self.end - self.start > 1 << _INDEX_BITS:
+            raise InconsistentStateError(f"{self.end - self.start} placeholders do not fit a symbol")
         base = (((self.digest if digest is None else digest) << _INDEX_BITS) << _KIND_BITS) | KIND_CODES[self.kind]
         return [-1 - (base | (i << _KIND_BITS)) for i in range(self.end - self.start)]
 
@@ -111,7 +112,8 @@ class MediaLayout:
         """`tokens` with every placeholder position replaced by its media symbol."""
         out: list[Hashable] = list(tokens)
         for item in self.items:
-            assert item.end <= len(out), f"span [{item.start}, {item.end}) beyond {len(out)} tokens"
+            if item.end > len(out):
+                raise InconsistentStateError(f"span [{item.start}, {item.end}) beyond {len(out)} tokens")
             out[item.start : item.end] = item.symbols()
         return out
 

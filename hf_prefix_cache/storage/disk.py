@@ -33,6 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 from hf_prefix_cache.storage.codec import (
     CorruptFileError,
@@ -109,7 +110,8 @@ class DiskTier:
         namespace, symbols = place.namespace, place.symbols()
         if any(type(s) is not int for s in symbols):
             raise TypeError("only integer symbols can be written to disk")
-        assert len(symbols) == seg.end, f"{len(symbols)} symbols for a segment ending at {seg.end}"
+        if len(symbols) != seg.end:
+            raise InconsistentStateError(f"{len(symbols)} symbols for a segment ending at {seg.end}")
         tensors: dict[str, torch.Tensor] = {}
         devices: list[str | None]
         if seg.run is not None:

@@ -33,6 +33,7 @@ import xxhash
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 from hf_prefix_cache.storage.codec import (
     CorruptFileError,
@@ -63,7 +64,8 @@ def chunk_keys(namespace: str, symbols: Sequence[Hashable], chunk_len: int, num_
     >>> a[0] == b[0], a[1] == b[1]
     (True, False)
     """
-    assert num_chunks * chunk_len <= len(symbols), f"{num_chunks} chunks of {chunk_len} over {len(symbols)} symbols"
+    if num_chunks * chunk_len > len(symbols):
+        raise InconsistentStateError(f"{num_chunks} chunks of {chunk_len} over {len(symbols)} symbols")
     chain = _seed(namespace, chunk_len)
     keys = []
     for i in range(num_chunks):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 
@@ -111,7 +112,8 @@ def kv_pieces(segments: Sequence[Segment], length: int, land: bool = True) -> KV
             spans.append((seg.run, seg.start, end))
     if not spans:
         return []
-    assert spans[0][1] == 0 and spans[-1][2] == length, f"segments do not cover [0, {length})"
+    if spans[0][1] != 0 or spans[-1][2] != length:
+        raise InconsistentStateError(f"segments do not cover [0, {length})")
     if len(spans) == 1:
         run, a, b = spans[0]
         return [run.slice(a, b, land)]

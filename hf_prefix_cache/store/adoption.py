@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.storage.memory import DeviceTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tier import Standalone
@@ -58,5 +59,6 @@ def adopt(
     else:
         device_seg = device.put(part, Standalone(namespace, tuple(symbols[: hit.end])))
     result = tree.insert(namespace, symbols[: hit.end], lambda a, b: device_seg, tier=DEVICE)
-    assert result.new_node is not None and result.matched_len == have, f"adopted at {result.matched_len}, not {have}"
+    if result.new_node is None or result.matched_len != have:
+        raise InconsistentStateError(f"adopted at {result.matched_len}, not {have}")
     return result

@@ -80,9 +80,13 @@ class Fallback(NamedTuple):
 
 
 class FallbackRan(NamedTuple):
-    """A cold run counted earlier (`Fallback` with ``log=False``) ran: logged once per reason at WARNING, then DEBUG."""
+    """A cold run counted earlier (`Fallback` with ``log=False``) ran: logged once per reason at WARNING, then DEBUG.
+
+    `detail` (what a failed exactness check found, `errors.InconsistentStateError`) is logged with it.
+    """
 
     reason: str
+    detail: str = ""
 
 
 class ReducedReuse(NamedTuple):
@@ -91,8 +95,16 @@ class ReducedReuse(NamedTuple):
     reason: str
 
 
+class NotStored(NamedTuple):
+    """A served request whose states were not stored, for `reason` (counted under `fallbacks`): `detail`, what a
+    failed exactness check found (`errors.InconsistentStateError`), is logged once per reason at WARNING, then DEBUG."""
+
+    reason: str
+    detail: str
+
+
 #: What a hook tells a store happened to a request (`Store.record`).
-Event = Served | Fallback | FallbackRan | ReducedReuse
+Event = Served | Fallback | FallbackRan | ReducedReuse | NotStored
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, Served
+from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, NotStored, Served
 from hf_prefix_cache.store.observe import TEXT, PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -69,7 +69,12 @@ class RequestCounters:
             if event.log:
                 self.log_fallback(event.reason)
         elif isinstance(event, FallbackRan):
-            self.log_fallback(event.reason)
+            self.log_fallback(event.reason, event.detail)
+        elif isinstance(event, NotStored):
+            self.event(event.reason)
+            self.log_once(
+                event.reason, "prefix cache: not storing a served request (%s): %s", event.reason, event.detail
+            )
         else:
             self.event(event.reason)
 
@@ -141,9 +146,13 @@ class RequestCounters:
         """The estimated prefill FLOPs every hit so far spared (read under the lock; see `observe.PrefillCost`)."""
         return self._prefill_cost.flops_of(self.counts.hit_tokens, self.counts.hit_pairs)
 
-    def log_fallback(self, reason: str) -> None:
-        """Log a cold run: a WARNING the first time a reason occurs in this store, DEBUG after."""
-        self.log_once(reason, "prefix cache skipped, running cold: %s", reason)
+    def log_fallback(self, reason: str, detail: str = "") -> None:
+        """Log a cold run (and `detail`, what a failed check found): a WARNING the first time a reason occurs in
+        this store, DEBUG after."""
+        if detail:
+            self.log_once(reason, "prefix cache skipped, running cold: %s (%s)", reason, detail)
+        else:
+            self.log_once(reason, "prefix cache skipped, running cold: %s", reason)
 
     def log_once(self, kind: str, message: str, *args: Any) -> None:
         """Log a WARNING the first time `kind` happens in this store, DEBUG after that."""

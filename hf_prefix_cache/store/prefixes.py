@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import Landing, land_all
 from hf_prefix_cache.model.profile import ModelProfile
@@ -156,6 +157,8 @@ class Prefixes:
         active here (`store/scope.py`) is told the restored length. `overlap`: see `_restore`.
 
         Raises:
+            InconsistentStateError: the stored prefix failed an exactness guard as it was restored; nothing stays
+                pinned, and its deepest matched node is dropped (unless another request holds it).
             torch.OutOfMemoryError: bringing the entry back or restoring it did not fit; nothing stays pinned,
                 and every unpinned entry has been moved off the device, so a second attempt (into a fresh
                 working cache) may fit.
@@ -181,6 +184,8 @@ class Prefixes:
             if plan is not None:
                 with self._lock():
                     self._unpin(plan.pin)
+                    if isinstance(exc, InconsistentStateError):
+                        self._drop_inconsistent(plan.pin.node, exc)
             if is_out_of_memory(exc):
                 self.relieve_device()  # so that the caller's next attempt finds room
             raise
@@ -221,7 +226,9 @@ class Prefixes:
         snapshot = None
         if self.profile.has_state:
             found, snapshot = best_snapshot(segments, restore_len)
-            assert found == restore_len, f"snapshot at {found}, planned {restore_len}"
+            if found != restore_len:
+                self._unpin(pin)
+                raise InconsistentStateError(f"snapshot at {found}, planned {restore_len}")
         items: list[ItemState] = []
         if item_spans:
             assert not self.profile.has_state, "item states are for attention-only models"
@@ -264,6 +271,13 @@ class Prefixes:
         if not self._lock.quiet:
             self._lock.after_unlock()
 
+    def _drop_inconsistent(self, node: Node[Segment] | None, exc: InconsistentStateError) -> None:
+        """A restore from `node`'s path failed an exactness guard: drop the node (unless a request holds a lease in
+        its subtree) so that no later request restores it again (under the lock; the hook runs the call cold)."""
+        if node is not None and node.lock_ref == 0:
+            logger.info("dropping a stored prefix whose restore failed an exactness guard: %s", exc)
+            self._placement.drop(node)
+
     def _unpin(self, pin: _Pin) -> None:
         """The one place a lease's pin is let go (under the lock)."""
         if not pin.released:
@@ -301,7 +315,8 @@ class Prefixes:
             return InsertOutcome(0)
         if length < self.min_store_len:
             return self._skip(reasons.ENTRY_BELOW_MIN_STORE_LEN)
-        assert row is None or not self.profile.has_state, "batched inserts are for attention-only models"
+        if row is not None and self.profile.has_state:
+            raise InconsistentStateError("batched inserts are for attention-only models")
         stored_len = self._stored_len(
             namespace, tokens, length, session, touch=not self.profile.has_state and not items
         )

@@ -29,7 +29,8 @@ def generate(model: Any, ids: torch.Tensor, new: int = 6, **kwargs: Any) -> Any:
 
 def max_logit_diff(a: Any, b: Any) -> float:
     """The largest absolute difference between the per-step logits of two `generate` outputs."""
-    assert len(a.logits) == len(b.logits)
+    if len(a.logits) != len(b.logits):
+        raise AssertionError(f"{len(a.logits)} steps of logits against {len(b.logits)}")
     return float(max((x - y).abs().max().item() for x, y in zip(a.logits, b.logits, strict=True)))
 
 
@@ -47,10 +48,15 @@ def assert_same_as_cold(
 
 
 def assert_same_outputs(cold: Any, warm: Any) -> float:
-    """Assert two `generate` outputs have equal tokens and logits within LOGIT_TOL; return the largest difference."""
-    assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+    """Assert two `generate` outputs have equal tokens and logits within LOGIT_TOL; return the largest difference.
+
+    Explicit raises, not `assert`: the comparison holds under ``python -O`` too (`tests/project/test_optimized.py`).
+    """
+    if not torch.equal(cold.sequences, warm.sequences):
+        raise AssertionError(f"tokens differ:\n{cold.sequences}\n{warm.sequences}")
     diff = max_logit_diff(cold, warm)
-    assert diff < LOGIT_TOL, f"logits differ by {diff}"
+    if not diff < LOGIT_TOL:
+        raise AssertionError(f"logits differ by {diff}")
     return diff
 
 
@@ -81,6 +87,7 @@ def served(model: Any, *, clean: bool = True, **options: Any) -> Iterator[Prefix
         yield store
         if clean:
             store.check_integrity()
-            assert not store.stats().fallbacks, store.stats().fallbacks
+            if store.stats().fallbacks:
+                raise AssertionError(f"fallbacks: {store.stats().fallbacks}")
     finally:
         store.detach()

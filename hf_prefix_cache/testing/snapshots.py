@@ -34,7 +34,8 @@ def reuses(model: Any, ids: torch.Tensor, store: Any, expected: int | None, new:
     before = int(store.stats().hit_tokens)
     out = assert_same_as_cold(model, ids, store, new, **kwargs)
     reused = int(store.stats().hit_tokens) - before
-    assert expected is None or reused == expected, (reused, expected)
+    if expected is not None and reused != expected:
+        raise AssertionError(f"reused {reused} tokens, expected {expected}")
     return out
 
 
@@ -45,7 +46,8 @@ def second_turn_and_repeat(model: Any, store: Any, prompt: torch.Tensor, more: t
     turn = torch.cat([first.sequences, more], 1)
     reuses(model, turn, store, first.sequences.shape[1] - 1, new)
     reuses(model, turn, store, turn.shape[1] - 1, new)
-    assert not store.stats().fallbacks, store.stats().fallbacks
+    if store.stats().fallbacks:
+        raise AssertionError(f"fallbacks: {store.stats().fallbacks}")
 
 
 def divergences(

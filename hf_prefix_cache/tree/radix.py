@@ -29,6 +29,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from time import monotonic
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.checks import check_tree
 from hf_prefix_cache.tree.compare import common_len, packed_common_len
@@ -419,7 +420,8 @@ class RadixTree(Generic[V]):
 
     def _split(self, node: Node[V], offset: int) -> Node[V]:
         """Cut `node` after `offset` symbols; returns the new head, which keeps `node`'s place."""
-        assert 0 < offset < len(node.key), f"split at {offset} of an edge of {len(node.key)}"
+        if not 0 < offset < len(node.key):
+            raise InconsistentStateError(f"split at {offset} of an edge of {len(node.key)}")
         assert node.value is not None and node.parent is not None
         old_nbytes = node.nbytes
         head_value, tail_value = node.value.split(offset)

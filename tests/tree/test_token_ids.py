@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.compare import common_len, node_common_len
 from hf_prefix_cache.tree.radix import RadixTree
@@ -42,7 +43,7 @@ def test_slices_keep_their_bytes_and_everything_else_behaves_as_the_ids() -> Non
     assert hash(row) == hash((5, 6, 7, 2**40, -3))
     for copied in (copy.deepcopy(row), pickle.loads(pickle.dumps(row))):
         assert isinstance(copied, TokenIds) and copied == row and copied.packed == row.packed
-    with pytest.raises(AssertionError, match="bytes for"):
+    with pytest.raises(InconsistentStateError, match="bytes for"):
         TokenIds([1, 2], b"\0" * 8)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 
 
@@ -30,7 +31,8 @@ class FullAttentionAdapter(LayerAdapter):
 
     def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         # keys: [B, H, length, D], a view into the store
-        assert keys.shape[-2] == length, f"restore of {length} tokens from keys of {keys.shape[-2]}"
+        if keys.shape[-2] != length:
+            raise InconsistentStateError(f"restore of {length} tokens from keys of {keys.shape[-2]}")
         layer.dtype, layer.device = keys.dtype, keys.device
         layer.keys, layer.values = keys, values
         layer.is_initialized = True

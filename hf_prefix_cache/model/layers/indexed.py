@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 
 
@@ -42,16 +43,20 @@ class IndexedAttentionAdapter(FullAttentionAdapter):
         indexer = layer.indexer_keys
         positions = layer.indexer_position_ids
         if self.keeps_positions:
-            assert positions is not None and positions.shape[1:] == keys.shape[:1] + keys.shape[-2:-1], (
-                f"indexer positions {None if positions is None else tuple(positions.shape)}, keys {tuple(keys.shape)}"
+            if positions is None or positions.shape[1:] != keys.shape[:1] + keys.shape[-2:-1]:
+                raise InconsistentStateError(
+                    f"indexer positions {None if positions is None else tuple(positions.shape)}, "
+                    f"keys {tuple(keys.shape)}"
+                )
+        elif positions is not None:
+            raise InconsistentStateError("indexer positions are not kept (only the indexer keys are)")
+        if indexer is None or indexer.shape != (keys.shape[0], keys.shape[-2], self.index_dim):
+            raise InconsistentStateError(
+                f"indexer keys {None if indexer is None else tuple(indexer.shape)} for keys {tuple(keys.shape)}, "
+                f"index_dim {self.index_dim}"
             )
-        else:
-            assert positions is None, "indexer positions are not kept (only the indexer keys are)"
-        assert indexer is not None and indexer.shape == (keys.shape[0], keys.shape[-2], self.index_dim), (
-            f"indexer keys {None if indexer is None else tuple(indexer.shape)} for keys {tuple(keys.shape)}, "
-            f"index_dim {self.index_dim}"
-        )
-        assert indexer.dtype == values.dtype, f"indexer keys in {indexer.dtype}, values in {values.dtype}"
+        if indexer.dtype != values.dtype:
+            raise InconsistentStateError(f"indexer keys in {indexer.dtype}, values in {values.dtype}")
         return keys, torch.cat([values, self._spread(indexer, values.shape[1])], dim=-1)
 
     def restore_kv(self, layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
@@ -94,5 +99,6 @@ class KeyIndexedAttentionAdapter(FullAttentionAdapter):
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         # Indexer keys here would be state this adapter does not store: refuse rather than lose them.
-        assert layer.indexer_keys is None and layer.indexer_position_ids is None, "indexer keys in a key-indexed layer"
+        if layer.indexer_keys is not None or layer.indexer_position_ids is not None:
+            raise InconsistentStateError("indexer keys in a key-indexed layer: they would be lost to the store")
         return super().capture_kv(layer)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_prefix_cache._compat import LINEAR_LAYERS_CROP
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 from hf_prefix_cache.model.layers.sliding import SlidingWindowAdapter
@@ -93,7 +94,8 @@ def join_rows(states: Sequence[LayerState | None], repeats: int = 1) -> LayerSta
             if template is None:
                 tensors[name][idx] = None
                 continue
-            assert all(t is None or t.shape[0] == 1 for t in rows), f"{name}[{idx}]: rows of one batch row each"
+            if not all(t is None or t.shape[0] == 1 for t in rows):
+                raise InconsistentStateError(f"{name}[{idx}]: rows of one batch row each")
             # Conv states that record their past (`activate_past_recording`, hybrid sliding layers) are as long as
             # their row: shorter rows get zeros in front, the inputs their masked padding gives a cold batch.
             width = max(t.shape[-1] for t in rows if t is not None)

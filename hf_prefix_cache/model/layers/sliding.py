@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache._compat import record_past
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.layers.base import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 
@@ -41,8 +42,8 @@ class SlidingWindowAdapter(FullAttentionAdapter):
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         kv = super().capture_kv(layer)
-        if kv is not None:
-            assert kv[0].shape[-2] == layer.cumulative_length, (
+        if kv is not None and kv[0].shape[-2] != layer.cumulative_length:
+            raise InconsistentStateError(
                 f"sliding layer holds {kv[0].shape[-2]} keys for {layer.cumulative_length} positions; "
                 "past recording was off"
             )
@@ -109,7 +110,8 @@ class WindowStateAdapter(LayerAdapter):
         first, end = int(state.flags["first_position"][0]), int(state.flags["cumulative_length"][0])
         keep = int(state.flags["window"][0])
         lo = max(length - keep, 0)
-        assert first <= lo and length <= end, f"window state of [{first}, {end}) cannot restore {length}"
+        if not (first <= lo and length <= end):
+            raise InconsistentStateError(f"window state of [{first}, {end}) cannot restore {length}")
         keys, values = state.tensors["keys"][0], state.tensors["values"][0]
         assert keys is not None and values is not None
         return LayerState(
