@@ -76,7 +76,7 @@ def test_kolibri_decodes_past_the_indexers_budget_exactly() -> None:
 def test_kolibri_beams_and_a_padded_batch_reuse_the_stored_prompt_exactly() -> None:
     model = _model("kolibri1_1")
     prompt, other = random_prompt(10, seed=1), random_prompt(7, seed=3)
-    with served(model) as store:
+    with served(model, clean=False) as store:
         hits = Hits(store)
         assert_same_as_cold(model, prompt, store, new=4)
         hits.last()
@@ -85,7 +85,9 @@ def test_kolibri_beams_and_a_padded_batch_reuse_the_stored_prompt_exactly() -> N
         batch = torch.cat([prompt, torch.cat([torch.zeros(1, 3, dtype=torch.long), other], 1)])
         mask = torch.cat([torch.ones(1, 10, dtype=torch.long), (batch[1:] != 0).long()])
         assert_same_as_cold(model, batch, store, new=4, attention_mask=mask)
-        assert hits.last() > 0
+        # The rows share one column: row 0 reuses the 3 positions row 1's padding reaches, of its 9, and says so.
+        assert hits.last() == 3
+        assert store.stats().fallbacks == {"batch_layout": 1}
 
 
 def test_kolibri_prompts_past_the_budget_run_cold_with_their_reason() -> None:
