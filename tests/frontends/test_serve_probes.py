@@ -147,7 +147,9 @@ def test_a_large_body_does_not_hold_health_back(server: ServeProcess) -> None:
     sender.join()
     response = answer["response"]
     assert response.status_code == 400 and response.json()["error"]["param"] == "temperature", response.text
-    assert len(waits) >= 3 and max(waits) < 1.0, waits
+    # At least one /health went out while the body was handled (a blocked loop would hold it for seconds); how
+    # many fit depends on the machine's load.
+    assert waits and max(waits) < 1.0, waits
 
 
 def test_a_body_that_is_not_a_json_object_is_a_400(server: ServeProcess) -> None:

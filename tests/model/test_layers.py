@@ -12,6 +12,7 @@ from conftest import LOGIT_TOL, assert_same_as_cold, cached_model, random_prompt
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.layers import adapter_for
 
 
@@ -104,5 +105,5 @@ def test_a_key_indexed_layer_is_stored_as_its_keys_and_refuses_indexer_keys() ->
     captured = adapter.capture_kv(layer)
     assert captured is not None and torch.equal(captured[0], keys) and torch.equal(captured[1], values)
     layer.update_indexer(torch.randn(1, 5, 8))
-    with pytest.raises(AssertionError, match="indexer keys"):
+    with pytest.raises(InconsistentStateError, match="indexer keys"):
         adapter.capture_kv(layer)
