@@ -13,6 +13,26 @@ from __future__ import annotations
 from hf_prefix_cache.multimodal.generic_rules import IMAGE_TOKEN_ID, VIDEO_TOKEN_ID, FamilyRule, KindRule
 
 #: Families whose items are spans of flattened patch rows, keyed as in `generic_table.GENERIC_FAMILIES`.
+#: Images and videos as Qwen-VL-style grids of flattened patch rows, merged by the vision tower's spatial merge size.
+_GRID_KINDS = (
+    KindRule(
+        "image",
+        IMAGE_TOKEN_ID,
+        "pixel_values",
+        count="thw",
+        sizes="image_grid_thw",
+        stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+    ),
+    KindRule(
+        "video",
+        VIDEO_TOKEN_ID,
+        "pixel_values_videos",
+        count="thw",
+        sizes="video_grid_thw",
+        stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
+    ),
+)
+
 PATCH_FAMILIES: dict[str, FamilyRule] = {
     # Kimi-K2.5: a MoonViT-style tower on flattened patch rows, attention within each item; a 2x2 merge
     # kernel, a video chunk's frames averaged into one frame's placeholders (each chunk its own run).
@@ -41,68 +61,17 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     # EXAONE 4.5: a Qwen2.5-VL-style tower (windows within each item) on flattened patch rows, 2x2 merge,
     # 1D positions (no M-RoPE); a video is one placeholder run of all its frames.
     "exaone4_5": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-        ),
+        kinds=_GRID_KINDS,
     ),
     # LLaVA-OneVision-1.5 (transformers 5.25): a RICE-ViT tower on flattened patch rows, attention within each frame
     # (a class token prepended to each), 2x2 merge; 1D positions; a video is one run of all its frames.
     "llava_onevision1_5": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-        ),
+        kinds=_GRID_KINDS,
     ),
     # HyperCLOVA X Vision V2: a Qwen2.5-VL tower (windows within each item) on flattened patch rows, 2x2 merge;
     # 1D positions (its generate drops position ids, its text model counts them); a video is one run of all its frames.
     "hyperclovax_vision_v2": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-        ),
+        kinds=_GRID_KINDS,
     ),
     # Muse Glimmer: a windowed tower (windows and attention within each item) on flattened patch rows, a 2x2
     # pixel shuffle (`merge_size`); 1D positions; videos go through the image tower.
@@ -128,46 +97,12 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     ),
     # MiniMax-M3-VL: a CLIP-like tower on flattened Conv3d patch rows, attention within each item; 2x2 merge.
     "minimax_m3_vl": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-        ),
+        kinds=_GRID_KINDS,
     ),
     # LFM3-VL: a conv + attention tower on flattened patch rows, attention within each item; 2x2 merge. Its
     # LFM3 text layers hold conv states, so the hook prefills media prompts itself (suffix embeddings).
     "lfm3_vl": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-            ),
-        ),
+        kinds=_GRID_KINDS,
         embeds_suffix=True,
     ),
     # MiniCPM-o OCR: a NaViT tower (attention within each image) on one packed row of all images' patches,
