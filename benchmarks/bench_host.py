@@ -30,7 +30,7 @@ from _common import print_end, print_environment, start_run, tiny_llama
 from bench_cuda import TAIL, first_token, ready_cache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.integration.decoder_only import DecoderOnlyHook
+from hf_prefix_cache.hooks.decoder_only import DecoderOnlyHook
 
 
 def narrow_llama(layers: int) -> Any:

@@ -8,7 +8,7 @@ Model: a random-weight Qwen3-Next (gated-delta-net layers, then full attention, 
 * ``few-shot batch``: 8 questions (8 to 36 tokens) after one shared prefix of ``--prefix`` tokens,
   left-padded into one batch, greedy. The store holds the prefix and one other question (one
   earlier one-row call); each row restores it and prefills its own question alone, then the rows
-  are joined (`integration/recurrent_rows.py`).
+  are joined (`hooks/recurrent_rows.py`).
 * ``self-consistency``: ``--samples`` samples of one ``--prompt``-token prompt, stored beforehand.
 * ``beams``: ``--beams`` beams on the same prompt.
 

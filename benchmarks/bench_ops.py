@@ -17,7 +17,7 @@ Mamba-2 elsewhere, with and without `prompt_snapshot`; VLM: LLaVA with an image 
 text/2: the text model with its stored prefix in two runs) and layer count: the extra
 launching ops and syncs of the hit over the ideal per phase, the largest extra ops, and
 whether the ``before`` phase is within budget (at most 2 launches per layer + 20, at most 1
-sync). `tests/integration/test_hit_ops.py` runs `count_hit` on a few of these and fails past the budget.
+sync). `tests/hooks/test_hit_ops.py` runs `count_hit` on a few of these and fails past the budget.
 
 Run: ``PYTHONPATH=. python benchmarks/bench_ops.py`` (about a minute on 2 cores), or
 ``--kinds text --layers 16`` for one row.

@@ -52,7 +52,7 @@ INDEXER_LAYOUT = "indexer_layout"
 SLICES_ITS_OWN_INPUT = "slices_its_own_input"  # the forward drops the cached ids itself and masks by its own lengths
 BIDIRECTIONAL_ATTENTION = "bidirectional_attention"  # a BERT-style causal LM without config.is_decoder=True
 
-# --- the call's arguments (integration/checks.py)
+# --- the call's arguments (hooks/checks.py)
 INPUTS_EMBEDS = "inputs_embeds"
 NO_INPUT_IDS = "no_input_ids"
 NO_INPUT_FEATURES = "no_input_features"

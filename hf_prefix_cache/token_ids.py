@@ -1,6 +1,6 @@
 """TokenIds: token ids held as their int64 bytes, so the radix tree compares them at C speed.
 
-Shared by the layer that reads ids from tensors (`integration/`) and the tree that compares
+Shared by the layer that reads ids from tensors (`hooks/`) and the tree that compares
 them (`tree/`); like `errors.py` and `reasons.py` it imports nothing of the package.
 """
 

@@ -23,8 +23,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-_E = "tests/integration/test_exactness.py::test_multi_turn_chat_reuses_prompt_and_answer"
-_D = "tests/integration/test_decoding_modes.py::test_a_decoding_mode_reuses_the_stored_prefix_exactly"
+_E = "tests/hooks/test_exactness.py::test_multi_turn_chat_reuses_prompt_and_answer"
+_D = "tests/hooks/test_decoding_modes.py::test_a_decoding_mode_reuses_the_stored_prefix_exactly"
 _IMAGE = "tests/media/test_media_exactness.py::test_second_image_in_the_suffix"
 
 #: Area -> the tests that stand for it.
@@ -38,7 +38,7 @@ AREAS: dict[str, tuple[str, ...]] = {
     "chunked attention": (f"{_E}[llama4_text]",),
     "indexed attention": (
         f"{_E}[deepseek_v32]",
-        "tests/integration/test_indexer_top_k.py::test_prompts_several_times_the_top_k_reuse_exactly[glm_moe_dsa]",
+        "tests/hooks/test_indexer_top_k.py::test_prompts_several_times_the_top_k_reuse_exactly[glm_moe_dsa]",
     ),
     "recurrent": (
         f"{_E}[mamba2]",
@@ -55,19 +55,19 @@ AREAS: dict[str, tuple[str, ...]] = {
         "tests/media/test_media_qwen_video_omni.py::test_qwen3_vl_chat_with_a_video_in_a_later_turn",
     ),
     "padded batch": (
-        "tests/integration/test_batches.py::test_a_left_padded_batch_restores_each_rows_own_prefix[greedy-llama]",
+        "tests/hooks/test_batches.py::test_a_left_padded_batch_restores_each_rows_own_prefix[greedy-llama]",
     ),
     "beam search": (f"{_D}[beams-llama]",),
     "sampling, several sequences": (f"{_D}[samples-llama]",),
     "assisted decoding": (f"{_D}[assistant_model-llama]",),
     "static cache": (f"{_D}[static_cache-llama]",),
     "whisper": (
-        "tests/integration/test_whisper.py::test_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder[en-transcribe]",
+        "tests/hooks/test_whisper.py::test_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder[en-transcribe]",
     ),
     "encoder-decoder": (
-        "tests/integration/test_seq2seq.py::test_an_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder[bart]",
+        "tests/hooks/test_seq2seq.py::test_an_exact_repeat_reuses_the_decoder_prefix_and_skips_the_encoder[bart]",
     ),
-    "new model types (5.25)": ("tests/integration/test_models_525.py",),
+    "new model types (5.25)": ("tests/hooks/test_models_525.py",),
     # A real server (SmolLM2) and transformers serve side by side: one two-turn chat, equal answers, hits.
     "serve: a request": (
         "tests/frontends/test_serve.py::test_each_turn_reuses_the_previous_one_and_equals_transformers_serve[json]",

@@ -112,7 +112,7 @@ def render(rows: Iterable[Row]) -> str:
         "them GLM-4V, Qwen3-Omni and those `generic_table.COLD_FAMILIES` explains:",
         f"{cold_families}),",
         "or its audio goes to an encoder (Whisper-like speech seq2seq models are keyed by their",
-        "encoder input: `tests/integration/test_whisper.py`, `tests/integration/test_seq2seq.py`). Media",
+        "encoder input: `tests/hooks/test_whisper.py`, `tests/hooks/test_seq2seq.py`). Media",
         "families' other paths (videos, several media per prompt, real processors, memory pressure)",
         "are covered by `tests/media/test_media_*.py`.",
         "",

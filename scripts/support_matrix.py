@@ -161,7 +161,7 @@ def scenario(model: Any) -> tuple[str, str, str]:
     import torch
 
     from hf_prefix_cache import PrefixCache
-    from hf_prefix_cache.integration import family_of
+    from hf_prefix_cache.hooks import family_of
 
     family = family_of(model)
     if family.encoder_keyed:

@@ -1,7 +1,7 @@
 """PrefixCache: the store users make and pass to `model.generate`.
 
 Made by composition: a private `TreeStore` (the store, which knows nothing of `generate`), the
-hook of the model's family attached to `model.generate` (`integration/`), and only the user's
+hook of the model's family attached to `model.generate` (`hooks/`), and only the user's
 verbs, each implemented once by the store (`pin`, which may run the model, is the exception).
 Its keyword arguments are the fields of `store.options.Options`. Not a transformers `Cache`:
 reaching a `Cache` method on it raises an error that says how to use it.
@@ -17,9 +17,9 @@ import torch
 from hf_prefix_cache._compat import check_transformers
 from hf_prefix_cache.api.display import CacheStats, shown, store_html
 from hf_prefix_cache.api.not_a_cache import not_a_cache_error
-from hf_prefix_cache.integration import Hook, family_of
-from hf_prefix_cache.integration import attach as attach_hook
-from hf_prefix_cache.integration.pipeline import stand_for
+from hf_prefix_cache.hooks import Hook, family_of
+from hf_prefix_cache.hooks import attach as attach_hook
+from hf_prefix_cache.hooks.pipeline import stand_for
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Serving

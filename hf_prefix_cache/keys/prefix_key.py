@@ -1,6 +1,6 @@
 """PrefixKey: one row's request key, what the store matches a prompt against and stores a sequence under.
 
-Built once per call by the hook that reads the call (`integration/`), one per row: a batch is a
+Built once per call by the hook that reads the call (`hooks/`), one per row: a batch is a
 list of keys. The store never derives one; it matches, pins and stores by it. Imports nothing of
 the package.
 """

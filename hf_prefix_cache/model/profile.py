@@ -104,7 +104,7 @@ class ModelProfile:
     #: The model's indexers are checked for ties at their top-k boundary while they run on a working cache
     #: (`indexer_ties.TieWatch`): a hook installs the watch, and prompts of any length are served.
     watch_indexers: bool = False
-    #: Whether assisted decoding on a restored prefix stays within tolerance of a cold run (`integration/checks.py`).
+    #: Whether assisted decoding on a restored prefix stays within tolerance of a cold run (`hooks/checks.py`).
     #: False for gated delta-rule mixers (Qwen3-Next, Qwen3.5, ...): assisted decoding computes its candidates'
     #: states one token at a time and a prefix's in chunks, and on the tiny Qwen3-Next a restored run lands 4.5e-4
     #: from the cold one (the cold assisted run is itself 2.9e-4 from the plain one).
@@ -127,7 +127,7 @@ class ModelProfile:
     #: item blocks), so the rows can be copies of one prefix and trimmed back to the prompt after.
     expands: bool = field(init=False)
     #: Whether rows with recurrent states can each be prefilled alone and joined into one batch (batches, left
-    #: padding, beams, several returned sequences; `integration/recurrent_rows.py`).
+    #: padding, beams, several returned sequences; `hooks/recurrent_rows.py`).
     #: Every state is a recurrent or conv state whose first dimension is the batch (`has_state_refs`; window
     #: states and other snapshot-only layers are not joined), with no media and no media item
     #: blocks: each row's prompt is keyed and prefilled as a one-row call's, then the rows' keys and
@@ -199,7 +199,7 @@ def profile_model(
 
     `sliding_window_mode` picks how sliding-window layers are stored (see `layers/sliding.py`).
     `encoder_family` names the encoder-decoder family whose hook serves `model` (the
-    integration's registry, `integration.registry.family_of`, knows it); any other
+    hooks registry, `hooks.registry.family_of`, knows it); any other
     encoder-decoder model is not served.
     """
     # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.

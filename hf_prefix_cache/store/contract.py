@@ -1,9 +1,9 @@
 """The store's contract with the code that runs the model: the verbs a generation hook uses and what they return.
 
-A hook (`integration/`) sees a store only through `Store` and a `Serving` value
+A hook (`hooks/`) sees a store only through `Store` and a `Serving` value
 handed to it once (the model's profile and the options it acts on); users pass the object made
 around the store (`PrefixCache`) or a session of it as `generate`'s cache, and the hook finds the
-store behind it (`integration.pipeline.claim`). Per request the hook asks for the current
+store behind it (`hooks.pipeline.claim`). Per request the hook asks for the current
 `namespace` (and derives the namespace of prompt-, media- or encoder-input-dependent states from
 it itself, `keys.namespace.sub_namespace`), takes a `Lease` on the longest usable stored prefix
 (restored into a fresh working cache it made from the profile), runs the model, gives the lease
@@ -114,7 +114,7 @@ class Serving:
 
     A hook makes its working caches from `profile` (`WorkingCache(profile)`). `encoder_outputs` is
     the store's byte-bounded store of encoder outputs, which encoder-keyed hooks read and fill
-    (`integration/encoder_keyed.py`). `snapshot_interval` and `prompt_snapshot` say where a
+    (`hooks/encoder_keyed.py`). `snapshot_interval` and `prompt_snapshot` say where a
     recurrent model's prefill stops for a snapshot; `serves_uncached` whether `generate` calls
     that pass no cache are served too (``attach="all"``).
     """

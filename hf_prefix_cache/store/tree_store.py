@@ -14,7 +14,7 @@ here: `acquire`, `release`, `insert_sequence` and `relieve_device` are a `prefix
 the tree, placement, lock, pins, counters and upkeep; `namespace` is `keys.weights.Namespaces.current`;
 `record` is `counters.RequestCounters.record`.
 
-Knows nothing of `generate`: `integration/` runs the model and calls the contract's verbs.
+Knows nothing of `generate`: `hooks/` runs the model and calls the contract's verbs.
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ class Prompt:
 #: Families whose own continuation of a prompt can differ from its prefill on random text, without a store:
 #: Mistral Large 4's indexer keeps its top-k keys by scores that tie exactly on repeated tokens, and
 #: transformers' choice among ties changes with the query count (README, `DynamicIndexedLayer`). A store runs
-#: a request cold on such a tie (`indexer_tie`, tests/integration/test_indexer_top_k.py), which these checks do not expect.
+#: a request cold on such a tie (`indexer_tie`, tests/hooks/test_indexer_top_k.py), which these checks do not expect.
 INDEXER_TIES = ("mistral_large4",)
 
 

@@ -43,7 +43,7 @@ def _globs() -> dict[str, Any]:
 
 
 def test_every_module_is_collected() -> None:
-    assert "hf_prefix_cache.store.tree_store" in MODULES and "hf_prefix_cache.integration.pipeline" in MODULES
+    assert "hf_prefix_cache.store.tree_store" in MODULES and "hf_prefix_cache.hooks.pipeline" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

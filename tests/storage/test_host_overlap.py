@@ -232,7 +232,7 @@ def test_a_prefix_in_two_runs_on_the_device_is_joined_by_the_first_update(monkey
 
 def test_identical_batch_rows_with_a_prefix_from_the_host_are_exact(monkeypatch: Any) -> None:
     """Identical rows get their stored prefix from the host broadcast to every row, each layer at its first use
-    (rows that differ restore one by one: tests/integration/test_batches.py)."""
+    (rows that differ restore one by one: tests/hooks/test_batches.py)."""
     llama = cached_model("llama")
     system = distinct_prompt(47)
     store = _host_hit_store(llama, system)

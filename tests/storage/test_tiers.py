@@ -10,7 +10,7 @@ import torch
 from conftest import assert_same_as_cold, cached_model, distinct_prompt, generate, kv_bytes_per_token, random_prompt
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.integration import pipeline
+from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.tiers import DEVICE, HOST
 

@@ -105,7 +105,7 @@ def test_an_encoder_decoder_capture_one_position_short_is_not_stored(
 ) -> None:
     """Encoder-decoder hooks store from inside `generate`, where the call cannot run again: the answer stands, the
     decoder states are not stored, counted and logged once."""
-    from integration.test_seq2seq import encoder_input, run, same_as_cold, tiny
+    from hooks.test_seq2seq import encoder_input, run, same_as_cold, tiny
 
     capture_kv = FullAttentionAdapter.capture_kv
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.integration.checks import read_prompt
-from hf_prefix_cache.integration.pipeline import sequence_keys
+from hf_prefix_cache.hooks.checks import read_prompt
+from hf_prefix_cache.hooks.pipeline import sequence_keys
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 
 

@@ -25,7 +25,7 @@ from transformers import GenerationConfig
 
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import UnhashableMediaError
-from hf_prefix_cache.integration.media_expansion import expands_media
+from hf_prefix_cache.hooks.media_expansion import expands_media
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 from hf_prefix_cache.multimodal.media import MediaLayout

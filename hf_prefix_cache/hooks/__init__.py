@@ -5,7 +5,7 @@ Importing this package imports every hook module, and each registers its family.
 
 from __future__ import annotations
 
-from hf_prefix_cache.integration import decoder_only, seq2seq, whisper  # noqa: F401  (each registers its family)
-from hf_prefix_cache.integration.registry import Family, Hook, attach, family_of
+from hf_prefix_cache.hooks import decoder_only, seq2seq, whisper  # noqa: F401  (each registers its family)
+from hf_prefix_cache.hooks.registry import Family, Hook, attach, family_of
 
 __all__ = ["Family", "Hook", "attach", "family_of"]

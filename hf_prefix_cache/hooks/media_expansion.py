@@ -24,7 +24,7 @@ from typing import Any
 from transformers import GenerationMixin
 
 from hf_prefix_cache import _compat
-from hf_prefix_cache.integration.patching import InstancePatch
+from hf_prefix_cache.hooks.patching import InstancePatch
 from hf_prefix_cache.model.working_cache import WorkingCache
 
 # The modalities `generate` encodes before copying rows (`_prepare_multimodal_encoder_kwargs_for_generation`).

@@ -28,13 +28,13 @@ from transformers import StaticCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.integration import pipeline, recurrent_rows
-from hf_prefix_cache.integration.checks import CACHE_IMPLEMENTATION, check_call, media_layout, serving_modes
-from hf_prefix_cache.integration.media_expansion import expand_suffix_media, expands_media
-from hf_prefix_cache.integration.patching import InstancePatch, PatchingHook
-from hf_prefix_cache.integration.recurrent_prefill import prefill_states
-from hf_prefix_cache.integration.registry import DECODER_ONLY, Family, register
-from hf_prefix_cache.integration.scan import ScanContinuation
+from hf_prefix_cache.hooks import pipeline, recurrent_rows
+from hf_prefix_cache.hooks.checks import CACHE_IMPLEMENTATION, check_call, media_layout, serving_modes
+from hf_prefix_cache.hooks.media_expansion import expand_suffix_media, expands_media
+from hf_prefix_cache.hooks.patching import InstancePatch, PatchingHook
+from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
+from hf_prefix_cache.hooks.registry import DECODER_ONLY, Family, register
+from hf_prefix_cache.hooks.scan import ScanContinuation
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.indexer_ties import IndexerTie, TieWatch

@@ -1,6 +1,6 @@
 """Models with recurrent states (hybrids and pure SSMs) in every decoding mode: batches, left padding, beams, samples.
 
-Each row is restored and prefilled alone, then the rows are joined (`integration/recurrent_rows.py`).
+Each row is restored and prefilled alone, then the rows are joined (`hooks/recurrent_rows.py`).
 Every case runs the same call cold and through a store: tokens equal, per-step logits within
 LOGIT_TOL, and the hit tokens counted exactly, so none of these can pass with the store cold.
 """
@@ -18,7 +18,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache._compat import LINEAR_LAYERS_CROP
 from hf_prefix_cache.testing.tiny_attention import tiny_qwen4_exp
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
-from tests.integration.test_batches import left_padded, run
+from tests.hooks.test_batches import left_padded, run
 
 # Hybrids of each kind of state (Mamba-2, gated delta net, Mamba-1, parallel Mamba-2 + attention, short conv,
 # conv + sliding attention) and pure SSMs, whose cache has no keys at all.

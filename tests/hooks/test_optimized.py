@@ -27,7 +27,7 @@ if __debug__:
 sys.exit(pytest.main(sys.argv[1:]))
 """
 
-EXACTNESS = "tests/integration/test_exactness.py"
+EXACTNESS = "tests/hooks/test_exactness.py"
 
 
 def test_hybrid_and_sliding_exactness_holds_with_asserts_off() -> None:
@@ -38,7 +38,7 @@ def test_hybrid_and_sliding_exactness_holds_with_asserts_off() -> None:
     args = [
         *exactness,
         "tests/model/test_sliding_window.py::test_windowed_layers_restore_exactly_at_prompt_answer_and_divergence_points",
-        "tests/integration/test_guards.py",
+        "tests/hooks/test_guards.py",
         "-p",
         "no:cacheprovider",
         "-W",

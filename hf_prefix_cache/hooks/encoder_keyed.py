@@ -29,8 +29,8 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_prefix_cache import _compat
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.integration import pipeline
-from hf_prefix_cache.integration.checks import token_rows
+from hf_prefix_cache.hooks import pipeline
+from hf_prefix_cache.hooks.checks import token_rows
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.working_cache import WorkingCache

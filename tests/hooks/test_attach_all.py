@@ -140,7 +140,7 @@ def test_request_scope_rejects_bad_salts(salt: object) -> None:
 
 def test_encoder_decoder_uncached_calls_reuse_exactly() -> None:
     """An encoder-decoder model (BART) attached with "all" serves uncached calls too: exact, decoder prefix and encoder reused."""
-    from integration.test_seq2seq import decoder_prompt, encoder_input, run, tiny
+    from hooks.test_seq2seq import decoder_prompt, encoder_input, run, tiny
 
     model = tiny("bart")
     inputs = encoder_input("bart", seed=11)

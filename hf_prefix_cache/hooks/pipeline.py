@@ -32,7 +32,7 @@ import torch
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import IncompatibleModelError, InconsistentStateError
-from hf_prefix_cache.integration.checks import read_to_host, rows_of, token_rows
+from hf_prefix_cache.hooks.checks import read_to_host, rows_of, token_rows
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache

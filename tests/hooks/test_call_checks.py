@@ -17,8 +17,8 @@ import torch
 from transformers import GenerationConfig
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.integration import checks, whisper
-from hf_prefix_cache.integration.checks import check_call
+from hf_prefix_cache.hooks import checks, whisper
+from hf_prefix_cache.hooks.checks import check_call
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.testing.tiny_attention import tiny_llama
 

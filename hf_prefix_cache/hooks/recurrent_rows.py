@@ -12,7 +12,7 @@ Exact because masked left padding leaves a recurrent layer's state as it was: tr
 Mamba, Mamba-2, gated-delta-net and short-conv layers zero the inputs of masked positions (the
 state after the padding is the fresh one), and positions follow the mask where the model takes
 them. A padded row of a cold batch equals the same row alone to 1e-6 on every hybrid and
-recurrent family tested (`tests/integration/test_decoding_modes_hybrid.py` checks each mode
+recurrent family tested (`tests/hooks/test_decoding_modes_hybrid.py` checks each mode
 against the cold call).
 
 Each prompt row is stored as far as it was prefilled as soon as it was (from the one-row cache
@@ -34,9 +34,9 @@ import torch
 
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.integration import pipeline
-from hf_prefix_cache.integration.checks import token_rows
-from hf_prefix_cache.integration.recurrent_prefill import prefill_states
+from hf_prefix_cache.hooks import pipeline
+from hf_prefix_cache.hooks.checks import token_rows
+from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot

@@ -56,7 +56,7 @@ def test_an_explicit_dynamic_cache_implementation_is_served() -> None:
 def test_a_seq2seq_model_default_cache_implementation_is_served_or_runs_cold_and_never_raises(impl: str) -> None:
     """BART with a cache_implementation in its generation_config equals cold: "dynamic" (what the store runs on)
     is served, any other runs cold with its reason."""
-    from integration.test_seq2seq import BUILDERS, encoder_input, same_as_cold
+    from hooks.test_seq2seq import BUILDERS, encoder_input, same_as_cold
 
     torch.manual_seed(0)
     model = BUILDERS["bart"]().eval()

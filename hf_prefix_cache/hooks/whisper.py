@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_prefix_cache import _compat, reasons
-from hf_prefix_cache.integration import checks, pipeline
-from hf_prefix_cache.integration.encoder_keyed import (
+from hf_prefix_cache.hooks import checks, pipeline
+from hf_prefix_cache.hooks.encoder_keyed import (
     DecoderRequest,
     keep_encoder_output,
     open_request,
@@ -44,8 +44,8 @@ from hf_prefix_cache.integration.encoder_keyed import (
     restore_into,
     store_decoder_rows,
 )
-from hf_prefix_cache.integration.patching import PatchingHook
-from hf_prefix_cache.integration.registry import Family, register
+from hf_prefix_cache.hooks.patching import PatchingHook
+from hf_prefix_cache.hooks.registry import Family, register
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import hash_media
 from hf_prefix_cache.store.contract import Fallback, Served, Serving, Store
