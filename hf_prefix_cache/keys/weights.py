@@ -11,7 +11,6 @@ import inspect
 import logging
 import operator
 import threading
-import weakref
 from contextvars import ContextVar
 from itertools import chain
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 import xxhash
 
+from hf_prefix_cache.keys import tensor_events as events
 from hf_prefix_cache.keys.namespace import fingerprint, model_namespace
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -62,139 +62,13 @@ def weights_fingerprint(model: Any) -> str:
     return h.hexdigest()
 
 
-# Bumped whenever any module anywhere registers a parameter or a submodule (`module.weight =
-# nn.Parameter(...)`, adding an adapter), so a cached parameter list is re-read only then.
-_structure_epoch = 0
-
-
-_seen_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-
-
-def _parameter_registered(*args: Any) -> None:
-    global _structure_epoch
-    _structure_epoch += 1
-
-
-def _module_registered(parent: Any, name: str, module: Any) -> None:
-    # Models slice their layer lists on every forward (`layers[:n]` registers the same layers in a
-    # new ModuleList); only a module never registered before, or one replacing another (PEFT's
-    # `unload` puts the base layer back in place of its LoRA wrapper), changes the structure.
-    global _structure_epoch
-    replaced = getattr(parent, "_modules", {}).get(name)
-    if module is not None and module not in _seen_modules:
-        _seen_modules.add(module)
-        _structure_epoch += 1
-    elif replaced is not None and replaced is not module:
-        _structure_epoch += 1
-
-
-torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_registered)
-torch.nn.modules.module.register_module_module_registration_hook(_module_registered)
-
-
 # Elements the probe reads from a parameter it suspects: enough that an edit of a whole tensor
 # (`p.data.add_(1)`, `p.data.mul_(1.5)`) shows, few enough to cost microseconds.
 _PROBE_SAMPLES = 8
 
-# Storages that an alias writing past `_version` was taken of: `.data` (a tensor with a version
-# counter of its own), `.numpy()` and DLPack, each with the sequence number of its latest alias,
-# keyed by the address of the storage's StorageImpl (which stays when the storage is reallocated
-# in place, by `resize_` or `share_memory_`, where its data pointer moves). A probe samples only
-# the parameters of storages aliased since its last check, and those whose aliases are still alive.
-_aliased: dict[int, int] = {}
-_alias_seq = 0
-_ALIAS_LIMIT = 1 << 16  # past this many storages the record restarts, and every probe samples all once
-_alias_epoch = 0  # bumped when the record restarts
-_TensorBase: Any = torch._C.TensorBase
-_base_data = _TensorBase.data
-_base_numpy = _TensorBase.numpy
-_base_dlpack = torch.Tensor.__dlpack__
-
-
-def _record_alias(tensor: Any) -> None:
-    global _alias_seq, _alias_epoch
-    try:
-        ptr = tensor.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError, TypeError):  # no storage (some subclasses): suspect everything
-        ptr = None
-    if ptr is None or len(_aliased) >= _ALIAS_LIMIT:
-        _aliased.clear()
-        _alias_epoch += 1
-    if ptr is not None:
-        _alias_seq += 1
-        _aliased[ptr] = _alias_seq
-
-
-def _data(self: Any) -> Any:
-    _record_alias(self)
-    return _base_data.__get__(self)
-
-
-# Bumped whenever any tensor's storage or layout is replaced in place without a version bump: an
-# assignment to `.data` (keeps the tensor's version counter) or `torch.utils.swap_tensors` (swaps
-# it). A probe compares its parameters' storages and layouts only after such an event.
-_replaced_seq = 0
-
-
-def _set_data(self: Any, value: Any) -> None:
-    global _replaced_seq
-    _base_data.__set__(self, value)
-    _replaced_seq += 1  # after the change: a check that reads the new count sees the new storage
-
-
-def _numpy(self: Any, *args: Any, **kwargs: Any) -> Any:
-    _record_alias(self)
-    return _base_numpy(self, *args, **kwargs)
-
-
-def _dlpack(self: Any, *args: Any, **kwargs: Any) -> Any:
-    _record_alias(self)
-    return _base_dlpack(self, *args, **kwargs)
-
-
-_base_swap = torch._C._swap_tensor_impl
-
-
-def _swap_tensor_impl(t1: torch.Tensor, t2: torch.Tensor) -> Any:
-    global _replaced_seq
-    result = _base_swap(t1, t2)
-    _replaced_seq += 1
-    return result
-
-
-_DATA = property(_data, _set_data, doc=_base_data.__doc__)
-torch.Tensor.data = _DATA  # type: ignore[assignment]
-torch.Tensor.numpy = _numpy  # type: ignore[method-assign]
-torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
-# `torch.utils.swap_tensors` (used by `Module._apply` and `load_state_dict` under
-# `torch.__future__.set_swap_module_params_on_conversion`, parametrizations, PEFT's hotswap) reads
-# this attribute when it is called.
-torch._C._swap_tensor_impl = _swap_tensor_impl
-
-
-_data_ptr = torch._C.TensorBase.data_ptr
 _version = operator.attrgetter("_version")
 _parameters_of = operator.attrgetter("_parameters")
 _values = operator.methodcaller("values")
-
-
-def _layout(param: torch.Tensor) -> tuple[Any, ...]:
-    """What an in-place replacement of `param`'s storage or view changes: pointer, dtype, shape, strides."""
-    try:
-        strides: tuple[int, ...] | None = param.stride()
-    except RuntimeError:  # layouts without strides (sparse)
-        strides = None
-    return (_data_ptr(param), param.dtype, tuple(param.shape), strides)
-
-
-def _watched(param: Any) -> bool:
-    """Whether every `.data` assignment to `param` goes through the recording setter above."""
-    return getattr(type(param), "data", None) is _DATA
-
-
-def _storage_refs(param: torch.Tensor) -> int:
-    """How many tensors share `param`'s storage, the parameter itself included."""
-    return int(torch._C._storage_Use_Count(param.untyped_storage()._cdata)) - 1  # less the storage object made here
 
 
 class WeightsProbe:
@@ -206,7 +80,7 @@ class WeightsProbe:
       (accelerate's `load_checkpoint_and_dispatch` after `init_empty_weights`);
     * a parameter's storage, dtype, shape or strides replaced under it (`p.data = other`, a view
       of the same storage included; `torch.utils.swap_tensors`; `model.to_empty()`, a dtype or
-      device move): both routes are recorded when they run (`_replaced_seq`), and only then does a
+      device move): both routes are recorded when they run (`events.replaced_seq`), and only then does a
       check compare every parameter's pointer and layout with those it read last;
     * in-place writes that bump a parameter's `_version` (optimizer steps, `load_state_dict`,
       writes under `no_grad`, through `detach()` or views);
@@ -238,15 +112,15 @@ class WeightsProbe:
         self._model = model
         self._epoch = -1
         self._alias_epoch = -1
-        self._seen = 0  # `_alias_seq` as of the last check
-        self._replaced = -1  # `_replaced_seq` as of the last check
+        self._seen = 0  # `events.alias_seq` as of the last check
+        self._replaced = -1  # `events.replaced_seq` as of the last check
         self._modules: list[torch.nn.Module] = []
         self._tuners: list[Any] = []
         self._built = False
         self._values: list[Any] = []  # every module's `_parameters` values at the last rebuild, None included
         self._params: list[Any] = []  # the same without None
         self._versions = 0  # the sum of their `_version` counters
-        self._layouts: list[tuple[Any, ...]] = []  # their `_layout`s
+        self._layouts: list[tuple[Any, ...]] = []  # their `events.layout`s
         self._unwatched: list[int] = []  # parameters whose `.data` assignments the setter above does not see
         self._adapters: tuple[Any, ...] | None = None
         self._by_storage: dict[int, list[int]] = {}
@@ -258,14 +132,14 @@ class WeightsProbe:
 
     def check(self) -> int:
         """The number of changes seen so far (it grows by one whenever this check finds one)."""
-        replaced = _replaced_seq  # read first: an event during this check is looked at again by the next
-        if self._epoch != _structure_epoch:
-            self._epoch = _structure_epoch
+        replaced = events.replaced_seq  # read first: an event during this check is looked at again by the next
+        if self._epoch != events.structure_epoch:
+            self._epoch = events.structure_epoch
             self._modules = list(self._model.modules())
             self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
         # Every module's parameter dict read again (a direct `_parameters[name] = p` has no hook), in
         # C-level loops, compared by identity; per parameter only its version counter is read, and
-        # its storage and layout only after a `.data` assignment or a swap anywhere (`_replaced_seq`).
+        # its storage and layout only after a `.data` assignment or a swap anywhere (`events.replaced_seq`).
         values = list(chain.from_iterable(map(_values, map(_parameters_of, self._modules))))
         adapters = adapter_state(self._model, self._tuners) if self._tuners else None
         self.adapters = adapters
@@ -278,28 +152,27 @@ class WeightsProbe:
             or sum(map(_version, params)) != self._versions
         )
         if not changed and replaced != self._replaced:
-            changed = list(map(_layout, params)) != self._layouts
+            changed = list(map(events.layout, params)) != self._layouts
         elif not changed and self._unwatched:
-            changed = any(_layout(params[i]) != self._layouts[i] for i in self._unwatched)
+            changed = any(events.layout(params[i]) != self._layouts[i] for i in self._unwatched)
         self._replaced = replaced
         if changed:
             self._rebuild(values, adapters)
             self.changes += 1
             return self.changes
-        if self._alias_epoch != _alias_epoch:
-            self._alias_epoch = _alias_epoch
+        if self._alias_epoch != events.alias_epoch:
+            self._alias_epoch = events.alias_epoch
             suspects = {i for members in self._by_storage.values() for i in members}
-        elif _alias_seq != self._seen:
-            suspects = {
-                i for ptr, members in self._by_storage.items() if _aliased.get(ptr, 0) > self._seen for i in members
-            }
+        elif events.alias_seq != self._seen:
+            aliased, seen = events.aliased, self._seen
+            suspects = {i for ptr, members in self._by_storage.items() if aliased.get(ptr, 0) > seen for i in members}
         else:
             suspects = set()
-        self._seen = _alias_seq
+        self._seen = events.alias_seq
         suspects |= self._exposed
         self.num_sampled = len(suspects)
         if suspects:
-            self._exposed = {i for i in self._exposed | suspects if _storage_refs(params[i]) > 1}
+            self._exposed = {i for i in self._exposed | suspects if events.storage_refs(params[i]) > 1}
             if self._changed(sorted(suspects)):
                 self.changes += 1
         return self.changes
@@ -310,15 +183,15 @@ class WeightsProbe:
         self._built = True
         self._values, self._params, self._adapters = values, params, adapters
         self._versions = sum(map(_version, params))
-        self._layouts = list(map(_layout, params))
-        self._unwatched = [i for i, p in enumerate(params) if not _watched(p)]
-        self._alias_epoch, self._seen = _alias_epoch, _alias_seq
+        self._layouts = list(map(events.layout, params))
+        self._unwatched = [i for i, p in enumerate(params) if not events.watched(p)]
+        self._alias_epoch, self._seen = events.alias_epoch, events.alias_seq
         self._by_storage = {}
         for i, p in enumerate(params):
             if p.device.type != "meta" and p.numel():
                 self._by_storage.setdefault(p.untyped_storage()._cdata, []).append(i)
         live = [i for members in self._by_storage.values() for i in members]
-        self._exposed = {i for i in live if _storage_refs(params[i]) > 1}
+        self._exposed = {i for i in live if events.storage_refs(params[i]) > 1}
         self._reference = [None] * len(params)
         with torch.no_grad():
             for i in live:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.tree.radix import Node
+    from hf_prefix_cache.tree.node import Node
 
 N = TypeVar("N", bound="Node[Any]")
 N_co = TypeVar("N_co", bound="Node[Any]", covariant=True)
@@ -24,7 +24,7 @@ N_co = TypeVar("N_co", bound="Node[Any]", covariant=True)
 def can_leave(node: Node[Any]) -> bool:
     """Whether `node` is on its tier's frontier: unlocked, not a root, no child on the same or a faster tier.
 
-    >>> from hf_prefix_cache.tree.radix import Node
+    >>> from hf_prefix_cache.tree.node import Node
     >>> can_leave(Node("ns", Node("ns", None, (), 0), (1,), 0))
     True
     """
@@ -50,7 +50,7 @@ class Frontier(Generic[N]):
 
     Example:
         >>> from types import SimpleNamespace
-        >>> from hf_prefix_cache.tree.radix import Node
+        >>> from hf_prefix_cache.tree.node import Node
         >>> root = Node("ns", None, (), 0)
         >>> leaf = Node("ns", root, (1,), 0)
         >>> frontier = Frontier(1, SimpleNamespace(num_nodes=1, iter_nodes=lambda: iter([leaf])))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.tree.radix import Node
+    from hf_prefix_cache.tree.node import Node
 
 POLICIES = ("lru", "cost")
 

@@ -1,4 +1,4 @@
-"""RadixTree and its Node: longest-prefix match, insert, lock and eviction order over symbol sequences.
+"""RadixTree: longest-prefix match, insert, lock and eviction order over symbol sequences (nodes: `node.py`).
 
 Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
 torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
@@ -27,101 +27,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from time import monotonic
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Generic, Protocol
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.checks import check_tree
 from hf_prefix_cache.tree.compare import common_len, packed_common_len
 from hf_prefix_cache.tree.frontier import Frontier
+from hf_prefix_cache.tree.node import InsertResult, MatchResult, Node, NodeValue, V
 from hf_prefix_cache.tree.policy import ScoreFn, lru_score
 
 # What callers import from here: the tree and the types its answers hold.
 __all__ = ["InsertResult", "MatchResult", "Node", "NodeValue", "RadixTree", "lru_score"]
-
-
-class NodeValue(Protocol):
-    """What the tree needs from a stored value."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def split(self, offset: int) -> tuple[NodeValue, NodeValue]:
-        """Return the values of the head `[0, offset)` and the tail `[offset, len)` of this edge."""
-        ...
-
-
-V = TypeVar("V", bound=NodeValue)
-
-
-class Node(Generic[V]):
-    """One edge of the tree: the symbols `key` covering positions `[start, start + len(key))`.
-
-    >>> node = Node("ns", None, (1, 2, 3), 4)
-    >>> node.end, node.is_root
-    (7, True)
-    """
-
-    __slots__ = (
-        "children",
-        "key",
-        "last_access",
-        "lock_ref",
-        "namespace",
-        "nbytes",
-        "packed",
-        "parent",
-        "score",
-        "start",
-        "tier",
-        "used_at",
-        "value",
-    )
-
-    def __init__(self, namespace: Hashable, parent: Node[V] | None, key: tuple[Hashable, ...], start: int) -> None:
-        self.namespace = namespace
-        self.parent = parent
-        self.key = key
-        self.packed: bytes | None = None  # the key as int64 bytes, when it was inserted from `TokenIds`
-        self.start = start
-        self.children: dict[Hashable, Node[V]] = {}
-        self.value: V | None = None
-        self.nbytes = 0
-        self.lock_ref = 0
-        self.last_access = 0
-        self.score = 0.0
-        self.tier = 0
-        self.used_at = 0.0  # time.monotonic() of the last use, for expiry
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.key)
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    def __repr__(self) -> str:
-        return f"Node([{self.start}, {self.end}), children={len(self.children)}, lock_ref={self.lock_ref})"
-
-
-class MatchResult(NamedTuple):
-    """The longest stored prefix of a query.
-
-    `path` holds the nodes from the root's child down to the last node that matched at least
-    one symbol; the last one may match only partly (its `start < matched_len < end`).
-    """
-
-    matched_len: int
-    path: tuple[Node[Any], ...]
-
-
-class InsertResult(NamedTuple):
-    """What an insert found and added: `path` covers the whole inserted sequence."""
-
-    matched_len: int
-    path: tuple[Node[Any], ...]
-    new_node: Node[Any] | None
 
 
 class RadixTree(Generic[V]):
