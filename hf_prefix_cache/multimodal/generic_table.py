@@ -10,7 +10,8 @@ MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
 `tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
 `tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
-`tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
+`tests/media/test_media_gemma3n.py` in its own venv, as are FastVLM and Perception LM, by
+`tests/media/test_media_timm_towers.py`). Families left out, and why, are listed in
 `COLD_FAMILIES`. Each key here is registered as its own row of `registry` (a generic family's
 row is its rule in this table; a cold family's, its reason).
 """

@@ -231,4 +231,16 @@ ROW_FAMILIES: dict[str, FamilyRule] = {
         embeds_suffix=True,
         ignored=("token_type_ids",),
     ),
+    # FastVLM: LLaVA with a timm FastViTHD tower (convolutions, then attention within each image); one
+    # pixel_values row per image, a fixed number of placeholders each. It takes only the default feature
+    # settings: a call naming others runs cold.
+    "fast_vlm": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),), settings=_LLAVA_SETTINGS),
+    # Perception LM: a timm PE tower encodes each tile (or video frame) on its own, pooled within the tile; each
+    # row of `pixel_values` one image's tiles, of `pixel_values_videos` one video's frames, a fixed number each.
+    "perception_lm": FamilyRule(
+        kinds=(
+            KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),
+            KindRule("video", VIDEO_TOKEN_ID, "pixel_values_videos"),
+        ),
+    ),
 }

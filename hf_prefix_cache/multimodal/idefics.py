@@ -1,4 +1,4 @@
-"""Idefics3, SmolVLM and Idefics2: each image crop is an item.
+"""Idefics3, SmolVLM, Idefics2 and GraniteDocling: each image crop (tile) is an item.
 
 Idefics2 takes the same inputs; a perceiver resampler (its latents attend to one crop's
 patches only) replaces the pixel shuffle, so each crop still has a fixed number of placeholders.
@@ -79,4 +79,32 @@ def _valid_region(crop: torch.Tensor, mask: Any, patch: Any) -> tuple[torch.Tens
     return (crop[..., :height, :width],)
 
 
+class GraniteDoclingMedia(Idefics3Media):
+    """GraniteDocling: Idefics3's tiles, `pixel_attention_mask` one flag per tile (`[1, num_tiles]`).
+
+    Each tile is encoded on its own (its patches, pixel shuffle, a fixed 2D position table), and its
+    DeepStack features are added to the hidden states at its placeholders only, so a suffix's tiles
+    bring their own. `tile_fine_mask` (the processor's ``fine_route=True``) sends every tile of the call
+    through the connector's fine path (four times the placeholders, other features) whatever its
+    value: its presence is hashed with each tile, and it is passed on while tiles remain. The density
+    router only scores pages (`predict_fine_route`); it changes no feature.
+    """
+
+    handled = Idefics3Media.handled | {"tile_fine_mask"}
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
+        mask = kwargs.get("pixel_attention_mask")
+        if kwargs.get("pixel_values") is not None and isinstance(mask, torch.Tensor) and not bool(mask.all()):
+            return [("image", None, [], None)]  # padding tiles of a batch: the model drops them
+        ((kind, token_id, parts, lengths),) = super()._items(tokens, kwargs)
+        route = torch.tensor([kwargs.get("tile_fine_mask") is not None])  # the fine path, if given at all
+        return [(kind, token_id, [(*part, route) for part in parts], lengths)]
+
+    def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
+        super()._slice(kwargs, layout, cached_len)
+        if kwargs.get("pixel_values") is None:
+            kwargs.pop("tile_fine_mask", None)  # every tile cached: nothing is encoded
+
+
 register(MediaFamily(("idefics3", "smolvlm", "idefics2"), Idefics3Media))
+register(MediaFamily(("granite_docling",), GraniteDoclingMedia, kwargs=("tile_fine_mask",)))

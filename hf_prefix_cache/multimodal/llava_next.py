@@ -1,4 +1,4 @@
-"""LLaVA-NeXT (anyres patch stacks with `image_sizes`) and LLaVA-NeXT-Video.
+"""LLaVA-NeXT (anyres patch stacks with `image_sizes`), LLaVA-NeXT-Video and Granite 4 Vision.
 
 An image's placeholder count follows from its size: the base patch (one token per vision
 patch) plus its anyres grid of patches unpadded back to the image's aspect ratio, with one
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
@@ -53,13 +54,18 @@ class LlavaNextMedia(MediaAdapter):
 
     def _anyres_tokens(self, size: torch.Tensor) -> int:
         modeling, vision = self._modeling(), self.config.vision_config
-        side = int(vision.image_size // vision.patch_size)  # tokens per patch row
+        side = self._tokens_per_side()
         rows, cols = modeling.get_anyres_image_grid_shape(size, self.config.image_grid_pinpoints, vision.image_size)
         # unpad_image only slices, so an empty channel dimension gives the unpadded feature-map shape.
         unpadded = modeling.unpad_image(torch.empty(0, rows * side, cols * side), size)
         height, width = int(unpadded.shape[1]), int(unpadded.shape[2])
         height, width = self._shrunk(height, width, side)
         return side * side + height * (width + 1)  # base patch + unpadded grid with a newline per row
+
+    def _tokens_per_side(self) -> int:
+        """Feature tokens along one side of a tile: one per vision patch (LLaVA-NeXT)."""
+        vision = self.config.vision_config
+        return int(vision.image_size // vision.patch_size)
 
     def _shrunk(self, height: int, width: int, side: int) -> tuple[int, int]:
         """The unpadded feature map's shape after any further resizing (none in LLaVA-NeXT)."""
@@ -143,5 +149,27 @@ class LlavaNextVideoMedia(LlavaNextMedia):
             set_or_drop(kwargs, "pixel_values_videos", videos[k:], k < videos.shape[0])
 
 
+class Granite4VisionMedia(LlavaNextMedia):
+    """Granite 4 Vision: LLaVA-NeXT's anyres tiles, each tile's patches downsampled by its Window Q-Former.
+
+    Every projector (DeepStack and spatial) maps one tile's patch grid to `downsample_rate` of its side
+    (windows within the tile), so an image's placeholders are LLaVA-NeXT's count on the downsampled
+    grid; its features are added to the hidden states at its placeholders only, so a suffix's images
+    bring their own.
+    """
+
+    _modeling_name = "transformers.models.granite4_vision.modeling_granite4_vision"
+
+    def _tokens_per_side(self) -> int:
+        return int(super()._tokens_per_side() * Fraction(self.config.downsample_rate))
+
+
+def granite4_vision_media(model: Any) -> Granite4VisionMedia | None:
+    """Granite 4 Vision's adapter; None (its media cold) without a `downsample_rate`, which its projectors need."""
+    rate = getattr(model.config, "downsample_rate", None)
+    return Granite4VisionMedia(model) if isinstance(rate, str) and rate else None
+
+
 register(MediaFamily(("llava_next",), LlavaNextMedia))
 register(MediaFamily(("llava_next_video",), LlavaNextVideoMedia))
+register(MediaFamily(("granite4_vision",), granite4_vision_media))

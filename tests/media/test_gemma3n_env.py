@@ -1,11 +1,12 @@
-"""Gemma 3n's media tests pass with timm and torchvision from `.timm-packages`, on this interpreter's transformers.
+"""The timm-tower media tests pass with timm and torchvision from `.timm-packages`, on this interpreter's transformers.
 
-Gemma 3n's vision tower is a timm model, and timm imports torchvision. `scripts/install` puts both
+Gemma 3n's vision tower is a timm model (as are FastVLM's and Perception LM's, in
+`tests/media/test_media_timm_towers.py`), and timm imports torchvision. `scripts/install` puts both
 in `.timm-packages` (``--no-deps``, beside the CPU torch); PyPI's torchvision cannot load its C++
 ops there, so the plugin `tests/support/torchvision_ops.py` declares the two op schemas its import
-needs. Only Gemma 3n's tests see them: with timm importable everywhere, transformers would pick
+needs. Only these tests see them: with timm importable everywhere, transformers would pick
 other image processors and `docs/support.md` would depend on the machine. So
-`tests/media/test_media_gemma3n.py` skips in the suite itself and this test runs it in a child
+`tests/media/test_media_gemma3n.py` (and the timm-tower file) skips in the suite itself and this test runs it in a child
 interpreter (the same Python, so each transformers release runs it), requiring every test to pass
 and none to skip. Without the folder it skips, except in CI (`CI` set), where it fails.
 """
@@ -22,11 +23,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ROOT / ".timm-packages"
-TESTS = "tests/media/test_media_gemma3n.py"
+#: The test files that need timm, and how many tests each has at least.
+TIMM_TESTS = {"tests/media/test_media_gemma3n.py": 12, "tests/media/test_media_timm_towers.py": 9}
 
 
-def test_gemma3n_media_tests_pass_with_the_timm_packages(tmp_path: Path) -> None:
-    """Every Gemma 3n media test runs with `.timm-packages` on the path and passes: none fails, errs or skips."""
+@pytest.mark.parametrize("tests", list(TIMM_TESTS))
+def test_timm_tower_media_tests_pass_with_the_timm_packages(tmp_path: Path, tests: str) -> None:
+    """Every test of `tests` runs with `.timm-packages` on the path and passes: none fails, errs or skips."""
     if not (PACKAGES / "timm").is_dir():
         if os.environ.get("CI"):
             pytest.fail(
@@ -41,7 +44,7 @@ def test_gemma3n_media_tests_pass_with_the_timm_packages(tmp_path: Path) -> None
             sys.executable,
             "-m",
             "pytest",
-            TESTS,
+            tests,
             "-p",
             "no:cacheprovider",
             "-p",
@@ -55,9 +58,12 @@ def test_gemma3n_media_tests_pass_with_the_timm_packages(tmp_path: Path) -> None
         timeout=1200,
     )
     log = (done.stdout + done.stderr)[-6000:]
-    assert done.returncode == 0, f"{TESTS} failed with .timm-packages (exit {done.returncode}):\n{log}"
+    assert done.returncode == 0, f"{tests} failed with .timm-packages (exit {done.returncode}):\n{log}"
     root = ET.parse(report).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     assert suite is not None, log
     counts = {name: int(suite.get(name, "0")) for name in ("tests", "failures", "errors", "skipped")}
-    assert counts["tests"] >= 12 and counts["failures"] == counts["errors"] == counts["skipped"] == 0, (counts, log)
+    assert counts["tests"] >= TIMM_TESTS[tests] and counts["failures"] == counts["errors"] == counts["skipped"] == 0, (
+        counts,
+        log,
+    )

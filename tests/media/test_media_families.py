@@ -35,6 +35,8 @@ TURNS = [
     ("ovis2", ("image", 2), (("image", 4),)),  # a tiled image, then a global one
     # MOSS: a two-window clip.
     *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
+    # GraniteDocling: a one-tile page, then a two-tile one; Granite 4 Vision and DeepSeek-OCR 2: another size.
+    *[(name, ("image", 1), (("image", 2),)) for name in ("granite_docling", "granite4_vision", "deepseek_ocr2")],
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -44,6 +46,7 @@ CHANGES = [
     *[(name, kind) for name in ("inkling_mm_model", "nemotron_h_omni") for kind in ("image", "audio")],
     *[(name, "image") for name in ("emu3", "ovis2")],
     *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
+    *[(name, "image") for name in ("granite_docling", "granite4_vision", "deepseek_ocr2")],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 
