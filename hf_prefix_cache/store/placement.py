@@ -13,8 +13,9 @@ serves a temporary copy. With a remote tier, a node leaving the last local tier 
 chunks of its sequence that the server lacks queued for writing (`write_remote`).
 
 Composed of parts with one job each, given only what they need: `disk_nodes.py` (the disk
-tier's files as nodes: indexing a namespace, split files, new snapshots) and `adoption.py`
-(chunks loaded from the remote tier joining the tree).
+tier's files as nodes: indexing a namespace, split files, new snapshots), `adoption.py`
+(chunks loaded from the remote tier joining the tree) and `new_entries.py` (the run backing a new
+leaf, and the snapshots its path takes).
 
 Not thread-safe: the store calls it under its lock.
 """
@@ -22,17 +23,16 @@ Not thread-safe: the store calls it under its lock.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Hashable, Sequence
 
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.memory import DeviceTier
-from hf_prefix_cache.storage.mover import snapshot_to_host
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tier import Tier
 from hf_prefix_cache.storage.tiers import DEVICE, DISK
+from hf_prefix_cache.store import new_entries
 from hf_prefix_cache.store.adoption import adopt
 from hf_prefix_cache.store.disk_nodes import DiskNodes
 from hf_prefix_cache.store.node_place import NodePlace
@@ -295,76 +295,15 @@ class Placement:
         may_move: bool,
         tail: Run | None = None,
     ) -> None:
-        """Make `run` (positions `[0, length)`) back the new leaf without holding a second copy of the prefix.
-
-        When the matched nodes are on the device and their runs back nothing else, they move
-        onto `run` and their old tensors are freed: restores along this path stay one view.
-        Otherwise only the new tail `[matched_len, length)` is kept, copied out so the prefix
-        copy can be freed (`tail`, a copy of exactly those positions made already, is taken instead).
-        """
-        counts: Counter[int] = Counter()
-        old_runs: dict[int, Run] = {}
-        movable = may_move
-        for node in matched:
-            seg = node.value
-            assert seg is not None
-            if node.tier != DEVICE or seg.run is None:
-                movable = False
-                break
-            counts[id(seg.run)] += 1
-            old_runs[id(seg.run)] = seg.run
-        if movable:
-            for key, count in counts.items():
-                if old_runs[key].num_refs != count:
-                    movable = False  # another node still reads one of the matched runs
-                    break
-        if movable:
-            for node in matched:
-                assert node.value is not None
-                node.value.run = run
-                run.take()
-        elif tail is not None and (tail.lo, tail.hi) == (matched_len, length):
-            run.adopt(tail)
-        else:
-            run.compact(matched_len, length)
+        """Make `run` back the new leaf without a second copy of the prefix (see `new_entries.place_run`)."""
+        new_entries.place_run(run, matched, matched_len, length, may_move, tail)
 
     def attach_states(
         self, path: Sequence[Node[Segment]], snapshots: Sequence[Snapshot], items: Sequence[ItemState]
     ) -> None:
-        """Give each snapshot and media item state to the node of `path` whose range holds its length.
-
-        A node that holds one at that length keeps its own. A node on disk has its file rewritten
-        once with all of its new snapshots (an item state alone does not rewrite a file). Budgets
-        are enforced by the caller after all are attached: enforcing after each one sent the
-        entry to disk after its first snapshot and lost the rest.
-        """
-        on_disk: dict[int, tuple[Node[Segment], list[Snapshot]]] = {}
-        for snap in snapshots:
-            node = _holder(path, snap.length)
-            if node is None:
-                continue
-            seg = node.value
-            assert seg is not None
-            if snap.length in seg.snapshots:
-                continue
-            if node.tier == DISK:
-                on_disk.setdefault(id(node), (node, []))[1].append(snap)
-                continue
-            seg.snapshots[snap.length] = snap if node.tier == DEVICE else snapshot_to_host(snap, self.mover)
-            self.counters.num_snapshots += 1
-            self.tree.refresh_nbytes(node)
-        for node, snaps in on_disk.values():
-            assert self.files is not None, "a disk node in a store without a disk tier"
-            self.files.add_to_file(node, snaps)
-        for state in items:
-            node = _holder(path, state.length)
-            if node is None:
-                continue
-            seg = node.value
-            assert seg is not None
-            if state.length not in seg.items and node.tier != DISK:
-                seg.items[state.length] = state if node.tier == DEVICE else snapshot_to_host(state, self.mover)
-                self.tree.refresh_nbytes(node)
+        """Give each snapshot and media item state to the node of `path` that holds it (see `new_entries`)."""
+        added = new_entries.attach_states(self.tree, self.mover, self.files, path, snapshots, items)
+        self.counters.num_snapshots += added
 
     def adopt(self, namespace: str, symbols: Sequence[Hashable], hit: Segment) -> bool:
         """Add chunks loaded from the remote tier to the tree (see `adoption.adopt`); whether anything was added."""
@@ -422,8 +361,3 @@ class Placement:
         self.counters.reset()
         if self.remote is not None:
             self.remote.reset_counters()
-
-
-def _holder(path: Sequence[Node[Segment]], length: int) -> Node[Segment] | None:
-    """The node of `path` whose range `(start, end]` holds `length`."""
-    return next((node for node in path if node.start < length <= node.end), None)
