@@ -231,4 +231,11 @@ ROW_FAMILIES: dict[str, FamilyRule] = {
         embeds_suffix=True,
         ignored=("token_type_ids",),
     ),
+    # Chameleon: a VQ-VAE per image (convolutions and attention within it, a code per latent cell), the codes'
+    # text embeddings fill the image's fixed number of placeholders.
+    "chameleon": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # Step 3.7: each global view a ViT (2-D RoPE, attention within the image) and two stride-2 convolutions, a
+    # fixed number of placeholders each. Local crops (`pixel_values_local`: a variable number per image, their
+    # features before the image's own) are no whole rows of one kwarg: such calls run cold.
+    "step3p7": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
 }
