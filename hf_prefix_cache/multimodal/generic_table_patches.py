@@ -196,4 +196,7 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
         )
         for model_type in ("inkling2", "inkling2_loop")
     },
+    # dots3 Note: Qwen-VL-style image and video grids (a ViT with routed experts per patch, attention within each
+    # item, a 2x2 merger); 1D positions. Its audio (`input_features` in chunks) is not served: such calls run cold.
+    "dots3_note": FamilyRule(kinds=_GRID_KINDS),
 }
