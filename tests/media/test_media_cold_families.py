@@ -3,6 +3,8 @@ requests run cold, equal to cold runs, with the reason counted.
 
 * Molmo 2 (`COLD_FAMILIES`): the processor's `mm_token_type_ids` put every image placeholder of a prompt in
   one bidirectional attention block, so an image's states change with the images after it.
+* Qwen4-Exp (`COLD_FAMILIES`): 4-row M-RoPE positions, gated delta-net layers and an indexer keeping positions
+  need an adapter of its own; its media requests run cold.
 * Step 3.7's local crops (`pixel_values_local`, a variable number per image) are no whole rows of one kwarg:
   calls passing them run cold, while its global views alone are served (`test_media_generic.py`).
 """
@@ -20,8 +22,9 @@ from hf_prefix_cache.multimodal import media_adapter_for, registry
 from hf_prefix_cache.testing.media.generic_downsampled import tiny_step3p7
 from hf_prefix_cache.testing.media.generic_ids import IMG
 from hf_prefix_cache.testing.media.harness import served
+from hf_prefix_cache.testing.tiny_attention import tiny_qwen4_exp
 from hf_prefix_cache.testing.tiny_vlm_media import run, text
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, _build
 
 
 def _fallbacks(model: Any, ids: torch.Tensor, **kwargs: Any) -> dict[str, int]:
@@ -103,3 +106,21 @@ def test_step3p7_local_crops_run_cold() -> None:
         "num_local_patches": [2],
     }
     assert _fallbacks(model, ids, **kwargs) == {"model_kwarg:pixel_values_local": 2}
+
+
+def test_qwen4_exp_keeps_no_adapter_and_its_media_run_cold() -> None:
+    """Qwen4-Exp (the tiny text model's layers, a Qwen3-VL-style tower): an image request runs cold, counted."""
+    text_config = {
+        k: v for k, v in tiny_qwen4_exp().config.to_dict().items() if k not in ("architectures", "model_type")
+    }
+    vision = {"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64}
+    config = transformers.Qwen4ExpConfig(text_config=text_config, vision_config=vision, **_QWEN_IDS)
+    model = _build(transformers.Qwen4ExpForConditionalGeneration, config)
+    assert media_adapter_for(model) is None and "qwen4_exp" in registry.cold()
+    ids = torch.cat([text(4, 1), torch.tensor([[122, *[IMG] * 6, 123]]), text(4, 2)], dim=1)
+    kwargs = {
+        "pixel_values": torch.rand(24, 3 * 2 * 2 * 2, generator=torch.Generator().manual_seed(1)),
+        "image_grid_thw": torch.tensor([[1, 4, 6]]),
+        "mm_token_type_ids": (ids == IMG).long(),
+    }
+    assert _fallbacks(model, ids, **kwargs) == {"mrope_positions": 2}  # its M-RoPE is refused first
