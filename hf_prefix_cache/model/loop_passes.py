@@ -23,10 +23,12 @@ def with_loop_passes(
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """`layer_types` and their kwargs followed by the looped span's once per pass after the first (as many as
     the model appends: its span clipped to its layers); unchanged for a model that does not loop."""
-    start = getattr(config, "loop_layer_index_start", None)
-    end = getattr(config, "loop_layer_index_end", None)
-    passes = getattr(config, "loop_num_passes", None)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, passes)) or passes < 2:
+    names = ("loop_layer_index_start", "loop_layer_index_end", "loop_num_passes")
+    values = [value for name in names if isinstance(value := getattr(config, name, None), int)]
+    if len(values) != len(names) or any(isinstance(v, bool) for v in values):
+        return layer_types, per_layer_kwargs
+    start, end, passes = values
+    if passes < 2:
         return layer_types, per_layer_kwargs
     extra = passes - 1
     return (
