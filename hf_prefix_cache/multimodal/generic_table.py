@@ -10,9 +10,10 @@ MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
 `tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
 `tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
-`tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
-`COLD_FAMILIES`. Each key here is registered as its own row of `registry` (a generic family's
-row is its rule in this table; a cold family's, its reason).
+`tests/media/test_media_gemma3n.py` in its own venv; Muse Spark, Inkling 2 (and its loop variant),
+Apertus 1.5 and dots3 Note by the family suite, `tests/media/test_media_families.py`). Families left
+out, and why, are listed in `COLD_FAMILIES`. Each key here is registered as its own row of
+`registry` (a generic family's row is its rule in this table; a cold family's, its reason).
 """
 
 from __future__ import annotations
