@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hf_prefix_cache.testing.media.registry import SweepCase as MediaCase
 
-#: Prompt ids 100-127 are media and framing ids in every fixture: answers never hold them.
+#: Prompt ids 100-127 are media and framing ids in every fixture: answers never hold them (nor a case's
+#: `suppress` ids).
 SUPPRESS = list(range(100, 128))
 NEW = 4
 
@@ -61,14 +62,6 @@ def _cat(*parts: Any) -> Any:
     from hf_prefix_cache.testing.media.registry import cat
 
     return cat(*parts)
-
-
-#: Adapter keys without a media case, and why.
-NO_MEDIA_CASE: dict[str, str] = {
-    # Its timm vision tower needs torchvision, which the sweep's environment lacks; its media are proven
-    # with .timm-packages by tests/media/test_media_gemma3n.py (run by tests/media/test_gemma3n_env.py).
-    "gemma3n": "timm vision tower: tested with .timm-packages, not in the sweep's environment",
-}
 
 
 # --------------------------------------------------------------------------- the scenario
@@ -122,7 +115,7 @@ def _step(case: MediaCase, store: Any, ids: Any, names: Sequence[str], step: str
 
     from hf_prefix_cache.testing.compare import generate, max_logit_diff
 
-    kwargs = {**case.kwargs(ids, names), "suppress_tokens": SUPPRESS}
+    kwargs = {**case.kwargs(ids, names), "suppress_tokens": SUPPRESS + list(case.suppress)}
     before = store.stats().hit_tokens
     try:
         cold = generate(case.model, ids, NEW, **kwargs)

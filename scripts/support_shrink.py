@@ -106,6 +106,13 @@ _VIBEVOICE_TOKENIZER = {"num_filters": 4, "depths": [1] * 7}
 # (0 shared layers: the config then shares all of them, however many the shrink leaves.)
 _GEMMA4_DRAFTER = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "num_kv_shared_layers": 0}
 # KV sharing: the last layer of each kind reuses an earlier one's cache.
+_INKLING2_LOOP = {
+    "unpadded_vocab_size": VOCAB,
+    "n_layers_per_attn_res_block": 1,
+    "loop_layer_index_start": 1,
+    "loop_layer_index_end": 2,
+    "loop_num_passes": 2,
+}
 _GEMMA3N_TEXT = {
     "num_hidden_layers": 4,
     "num_kv_shared_layers": 2,
@@ -219,7 +226,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         }
     },  # fmt: skip
     "inkling2_text": {"unpadded_vocab_size": VOCAB},
-    "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
+    # Its second layer looped twice (by default the loop starts past the shrunk layers, so nothing would loop).
+    "inkling2_loop_text": _INKLING2_LOOP,
     # Kolibri 1.1: an indexer layer, a layer reusing its keys (a `DummyLayer`) and rescoring its pool, between two
     # sliding layers; its indexer scores with at most the query heads of one key head.
     "kolibri1_1": {
@@ -241,7 +249,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "text_config": {"head_dim": 16, "rope_parameters": {"mrope_section": [2, 2, 2, 2]}},
     },
     "inkling2": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
-    "inkling2_loop": {"vision_config": {"text_hidden_size": 64}, "text_config": {"unpadded_vocab_size": VOCAB}},
+    "inkling2_loop": {"vision_config": {"text_hidden_size": 64}, "text_config": _INKLING2_LOOP},
     "muse_spark": {"out_hidden_size": 64, "audio_config": {"out_hidden_size": 64}},
     # One codebook: generate then takes one row of audio codes per prompt, as the sweep's prompts are.
     "musicgen": {"decoder": {"num_codebooks": 1}},

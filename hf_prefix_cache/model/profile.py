@@ -19,6 +19,7 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.indexer_ties import indexer_modules
 from hf_prefix_cache.model.layers import LayerAdapter, adapter_for
+from hf_prefix_cache.model.loop_passes import with_loop_passes
 from hf_prefix_cache.model.module_states import MODULE_STATE_MODEL_TYPES, has_module_states
 from hf_prefix_cache.model.own_caches import OwnCache, own_cache_for
 from hf_prefix_cache.multimodal import MediaAdapter, media_adapter_for
@@ -225,6 +226,9 @@ def profile_model(
             layer_types, per_layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
             if own is not None and own.layer_specs is not None:
                 layer_types, per_layer_kwargs = own.layer_specs(config.get_text_config(decoder=True))
+            layer_types, per_layer_kwargs = with_loop_passes(
+                config.get_text_config(decoder=True), layer_types, per_layer_kwargs
+            )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             # A config transformers cannot read a cache layout from (BLT in 5.23): its own
             # `generate` fails the same way; construction must not.

@@ -11,9 +11,10 @@ MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
 `tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
 `tests/media/test_media_gemma3n.py` in its own venv, as are FastVLM and Perception LM, by
-`tests/media/test_media_timm_towers.py`). Families left out, and why, are listed in
-`COLD_FAMILIES`. Each key here is registered as its own row of `registry` (a generic family's
-row is its rule in this table; a cold family's, its reason).
+`tests/media/test_media_timm_towers.py`; Muse Spark, Inkling 2 (and its loop variant), Apertus 1.5
+and dots3 Note by the family suite, `tests/media/test_media_families.py`). Families left out, and
+why, are listed in `COLD_FAMILIES`. Each key here is registered as its own row of `registry` (a
+generic family's row is its rule in this table; a cold family's, its reason).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ COLD_FAMILIES: dict[str, str] = {
     # GIT: the image's features are prepended before the prompt's embeddings (no placeholder ids; the
     # cache holds positions the prompt has no ids for) and attend both ways.
     "git": "image tokens are prepended outside input_ids (the cache is longer than the prompt)",
+    # Molmo 2: with the processor's `mm_token_type_ids` all image (and frame) placeholders of a prompt form one
+    # bidirectional attention block, so an image's states change with every image after it
+    # (`tests/media/test_media_cold_families.py`). Serving it would need whole-prompt media keys.
+    "molmo2": "all images of a prompt attend to each other both ways: an image's states depend on the images after it",
+    # Qwen4-Exp: Qwen3-VL-style M-RoPE with a fourth (text) position row, gated delta-net layers whose media
+    # prefill must be fed embeddings, and an indexer keeping the prompt's positions: none of this is in the generic
+    # rules; serving it would need its own adapter (Qwen3.5's, with those positions).
+    "qwen4_exp": "needs its own adapter: 4-row M-RoPE positions, recurrent layers fed media embeddings, an indexer",
 }
 
 

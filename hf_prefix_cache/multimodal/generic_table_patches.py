@@ -33,6 +33,15 @@ _GRID_KINDS = (
     ),
 )
 
+#: Muse Glimmer's (and Muse Spark's) images and videos: grids of flattened patch rows, a `merge_size` pixel shuffle.
+_MUSE_VISION = tuple(
+    KindRule(kind, token_id, data, count="thw", sizes=sizes, stride=("vision_config.merge_size",) * 2)
+    for kind, token_id, data, sizes in (
+        ("image", IMAGE_TOKEN_ID, "pixel_values", "image_grid_thw"),
+        ("video", VIDEO_TOKEN_ID, "pixel_values_videos", "video_grid_thw"),
+    )
+)
+
 PATCH_FAMILIES: dict[str, FamilyRule] = {
     # Kimi-K2.5: a MoonViT-style tower on flattened patch rows, attention within each item; a 2x2 merge
     # kernel, a video chunk's frames averaged into one frame's placeholders (each chunk its own run).
@@ -75,26 +84,7 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     ),
     # Muse Glimmer: a windowed tower (windows and attention within each item) on flattened patch rows, a 2x2
     # pixel shuffle (`merge_size`); 1D positions; videos go through the image tower.
-    "muse_glimmer": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.merge_size", "vision_config.merge_size"),
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.merge_size", "vision_config.merge_size"),
-            ),
-        ),
-    ),
+    "muse_glimmer": FamilyRule(kinds=_MUSE_VISION),
     # MiniMax-M3-VL: a CLIP-like tower on flattened Conv3d patch rows, attention within each item; 2x2 merge.
     "minimax_m3_vl": FamilyRule(
         kinds=_GRID_KINDS,
@@ -175,4 +165,38 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # Muse Spark: Muse Glimmer's vision (a windowed tower on flattened patch rows, attention within each item,
+    # a 2x2 pixel shuffle; videos through the image tower; 1D positions), and audio clips as rows of raw
+    # samples padded to one length, `input_values_mask` each row's valid samples: a causal-conv tower (no
+    # attention) encodes each row on its own, one placeholder per started `patch_sizes`-product of valid samples.
+    "muse_spark": FamilyRule(
+        kinds=(
+            *_MUSE_VISION,
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_values",
+                count="conv",
+                mask="input_values_mask",
+                hop=("audio_config.patch_sizes",),
+            ),
+        ),
+    ),
+    # Inkling 2 and Inkling 2 Loop: a ViT per image (a class token in front, attention within the image) on one
+    # row of merged patches per placeholder, `image_grid_thw` counted in placeholders; 1D positions. Their
+    # hybrid text layers hold conv states, so the hook prefills media prompts itself (suffix embeddings).
+    **{
+        model_type: FamilyRule(
+            kinds=(
+                KindRule(
+                    "image", ("image_token_id",), "pixel_values", count="thw", sizes="image_grid_thw", merge_area=1
+                ),
+            ),
+            embeds_suffix=True,
+        )
+        for model_type in ("inkling2", "inkling2_loop")
+    },
+    # dots3 Note: Qwen-VL-style image and video grids (a ViT with routed experts per patch, attention within each
+    # item, a 2x2 merger); 1D positions. Its audio (`input_features` in chunks) is not served: such calls run cold.
+    "dots3_note": FamilyRule(kinds=_GRID_KINDS),
 }

@@ -243,4 +243,35 @@ ROW_FAMILIES: dict[str, FamilyRule] = {
             KindRule("video", VIDEO_TOKEN_ID, "pixel_values_videos"),
         ),
     ),
+    # Chameleon: a VQ-VAE per image (convolutions and attention within it, a code per latent cell), the codes'
+    # text embeddings fill the image's fixed number of placeholders.
+    "chameleon": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # Step 3.7: each global view a ViT (2-D RoPE, attention within the image) and two stride-2 convolutions, a
+    # fixed number of placeholders each. Local crops (`pixel_values_local`: a variable number per image, their
+    # features before the image's own) are no whole rows of one kwarg: such calls run cold.
+    "step3p7": FamilyRule(kinds=(KindRule("image", IMAGE_TOKEN_ID, "pixel_values"),)),
+    # Apertus 1.5: each image tokenized at its valid size (`image_sizes`; rows padded to the prompt's largest) by a
+    # VQ tokenizer, one code per `spatial_scale_factor` pixels a side, laid out as rows split by an end-of-line
+    # id; each clip of `input_values` coded at its valid length (`padding_mask`) by a WavTokenizer encoder, one
+    # code per started hop (the product of `upsampling_ratios`). Codes are embedded as text ids.
+    "apertus1p5": FamilyRule(
+        kinds=(
+            KindRule(
+                "image",
+                IMAGE_TOKEN_ID,
+                "pixel_values",
+                count="grid",
+                sizes="image_sizes",
+                stride=("vision_config.spatial_scale_factor",),
+            ),
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_values",
+                count="conv",
+                mask="padding_mask",
+                hop=("audio_config.upsampling_ratios",),
+            ),
+        ),
+    ),
 }

@@ -14,20 +14,22 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, ovis2_5, packed, qwen3, registry
+from hf_prefix_cache.testing.media import grid, inkling2, ovis2_5, packed, qwen3, registry
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
 
 CASES = registry.suite_cases()
 IMAGE_AND_VIDEO = (("image", 2), ("video", 5))
+#: Families of images and audio clips (Apertus 1.5 is new in transformers 5.25).
+IMAGE_AND_AUDIO = ("inkling_mm_model", "nemotron_h_omni", *(("apertus1p5",) if "apertus1p5" in CASES else ()))
 #: A first turn's medium and the media a second turn adds ((kind, seed) each), per family.
 TURNS = [
     *[(name, ("image", 1), IMAGE_AND_VIDEO) for name in (*grid.FAMILIES, *qwen3.FAMILIES, *ovis2_5.FAMILIES)],
-    *[(name, ("image", 1), (("image", 2),)) for name in packed.FAMILIES],
+    *[(name, ("image", 1), (("image", 2),)) for name in (*packed.FAMILIES, *inkling2.FAMILIES)],
     *[
         (name, (first, 1), ((then, 2),))
-        for name in ("inkling_mm_model", "nemotron_h_omni")
+        for name in IMAGE_AND_AUDIO
         for first, then in (("image", "image"), ("image", "audio"), ("audio", "image"))
     ],
     ("emu3", ("image", 1), (("image", 4),)),  # one size, other pixels
@@ -37,16 +39,22 @@ TURNS = [
     *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
     # GraniteDocling: a one-tile page, then a two-tile one; Granite 4 Vision and DeepSeek-OCR 2: another size.
     *[(name, ("image", 1), (("image", 2),)) for name in ("granite_docling", "granite4_vision", "deepseek_ocr2")],
+    # Muse Spark: images, videos and raw audio clips.
+    *[
+        ("muse_spark", (first, 1), tuple((then, seed) for then, seed in added))
+        for first, added in (("image", IMAGE_AND_VIDEO), ("image", (("audio", 2),)), ("audio", (("image", 2),)))
+    ],
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
     (name, kind) for name in (*grid.FAMILIES, *qwen3.FAMILIES, *ovis2_5.FAMILIES) for kind in ("image", "video")
 ] + [
-    *[(name, "image") for name in packed.FAMILIES],
-    *[(name, kind) for name in ("inkling_mm_model", "nemotron_h_omni") for kind in ("image", "audio")],
+    *[(name, "image") for name in (*packed.FAMILIES, *inkling2.FAMILIES)],
+    *[(name, kind) for name in IMAGE_AND_AUDIO for kind in ("image", "audio")],
     *[(name, "image") for name in ("emu3", "ovis2")],
     *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
     *[(name, "image") for name in ("granite_docling", "granite4_vision", "deepseek_ocr2")],
+    *[("muse_spark", kind) for kind in ("image", "video", "audio")],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 

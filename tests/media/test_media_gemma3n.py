@@ -2,22 +2,12 @@
 
 Gemma 3n's vision tower is a timm model (MobileNetV5), and timm needs torchvision: this module
 skips in the suite (no timm on its path), and `tests/media/test_gemma3n_env.py` runs it with the
-`.timm-packages` that `scripts/install` fills and the `support.torchvision_ops` plugin.
-
-The tiny model mirrors the real layout: a text vocabulary of 128 ids, then 16 vision ids (the
-first is the end-of-image id, the second the image placeholder) and 16 audio ids (end-of-audio,
-then the audio placeholder), so placeholders and end markers take the towers' hard embeddings and
-no per-layer token input, as in the real model. Four text layers, the last two sharing the first
-two's keys/values, sliding window 8; the real MobileNetV5 encoder shrunk by `channel_multiplier`
-(4 soft tokens per 32x32 image); a two-layer conformer (4 soft tokens per clip of up to 64 mel
-frames). An image is ``<boi> IMG x4 <eoi>``, a clip ``<boa> AUD x4 <eoa>``; the processor's
-`token_type_ids` are passed every time (the model never reads them).
+`.timm-packages` that `scripts/install` fills and the `support.torchvision_ops` plugin. The tiny
+model and its media are `hf_prefix_cache/testing/media/gemma3n.py`'s (the support matrix's too).
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,8 +21,20 @@ from hypothesis import strategies as st
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.multimodal import media_adapter_for
 from hf_prefix_cache.multimodal.generic import GenericMedia
+from hf_prefix_cache.testing.media.gemma3n import (
+    AUD,
+    BOA,
+    EOA,
+    IMG,
+    MELS,
+    SPECIAL_IDS,
+    Medium,
+    media_kwargs,
+    medium,
+    placeholders,
+    tiny_gemma3n,
+)
 from hf_prefix_cache.testing.media.harness import conversation_store, converse_checked, expected_reuse
-from hf_prefix_cache.testing.tiny_build import _finalize
 from hf_prefix_cache.testing.tiny_vlm_media import text
 from media.conftest import store_fixture
 from media.test_media_generic import Prompt
@@ -41,120 +43,9 @@ pytest.importorskip(
     "timm", reason="Gemma 3n's vision tower needs timm; tests/media/test_gemma3n_env.py runs this with .timm-packages"
 )
 
-BOI, EOI, IMG = 110, 128, 129  # end-of-image and image ids open the vision vocabulary (offset 128), as in Gemma 3n
-BOA, EOA, AUD = 112, 144, 145  # end-of-audio and audio ids open the audio vocabulary (offset 144)
-SPECIAL_IDS = list(range(100, 160))  # answers stay in text ids below 100
 NEW = 5
-FRAMES, MELS = 48, 16  # every clip of the pool: 48 mel frames (its valid part, then zero padding) of 16 bins
 #: The random conversations' pool: two images, then two clips (each pair the same shape, other content).
 POOL_SEEDS = (0, 1, 2, 5)
-
-
-@functools.cache
-def tiny_gemma3n() -> Any:
-    """A tiny random-weight Gemma 3n (float32, eager, seed 0) with the real timm encoder, shrunk."""
-    text_config = {
-        "vocab_size": 160,
-        "vocab_size_per_layer_input": 128,
-        "hidden_size": 64,
-        "hidden_size_per_layer_input": 8,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_kv_shared_layers": 2,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        "sliding_window": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "altup_num_inputs": 2,
-        "laurel_rank": 8,
-        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
-        "max_position_embeddings": 512,
-        "pad_token_id": 0,
-        "bos_token_id": 1,
-        "eos_token_id": None,
-    }
-    vision = {
-        "architecture": "mobilenetv5_300m_enc",
-        "model_args": {"channel_multiplier": 0.0625, "msfa_output_resolution": 2},
-        "hidden_size": 2048,  # the encoder's fixed output width
-        "vocab_size": 16,
-        "vocab_offset": 128,
-    }
-    audio = {
-        "vocab_size": 16,
-        "vocab_offset": 144,
-        "input_feat_size": MELS,
-        "hidden_size": 32,
-        "conf_num_attention_heads": 4,
-        "conf_num_hidden_layers": 2,
-        "sscp_conv_channel_size": [8, 4],
-        "conf_conv_kernel_size": 3,
-        "conf_attention_chunk_size": 4,
-        "conf_attention_context_left": 5,
-    }
-    config = transformers.Gemma3nConfig(
-        text_config=text_config,
-        vision_config=vision,
-        audio_config=audio,
-        vision_soft_tokens_per_image=4,
-        audio_soft_tokens_per_image=4,
-        boi_token_id=BOI,
-        eoi_token_id=EOI,
-        image_token_id=IMG,
-        boa_token_id=BOA,
-        eoa_token_id=EOA,
-        audio_token_id=AUD,
-    )
-    torch.manual_seed(0)
-    config._attn_implementation = "eager"
-    return _finalize(transformers.Gemma3nForConditionalGeneration(config))
-
-
-def _rand(seed: int, *shape: int) -> torch.Tensor:
-    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
-
-
-@dataclass(frozen=True)
-class Medium:
-    """An image (`data` ``[3, 32, 32]``) or a clip (`data` ``[FRAMES, MELS]`` and its frame `mask`), with its tokens."""
-
-    kind: str
-    data: torch.Tensor
-    mask: torch.Tensor | None
-    tokens: tuple[int, ...]
-    spans: tuple[tuple[int, int], ...] = ((1, 5),)
-
-
-def medium(seed: int) -> Medium:
-    """Pool medium `seed`: a clip for seeds 2, 5, 8, ... (each its own valid length), an image otherwise."""
-    if seed % 3 != 2:
-        return Medium("image", _rand(seed, 3, 32, 32), None, (BOI, *[IMG] * 4, EOI))
-    valid = 20 + seed * 7 % 28
-    mask = torch.arange(FRAMES) < valid
-    return Medium("audio", _rand(seed, FRAMES, MELS) * mask[:, None], mask, (BOA, *[AUD] * 4, EOA))
-
-
-def placeholders(m: Medium) -> torch.Tensor:
-    return torch.tensor([list(m.tokens)])
-
-
-def token_types(ids: torch.Tensor) -> torch.Tensor:
-    """What the processor returns as `token_type_ids`: 1 on image placeholders, 3 on audio ones."""
-    return (ids == IMG).long() + 3 * (ids == AUD).long()
-
-
-def media_kwargs(ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-    """What the processor hands `generate` for `media` in prompt order."""
-    out: dict[str, Any] = {"token_type_ids": token_types(ids)}
-    images = [m.data for m in media if m.kind == "image"]
-    clips = [m for m in media if m.kind == "audio"]
-    if images:
-        out["pixel_values"] = torch.stack(images)
-    if clips:
-        out["input_features"] = torch.stack([c.data for c in clips])
-        out["input_features_mask"] = torch.stack([c.mask for c in clips if c.mask is not None])
-    return out
 
 
 def check(ids: torch.Tensor, media: list[Medium], store: PrefixCache, **kwargs: Any) -> Any:

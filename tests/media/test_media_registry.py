@@ -52,7 +52,7 @@ def test_media_kwargs_are_the_shared_ones_then_each_familys_own() -> None:
 
 def test_cold_families_have_no_adapter_and_are_not_served() -> None:
     cold = registry.cold()
-    assert set(cold) == {"minicpmv4_6", "git"}
+    assert set(cold) == {"minicpmv4_6", "git", "molmo2", "qwen4_exp"}
     assert not set(cold) & set(registry.served())
 
 

@@ -11,7 +11,7 @@ generated answers never contain ids above 99 (`SPECIAL_IDS` are suppressed).
   several sizes padded per prompt to the largest, `image_sizes` their valid size; ``[IMG]`` rows
   split by ``[IMG_BREAK]``, ended by ``[IMG_END]`` (all but LLaVA merge 2x2 patches per placeholder).
 * ``video_llava``: 16 placeholders per image, 17 per video frame (2 frames), no framing.
-* ``deepseek_vl`` / ``janus`` / ``vipllava``: 16 placeholders per image, no framing;
+* ``deepseek_vl`` / ``janus`` / ``vipllava`` / ``chameleon`` / ``step3p7``: 16 placeholders per image, no framing;
   ``deepseek_vl_hybrid`` the same, each image with a 64x64 high-resolution version (a second row).
 * ``voxtral``: audio chunks of 40 mel frames, 5 placeholders each, after a begin-audio id.
 * ``fuyu``: Fuyu, 2x3 or 3x2 patches of 4x4 pixels, each row of placeholders ended by an
@@ -54,7 +54,7 @@ NEW = 5
 #: The Pixtral-tower families: images padded per prompt, `image_sizes` their valid size.
 PIXTRAL = ("mistral3", "llava_pixtral", "lighton_ocr", "mistral_large4")
 #: One placeholder run per image, no framing (LLaVA-like): 16 per 32x32 image.
-PLAIN = ("deepseek_vl", "janus", "vipllava", "deepseek_vl_hybrid")
+PLAIN = ("deepseek_vl", "janus", "vipllava", "deepseek_vl_hybrid", "chameleon", "step3p7")
 #: Tiles of 4 placeholders, framed by begin/end ids (GOT-OCR 2: one 64x64 image per tile).
 FRAMED_TILES = ("internvl", "qianfan_ocr", "cohere2_vision", "got_ocr2", "pp_chart2table", "aria")
 #: Families whose image rows come with a high-resolution version of each image (64x64).
@@ -224,6 +224,8 @@ class GenericFamily:
             return [self.model.vision_model]
         if self.name == "fuyu":
             return [self.model.model.vision_embed_tokens]
+        if self.name == "chameleon":
+            return [self.model.model.vqmodel.encoder]  # its VQ model runs `encode`, not `forward`
         inner = self.model.model
         names = {
             "video_llava": ["image_tower", "video_tower"],
@@ -235,6 +237,7 @@ class GenericFamily:
             "deepseek_vl_hybrid": ["vision_model"],
             "janus": ["vision_model"],
             "lighton_ocr": ["vision_encoder"],
+            "step3p7": ["vision_model"],
         }
         return [getattr(inner, n) for n in names.get(self.name, ["vision_tower"])]
 
@@ -326,6 +329,8 @@ SWEPT = {
             "llama4",
             "lfm2_vl",
             "mistral_large4",
+            "chameleon",
+            "step3p7",
         )
     },
     "llava/pixtral": "llava_pixtral",

@@ -8,6 +8,7 @@ from typing import Any
 import transformers
 
 from hf_prefix_cache.testing.media.generic_audio import tiny_glmasr, tiny_omniasr, tiny_voxtral
+from hf_prefix_cache.testing.media.generic_downsampled import tiny_chameleon, tiny_step3p7
 from hf_prefix_cache.testing.media.generic_images import (
     tiny_deepseek_vl,
     tiny_deepseek_vl_hybrid,
@@ -56,6 +57,8 @@ _BUILDERS = {
     "lfm2_vl": tiny_lfm2_vl,
     "mistral_large4": tiny_mistral_large4,
     "vipllava": tiny_vipllava,
+    "chameleon": tiny_chameleon,
+    "step3p7": tiny_step3p7,
 }
 #: Generic families whose text layers hold states: each prefix restores only at a snapshot.
 STATE_FAMILIES = ("lfm2_vl",)

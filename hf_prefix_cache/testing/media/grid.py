@@ -15,6 +15,7 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 * ``muse_glimmer``: Muse Glimmer: rows of ``2 * 3 * 4 * 4`` values, 2x2 pixel shuffle, windows within each item.
 * ``llava_onevision1_5`` (transformers 5.25 on): LLaVA-OneVision-1.5: rows of ``3 * 2 * 2`` values, 2x2 merge,
   a class token per frame, Qwen3 text with 1D positions.
+* ``dots3_note``: dots3 Note: rows of ``3 * 2 * 2`` values, 2x2 merge, an expert tower (`dots3_note.py`).
 * ``video_llama_3``: Video-LLaMA 3: rows of ``3 * 4 * 4`` pixels, each item's merge size (2) in
   `image_merge_sizes` / `video_merge_sizes`; no video compression mask.
 """
@@ -32,6 +33,7 @@ from packaging.version import Version
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
@@ -44,6 +46,7 @@ FAMILIES = (
     "hyperclovax_vision_v2",
     "muse_glimmer",
     *(("llava_onevision1_5",) if hasattr(transformers, "LlavaOnevision15Config") else ()),
+    "dots3_note",
 )
 _IDS: dict[str, Any] = {
     "image_token_id": IMG,
@@ -264,6 +267,7 @@ _BUILDERS = {
     "minimax_m3_vl": tiny_minimax_m3_vl,
     "lfm3_vl": tiny_lfm3_vl,
     "video_llama_3": tiny_video_llama_3,
+    "dots3_note": tiny_dots3_note,
 }
 #: Per family: the shape of one patch row.
 _ROW = {
@@ -275,6 +279,7 @@ _ROW = {
     "hyperclovax_vision_v2": (3 * 2 * 2 * 2,),
     "muse_glimmer": (2 * 3 * 4 * 4,),
     "llava_onevision1_5": (3 * 2 * 2,),
+    "dots3_note": (3 * 2 * 2,),
 }
 #: Per family: patches merged into one placeholder, and whether a video's frames are averaged.
 _MERGE = {
@@ -286,6 +291,7 @@ _MERGE = {
     "hyperclovax_vision_v2": (4, False),
     "muse_glimmer": (4, False),
     "llava_onevision1_5": (4, False),
+    "dots3_note": (4, False),
 }
 #: Families that take each item's merge size as a kwarg (`*_merge_sizes`), all 2 here.
 _OWN_MERGES = ("video_llama_3",)

@@ -43,6 +43,8 @@ class SweepCase:
     first: int = 0
     #: Text tokens before medium A (0 where media must lead the prompt: PaliGemma).
     head_len: int = 5
+    #: Ids answers must not hold besides the fixtures' 100-127 (media ids past them: Gemma 3n's 128-159).
+    suppress: tuple[int, ...] = ()
 
 
 _SWEEP: dict[str, Callable[[], SweepCase]] = {}

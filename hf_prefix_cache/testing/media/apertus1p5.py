@@ -1,0 +1,131 @@
+"""A tiny Apertus 1.5 and its media (images and audio clips as discrete codes), for its tests and the sweep.
+
+Its VQ image tokenizer encodes each image at its valid size (`image_sizes`; the processor pads a prompt's
+images to the largest) into one code per 4x4 pixels (three resolutions), laid out as the processor does:
+``<boi>``, then ``h / 4`` rows of ``w / 4`` image ids split by an end-of-line id, then ``<eoi>``. Its
+WavTokenizer encoder codes each clip at its valid length (`padding_mask`), one code per started 4
+samples, between begin/end-of-audio ids; clips are padded to 40 samples. Codes are text ids (images
+100-107, audio 108-115), embedded as the placeholders' features. Pool seeds 1 and 13 give one shape,
+other content; seed 2 another (a 16x24 or 8x16 image, a clip of 40 or 26 samples: 10 or 7 codes).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+
+IMG, AUD, EOL, BOI, EOI, BOA, EOA = 120, 126, 117, 118, 119, 110, 111
+IMAGE_CODES, AUDIO_CODES = 100, 108  # the code ids' offsets: 8 image codes, then 8 audio codes
+SIZES = [(16, 24), (16, 24), (8, 16)]
+SAMPLES, PADDED, HOP, STRIDE = [40, 40, 26], 40, 4, 4
+
+
+@functools.cache
+def tiny_apertus1p5() -> Any:
+    """Apertus 1.5: a VQ image tokenizer (8 codes, 4x4 pixels each), a WavTokenizer encoder (8 codes, 4 samples
+    each); Apertus text (2 layers)."""
+    vision = {
+        "codebook_size": 8,
+        "embed_dim": 8,
+        "latent_channels": 8,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1],
+        "num_res_blocks": 1,
+        "attn_resolutions": [],
+        "resolution": 16,
+    }
+    audio = {
+        "model_type": "wavtokenizer_encoder",
+        "num_filters": 8,
+        "upsampling_ratios": [2, 2],
+        "hidden_size": 16,
+        "codebook_size": 8,
+        "codebook_dim": 16,
+        "num_lstm_layers": 1,
+    }
+    config = transformers.Apertus1p5Config(
+        text_config={**_TEXT, "model_type": "apertus1p5_text", "head_dim": 16, "max_position_embeddings": 8192},
+        vision_config=vision,
+        audio_config=audio,
+        image_token_id=IMG,
+        audio_token_id=AUD,
+        image_token_offset=IMAGE_CODES,
+        audio_token_offset=AUDIO_CODES,
+    )
+    return _build(transformers.Apertus1p5ForConditionalGeneration, config)
+
+
+@dataclass(frozen=True)
+class Medium:
+    kind: str
+    seed: int
+
+
+def image(seed: int) -> Medium:
+    return Medium("image", seed)
+
+
+def clip(seed: int) -> Medium:
+    return Medium("audio", seed)
+
+
+def placeholders(medium: Medium) -> torch.Tensor:
+    if medium.kind == "audio":
+        return torch.tensor([[BOA, *[AUD] * -(-SAMPLES[medium.seed % 3] // HOP), EOA]])
+    height, width = SIZES[medium.seed % 3]
+    rows = [[IMG] * (width // STRIDE)] * (height // STRIDE)
+    return torch.tensor([[BOI, *[t for i, row in enumerate(rows) for t in ([EOL] if i else []) + row], EOI]])
+
+
+def media_kwargs(media: list[Medium]) -> dict[str, Any]:
+    """What the processor hands `generate`: images padded to the prompt's largest with their sizes; clips padded
+    to 40 samples with their mask."""
+    out: dict[str, Any] = {}
+    images = [m for m in media if m.kind == "image"]
+    if images:
+        sizes = [SIZES[m.seed % 3] for m in images]
+        pixels = torch.zeros(len(images), 3, max(h for h, _ in sizes), max(w for _, w in sizes))
+        for i, (m, (height, width)) in enumerate(zip(images, sizes, strict=True)):
+            pixels[i, :, :height, :width] = torch.rand(
+                3, height, width, generator=torch.Generator().manual_seed(m.seed)
+            )
+        out["pixel_values"], out["image_sizes"] = pixels * 2 - 1, torch.tensor(sizes)
+    clips = [m for m in media if m.kind == "audio"]
+    if clips:
+        values = torch.zeros(len(clips), 1, PADDED)
+        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
+        for i, m in enumerate(clips):
+            valid = SAMPLES[m.seed % 3]
+            values[i, 0, :valid] = torch.rand(valid, generator=torch.Generator().manual_seed(m.seed)) * 2 - 1
+            mask[i, :valid] = 1
+        out["input_values"], out["padding_mask"] = values, mask
+    return out
+
+
+def _sweep() -> registry.SweepCase:
+    """Apertus 1.5 in the support matrix's scenario: A an image; C an audio clip, text, then an image of another size."""
+    media = registry.mixed(image, clip, image)
+    return registry.mixed_sweep(tiny_apertus1p5(), placeholders, media, lambda _ids, held: media_kwargs(held))
+
+
+# Registered on 5.23 too (the support matrix there does not sweep the type); its suite row needs 5.25.
+registry.register_sweep("apertus1p5", _sweep)
+if hasattr(transformers, "Apertus1p5Config"):
+    registry.register_suite(
+        "apertus1p5",
+        lambda: MediaCase(
+            "apertus1p5",
+            tiny_apertus1p5(),
+            {"image": image, "audio": clip},
+            placeholders,
+            lambda _ids, m: media_kwargs(m),
+        ),
+    )

@@ -1,0 +1,161 @@
+"""A tiny Muse Spark and its media (images and videos as flattened patch grids, raw audio clips), for its tests
+and the sweep.
+
+Its vision tower is Muse Glimmer's (windows and attention within each item, a 2x2 pixel shuffle) on rows
+of ``2 * 3 * 4 * 4`` values (2 frames of 4x4 pixels), ``t * h * w / 4`` placeholders per item; its audio
+tower is causal convolutions only, one placeholder per started 8 samples (`patch_sizes` 4 and 2) of a
+clip's valid part. Clips are padded to 48 samples with their `input_values_mask`, as its feature
+extractor pads a prompt's clips to one length. An image or video is ``110 [placeholders] 111``, a clip
+``112 [placeholders] 113``. Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+
+from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+
+IMG, VID, AUD = 120, 121, 126
+OPEN, CLOSE, AUDIO_OPEN, AUDIO_CLOSE = 110, 111, 112, 113
+GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
+VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
+#: Per pool seed: a clip's valid samples (of `PADDED`), 5 or 3 placeholders.
+SAMPLES, PADDED, HOP = [40, 40, 24], 48, 8
+ROW = 2 * 3 * 4 * 4
+
+
+@functools.cache
+def tiny_muse_spark() -> Any:
+    """Muse Spark: Muse Glimmer's windowed tower on 2-frame 4x4-pixel patch rows, a causal-conv audio tower
+    (8 samples per placeholder); text [sliding, full] with NoPE full layers and an expert MLP."""
+    vision = {
+        "patch_size": 4,
+        "pos_emb_height": 4,
+        "pos_emb_width": 4,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "merge_size": 2,
+        "layer_types": ["window_attention", "full_attention"],
+    }
+    text = {
+        **_TEXT,
+        "model_type": "muse_spark_text",
+        "head_dim": 16,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "layer_rope_theta": [500000.0, 0],
+        "mlp_layer_types": ["dense", "sparse"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "moe_hidden_size": 32,
+    }
+    audio = {"patch_sizes": [4, 2], "hidden_sizes": [16, 32], "depths": [1, 1], "num_hidden_layers": 2}
+    config = transformers.MuseSparkConfig(
+        text_config=text,
+        vision_config=vision,
+        audio_config={**audio, "out_hidden_size": _TEXT["hidden_size"]},
+        image_token_id=IMG,
+        video_token_id=VID,
+        audio_token_id=AUD,
+        out_hidden_size=128,
+        projector_hidden_size=64,
+    )
+    return _build(transformers.MuseSparkForConditionalGeneration, config)
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One image, video or clip: its kind and seed."""
+
+    kind: str
+    seed: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (GRIDS if self.kind == "image" else VIDEO_GRIDS)[self.seed % 3]
+
+    @property
+    def count(self) -> int:
+        """Its placeholders."""
+        if self.kind == "audio":
+            return -(-SAMPLES[self.seed % 3] // HOP)
+        t, h, w = self.grid
+        return t * h * w // 4
+
+
+def image(seed: int) -> Medium:
+    return Medium("image", seed)
+
+
+def video(seed: int) -> Medium:
+    return Medium("video", seed)
+
+
+def clip(seed: int) -> Medium:
+    return Medium("audio", seed)
+
+
+def placeholders(medium: Medium) -> torch.Tensor:
+    if medium.kind == "audio":
+        return torch.tensor([[AUDIO_OPEN, *[AUD] * medium.count, AUDIO_CLOSE]])
+    return torch.tensor([[OPEN, *[IMG if medium.kind == "image" else VID] * medium.count, CLOSE]])
+
+
+def _rows(medium: Medium) -> torch.Tensor:
+    t, h, w = medium.grid
+    return torch.rand(t * h * w, ROW, generator=torch.Generator().manual_seed(medium.seed))
+
+
+def media_kwargs(media: list[Medium]) -> dict[str, Any]:
+    """What the processor hands `generate` for `media` in prompt order."""
+    out: dict[str, Any] = {}
+    for kind, data, grid in (
+        ("image", "pixel_values", "image_grid_thw"),
+        ("video", "pixel_values_videos", "video_grid_thw"),
+    ):
+        mine = [m for m in media if m.kind == kind]
+        if mine:
+            out[data] = torch.cat([_rows(m) for m in mine])
+            out[grid] = torch.tensor([list(m.grid) for m in mine])
+    clips = [m for m in media if m.kind == "audio"]
+    if clips:
+        values = torch.zeros(len(clips), PADDED)
+        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
+        for i, m in enumerate(clips):
+            valid = SAMPLES[m.seed % 3]
+            values[i, :valid] = torch.rand(valid, generator=torch.Generator().manual_seed(m.seed)) * 2 - 1
+            mask[i, :valid] = 1
+        out["input_values"], out["input_values_mask"] = values, mask
+    return out
+
+
+def _sweep() -> registry.SweepCase:
+    """Muse Spark in the support matrix's scenario: A an image; C an audio clip, text, then a video."""
+    media = registry.mixed(image, clip, video)
+    return registry.mixed_sweep(tiny_muse_spark(), placeholders, media, lambda _ids, held: media_kwargs(held))
+
+
+registry.register_sweep("muse_spark", _sweep)
+
+
+def _suite() -> MediaCase:
+    return MediaCase(
+        "muse_spark",
+        tiny_muse_spark(),
+        {"image": image, "video": video, "audio": clip},
+        placeholders,
+        lambda _ids, media: media_kwargs(media),
+    )
+
+
+registry.register_suite("muse_spark", _suite)
