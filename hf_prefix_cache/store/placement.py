@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.memory import DeviceTier
 from hf_prefix_cache.storage.remote import RemoteTier
@@ -286,18 +286,6 @@ class Placement:
                 self.tree.offer(leaf)
 
     # ------------------------------------------------------------ new entries
-    def place_run(
-        self,
-        run: Run,
-        matched: Sequence[Node[Segment]],
-        matched_len: int,
-        length: int,
-        may_move: bool,
-        tail: Run | None = None,
-    ) -> None:
-        """Make `run` back the new leaf without a second copy of the prefix (see `new_entries.place_run`)."""
-        new_entries.place_run(run, matched, matched_len, length, may_move, tail)
-
     def attach_states(
         self, path: Sequence[Node[Segment]], snapshots: Sequence[Snapshot], items: Sequence[ItemState]
     ) -> None:

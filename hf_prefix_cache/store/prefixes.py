@@ -47,6 +47,7 @@ from hf_prefix_cache.storage.segments import (
 from hf_prefix_cache.store.contract import InsertOutcome, Lease
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.locking import StoreLock
+from hf_prefix_cache.store.new_entries import place_run
 from hf_prefix_cache.store.options import Options
 from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
@@ -419,9 +420,7 @@ class Prefixes:
         result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, per_token))
         if run is not None and result.new_node is not None:
             run.take()
-            self._placement.place_run(
-                run, result.path[:-1], result.matched_len, length, may_move=row is None, tail=capture.tail
-            )
+            place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None, tail=capture.tail)
         if capture.snapshots or items:
             self._placement.attach_states(result.path, capture.snapshots, items)
         self._tree.touch(result.path)
