@@ -35,6 +35,8 @@ TURNS = [
     ("ovis2", ("image", 2), (("image", 4),)),  # a tiled image, then a global one
     # MOSS: a two-window clip.
     *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
+    ("ernie4_5_vl_moe", ("image", 1), IMAGE_AND_VIDEO),
+    ("hunyuan_vl", ("image", 1), (("image", 2),)),
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -44,6 +46,8 @@ CHANGES = [
     *[(name, kind) for name in ("inkling_mm_model", "nemotron_h_omni") for kind in ("image", "audio")],
     *[(name, "image") for name in ("emu3", "ovis2")],
     *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
+    *[("ernie4_5_vl_moe", kind) for kind in ("image", "video")],
+    ("hunyuan_vl", "image"),
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 
