@@ -37,6 +37,7 @@ TURNS = [
     *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
     ("ernie4_5_vl_moe", ("image", 1), IMAGE_AND_VIDEO),
     ("hunyuan_vl", ("image", 1), (("image", 2),)),
+    ("cosmos3_edge", ("image", 1), IMAGE_AND_VIDEO),
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -48,6 +49,7 @@ CHANGES = [
     *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
     *[("ernie4_5_vl_moe", kind) for kind in ("image", "video")],
     ("hunyuan_vl", "image"),
+    *[("cosmos3_edge", kind) for kind in ("image", "video")],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 
