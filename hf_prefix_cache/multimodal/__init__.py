@@ -1,8 +1,8 @@
 """Media adapters per model family, and the lookup from a model to its adapter.
 
 One module per family (`llava`, `llava_next`, `llava_onevision`, `idefics`, `qwen_vl`, `qwen_audio`,
-`qwen_omni`, `qwen3_omni`, `ernie4_5_vl`, `hunyuan_vl`, `cosmos3_edge`, `glm4v`, `mllama`, `gemma4`,
-`phi4`, `emu3`, `ovis2`, `moss`, `kosmos2_5`); the base class and shared helpers live in `base`.
+`qwen_omni`, `qwen3_omni`, `ernie4_5_vl`, `hunyuan_vl`, `hy_v4_vl`, `cosmos3_edge`, `glm4v`, `mllama`,
+`gemma4`, `phi4`, `emu3`, `ovis2`, `moss`, `kosmos2_5`); the base class and shared helpers live in `base`.
 Each family module registers its row in `registry` (its adapter, the model types it serves, its
 own media kwargs); families of the common pattern (rows of a media kwarg scattered over
 placeholders) are rows of `generic_table`, served by `generic.GenericMedia`, and registered from

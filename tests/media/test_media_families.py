@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, ovis2_5, packed, qwen3, registry
+from hf_prefix_cache.testing.media import grid, hy_v4_vl, ovis2_5, packed, qwen3, registry
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
@@ -38,6 +38,7 @@ TURNS = [
     ("ernie4_5_vl_moe", ("image", 1), IMAGE_AND_VIDEO),
     ("hunyuan_vl", ("image", 1), (("image", 2),)),
     ("cosmos3_edge", ("image", 1), IMAGE_AND_VIDEO),
+    *([("hy_v4_vl", ("image", 1), IMAGE_AND_VIDEO)] if hy_v4_vl.AVAILABLE else []),
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -50,6 +51,7 @@ CHANGES = [
     *[("ernie4_5_vl_moe", kind) for kind in ("image", "video")],
     ("hunyuan_vl", "image"),
     *[("cosmos3_edge", kind) for kind in ("image", "video")],
+    *[("hy_v4_vl", kind) for kind in ("image", "video") if hy_v4_vl.AVAILABLE],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 
