@@ -60,10 +60,10 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
         if clips is None:
             return ("audio", None, [], None)
         parts, lengths = clips
-        return ("audio", token_id, [(p,) for p in parts], lengths)
+        return ("audio", token_id, parts, lengths)
 
-    def _clips(self, kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], list[int]] | None:
-        """Each clip's valid frames `[mel, frames]` and placeholder count; None for inputs the model cannot take."""
+    def _clips(self, kwargs: dict[str, Any]) -> tuple[list[tuple[Any, ...]], list[int]] | None:
+        """Each clip's hashed parts (its valid frames `[mel, frames]`) and placeholder count; None if unusable."""
         features, mask = kwargs.get("input_features"), kwargs.get("feature_attention_mask")
         if features is None and mask is None:
             return [], []
@@ -72,7 +72,7 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
         if features.dim() != 3 or mask.dim() != 2 or tuple(mask.shape) != (features.shape[0], features.shape[2]):
             return None
         _, lengths = self.model.model.audio_tower._get_feat_extract_output_lengths(mask.sum(-1))
-        parts = [features[i][:, mask[i].bool()] for i in range(features.shape[0])]
+        parts = [(features[i][:, mask[i].bool()],) for i in range(features.shape[0])]
         return parts, [int(n) for n in lengths.tolist()]
 
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
@@ -115,7 +115,7 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
                 if any(need.values()):
                     return None
                 span_ids = torch.tensor(list(tokens[pos:end]), dtype=torch.long)
-                digest = hash_media(*video_parts[video], clip_parts[clip], span_ids)
+                digest = hash_media(*video_parts[video], *clip_parts[clip], span_ids)
                 items.append(MediaItem("video", digest, pos, end))
                 video, clip = video + 1, clip + 1
             elif token == audio_id:
@@ -124,7 +124,7 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
                 end = pos + clip_lens[clip]
                 if clip_lens[clip] <= 0 or end > n or any(t != audio_id for t in tokens[pos:end]):
                     return None
-                items.append(MediaItem("audio", hash_media(clip_parts[clip]), pos, end))
+                items.append(MediaItem("audio", hash_media(*clip_parts[clip]), pos, end))
                 clip += 1
             else:
                 end = pos + 1

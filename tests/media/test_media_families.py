@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, inkling2, ovis2_5, packed, qwen3, registry
+from hf_prefix_cache.testing.media import grid, hy_v4_vl, inkling2, ovis2_5, packed, qwen3, registry
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
@@ -44,6 +44,10 @@ TURNS = [
         ("muse_spark", (first, 1), tuple((then, seed) for then, seed in added))
         for first, added in (("image", IMAGE_AND_VIDEO), ("image", (("audio", 2),)), ("audio", (("image", 2),)))
     ],
+    ("ernie4_5_vl_moe", ("image", 1), IMAGE_AND_VIDEO),
+    ("hunyuan_vl", ("image", 1), (("image", 2),)),
+    ("cosmos3_edge", ("image", 1), IMAGE_AND_VIDEO),
+    *([("hy_v4_vl", ("image", 1), IMAGE_AND_VIDEO)] if hy_v4_vl.AVAILABLE else []),
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -55,6 +59,10 @@ CHANGES = [
     *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
     *[(name, "image") for name in ("granite_docling", "granite4_vision", "deepseek_ocr2")],
     *[("muse_spark", kind) for kind in ("image", "video", "audio")],
+    *[("ernie4_5_vl_moe", kind) for kind in ("image", "video")],
+    ("hunyuan_vl", "image"),
+    *[("cosmos3_edge", kind) for kind in ("image", "video")],
+    *[("hy_v4_vl", kind) for kind in ("image", "video") if hy_v4_vl.AVAILABLE],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 

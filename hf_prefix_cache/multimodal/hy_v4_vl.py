@@ -1,0 +1,38 @@
+"""HY V4 VL: Qwen2-VL's flattened patch rows and positions, each merged row of an item ending in a newline feature.
+
+Its vision tower embeds each image or video with positions of its own grid, attends within each
+(`cu_seqlens`) and merges each on its own, appending a newline feature to every merged row: an item
+of grid ``(t, h, w)`` is one run of ``t * (h/m) * (w/m + 1)`` placeholders (``m`` the spatial
+merge; a video's frames one run). Its `get_rope_index` reads the processor's `mm_token_type_ids`
+as Qwen2-VL's does, and its cold run passes a text row in front of the three rotary rows, as
+Qwen2-VL's adapter does; its own path after a restored prefix adds `rope_deltas` left on the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hf_prefix_cache.multimodal.base import KindItems
+from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
+from hf_prefix_cache.multimodal.registry import MediaFamily, register
+
+
+class HYV4VLMedia(Qwen2VLMedia):
+    """HY V4 VL: Qwen2-VL's items, each ``t * (h/m) * (w/m + 1)`` placeholders (a newline per merged row)."""
+
+    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
+        out: list[KindItems] = []
+        merge = int(self.config.vision_config.spatial_merge_size)
+        for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
+            if lengths is not None and parts:
+                grids = [part[1].tolist() for part in parts]
+                if any(h % merge or w % merge for _, h, w in grids):
+                    out.append((kind, None, [], None))  # the merger takes whole merge windows
+                    continue
+                lengths = [t * (h // merge) * (w // merge + 1) for t, h, w in grids]
+            out.append((kind, token_id, parts, lengths))
+        return out
+
+
+register(MediaFamily(("hy_v4_vl",), HYV4VLMedia))
