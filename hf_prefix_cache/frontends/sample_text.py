@@ -72,6 +72,13 @@ the back door, and the fire extinguisher is beside the fire-safe battery box.
 per year, and invitations to the spring and autumn group rides. Membership is free and needs
 only a name, a phone number and an email address.
 """
+"""A real document to build long shared prompts from: a bicycle shop's staff handbook, 12 numbered sections.
+
+About 1,100 SmolLM2 tokens of plain English that a chat model can answer questions from (hours,
+prices, returns, warranty, repairs, ...). The demo, the benchmarks and the examples in
+`integrations/` put it in front of each question, so that every question after the first reuses it.
+Public as `hf_prefix_cache.HANDBOOK`.
+"""
 
 QUESTIONS = (
     "How long is the warranty on a frame?",

@@ -12,7 +12,7 @@ import logging
 import operator
 import threading
 import weakref
-from contextvars import ContextVar
+from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
@@ -420,21 +420,20 @@ class Namespaces:
     Args:
         model: The model the store serves.
         salt: The store's salt (None: none).
-        scope: The request-scope variable the store reads (`store.scope.CURRENT_SCOPE`, passed in
-            so this package imports nothing of the store's): inside a scope whose `salt` is set,
-            the namespace is that salt's own.
+        request_salt: The salt of the request scope active in this thread or task (`store.scope.salt_of`,
+            passed in so this package imports nothing of the store's; None: none): when set, the
+            namespace is that salt's own.
 
     Example:
-        >>> from contextvars import ContextVar
-        >>> namespaces = Namespaces(model, None, ContextVar("scope", default=None))
+        >>> namespaces = Namespaces(model, None, lambda: None)
         >>> namespaces.current() == namespaces.current()
         True
     """
 
-    def __init__(self, model: Any, salt: str | None, scope: ContextVar[Any]) -> None:
+    def __init__(self, model: Any, salt: str | None, request_salt: Callable[[], str | None]) -> None:
         self._model = model
         self._salt = salt
-        self._scope = scope
+        self._request_salt = request_salt
         self._lock = threading.Lock()
         self._probe = WeightsProbe(model)
         self._weights = (self._probe.check(), weights_fingerprint(model))
@@ -465,9 +464,9 @@ class Namespaces:
                         )
                     cached = (probe, namespace)
                     self._cached = cached
-        scope = self._scope.get()
-        if scope is not None and scope.salt is not None:
-            return fingerprint([cached[1], "request salt", scope.salt])
+        request_salt = self._request_salt()
+        if request_salt is not None:
+            return fingerprint([cached[1], "request salt", request_salt])
         return cached[1]
 
     def refingerprint(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, NotStored, Served
 from hf_prefix_cache.store.observe import TEXT, PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
+from hf_prefix_cache.store.scope import RequestScope, scopes_of
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -51,6 +52,10 @@ class RequestCounters:
         self.counts = Counts()
         self._callbacks: list[RequestCallback] = []
         self._logged: set[str] = set()
+
+    def scope(self, salt: str | None = None) -> RequestScope:
+        """A request scope of this store (`PrefixCache.request`): the calls it is active around count into it."""
+        return RequestScope(self, salt)
 
     def add_callback(self, callback: RequestCallback) -> None:
         with self._lock:
@@ -104,9 +109,13 @@ class RequestCounters:
             else:
                 c.media_hit_by_modality.update(by_modality)
             callbacks = list(self._callbacks) if self._callbacks else None
-        if callbacks:
+        scopes = scopes_of(self)
+        if callbacks or scopes:
             if by_modality is None:
                 by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
+            for scope in scopes:
+                scope.count_served(prompt_len * num_rows, restore_len * num_rows, by_modality)
+        if callbacks:
             # Without the cache, positions [0, restore_len) would have been prefilled too.
             if rows:
                 saved = sum(self._prefill_cost.flops(0, r) for _, r in rows)
@@ -123,6 +132,8 @@ class RequestCounters:
             c.computed_tokens += prompt_len
             c.fallbacks[reason] += 1
             callbacks = list(self._callbacks)
+        for scope in scopes_of(self):
+            scope.count_cold(reason, prompt_len)
         if callbacks:
             _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
 
@@ -130,6 +141,8 @@ class RequestCounters:
         """Count `reason` in `fallbacks` without a request (less reuse, a skipped insert)."""
         with self._lock:
             self.counts.fallbacks[reason] += 1
+        for scope in scopes_of(self):
+            scope.count_reason(reason)
 
     def expired(self, num_entries: int) -> None:
         self.counts.expired += num_entries
