@@ -13,6 +13,7 @@ import operator
 import threading
 import weakref
 from collections.abc import Callable
+from contextvars import ContextVar
 from itertools import chain
 from typing import Any
 
@@ -420,19 +421,28 @@ class Namespaces:
     Args:
         model: The model the store serves.
         salt: The store's salt (None: none).
-        request_salt: The salt of the request scope active in this thread or task (`store.scope.salt_of`,
-            passed in so this package imports nothing of the store's; None: none): when set, the
-            namespace is that salt's own.
+        scopes: The request scopes active in this thread or task (`store.scope.ACTIVE_SCOPES`, passed in
+            so this package imports nothing of the store's), read on every request.
+        request_salt: The salt those scopes give this store (`store.scope.salt_of`; None: none), asked
+            only inside a scope: when set, the namespace is that salt's own.
 
     Example:
-        >>> namespaces = Namespaces(model, None, lambda: None)
+        >>> from contextvars import ContextVar
+        >>> namespaces = Namespaces(model, None, ContextVar("scopes", default=()), lambda active: None)
         >>> namespaces.current() == namespaces.current()
         True
     """
 
-    def __init__(self, model: Any, salt: str | None, request_salt: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        salt: str | None,
+        scopes: ContextVar[tuple[Any, ...]],
+        request_salt: Callable[[tuple[Any, ...]], str | None],
+    ) -> None:
         self._model = model
         self._salt = salt
+        self._scopes = scopes
         self._request_salt = request_salt
         self._lock = threading.Lock()
         self._probe = WeightsProbe(model)
@@ -464,7 +474,8 @@ class Namespaces:
                         )
                     cached = (probe, namespace)
                     self._cached = cached
-        request_salt = self._request_salt()
+        scopes = self._scopes.get()
+        request_salt = self._request_salt(scopes) if scopes else None
         if request_salt is not None:
             return fingerprint([cached[1], "request salt", request_salt])
         return cached[1]

@@ -22,7 +22,7 @@ from typing import Any
 
 from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, NotStored, Served
 from hf_prefix_cache.store.observe import TEXT, PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
-from hf_prefix_cache.store.scope import RequestScope, scopes_of
+from hf_prefix_cache.store.scope import ACTIVE_SCOPES, RequestScope, scopes_of
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -109,7 +109,8 @@ class RequestCounters:
             else:
                 c.media_hit_by_modality.update(by_modality)
             callbacks = list(self._callbacks) if self._callbacks else None
-        scopes = scopes_of(self)
+        active = ACTIVE_SCOPES.get()
+        scopes = scopes_of(self, active) if active else ()
         if callbacks or scopes:
             if by_modality is None:
                 by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
@@ -132,7 +133,8 @@ class RequestCounters:
             c.computed_tokens += prompt_len
             c.fallbacks[reason] += 1
             callbacks = list(self._callbacks)
-        for scope in scopes_of(self):
+        active = ACTIVE_SCOPES.get()
+        for scope in scopes_of(self, active) if active else ():
             scope.count_cold(reason, prompt_len)
         if callbacks:
             _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
@@ -141,7 +143,8 @@ class RequestCounters:
         """Count `reason` in `fallbacks` without a request (less reuse, a skipped insert)."""
         with self._lock:
             self.counts.fallbacks[reason] += 1
-        for scope in scopes_of(self):
+        active = ACTIVE_SCOPES.get()
+        for scope in scopes_of(self, active) if active else ():
             scope.count_reason(reason)
 
     def expired(self, num_entries: int) -> None:

@@ -9,15 +9,15 @@ The active scopes live in a `contextvars.ContextVar`, so each thread and each ta
 Scopes nest: a call counts in every active scope of its store, and the innermost salt given
 applies. A scope may be entered again, in the same or another thread (the one that runs a
 streamed `generate`): the calls of every entry add up. Knows nothing of `generate` or of the
-tree; the store reads the active scopes (`counters.py` counts into them; `keys.weights.Namespaces`
-is handed `salt_of`).
+tree; the store reads `ACTIVE_SCOPES` (a plain hit outside any block makes no Python call here):
+`counters.py` counts into `scopes_of` them, `keys.weights.Namespaces` salts with `salt_of` them.
 
 >>> owner = object()  # a store's key (its `RequestCounters`)
 >>> with RequestScope(owner, salt="tenant-a") as outer, RequestScope(owner) as inner:
-...     salt_of(owner), scopes_of(owner) == (outer, inner)
+...     salt_of(owner, ACTIVE_SCOPES.get()), scopes_of(owner, ACTIVE_SCOPES.get()) == (outer, inner)
 ('tenant-a', True)
->>> salt_of(owner), scopes_of(owner)
-(None, ())
+>>> ACTIVE_SCOPES.get()
+()
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from collections import Counter
 from contextvars import ContextVar
 from typing import Any
 
-# The scopes active in this thread or task, outermost first (of any store).
-_ACTIVE: ContextVar[tuple[RequestScope, ...]] = ContextVar("hf_prefix_cache_request_scopes", default=())
+#: The scopes active in this thread or task, outermost first (of any store).
+ACTIVE_SCOPES: ContextVar[tuple[RequestScope, ...]] = ContextVar("hf_prefix_cache_request_scopes", default=())
 
 
 class RequestScope:
@@ -96,16 +96,16 @@ class RequestScope:
             return dict(self._fallbacks)
 
     def __enter__(self) -> RequestScope:
-        _ACTIVE.set((*_ACTIVE.get(), self))
+        ACTIVE_SCOPES.set((*ACTIVE_SCOPES.get(), self))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         # By identity, not a token: an exit in another copy of the context (a generator resumed
         # elsewhere) finds nothing to remove there, and leaves the rest of its chain as it was.
-        active = _ACTIVE.get()
+        active = ACTIVE_SCOPES.get()
         for i in range(len(active) - 1, -1, -1):
             if active[i] is self:
-                _ACTIVE.set(active[:i] + active[i + 1 :])
+                ACTIVE_SCOPES.set(active[:i] + active[i + 1 :])
                 return
 
     def count_served(self, prompt_tokens: int, cached_tokens: int, by_modality: dict[str, int]) -> None:
@@ -136,11 +136,8 @@ class RequestScope:
         )
 
 
-def scopes_of(owner: object) -> tuple[RequestScope, ...]:
-    """The scopes of the store keyed `owner` active in this thread or task, outermost first, each once."""
-    active = _ACTIVE.get()
-    if not active:
-        return ()
+def scopes_of(owner: object, active: tuple[RequestScope, ...]) -> tuple[RequestScope, ...]:
+    """The scopes of the store keyed `owner` among the `active` ones (`ACTIVE_SCOPES`), outermost first, each once."""
     found: list[RequestScope] = []
     for scope in active:
         if scope._owner is owner and scope not in found:
@@ -148,9 +145,9 @@ def scopes_of(owner: object) -> tuple[RequestScope, ...]:
     return tuple(found)
 
 
-def salt_of(owner: object) -> str | None:
-    """The salt in force for the store keyed `owner` here: its innermost active scope's that has one (None: none)."""
-    for scope in reversed(_ACTIVE.get()):
+def salt_of(owner: object, active: tuple[RequestScope, ...]) -> str | None:
+    """The salt in force for the store keyed `owner`: its innermost `active` scope's that has one (None: none)."""
+    for scope in reversed(active):
         if scope._owner is owner and scope.salt is not None:
             return scope.salt
     return None

@@ -49,7 +49,7 @@ from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.prefixes import Prefixes
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
-from hf_prefix_cache.store.scope import salt_of
+from hf_prefix_cache.store.scope import ACTIVE_SCOPES, salt_of
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.stats import StoreStats, collect_stats
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
@@ -85,7 +85,7 @@ class TreeStore:
         self._build_tiers(resolved)
         self._requests = RequestCounters(self._lock.raw, PrefillCost.of(model, len(self.profile.kv_layers)))
         # A request scope's salt (`scope.py`), keyed by the counters the scope counts into.
-        self._namespaces = Namespaces(model, options.salt, functools.partial(salt_of, self._requests))
+        self._namespaces = Namespaces(model, options.salt, ACTIVE_SCOPES, functools.partial(salt_of, self._requests))
         self._upkeep = Upkeep(
             self._tree, self._placement, self._lock, self._requests, resolved.ttl, self.profile.has_state
         )
