@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hf_prefix_cache.api.display import CacheStats
     from hf_prefix_cache.api.models import load_model, load_smollm2, smollm2_folder
     from hf_prefix_cache.api.prefix_cache import PrefixCache
+    from hf_prefix_cache.api.sample_text import HANDBOOK
     from hf_prefix_cache.errors import (
         IncompatibleModelError,
         ModelUnavailableError,
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
         UnhashableMediaError,
         UnsupportedVersionError,
     )
-    from hf_prefix_cache.frontends.sample_text import HANDBOOK
     from hf_prefix_cache.store.lookup import Lookup
     from hf_prefix_cache.store.observe import RequestEvent
     from hf_prefix_cache.store.pressure import PressureEvent
@@ -42,7 +42,7 @@ _WHERE = {
     "load_model": "hf_prefix_cache.api.models",
     "load_smollm2": "hf_prefix_cache.api.models",
     "smollm2_folder": "hf_prefix_cache.api.models",
-    "HANDBOOK": "hf_prefix_cache.frontends.sample_text",
+    "HANDBOOK": "hf_prefix_cache.api.sample_text",
     "PrefixCache": "hf_prefix_cache.api.prefix_cache",
     "IncompatibleModelError": "hf_prefix_cache.errors",
     "PrefixCacheError": "hf_prefix_cache.errors",

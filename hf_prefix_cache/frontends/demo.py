@@ -22,8 +22,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.api.prefix_cache import PrefixCache
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 from hf_prefix_cache.frontends.args import demo_parser
-from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 from hf_prefix_cache.frontends.speedup import busy_note, new_fallbacks, nothing_reused_warning, speedup_text
 
 

@@ -111,11 +111,12 @@ class RequestCounters:
             callbacks = list(self._callbacks) if self._callbacks else None
         active = ACTIVE_SCOPES.get()
         scopes = scopes_of(self, active) if active else ()
-        if callbacks or scopes:
-            if by_modality is None:
-                by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
-            for scope in scopes:
-                scope.count_served(prompt_len * num_rows, restore_len * num_rows, by_modality)
+        if not (callbacks or scopes):
+            return
+        if by_modality is None:
+            by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
+        for scope in scopes:
+            scope.count_served(prompt_len * num_rows, restore_len * num_rows, by_modality)
         if callbacks:
             # Without the cache, positions [0, restore_len) would have been prefilled too.
             if rows:

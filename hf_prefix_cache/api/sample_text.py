@@ -1,4 +1,4 @@
-"""Real text for the demo, the tests and the benchmarks: a handbook used as a long system prompt.
+"""Real text for the demo, the examples, the tests and the benchmarks: a handbook used as a long system prompt.
 
 Prefix caching pays off on long shared prompts with several questions about them, so the demo
 and the real-model tests need a document a chat model can answer from, not random ids.
