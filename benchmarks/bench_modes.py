@@ -40,7 +40,7 @@ from transformers import BartConfig, BartForConditionalGeneration
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
-from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, QUESTIONS
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, QUESTIONS
 
 EXAMPLES = (
     ("What does `pass` do?", "Nothing: it is a placeholder where a statement is required."),

@@ -33,7 +33,7 @@ from typing import Any
 from _common import print_end, print_environment, start_run
 
 from hf_prefix_cache.api.models import smollm2_folder
-from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 from hf_prefix_cache.testing.serve_process import ServeProcess
 
 #: Each server: whether it is ours, and the arguments after the model.

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hf_prefix_cache.api.display import CacheStats
-    from hf_prefix_cache.api.models import load_model, load_smollm2
+    from hf_prefix_cache.api.models import load_model, load_smollm2, smollm2_folder
     from hf_prefix_cache.api.prefix_cache import PrefixCache
+    from hf_prefix_cache.api.sample_text import HANDBOOK
     from hf_prefix_cache.errors import (
         IncompatibleModelError,
         ModelUnavailableError,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from hf_prefix_cache.store.lookup import Lookup
     from hf_prefix_cache.store.observe import RequestEvent
     from hf_prefix_cache.store.pressure import PressureEvent
+    from hf_prefix_cache.store.scope import RequestScope
     from hf_prefix_cache.store.sessions import Session
 
 # The public names, imported on first use (PEP 562): importing the package (as the command line
@@ -39,6 +41,8 @@ _WHERE = {
     "ModelUnavailableError": "hf_prefix_cache.errors",
     "load_model": "hf_prefix_cache.api.models",
     "load_smollm2": "hf_prefix_cache.api.models",
+    "smollm2_folder": "hf_prefix_cache.api.models",
+    "HANDBOOK": "hf_prefix_cache.api.sample_text",
     "PrefixCache": "hf_prefix_cache.api.prefix_cache",
     "IncompatibleModelError": "hf_prefix_cache.errors",
     "PrefixCacheError": "hf_prefix_cache.errors",
@@ -47,6 +51,7 @@ _WHERE = {
     "Lookup": "hf_prefix_cache.store.lookup",
     "RequestEvent": "hf_prefix_cache.store.observe",
     "PressureEvent": "hf_prefix_cache.store.pressure",
+    "RequestScope": "hf_prefix_cache.store.scope",
     "Session": "hf_prefix_cache.store.sessions",
 }
 
@@ -68,6 +73,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CacheStats",
+    "HANDBOOK",
     "IncompatibleModelError",
     "Lookup",
     "ModelUnavailableError",
@@ -75,10 +81,12 @@ __all__ = [
     "PrefixCacheError",
     "PressureEvent",
     "RequestEvent",
+    "RequestScope",
     "Session",
     "UnhashableMediaError",
     "UnsupportedVersionError",
     "load_model",
     "load_smollm2",
+    "smollm2_folder",
 ]
 __version__ = "0.1.0"

@@ -1,1 +1,1 @@
-"""What users import: `PrefixCache`, and the loader of the real test model (`models.py`)."""
+"""What users import: `PrefixCache`, the real test model's loader (`models.py`), a real document (`sample_text.py`)."""

@@ -27,6 +27,7 @@ from hf_prefix_cache.store.lookup import Lookup, as_token_list
 from hf_prefix_cache.store.observe import RequestCallback
 from hf_prefix_cache.store.options import Options, keyword_signature, resolve
 from hf_prefix_cache.store.pressure import PressureCallback
+from hf_prefix_cache.store.scope import RequestScope
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.tree_store import TreeStore
 
@@ -305,6 +306,36 @@ class PrefixCache:
             >>> small.detach()
         """
         self._store.on_pressure(callback, thresholds)
+
+    def request(self, salt: str | None = None) -> RequestScope:
+        """A block of `generate` calls, and what they reused: ``with store.request() as r:`` ... ``r.cached_tokens``.
+
+        The scope counts the calls through this store made inside the block, in this thread or
+        asyncio task only, with the numbers `stats()` counts them by (`r.cached_tokens`,
+        `r.prompt_tokens`, `r.calls`, `r.fallbacks`, ...: see `RequestScope`): concurrent
+        requests each read their own. Blocks nest (a call counts in each enclosing block). A thread
+        started inside the block does not see it: enter the scope in that thread (``with r:``; the
+        calls of every entry add up), or start it with `contextvars.copy_context().run`
+        (`asyncio.to_thread` does).
+
+        Args:
+            salt: the block's calls reuse only entries stored under this salt, and store theirs under
+                it (a tenant's namespace in a server). None: the salt of an enclosing block, if any.
+
+        Raises:
+            ValueError: the salt is not a non-empty string.
+
+        Example:
+            >>> with store.request(salt="tenant-a") as first:
+            ...     _ = model.generate(ids, cache=store, max_new_tokens=2)
+            >>> with store.request(salt="tenant-a") as again:
+            ...     _ = model.generate(ids, cache=store, max_new_tokens=2)
+            >>> with store.request(salt="tenant-b") as other:
+            ...     _ = model.generate(ids, cache=store, max_new_tokens=2)
+            >>> first.cached_tokens, again.cached_tokens, other.cached_tokens, again.prompt_tokens
+            (0, 35, 0, 36)
+        """
+        return self._store.request_scope(salt)
 
     def on_request(self, callback: RequestCallback) -> None:
         """Call `callback(RequestEvent)` after every `generate` request through the store.

@@ -3,7 +3,8 @@
 `ChatEngine` holds a model, its processor (or tokenizer) and one `PrefixCache` shared by every
 conversation; each conversation passes its own session name, so its latest entry stays pinned.
 A turn builds the prompt with the processor's chat template, runs `generate` on a thread with a
-`TextIteratorStreamer`, and yields the growing answer, then a `TurnReport`: tokens reused (per
+`TextIteratorStreamer` inside a ``store.request()`` block (what the turn reused, whatever other
+conversations run at once), and yields the growing answer, then a `TurnReport`: tokens reused (per
 modality), time to first token through the store and cold, bytes per tier and the hit rate; with
 `compare_cold` it also runs the whole answer cold and says whether the tokens are identical.
 Decoding is greedy, so the cold answer must be the same.
@@ -23,7 +24,6 @@ import torch
 from transformers import TextIteratorStreamer
 
 from hf_prefix_cache.api.prefix_cache import PrefixCache
-from hf_prefix_cache.store.observe import RequestEvent
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac", ".ogg", ".m4a")
@@ -42,7 +42,7 @@ class TurnReport:
             the turn was not timed cold (``time_cold=False``).
         tier_nbytes: bytes stored per tier after the turn.
         hit_rate: the store's share of prompt tokens reused so far, over all conversations.
-        fallback: why the turn ran cold, if it did.
+        fallback: why the turn reused nothing, where the store named a reason (a cold run's).
         cold_answer: the full cold answer (only with `compare_cold`).
         same_as_cold: whether its tokens equal the cached answer's (only with `compare_cold`).
         notes: inputs the model could not take (e.g. an image for a text-only model).
@@ -130,14 +130,6 @@ class ChatEngine:
         self.max_new_tokens = max_new_tokens
         self.takes_images = getattr(processor, "image_processor", None) is not None
         self.takes_audio = getattr(processor, "feature_extractor", None) is not None
-        self._events: dict[int, RequestEvent] = {}
-        self._events_lock = threading.Lock()
-        self.store.on_request(self._record)
-
-    def _record(self, event: RequestEvent) -> None:
-        # Callbacks run on the thread that called generate: one event per turn thread.
-        with self._events_lock:
-            self._events[threading.get_ident()] = event
 
     def new_conversation(self, session: str) -> Conversation:
         return Conversation(session)
@@ -214,18 +206,17 @@ class ChatEngine:
 
         streamer = _TimedStreamer(self.tokenizer)
         result: dict[str, Any] = {}
+        request = self.store.request()  # entered on the thread that generates
 
         def work() -> None:
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), request:
                     result["out"] = self.model.generate(
                         **inputs,
                         **settings,
                         streamer=streamer,
                         cache=self.store.session(conversation.session),
                     )
-                with self._events_lock:
-                    result["event"] = self._events.pop(threading.get_ident(), None)
             except BaseException as exc:  # surfaced on the caller's thread below
                 result["error"] = exc
                 streamer.end()  # type: ignore[no-untyped-call]
@@ -252,17 +243,16 @@ class ChatEngine:
             same = torch.equal(cold, out)
             cold_answer = self.tokenizer.decode(cold[0, ids.shape[1] :], skip_special_tokens=True)
         conversation.messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
-        event: RequestEvent | None = result.get("event")
         stats = self.store.stats()
         report = TurnReport(
             prompt_len=int(ids.shape[1]),
-            reused_len=event.hit_len if event else 0,
-            reused_by_modality=dict(event.hit_tokens_by_modality) if event else {},
+            reused_len=request.cached_tokens,
+            reused_by_modality=request.cached_tokens_by_modality,
             ttft_cached_s=ttft_cached,
             ttft_cold_s=ttft_cold,
             tier_nbytes={"device": stats.device_nbytes, "host": stats.host_nbytes, "disk": stats.disk_nbytes},
             hit_rate=stats.hit_rate,
-            fallback=event.fallback if event else None,
+            fallback=next(iter(request.fallbacks), None) if request.cached_tokens == 0 else None,
             cold_answer=cold_answer,
             same_as_cold=same,
             notes=tuple(notes),

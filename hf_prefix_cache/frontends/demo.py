@@ -22,8 +22,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.api.prefix_cache import PrefixCache
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 from hf_prefix_cache.frontends.args import demo_parser
-from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 from hf_prefix_cache.frontends.speedup import busy_note, new_fallbacks, nothing_reused_warning, speedup_text
 
 
@@ -83,15 +83,14 @@ def run_real(model: Any, tokenizer: Any, new_tokens: int, repeats: int = 3) -> N
     def ask(label: str, messages: list[dict[str, str]]) -> str:
         enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
         ids = enc["input_ids"]
-        before = store.stats()
         cold, t_cold = cold_answer(model, ids, new_tokens, repeats)
-        warm, t_warm = _answer(model, ids, new_tokens, cache=store)
+        with store.request() as request:
+            warm, t_warm = _answer(model, ids, new_tokens, cache=store)
         if not torch.equal(cold, warm):
             raise SystemExit("cached output differs from the cold run: please report this")
-        after = store.stats()
-        reused = after.hit_tokens - before.hit_tokens
+        reused = request.cached_tokens
         answer = str(tokenizer.decode(warm[0, ids.shape[1] :], skip_special_tokens=True)).strip()
-        why = new_fallbacks(before.fallbacks, after.fallbacks)
+        why = new_fallbacks({}, request.fallbacks)
         print(
             f"{label:28s} {ids.shape[1]:6d} {reused:6d} {t_cold * 1e3:8.0f}ms {t_warm * 1e3:10.0f}ms "
             f"{speedup_text(reused, t_cold, t_warm, why):>8s}"
@@ -192,14 +191,13 @@ def run_tiny(args: argparse.Namespace) -> None:
 
     def run(label: str, ids: torch.Tensor) -> torch.Tensor:
         nonlocal total_cold, total_warm
-        before = store.stats()
         cold, t_cold = cold_answer(model, ids, args.new_tokens, repeats)
-        warm, t_warm = _answer(model, ids, args.new_tokens, cache=store)
-        after = store.stats()
-        reused = after.hit_tokens - before.hit_tokens
+        with store.request() as request:
+            warm, t_warm = _answer(model, ids, args.new_tokens, cache=store)
+        reused = request.cached_tokens
         same = torch.equal(cold, warm)
         total_cold, total_warm = total_cold + t_cold, total_warm + t_warm
-        speedup = speedup_text(reused, t_cold, t_warm, new_fallbacks(before.fallbacks, after.fallbacks))
+        speedup = speedup_text(reused, t_cold, t_warm, new_fallbacks({}, request.fallbacks))
         print(f"{label:34s} {ids.shape[1]:7d} {reused:7d} {t_cold:9.3f} {t_warm:8.3f} {speedup:>8s}  {same}")
         if not same:
             raise SystemExit("cached output differs from the cold run: please report this")

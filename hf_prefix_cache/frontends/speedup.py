@@ -34,7 +34,7 @@ def speedup_text(reused_len: int, cold_s: float | None, cached_s: float, cold_re
 
 
 def new_fallbacks(before: Mapping[str, int], after: Mapping[str, int]) -> str | None:
-    """The fallback reasons counted between two `stats().fallbacks` readings, joined, or None.
+    """The fallback reasons counted between two `fallbacks` readings (or in ``{}`` and a request's), joined, or None.
 
     >>> new_fallbacks({"padding": 1}, {"padding": 2, "empty_prompt": 1})
     'padding, empty_prompt'

@@ -11,6 +11,7 @@ import inspect
 import logging
 import operator
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 from itertools import chain
 from typing import Any
@@ -293,21 +294,29 @@ class Namespaces:
     Args:
         model: The model the store serves.
         salt: The store's salt (None: none).
-        scope: The request-scope variable the store reads (`store.scope.CURRENT_SCOPE`, passed in
-            so this package imports nothing of the store's): inside a scope whose `salt` is set,
-            the namespace is that salt's own.
+        scopes: The request scopes active in this thread or task (`store.scope.ACTIVE_SCOPES`, passed in
+            so this package imports nothing of the store's), read on every request.
+        request_salt: The salt those scopes give this store (`store.scope.salt_of`; None: none), asked
+            only inside a scope: when set, the namespace is that salt's own.
 
     Example:
         >>> from contextvars import ContextVar
-        >>> namespaces = Namespaces(model, None, ContextVar("scope", default=None))
+        >>> namespaces = Namespaces(model, None, ContextVar("scopes", default=()), lambda active: None)
         >>> namespaces.current() == namespaces.current()
         True
     """
 
-    def __init__(self, model: Any, salt: str | None, scope: ContextVar[Any]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        salt: str | None,
+        scopes: ContextVar[tuple[Any, ...]],
+        request_salt: Callable[[tuple[Any, ...]], str | None],
+    ) -> None:
         self._model = model
         self._salt = salt
-        self._scope = scope
+        self._scopes = scopes
+        self._request_salt = request_salt
         self._lock = threading.Lock()
         self._probe = WeightsProbe(model)
         self._weights = (self._probe.check(), weights_fingerprint(model))
@@ -338,9 +347,10 @@ class Namespaces:
                         )
                     cached = (probe, namespace)
                     self._cached = cached
-        scope = self._scope.get()
-        if scope is not None and scope.salt is not None:
-            return fingerprint([cached[1], "request salt", scope.salt])
+        scopes = self._scopes.get()
+        request_salt = self._request_salt(scopes) if scopes else None
+        if request_salt is not None:
+            return fingerprint([cached[1], "request salt", request_salt])
         return cached[1]
 
     def refingerprint(self) -> None:

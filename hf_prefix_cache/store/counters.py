@@ -22,6 +22,7 @@ from typing import Any
 
 from hf_prefix_cache.store.contract import Event, Fallback, FallbackRan, NotStored, Served
 from hf_prefix_cache.store.observe import TEXT, PrefillCost, RequestCallback, RequestEvent, hit_tokens_by_modality
+from hf_prefix_cache.store.scope import ACTIVE_SCOPES, RequestScope, scopes_of
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -51,6 +52,10 @@ class RequestCounters:
         self.counts = Counts()
         self._callbacks: list[RequestCallback] = []
         self._logged: set[str] = set()
+
+    def scope(self, salt: str | None = None) -> RequestScope:
+        """A request scope of this store (`PrefixCache.request`): the calls it is active around count into it."""
+        return RequestScope(self, salt)
 
     def add_callback(self, callback: RequestCallback) -> None:
         with self._lock:
@@ -104,9 +109,15 @@ class RequestCounters:
             else:
                 c.media_hit_by_modality.update(by_modality)
             callbacks = list(self._callbacks) if self._callbacks else None
+        active = ACTIVE_SCOPES.get()
+        scopes = scopes_of(self, active) if active else ()
+        if not (callbacks or scopes):
+            return
+        if by_modality is None:
+            by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
+        for scope in scopes:
+            scope.count_served(prompt_len * num_rows, restore_len * num_rows, by_modality)
         if callbacks:
-            if by_modality is None:
-                by_modality = hit_tokens_by_modality(None, restore_len, num_rows)
             # Without the cache, positions [0, restore_len) would have been prefilled too.
             if rows:
                 saved = sum(self._prefill_cost.flops(0, r) for _, r in rows)
@@ -123,6 +134,9 @@ class RequestCounters:
             c.computed_tokens += prompt_len
             c.fallbacks[reason] += 1
             callbacks = list(self._callbacks)
+        active = ACTIVE_SCOPES.get()
+        for scope in scopes_of(self, active) if active else ():
+            scope.count_cold(reason, prompt_len)
         if callbacks:
             _notify(callbacks, RequestEvent(prompt_len, 0, fallback=reason))
 
@@ -130,6 +144,9 @@ class RequestCounters:
         """Count `reason` in `fallbacks` without a request (less reuse, a skipped insert)."""
         with self._lock:
             self.counts.fallbacks[reason] += 1
+        active = ACTIVE_SCOPES.get()
+        for scope in scopes_of(self, active) if active else ():
+            scope.count_reason(reason)
 
     def expired(self, num_entries: int) -> None:
         self.counts.expired += num_entries

@@ -77,7 +77,7 @@ class Options:
     """Wrap `model.generate`: calls that pass this store (or one of its sessions) as their cache use
     it. ``"all"``: also every call that passes no cache at all (a server's `model.generate(**inputs)`,
     a pipeline), while a call passing its own cache is left alone; per-request salts and reports
-    come from `store.scope.RequestScope`. False: nothing is wrapped; use `lookup`/`insert` yourself.
+    come from `PrefixCache.request`. False: nothing is wrapped; use `lookup`/`insert` yourself.
     `detach` undoes either."""
     max_encoder_bytes: int | float | str | None = None
     """Encoder-decoder models served keyed by their encoder input (Whisper, BART, T5, ...): budget for

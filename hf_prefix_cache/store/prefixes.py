@@ -51,7 +51,6 @@ from hf_prefix_cache.store.new_entries import place_run
 from hf_prefix_cache.store.options import Options
 from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
-from hf_prefix_cache.store.scope import CURRENT_SCOPE
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
 from hf_prefix_cache.tree.radix import Node, RadixTree
@@ -154,8 +153,7 @@ class Prefixes:
         Restores at most `limit` symbols (default: all but the last, which is fed for its logits),
         never cutting inside one of the key's media `spans`. Media items whose spans are in its
         `item_spans` restore with their stored item states; a prefix is cut before the first such item it holds
-        without one. A disk file found corrupt is dropped and the match retried. A request scope
-        active here (`store/scope.py`) is told the restored length. `overlap`: see `_restore`.
+        without one. A disk file found corrupt is dropped and the match retried. `overlap`: see `_restore`.
 
         Raises:
             InconsistentStateError: the stored prefix failed an exactness guard as it was restored; nothing stays
@@ -190,9 +188,6 @@ class Prefixes:
             if is_out_of_memory(exc):
                 self.relieve_device()  # so that the caller's next attempt finds room
             raise
-        scope = CURRENT_SCOPE.get()
-        if scope is not None:
-            scope.record(plan.restore_len)
         return Lease(namespace, plan.restore_len, plan.matched_len, len(plan.items), plan.pin)
 
     def _plan(

@@ -49,7 +49,7 @@ from hf_prefix_cache.store.pins import Pins
 from hf_prefix_cache.store.placement import Placement
 from hf_prefix_cache.store.prefixes import Prefixes
 from hf_prefix_cache.store.pressure import PressureCallback, PressureMonitor
-from hf_prefix_cache.store.scope import CURRENT_SCOPE
+from hf_prefix_cache.store.scope import ACTIVE_SCOPES, salt_of
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.stats import StoreStats, collect_stats
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
@@ -66,6 +66,7 @@ class TreeStore:
         acquire, release, insert_sequence, relieve_device: `Prefixes`' verbs (`prefixes.py`).
         namespace: `Namespaces.current` (`keys/weights.py`).
         record: `RequestCounters.record` (`counters.py`).
+        request_scope: `RequestCounters.scope`: a `scope.RequestScope` of this store.
         new_cache: makes an empty `WorkingCache` for this model.
     """
 
@@ -73,7 +74,6 @@ class TreeStore:
         options = resolved.options
         self.model = model
         self.profile = profile  # built once by `PrefixCache`, which hands the same one to the hook
-        self._namespaces = Namespaces(model, options.salt, CURRENT_SCOPE)
         if any(p.is_meta for p in model.parameters()):
             # The probe notices the weights being loaded (new parameter objects and storage) and refingerprints.
             logger.warning(
@@ -84,6 +84,8 @@ class TreeStore:
             )
         self._build_tiers(resolved)
         self._requests = RequestCounters(self._lock.raw, PrefillCost.of(model, len(self.profile.kv_layers)))
+        # A request scope's salt (`scope.py`), keyed by the counters the scope counts into.
+        self._namespaces = Namespaces(model, options.salt, ACTIVE_SCOPES, functools.partial(salt_of, self._requests))
         self._upkeep = Upkeep(
             self._tree, self._placement, self._lock, self._requests, resolved.ttl, self.profile.has_state
         )
@@ -105,6 +107,7 @@ class TreeStore:
         self.relieve_device = self._prefixes.relieve_device
         self.namespace = self._namespaces.current  # see `Namespaces.current`
         self.record = self._requests.record  # see `RequestCounters.record`
+        self.request_scope = self._requests.scope  # see `RequestCounters.scope`
         self.new_cache = functools.partial(WorkingCache, profile)  # an empty working cache for this model
         encoder_budget = self.max_bytes // 8 if self.profile.encoder_family is not None else 0
         self.encoder_outputs = EncoderOutputs(

@@ -40,17 +40,21 @@ def build_demo(model: Any, tokenizer: Any, store: PrefixCache, max_new_tokens: i
             messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
         )
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        reused_before = store.stats().hit_tokens
         kwargs = {**inputs, "cache": store, "streamer": streamer, "max_new_tokens": max_new_tokens, "do_sample": False}
-        thread = Thread(target=model.generate, kwargs=kwargs)
+        request = store.request()  # this turn's calls only, whoever else is generating
+
+        def generate() -> None:
+            with request:  # entered in the thread that generates
+                model.generate(**kwargs)
+
+        thread = Thread(target=generate)
         thread.start()
         answer = ""
         for piece in streamer:
             answer += piece
             yield answer, ""
-        thread.join()  # generate records the request after its last token
-        reused = store.stats().hit_tokens - reused_before
-        yield answer, f"reused {reused:,} of {inputs['input_ids'].shape[1]:,} prompt tokens"
+        thread.join()  # generate counts the call after its last token
+        yield answer, f"reused {request.cached_tokens:,} of {request.prompt_tokens:,} prompt tokens"
 
     with gr.Blocks(title="SmolLM2 with a prefix store") as demo:
         panel = gr.Markdown(render=False)  # the reuse line, rendered under the chat

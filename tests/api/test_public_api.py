@@ -10,6 +10,7 @@ USER_NAMES = {
     "Session",
     "PressureEvent",
     "RequestEvent",
+    "RequestScope",
     "Lookup",
     "PrefixCacheError",
     "IncompatibleModelError",
@@ -18,6 +19,8 @@ USER_NAMES = {
     "ModelUnavailableError",
     "load_smollm2",
     "load_model",
+    "smollm2_folder",
+    "HANDBOOK",
 }
 
 
@@ -64,6 +67,7 @@ PREFIX_CACHE_NAMES = {
     "insert",
     "on_pressure",
     "on_request",
+    "request",
     "detach",
     # properties
     "budgets",

@@ -12,7 +12,7 @@ import torch
 from conftest import LOGIT_TOL, Hits, max_logit_diff
 from transformers import pipeline
 
-from hf_prefix_cache.frontends.sample_text import HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.sample_text import HANDBOOK, QUESTIONS
 from hf_prefix_cache.testing.compare import served
 
 SYSTEM = {"role": "system", "content": HANDBOOK[:1500]}

@@ -16,7 +16,7 @@ from conftest import LOGIT_TOL, Hits, generate, max_logit_diff
 from transformers import TextIteratorStreamer, pipeline
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.frontends.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
 from hf_prefix_cache.testing.compare import served
 
 NEW_TOKENS = 12

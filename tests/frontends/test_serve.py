@@ -52,7 +52,7 @@ def model_id(servers: tuple[ServeProcess, ServeProcess], model_dir: str) -> str:
 
 
 def _system(tag: str) -> dict[str, str]:
-    from hf_prefix_cache.frontends.sample_text import HANDBOOK
+    from hf_prefix_cache.api.sample_text import HANDBOOK
 
     return {"role": "system", "content": f"[{tag}] You answer questions about this handbook.\n{HANDBOOK[:400]}"}
 

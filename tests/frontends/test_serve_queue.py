@@ -112,12 +112,14 @@ def test_a_cancelled_job_stops_normally_and_its_prompt_is_stored(tiny: tuple[Any
     """Cancelled after its first tokens, a job ends (no error), says it was cancelled, and the store keeps its prompt:
     the same prompt again restores all of it and answers as the model does cold."""
     from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.frontends.serve.engine import ENGINE
 
     model, tokenizer = tiny
     prompt = "the cancelled prompt " * 10
     cold = Sent()
     _submit(GenerateRunner(model, tokenizer, cold), cold, tokenizer, prompt, None, 6, stream=False)
     store = PrefixCache(model, attach="all")
+    ENGINE.store = store  # as `StoreLoader` sets it in the model's process: jobs count their reuse there
     try:
         sent = Sent()
         runner = GenerateRunner(model, tokenizer, sent)
@@ -132,6 +134,7 @@ def test_a_cancelled_job_stops_normally_and_its_prompt_is_stored(tiny: tuple[Any
         assert hit.result == cold.reports(Ended)[0].result
         assert store.stats().computed_tokens > 0 and store.check_integrity() is None
     finally:
+        ENGINE.store = None
         store.detach()
 
 

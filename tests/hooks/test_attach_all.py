@@ -10,7 +10,6 @@ from conftest import LOGIT_TOL, build, distinct_prompt, generate, max_logit_diff
 from transformers import DynamicCache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.store.scope import RequestScope, active, current
 
 
 def test_uncached_calls_reuse_exactly() -> None:
@@ -80,24 +79,23 @@ def test_attach_rejects_other_values() -> None:
 
 
 def test_request_scope_salts_and_reports() -> None:
-    """A scope's salt keeps its entries apart from other salts' and unsalted ones; the scope receives the hit."""
+    """A request's salt keeps its entries apart from other salts' and unsalted ones; its scope receives the hit."""
     model = build("llama")
     ids = distinct_prompt(6, 32)
     store = PrefixCache(model, attach="all")
     try:
-        with active(RequestScope(salt="a")) as first:
+        with store.request(salt="a") as first:
             generate(model, ids)
-        assert first is not None and first.cached_len == 0 and first.num_calls == 1
-        with active(RequestScope(salt="a")) as again:
+        assert first.cached_tokens == 0 and first.calls == 1
+        with store.request(salt="a") as again:
             hit = generate(model, ids)
-        assert again is not None and again.cached_len == ids.shape[1] - 1
-        with active(RequestScope(salt="b")) as other:
+        assert again.cached_tokens == ids.shape[1] - 1
+        with store.request(salt="b") as other:
             miss = generate(model, ids)
-        assert other is not None and other.cached_len == 0
-        unsalted = RequestScope()
-        with active(unsalted):
+        assert other.cached_tokens == 0
+        with store.request() as unsalted:
             generate(model, ids)
-        assert unsalted.cached_len == 0  # nothing stored without a salt yet
+        assert unsalted.cached_tokens == 0  # nothing stored without a salt yet
         assert torch.equal(hit.sequences, miss.sequences)
         assert store.stats().hit_tokens == ids.shape[1] - 1
         store.check_integrity()
@@ -105,37 +103,42 @@ def test_request_scope_salts_and_reports() -> None:
         store.detach()
 
 
-def test_request_scope_of_a_cold_run_reports_nothing() -> None:
-    """A call the store runs cold (no cache) leaves the scope at zero calls and zero cached tokens."""
+def test_request_scope_of_a_cold_run_counts_the_call_and_its_reason() -> None:
+    """A call the store runs cold (no cache) is one call with nothing cached, and its reason, as in the stats."""
     model = build("llama")
     ids = distinct_prompt(7, 24)
     store = PrefixCache(model, attach="all")
     try:
         generate(model, ids)
-        scope = RequestScope()
-        with active(scope):
+        with store.request() as scope:
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, use_cache=False, do_sample=False)
-        assert scope.num_calls == 0 and scope.cached_len == 0
-        assert sum(store.stats().fallbacks.values()) == 1
+        assert scope.calls == 1 and scope.cached_tokens == 0 and scope.prompt_tokens == ids.shape[1]
+        assert scope.fallbacks == store.stats().fallbacks and sum(scope.fallbacks.values()) == 1
     finally:
         store.detach()
 
 
 def test_scopes_are_per_thread() -> None:
     """A scope active in one thread is not seen by another, and is gone after its block."""
-    seen: list[RequestScope | None] = []
-    with active(RequestScope(salt="x")):
-        thread = threading.Thread(target=lambda: seen.append(current()))
-        thread.start()
-        thread.join()
-    assert seen == [None] and current() is None
+    model = build("llama")
+    store = PrefixCache(model, attach="all")
+    try:
+        with store.request(salt="x") as scope:
+            thread = threading.Thread(target=generate, args=(model, distinct_prompt(8, 20)))
+            thread.start()
+            thread.join()
+        generate(model, distinct_prompt(8, 20))
+        assert scope.calls == 0 and store.stats().requests == 2
+        assert store.stats().hit_tokens == 19  # both ran outside the salted block: the second reuses the first
+    finally:
+        store.detach()
 
 
 @pytest.mark.parametrize("salt", ["", 3])
 def test_request_scope_rejects_bad_salts(salt: object) -> None:
     """A salt is a non-empty string."""
     with pytest.raises(ValueError, match="non-empty string"):
-        RequestScope(salt=salt)  # type: ignore[arg-type]
+        PrefixCache(build("llama"), attach=False).request(salt=salt)  # type: ignore[arg-type]
 
 
 def test_encoder_decoder_uncached_calls_reuse_exactly() -> None:

@@ -16,7 +16,7 @@ INSTALL = "pip install -e '.[integrations]' && pip install --no-deps 'langchain-
 
 def short_handbook() -> str:
     """The handbook's first five sections (about 560 tokens): a long shared prefix that costs half the full one's prefill."""
-    from hf_prefix_cache.frontends.sample_text import HANDBOOK
+    from hf_prefix_cache import HANDBOOK
 
     return "\n\n".join(HANDBOOK.split("\n\n")[:6])
 
@@ -29,7 +29,7 @@ def require(*modules: str, install: str = INSTALL) -> None:
 
 def smollm2_dir() -> str:
     """The local SmolLM2-135M-Instruct folder, or a skip naming what to install."""
-    from hf_prefix_cache.api.models import ModelUnavailableError, smollm2_folder
+    from hf_prefix_cache import ModelUnavailableError, smollm2_folder
 
     try:
         return str(smollm2_folder())

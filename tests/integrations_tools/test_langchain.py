@@ -20,8 +20,11 @@ def test_chat_turns_and_chain_questions_reuse_what_came_before_and_answer_as_wit
 
     store = PrefixCache(model, attach="all")
     events: list[RequestEvent] = []
-    store.on_request(events.append)
-    served = recipe.chat(llm, tokenizer), recipe.ask_handbook(llm, questions, document)
+    store.on_request(events.append)  # each call's event, beside the blocks' sums
+    with store.request() as chat_request:
+        chat_answers = recipe.chat(llm, tokenizer)
+    with store.request() as chain_request:
+        served = chat_answers, recipe.ask_handbook(llm, questions, document)
     store.detach()
 
     assert served == cold
@@ -34,3 +37,7 @@ def test_chat_turns_and_chain_questions_reuse_what_came_before_and_answer_as_wit
     assert chain[0].hit_len < 20  # the handbook is new here: only the chat template's first tokens are shared
     assert chain[1].hit_len > 550, chain  # the handbook, prefilled once
     assert store.stats().hit_tokens == sum(event.hit_len for event in events)
+    for request, calls in ((chat_request, turns), (chain_request, chain)):
+        assert request.calls == len(calls) and request.fallbacks == {}
+        assert request.cached_tokens == sum(event.hit_len for event in calls)
+        assert request.prompt_tokens == sum(event.prompt_len for event in calls)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_prefix_cache import PrefixCache, RequestEvent, load_smollm2
+from hf_prefix_cache import PrefixCache, load_smollm2
 from integrations_tools.examples import example, require, short_handbook, smollm2_dir
 
 require("outlines")
@@ -19,14 +19,17 @@ def test_schema_constrained_answers_equal_the_run_without_the_store_and_the_seco
     cold = recipe.ask(generator, tokenizer, questions, document, max_new_tokens=64)
 
     store = PrefixCache(model)
-    events: list[RequestEvent] = []
-    store.on_request(events.append)
-    served = recipe.ask(generator, tokenizer, questions, document, cache=store, max_new_tokens=64)
+    served, requests = [], []
+    for question in questions:  # one request block per question: what its call reused
+        with store.request() as request:
+            served += recipe.ask(generator, tokenizer, (question,), document, cache=store, max_new_tokens=64)
+        requests.append(request)
 
     assert served == cold
     for text in served:
         recipe.Answer.model_validate_json(text)  # complete and valid: the schema held
-    assert [event.fallback for event in events] == [None, None]
-    assert events[0].hit_len == 0
-    assert events[1].hit_len > 550, events  # the handbook and the system turn around it
-    assert events[1].prompt_len - events[1].hit_len < 40, events  # only the new question is prefilled
+    assert [(r.calls, r.fallbacks) for r in requests] == [(1, {}), (1, {})]
+    assert requests[0].cached_tokens == 0
+    assert requests[1].cached_tokens > 550, requests  # the handbook and the system turn around it
+    assert requests[1].prompt_tokens - requests[1].cached_tokens < 40, requests  # only the new question is prefilled
+    assert store.stats().hit_tokens == sum(r.cached_tokens for r in requests)

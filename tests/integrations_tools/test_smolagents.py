@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_prefix_cache import PrefixCache, RequestEvent
+from hf_prefix_cache import PrefixCache
 from integrations_tools.examples import example, require, smollm2_dir
 
 require("smolagents")
@@ -18,17 +18,18 @@ def test_every_step_after_the_first_reuses_the_previous_ones_and_the_transcript_
     cold_answer, cold_steps = agent.run_agent(agent_model, max_steps=3)
 
     store = PrefixCache(agent_model.model, attach="all")
-    events: list[RequestEvent] = []
-    store.on_request(events.append)
+    requests = agent.measure_calls(agent_model, store)  # one request block per call of the agent's model
     answer, steps = agent.run_agent(agent_model, max_steps=3)
     store.detach()
 
     assert (answer, steps) == (cold_answer, cold_steps)
-    assert [event.fallback for event in events] == [None] * len(events)
+    assert [(r.calls, r.fallbacks) for r in requests] == [(1, {})] * len(requests)
     # Three action steps, then smolagents' final-answer call (a prompt of its own, so no reuse is expected there).
-    assert len(events) == 4, events
-    calls = events[:3]
-    assert calls[0].hit_len == 0 and calls[0].prompt_len > 900  # the system prompt with the tools, and the task
+    assert len(requests) == 4, requests
+    calls = requests[:3]
+    assert calls[0].cached_tokens == 0 and calls[0].prompt_tokens > 900  # the system prompt with the tools, the task
     for before, after in zip(calls, calls[1:], strict=False):
-        assert after.hit_len >= before.prompt_len, calls  # everything up to the previous step, at least
-    assert store.stats().hit_tokens == sum(event.hit_len for event in events)
+        assert after.cached_tokens >= before.prompt_tokens, calls  # everything up to the previous step, at least
+    stats = store.stats()
+    assert stats.hit_tokens == sum(r.cached_tokens for r in requests)
+    assert stats.prompt_tokens == sum(r.prompt_tokens for r in requests)

@@ -1,4 +1,4 @@
-"""docs/serving.md's Python example (a store attached to every call, a request scope) runs as pasted."""
+"""docs/serving.md's Python example (a store attached to every call, a `store.request` block) runs as pasted."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_request_scope_example_runs_as_pasted_and_reuses_the_prompt() -> None:
     blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "serving.md").read_text(), flags=re.S | re.M)
-    (block,) = [b for b in blocks if "RequestScope" in b]
+    (block,) = [b for b in blocks if "store.request(" in b]
     namespace: dict[str, object] = {"__name__": "__serving__"}
     out = io.StringIO()
     try:

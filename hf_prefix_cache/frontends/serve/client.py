@@ -126,7 +126,7 @@ class _Job:
         elif isinstance(item, Ended):
             self.ended = item
             if self.request is not None:
-                self.request.scope.record(item.finished.cached_tokens)
+                self.request.cached_tokens += item.finished.cached_tokens
         else:
             return False
         return True
@@ -205,8 +205,7 @@ class ScopedEngineClient(EngineClient):
         if request is None:
             return Ticket(None, None, self.model_id, now(), None, stream)
         request.model_name = request.model_name or self.model_id
-        salt = request.scope.salt
-        return Ticket(salt, request.tenant, request.model_name, request.arrival, request.deadline, stream)
+        return Ticket(request.salt, request.tenant, request.model_name, request.arrival, request.deadline, stream)
 
     async def generate_non_streaming(self, inputs: dict[str, Any], generation_kwargs: dict[str, Any]) -> Any:
         request = pending()

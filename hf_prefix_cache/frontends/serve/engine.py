@@ -9,8 +9,8 @@ This module is what runs there, without copying transformers' runner:
   answers the API servers' queries (stats, integrity, metrics: `Channel`) beside generation, and on
   SIGTERM (an unloaded model) saves a store with a disk tier first.
 - `run_job` is what the API servers submit for each request (`GenerateRunner.submit`, always as a
-  streaming request, so that it knows its request id): it runs the request's ``generate`` inside
-  the request's `RequestScope` (its `Ticket` carries the tenant's salt across), gives it the time
+  streaming request, so that it knows its request id): it runs the request's ``generate`` in a
+  ``with store.request(salt)`` block (its `Ticket` carries the tenant's salt across), gives it the time
   left before its deadline as ``max_time`` (a job still queued at its deadline never runs), stops
   it after the current token when the request is cancelled (normally: the store keeps what was
   computed), and sends back, in the request's own token stream, `Started` and then `Ended` (its
@@ -26,15 +26,18 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cli.serving.model_manager import ModelLoader
 
 from hf_prefix_cache.frontends.serve.metrics import Finished, JobMetrics, now
-from hf_prefix_cache.store.scope import RequestScope, active
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.store.scope import RequestScope
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -174,8 +177,7 @@ def run_job(
         max_time = generation_kwargs.get("max_time")
         generation_kwargs = {**generation_kwargs, "max_time": left if max_time is None else min(left, max_time)}
     progress.send(Started(started))
-    scope = RequestScope(ticket.salt)
-    with active(scope):
+    with _request(ticket.salt) as request:
         tokens = generate_tokens(model, processor, inputs, generation_kwargs, progress)
     finished = Finished(
         model=ticket.model_name,
@@ -185,7 +187,7 @@ def run_job(
         first_token_at=progress.first_token_at,
         ended=now(),
         prompt_tokens=int(inputs["input_ids"].shape[-1]),
-        cached_tokens=scope.cached_len,
+        cached_tokens=0 if request is None else request.cached_tokens,
         generated_tokens=progress.num_tokens,
         cancelled=progress.was_cancelled,
     )
@@ -203,13 +205,19 @@ def run_call(
         progress.send(TimedOut(started - ticket.arrival))
         return
     progress.send(Started(started))
-    scope = RequestScope(ticket.salt)
-    with active(scope):
+    with _request(ticket.salt) as request:
         result = function(model, processor, *args, **({"streamer": progress} if ticket.stream else {}))
+    cached_tokens = 0 if request is None else request.cached_tokens
     finished = Finished(
-        ticket.model_name, ticket.tenant, ticket.arrival, started, None, now(), 0, scope.cached_len, 0, False
+        ticket.model_name, ticket.tenant, ticket.arrival, started, None, now(), 0, cached_tokens, 0, False
     )
     progress.send(Ended(finished, None if ticket.stream else result))
+
+
+def _request(salt: str | None) -> AbstractContextManager[RequestScope | None]:
+    """This process's store's ``request(salt)`` block, where it has a store (None: no store, nothing to count)."""
+    store = ENGINE.store
+    return nullcontext() if store is None else store.request(salt)
 
 
 # ------------------------------------------------------------------ the store and its queries

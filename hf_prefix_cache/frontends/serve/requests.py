@@ -2,18 +2,18 @@
 
 transformers' handlers send each request's `model.generate(**inputs)` to the model's process,
 with no cache argument; the model's store (attached there with ``attach="all"``) serves it.
-This module carries a `ServeRequest` (its `RequestScope`, tenant, deadline) along that path
+This module carries a `ServeRequest` (its salt, tenant, deadline; its cached tokens back) along that path
 without copying any of the handlers:
 
 1. `SaltHeader` (ASGI middleware) reads the ``x-cache-salt`` header into a context variable.
 2. The handlers' `handle_request` (subclassed in `app.py`) call `scoped_request`: it takes the
    salt (the header, or a ``cache_salt`` body field, as vLLM names it, at most
    ``MAX_SALT_LEN`` characters), joins it under the caller's tenant (`access.py`: a tenant is
-   derived from its API key, so a salt only narrows within it), makes the request's scope and
+   derived from its API key, so a salt only narrows within it), makes the `ServeRequest` and
    keeps the request pending while transformers' handler runs.
 3. `client.ScopedEngineClient` (what the handler calls to start generation) sends the job to
    the model's process with the request's `engine.Ticket` (salt and tenant); there it runs in a
-   scope of that salt, and its restored length comes back with the job's end.
+   ``with store.request(salt)`` block, and the block's ``cached_tokens`` come back with the job's end.
 4. The handler's response gets ``cached_tokens`` in its usage (`with_cached_tokens`): chat and
    text completions in ``usage.prompt_tokens_details``, the Responses API in
    ``usage.input_tokens_details``; in a stream, the chunk or event that carries the usage. Its
@@ -39,7 +39,6 @@ from hf_prefix_cache.frontends.serve.access import current_caller
 from hf_prefix_cache.frontends.serve.metrics import now
 from hf_prefix_cache.frontends.serve.validate import RequestError
 from hf_prefix_cache.frontends.serve_args import MAX_SALT_LEN
-from hf_prefix_cache.store.scope import RequestScope
 
 SALT_HEADER = "x-cache-salt"
 SALT_FIELD = "cache_salt"
@@ -47,16 +46,17 @@ SALT_FIELD = "cache_salt"
 MAX_NEW_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 _HEADER_SALT: ContextVar[str | None] = ContextVar("hf_prefix_cache_serve_header_salt", default=None)
-# The scope of the request whose handler is running in this task, until it has started generation.
+# The request whose handler is running in this task, until it has started generation.
 _PENDING: ContextVar[ServeRequest | None] = ContextVar("hf_prefix_cache_serve_pending", default=None)
 
 
 @dataclass(slots=True)
 class ServeRequest:
-    """One request on its way to `generate`: its scope (salt in, cached tokens out), who sent it, its limits.
+    """One request on its way to `generate`: its salt in, its cached tokens out, who sent it, its limits.
 
     Attributes:
-        scope: the store's view of the request.
+        salt: its store salt (`tenant_salt`: its tenant's and its client salt; None: neither).
+        cached_tokens: prompt tokens its `generate` calls restored from the store (set when its job ends).
         tenant: the caller's tenant (None: the operator).
         model_name: the name the request is answered and measured under.
         arrival: when it arrived (`metrics.now`); deadline: when it must be done (None: never).
@@ -64,7 +64,8 @@ class ServeRequest:
         cancel: set by `client.py`: stops the request's `generate` after the current token.
     """
 
-    scope: RequestScope
+    salt: str | None
+    cached_tokens: int = 0
     tenant: str | None = None
     model_name: str = ""
     arrival: float = field(default_factory=now)
@@ -149,7 +150,7 @@ async def scoped_request(
     names the answer; `timeout` (seconds) sets the request's deadline.
     """
     tenant = current_caller().tenant
-    request = ServeRequest(RequestScope(tenant_salt(tenant, request_salt(body))), tenant=tenant)
+    request = ServeRequest(tenant_salt(tenant, request_salt(body)), tenant=tenant)
     if timeout is not None:
         request.deadline = request.arrival + timeout
     request.max_new_field = next((name for name in MAX_NEW_FIELDS if body.get(name) is not None), None)
@@ -203,7 +204,6 @@ def set_cached_tokens(payload: Any, cached_len: int, model_name: str = "") -> bo
 
 def _rewrite_events(chunk: str, request: ServeRequest) -> str:
     """Server-sent events with the usage they carry given the request's cached tokens, and its model's name."""
-    scope = request.scope
     if '"usage"' not in chunk and not request.model_name:
         return chunk
     lines = chunk.split("\n")
@@ -214,7 +214,7 @@ def _rewrite_events(chunk: str, request: ServeRequest) -> str:
             payload = json.loads(line[len("data: ") :])
         except json.JSONDecodeError:
             continue
-        has_usage = set_cached_tokens(payload, scope.cached_len, request.model_name)
+        has_usage = set_cached_tokens(payload, request.cached_tokens, request.model_name)
         if has_usage or request.model_name:
             lines[i] = "data: " + json.dumps(payload, separators=(",", ":"))
     return "\n".join(lines)
@@ -256,14 +256,13 @@ class _CancelWhenDone(Response):
 
 
 def with_cached_tokens(response: Response, request: ServeRequest) -> Response:
-    """`response` with ``cached_tokens`` set from the request's scope wherever it reports usage (read when sent)."""
-    scope = request.scope
+    """`response` with ``cached_tokens`` set from the request's own wherever it reports usage (read when sent)."""
     if isinstance(response, StreamingResponse):
         response.body_iterator = _rewrite_stream(response.body_iterator, request)
         return _CancelWhenDone(response, request)
     if isinstance(response, JSONResponse) and response.status_code < 400:
         payload = json.loads(bytes(response.body))
-        if set_cached_tokens(payload, scope.cached_len, request.model_name):
+        if set_cached_tokens(payload, request.cached_tokens, request.model_name):
             headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
             return JSONResponse(payload, status_code=response.status_code, headers=headers)
     return response

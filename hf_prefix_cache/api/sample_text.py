@@ -1,4 +1,4 @@
-"""Real text for the demo, the tests and the benchmarks: a handbook used as a long system prompt.
+"""Real text for the demo, the examples, the tests and the benchmarks: a handbook used as a long system prompt.
 
 Prefix caching pays off on long shared prompts with several questions about them, so the demo
 and the real-model tests need a document a chat model can answer from, not random ids.
@@ -71,6 +71,13 @@ the back door, and the fire extinguisher is beside the fire-safe battery box.
 12. Loyalty club. Members get 10 percent off parts and accessories, one free standard service
 per year, and invitations to the spring and autumn group rides. Membership is free and needs
 only a name, a phone number and an email address.
+"""
+"""A real document to build long shared prompts from: a bicycle shop's staff handbook, 12 numbered sections.
+
+About 1,100 SmolLM2 tokens of plain English that a chat model can answer questions from (hours,
+prices, returns, warranty, repairs, ...). The demo, the benchmarks and the examples in
+`integrations/` put it in front of each question, so that every question after the first reuses it.
+Public as `hf_prefix_cache.HANDBOOK`.
 """
 
 QUESTIONS = (
