@@ -109,7 +109,7 @@ def render(rows: Iterable[Row]) -> str:
         "recurrent states restore only at a snapshot, so their changed step reuses 0 (the first",
         "request took no snapshot before A). An empty media cell means no media case:",
         "the type has no media adapter, so its media requests run cold with a fallback reason (among",
-        "them GLM-4V, Qwen3-Omni and those `generic_table.COLD_FAMILIES` explains:",
+        "them those `generic_table.COLD_FAMILIES` explains:",
         f"{cold_families}),",
         "or its audio goes to an encoder (Whisper-like speech seq2seq models are keyed by their",
         "encoder input: `tests/hooks/test_whisper.py`, `tests/hooks/test_seq2seq.py`). Media",
