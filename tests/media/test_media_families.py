@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, ovis2_5, packed, qwen3, registry
+from hf_prefix_cache.testing.media import grid, ovis2_5, packed, qwen3, registry, speech_lms
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
@@ -35,6 +35,8 @@ TURNS = [
     ("ovis2", ("image", 2), (("image", 4),)),  # a tiled image, then a global one
     # MOSS: a two-window clip.
     *[(name, ("audio", 1), (("audio", 2),)) for name in ("moss_transcribe_diarize", "vibevoice_asr")],
+    # Speech LMs: a second clip (longer for Qwen3-ASR and Fun-ASR-Nano: it pads the first one's row).
+    *[(name, ("audio", 1), (("audio", 2),)) for name in speech_lms.BUILDERS],
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -44,6 +46,7 @@ CHANGES = [
     *[(name, kind) for name in ("inkling_mm_model", "nemotron_h_omni") for kind in ("image", "audio")],
     *[(name, "image") for name in ("emu3", "ovis2")],
     *[(name, "audio") for name in ("moss_transcribe_diarize", "vibevoice_asr")],
+    *[(name, "audio") for name in speech_lms.BUILDERS],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 
