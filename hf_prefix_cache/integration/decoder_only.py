@@ -171,7 +171,8 @@ class DecoderOnlyHook(PatchingHook):
         arguments = self._arguments(args, kwargs)
         input_ids = arguments.get("inputs")
         if input_ids is None:
-            input_ids = kwargs.get("input_ids")
+            # Passed by name, or positionally to a generate naming it (Nemotron 3.5 Transcribe's).
+            input_ids = arguments.get("input_ids")
         prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         call = _Call(args, kwargs, input_ids, prompt_len, session)
         checked = check_call(self._profile, self._model, self._signature, input_ids, arguments, kwargs)

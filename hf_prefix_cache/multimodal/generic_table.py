@@ -9,7 +9,8 @@ exact by `tests/media/test_media_generic.py` (LFM2-VL, whose text layers hold co
 MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
 `tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
-`tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/media/test_media_vibevoice.py`; the speech LMs, Granite Speech on, by `tests/media/test_media_speech_lms.py`
+and the family suite; Gemma 3n, whose timm tower needs torchvision, by
 `tests/media/test_media_gemma3n.py` in its own venv). Families left out, and why, are listed in
 `COLD_FAMILIES`. Each key here is registered as its own row of `registry` (a generic family's
 row is its rule in this table; a cold family's, its reason).

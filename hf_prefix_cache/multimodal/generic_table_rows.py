@@ -297,4 +297,23 @@ ROW_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # Nemotron 3.5 Transcribe: each row of `input_features` (`[clips, frames, mels]`) one clip padded to the
+    # longest (a multiple of `subsampling_factor` frames); a speech encoder and a diarization model run on each
+    # row on its own, one placeholder per started stack of `subsampling_factor` valid frames. Speaker activity is
+    # thresholded, so a clip keys with its padding (its whole row and mask row): a float difference from
+    # other padding could flip it. Its Nemotron-H text layers hold states: the hook prefills media prompts.
+    "nemo_speechlm": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                frames_axis=1,
+                hop=("audio_config.subsampling_factor",),
+            ),
+        ),
+        embeds_suffix=True,
+    ),
 }

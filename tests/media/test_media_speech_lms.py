@@ -1,12 +1,14 @@
-"""Speech LMs of the generic table (Granite Speech and Plus, Qwen3-ASR, Fun-ASR-Nano) key clips by what their towers read.
+"""Speech LMs of the generic table (Granite Speech and Plus, Qwen3-ASR, Fun-ASR-Nano, Nemotron 3.5 Transcribe) key clips
+by what their towers read.
 
 A turn adding a clip and a changed clip are the family suite's cases (`tests/media/test_media_families.py`);
 here, why each family's key holds: Qwen3-ASR's and Fun-ASR-Nano's towers give a clip the same
 features however far a longer clip pads its row, so a clip keys by its valid chunks or frames and
 still matches once re-padded; Granite Speech's conformer reads the padding, so its clips key with
 it; and a Granite Speech model with a LoRA adapter (its generate turns the adapter on only for
-calls passing audio) runs media cold, counted. Every request runs cold and through the store:
-equal tokens, logits within 1e-4.
+calls passing audio) runs media cold, counted. Nemotron 3.5 Transcribe's placeholder id lies past its
+text vocabulary, and its hybrid text layers make the hook prefill a turn's clip from embeddings (the
+family suite's turn case). Every request runs cold and through the store: equal tokens, logits within 1e-4.
 """
 
 from __future__ import annotations
@@ -95,3 +97,17 @@ def test_granite_speech_with_a_lora_adapter_runs_media_cold() -> None:
         same_tokens_twice(model, ids, store, **media_kwargs([clip]))
         assert hits.last() == 0
         assert store.stats().fallbacks == {"media_inputs:granite_speech": 2}
+
+
+def test_nemotron_transcribe_placeholders_lie_past_the_text_vocabulary() -> None:
+    """As NVIDIA's tokenizer appends it: the suffix embeddings must not look the placeholder id up as text."""
+    model = BUILDERS["nemo_speechlm"]()
+    clip = Clip("nemo_speechlm", 2)
+    assert model.config.audio_token_id >= model.config.text_config.vocab_size
+    with served(model) as store:
+        hits = Hits(store)
+        head = torch.cat([text(5, 1), text(6, 2)], dim=1)
+        answer = check(model, head, store, {}).sequences
+        turn = torch.cat([answer, placeholders(clip), text(3, 3)], dim=1)
+        check(model, turn, store, media_kwargs([clip]))  # the clip lies in the suffix: prefilled from embeddings
+        assert hits.last() == answer.shape[1] - 1

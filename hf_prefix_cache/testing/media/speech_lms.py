@@ -1,4 +1,4 @@
-"""Tiny speech LMs of the generic table and their audio clips: Granite Speech (and Plus), Qwen3-ASR, Fun-ASR-Nano.
+"""Tiny speech LMs of the generic table and their clips: Granite Speech (and Plus), Qwen3-ASR, Fun-ASR-Nano, Nemotron 3.5.
 
 Each is built from its config classes (float32, eager, seed 0) over a 2-layer text model, and fed
 clips as its processor pads them: a prompt's clips are rows padded to its longest clip (Qwen3-ASR:
@@ -16,10 +16,15 @@ content; seed 2 another length:
   140 frames (13 + 5), padding the first clip of its prompt to 200 frames.
 * ``fun_asr_nano``: rows ``[frames, 8 features]``, one placeholder per valid frame. Seeds 1 and
   13: 7 frames; seed 2: 12, padding the first clip of its prompt.
+* ``nemo_speechlm`` (Nemotron 3.5 Transcribe; Nemotron-H text layers with states): rows ``[frames,
+  16 mel bins]`` padded to a multiple of 8 frames, one placeholder per started 8 valid frames; its
+  placeholder id 128 lies past the text vocabulary, as NVIDIA's tokenizer appends it. Seeds 1 and 13:
+  40 frames (5 placeholders); seed 2: 27 (4), shorter (its clips key with their padding).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
+from hf_prefix_cache.testing.media.cases import MediaCase, single
 from hf_prefix_cache.testing.media.generic_ids import AUD
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
@@ -143,6 +148,64 @@ def tiny_fun_asr_nano() -> Any:
     return _build(transformers.FunAsrNanoForConditionalGeneration, config)
 
 
+#: Nemotron 3.5 Transcribe: its audio placeholder id (the text vocabulary's size) and mel frames per encoder frame.
+NEMO_AUDIO, NEMO_STACK = _TEXT["vocab_size"], 8
+
+
+@functools.cache
+def tiny_nemo_speechlm() -> Any:
+    """Nemotron 3.5 Transcribe: one-layer speech and diarization encoders (chunks of 4 encoder frames, one of
+    context each side; a speaker cache of 8), Nemotron-H text [Mamba-2, attention, Mamba-2, MLP]."""
+    text_config = {
+        **{k: v for k, v in _TEXT.items() if k != "num_hidden_layers"},
+        "model_type": "nemotron_h",
+        "head_dim": 16,
+        "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
+        "ssm_state_size": 16,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "n_groups": 2,
+        "conv_kernel": 4,
+        "expand": 1,
+        "chunk_size": 8,
+        "mlp_hidden_act": "relu2",
+    }
+    encoder = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_mel_bins": 16,
+        "subsampling_factor": NEMO_STACK,
+    }
+    speakers = {"num_speakers": 4, "subsampling_factor": NEMO_STACK}
+    diarization = {
+        "audio_config": dict(encoder),
+        "head_config": {**speakers, "hidden_size": 16, "audio_hidden_size": 32},
+        "streaming_config": {**speakers, "fifo_length": 8, "speaker_cache_update_period": 4, "speaker_cache_length": 8},
+        "chunk_length": 4,
+        "chunk_left_context": 1,
+        "chunk_right_context": 1,
+        "fifo_length": 4,
+        "speaker_cache_update_period": 4,
+    }
+    timestamps = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "vocab_size": 10,
+        "blank_token_id": 9,
+    }
+    config = transformers.Nemotron3_5TranscribeConfig(
+        text_config=text_config,
+        audio_config={"asr_config": encoder, "diarization_config": diarization},
+        word_timestamp_config=timestamps,
+        audio_token_id=NEMO_AUDIO,
+    )
+    return _build(transformers.Nemotron3_5TranscribeForConditionalGeneration, config)
+
+
 @dataclass(frozen=True)
 class Clip:
     """One clip of `family`: its valid frames (a random row per seed) and its placeholder count."""
@@ -161,6 +224,8 @@ class Clip:
             return full * 13 + (_three_convs(rest) if rest else 0)
         if self.family == "fun_asr_nano":
             return self.frames
+        if self.family == "nemo_speechlm":
+            return -(-self.frames // NEMO_STACK)
         return -(-self.frames // GRANITE_WINDOW) * GRANITE_QUERIES
 
     def values(self) -> torch.Tensor:
@@ -175,6 +240,7 @@ _FRAMES = {
     "granite_speech_plus": [12, 12, 8],
     "qwen3_asr": [60, 60, 140],
     "fun_asr_nano": [7, 7, 12],
+    "nemo_speechlm": [40, 40, 27],
 }
 
 
@@ -185,7 +251,8 @@ def _three_convs(n: int) -> int:
 
 
 def placeholders(clip: Clip) -> torch.Tensor:
-    return torch.tensor([[AUDIO_BOS, *[AUD] * clip.count, AUDIO_EOS]])
+    audio = NEMO_AUDIO if clip.family == "nemo_speechlm" else AUD
+    return torch.tensor([[AUDIO_BOS, *[audio] * clip.count, AUDIO_EOS]])
 
 
 def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
@@ -194,15 +261,16 @@ def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
         return {}
     family = clips[0].family
     longest = max(c.frames for c in clips)
-    if family == "qwen3_asr":
-        longest = -(-longest // QWEN3_ASR_CHUNK) * QWEN3_ASR_CHUNK
+    if family in ("qwen3_asr", "nemo_speechlm"):
+        unit = QWEN3_ASR_CHUNK if family == "qwen3_asr" else NEMO_STACK
+        longest = -(-longest // unit) * unit
     rows = torch.zeros(len(clips), longest, clips[0].values().shape[1])
     frames_mask = torch.zeros(len(clips), longest, dtype=torch.long)
     for i, c in enumerate(clips):
         rows[i, : c.frames], frames_mask[i, : c.frames] = c.values(), 1
     if family == "qwen3_asr":
         return {"input_features": rows.transpose(1, 2).contiguous(), "input_features_mask": frames_mask}
-    if family == "fun_asr_nano":
+    if family in ("fun_asr_nano", "nemo_speechlm"):
         return {"input_features": rows, "input_features_mask": frames_mask}
     # Granite Speech: the mask is over the projector's outputs, each clip's first `count`.
     counts = torch.tensor([c.count for c in clips])
@@ -215,7 +283,10 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "granite_speech_plus": tiny_granite_speech_plus,
     "qwen3_asr": tiny_qwen3_asr,
     "fun_asr_nano": tiny_fun_asr_nano,
+    "nemo_speechlm": tiny_nemo_speechlm,
 }
+#: Those whose text layers hold recurrent states (restored only at a snapshot).
+STATE_FAMILIES = ("nemo_speechlm",)
 
 
 def _sweep(name: str) -> registry.SweepCase:
@@ -225,13 +296,11 @@ def _sweep(name: str) -> registry.SweepCase:
     return registry.SweepCase(BUILDERS[name](), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1)
 
 
-for _name, _build_model in BUILDERS.items():
+def _suite(name: str) -> MediaCase:
+    case = single(name, BUILDERS[name](), "audio", partial(Clip, name), placeholders, media_kwargs, framing=1)
+    return dataclasses.replace(case, states=name in STATE_FAMILIES)
+
+
+for _name in BUILDERS:
     registry.register_sweep(_name, partial(_sweep, _name))
-    registry.register_suite(
-        _name,
-        partial(
-            lambda name, build: single(name, build(), "audio", partial(Clip, name), placeholders, media_kwargs, 1),
-            _name,
-            _build_model,
-        ),
-    )
+    registry.register_suite(_name, partial(_suite, _name))
