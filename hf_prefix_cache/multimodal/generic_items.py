@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.errors import UnhashableMediaError
-from hf_prefix_cache.multimodal.base import KindItems, config_token_id
+from hf_prefix_cache.multimodal.base import KindItems, Padded, config_token_id
 from hf_prefix_cache.multimodal.generic_rules import KindRule, config_path
 from hf_prefix_cache.multimodal.media import MediaItem, find_runs, hash_media
 
@@ -156,7 +156,16 @@ def conv_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems
         if n <= 0:
             return (rule.kind, None, [], None)
         counts.append(int(n))
-    return (rule.kind, token_id, [(data[i], mask[i]) for i in range(data.shape[0])], counts)
+    return (rule.kind, token_id, [_padded_row(rule, data, mask, i) for i in range(data.shape[0])], counts)
+
+
+def _padded_row(rule: KindRule, data: torch.Tensor, mask: torch.Tensor, i: int) -> tuple[Any, ...] | Padded:
+    """Row `i` and its mask row, keyed whole (the tower may read the padding); its content, its valid frames."""
+    valid = int(mask[i].bool().sum())
+    if not bool(mask[i, :valid].bool().all()):
+        return (data[i], mask[i])  # not one leading run of valid frames: no content apart from the padding
+    axis = rule.frames_axis - 1 if rule.frames_axis > 0 else rule.frames_axis  # within one row
+    return Padded((data[i], mask[i]), (data[i].narrow(axis, 0, valid),))
 
 
 def chunked_items(
@@ -176,7 +185,8 @@ def chunked_items(
     if chunk is None:
         return (rule.kind, None, [], None)
     axis = rule.frames_axis - 1 if rule.frames_axis > 0 else rule.frames_axis  # within one row
-    parts, counts = [], []
+    parts: list[tuple[Any, ...] | Padded] = []
+    counts = []
     for i, n in enumerate(mask.sum(-1).tolist()):
         kept = -(-int(n) // chunk) * chunk
         # Valid frames first, then padding: else the chunks read are not the first ones.

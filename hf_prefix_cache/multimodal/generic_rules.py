@@ -28,7 +28,8 @@ A family is one `FamilyRule` (in `generic_table`), holding a `KindRule` per medi
   frames has the placeholders left after the convolutions `KindRule.convs` (each
   ``(padding, kernel, stride)`` maps ``n`` to ``(n + 2 * padding - kernel) // stride + 1``;
   none: one per frame); a tower may read the padding too, so an item is its whole row and mask
-  row, unless the tower reads its frames in chunks of `KindRule.chunk` frames (Qwen3-ASR; 1:
+  row (its valid frames its content: reuse stopped at a re-padded clip counts `media_padding`),
+  unless the tower reads its frames in chunks of `KindRule.chunk` frames (Qwen3-ASR; 1:
   Fun-ASR-Nano, whose tower masks the padding out): then an item is its row and mask cropped
   to its valid frames' chunks, each chunk through the convolutions on its own; with
   `KindRule.mask_per_placeholder` the mask marks each row's placeholders instead of its frames

@@ -19,6 +19,8 @@ from conftest import LOGIT_TOL, Hits, assert_same_as_cold
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.media.families import SPECIAL_IDS, Family
+from hf_prefix_cache.testing.media.generic import GenericFamily
+from hf_prefix_cache.testing.media.generic_ids import AUD
 from hf_prefix_cache.testing.media.harness import served
 from hf_prefix_cache.testing.media.phi4 import MEL, Medium, _rand, cached_phi4, clip, kwargs, placeholders
 from hf_prefix_cache.testing.tiny_vlm_media import text
@@ -116,6 +118,26 @@ def test_a_phi4_clip_stored_padded_and_repadded_by_a_longer_clip_counts_the_reus
         assert f"stored with other padding: {stored - 4} more tokens were stored" in caplog.text
         assert_same_as_cold(model, turn, store, 4, cache_argument="past_key_values", **both)
         assert hits.last() == turn.shape[1] - 1  # padded alike, it matches
+        assert store.stats().fallbacks == {"media_padding": 1}
+
+
+def test_a_glmasr_clip_repadded_by_a_longer_clip_counts_the_reuse_lost() -> None:
+    """A generic "conv" row keys a clip with its padding (its tower reads it), and its valid frames as its content:
+    a chat's second turn whose longer clip (56 frames) re-pads the first (40) reuses the text up to the clip, counted.
+    """
+    fam, first_clip = GenericFamily("glmasr"), GenericFamily("glmasr").medium(1)
+    ids = torch.cat([text(4, 1), fam.placeholders(first_clip), text(3, 2)], dim=1)
+    longer = torch.rand(16, 56, generator=torch.Generator().manual_seed(7))
+    with served(fam.model, clean=False) as store:
+        hits = Hits(store)
+        out = assert_same_as_cold(fam.model, ids, store, 4, **fam.kwargs([first_clip]), suppress_tokens=SPECIAL_IDS)
+        turn = torch.cat([out.sequences, text(3, 3), torch.tensor([[110, *[AUD] * 7, 111]]), text(3, 4)], dim=1)
+        features, mask = torch.zeros(2, 16, 56), torch.zeros(2, 56, dtype=torch.long)
+        features[0, :, :40], features[1], mask[0, :40], mask[1] = first_clip.rows[0], longer, 1, 1
+        both = {"input_features": features, "input_features_mask": mask, "suppress_tokens": SPECIAL_IDS}
+        hits.last()
+        assert_same_as_cold(fam.model, turn, store, 4, **both)
+        assert hits.last() == 5  # the text before the clip and its begin-audio id
         assert store.stats().fallbacks == {"media_padding": 1}
 
 
