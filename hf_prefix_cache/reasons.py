@@ -66,7 +66,8 @@ INDEXER_TOP_K = "indexer_top_k"  # + ":" + the length up to which reuse is exact
 # prefill or a decode step stores the states only up to it (counted as reduced reuse).
 INDEXER_TIE = "indexer_tie"
 # A media item keyed with padding its model reads (Phi-4 audio: a clip padded to a later, longer one) where the
-# store holds it unpadded: reuse stops at it, since the model's output for it changed (reduced reuse).
+# store holds it padded otherwise or unpadded: reuse stops at it, since the model's output for it changed, though
+# the stored prefix goes on (reduced reuse).
 MEDIA_PADDING = "media_padding"
 # A static cache's sliding-window layer (`cache_implementation="static"` on Gemma, Mistral, ...) keeps only its last
 # `window` positions: a call that wrote past the window was served, but its sequence cannot be copied out to store

@@ -31,6 +31,7 @@ from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline, recurrent_rows
 from hf_prefix_cache.hooks.checks import CACHE_IMPLEMENTATION, check_call, media_layout, serving_modes
 from hf_prefix_cache.hooks.media_expansion import expand_suffix_media, expands_media
+from hf_prefix_cache.hooks.media_padding import count_media_padding
 from hf_prefix_cache.hooks.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.hooks.registry import DECODER_ONLY, Family, register
@@ -170,7 +171,8 @@ class DecoderOnlyHook(PatchingHook):
         arguments = self._arguments(args, kwargs)
         input_ids = arguments.get("inputs")
         if input_ids is None:
-            input_ids = kwargs.get("input_ids")
+            # Passed by name, or positionally to a generate naming it (Nemotron 3.5 Transcribe's).
+            input_ids = arguments.get("input_ids")
         prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
         call = _Call(args, kwargs, input_ids, prompt_len, session)
         checked = check_call(self._profile, self._model, self._signature, input_ids, arguments, kwargs)
@@ -360,8 +362,8 @@ class DecoderOnlyHook(PatchingHook):
         logger.debug(
             "matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, call.key.namespace
         )
-        if call.layout is not None and call.layout.has_padded:
-            self._count_padded_media(call, lease)
+        if call.layout is not None and call.layout.items:
+            count_media_padding(store, call.key, call.layout, lease)  # reuse lost to a medium's padding
         if cache.tied_at is not None:
             store.record(ReducedReuse(reasons.INDEXER_TIE))  # stored only up to the tie (`exact_length`)
 
@@ -399,15 +401,6 @@ class DecoderOnlyHook(PatchingHook):
                 items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
                 computed_from=lease.cached_len,
             )
-
-    def _count_padded_media(self, call: _Call, lease: Lease) -> None:
-        """Count `media_padding` when reuse stopped at an item keyed with its padding that is stored unpadded."""
-        assert call.layout is not None
-        first = min(item.start for item in call.layout.items if item.unpadded is not None)
-        if lease.matched_len > first:
-            return
-        if self._store.stored_len(call.key.namespace, call.layout.unpadded_symbols(call.rows[0])) > first:
-            self._store.record(ReducedReuse(reasons.MEDIA_PADDING))
 
     def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
         """Count the adapter's event when this prompt's media extend those of a stored conversation."""

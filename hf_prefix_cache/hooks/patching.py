@@ -135,4 +135,18 @@ def generate_signature(model: Any, original: Callable[..., Any]) -> inspect.Sign
     base = getattr(model, "get_base_model", None)
     if callable(base) and base() is not model:
         return inspect.signature(base().generate)
-    return inspect.signature(original)
+    signature = inspect.signature(original)
+    if any(p.kind not in _PASSED_ON for p in signature.parameters.values()):
+        return signature
+    # A `generate(*args, **kwargs)` handing its arguments on (Granite Speech's): the signature it hands them to.
+    for cls in type(model).__mro__:
+        method = cls.__dict__.get("generate")
+        if method is None:
+            continue
+        parameters = list(inspect.signature(method).parameters.values())[1:]  # without `self`
+        if any(p.kind not in _PASSED_ON for p in parameters):
+            return inspect.Signature(parameters)
+    return signature
+
+
+_PASSED_ON = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)

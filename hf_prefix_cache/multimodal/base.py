@@ -15,6 +15,7 @@ about the store or the tree.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,8 +74,27 @@ SHARED_MEDIA_KWARGS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Padded:
+    """An item's hashed `parts`, which hold padding its model reads, and the parts of its `content` alone.
+
+    Its key is `parts`; `content` tells a stored item padded otherwise (`MediaItem.unpadded`), so reuse
+    lost to a re-padded item is counted (`reasons.MEDIA_PADDING`).
+    """
+
+    parts: tuple[Any, ...]
+    content: tuple[Any, ...]
+
+
 # Per media kind: (kind, placeholder id or None when unusable, each item's hashed parts, placeholder counts or None).
-KindItems = tuple[str, int | None, list[tuple[Any, ...]], list[int] | None]
+KindItems = tuple[str, int | None, Sequence[tuple[Any, ...] | Padded], list[int] | None]
+
+
+def media_item(kind: str, parts: tuple[Any, ...] | Padded, start: int, end: int) -> MediaItem:
+    """The item of `parts` whose placeholders span `[start, end)`."""
+    if isinstance(parts, Padded):
+        return MediaItem(kind, hash_media(*parts.parts), start, end, hash_media(*parts.content))
+    return MediaItem(kind, hash_media(*parts), start, end)
 
 
 class MediaAdapter:
@@ -124,7 +144,7 @@ class MediaAdapter:
             spans = assign_spans(runs, lengths) if lengths is not None else one_per_run(runs, len(parts))
             if spans is None or len(spans) != len(parts):
                 return None
-            items += [MediaItem(kind, hash_media(*p), a, b) for p, (a, b) in zip(parts, spans, strict=True)]
+            items += [media_item(kind, p, a, b) for p, (a, b) in zip(parts, spans, strict=True)]
         items.sort(key=lambda item: item.start)
         return MediaLayout(tuple(items))
 

@@ -171,8 +171,11 @@ class GenericMedia(MediaAdapter):
         media = dict(renamed)
         self._slice(media, layout, start)  # the rows whose placeholders lie in the suffix
         ids = input_ids[:, start:]
-        # The model's forward, on the suffix: text embeddings, then each kind's features over its placeholders.
-        embeds: torch.Tensor = self.model.get_input_embeddings()(ids)
+        # The model's forward, on the suffix: text embeddings, then each kind's features over its placeholders
+        # (embedded as id 0 first: a placeholder id may lie past the text vocabulary, Nemotron 3.5 Transcribe's).
+        placeholders = [t for t in self.placeholder_ids() if t is not None]
+        text_ids = ids.masked_fill(torch.isin(ids, torch.tensor(placeholders, dtype=ids.dtype, device=ids.device)), 0)
+        embeds: torch.Tensor = self.model.get_input_embeddings()(text_ids)
         for rule in self.rule.kinds:
             if media.get(rule.data) is None:
                 continue

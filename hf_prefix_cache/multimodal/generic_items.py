@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.errors import UnhashableMediaError
-from hf_prefix_cache.multimodal.base import KindItems, config_token_id
+from hf_prefix_cache.multimodal.base import KindItems, Padded, config_token_id
 from hf_prefix_cache.multimodal.generic_rules import KindRule, config_path
 from hf_prefix_cache.multimodal.media import MediaItem, find_runs, hash_media
 
@@ -125,7 +125,15 @@ def conv_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems
         return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
     if not isinstance(mask, torch.Tensor) or data.dim() < 2 or mask.dim() != 2:
         return (rule.kind, None, [], None)
-    if mask.shape != (data.shape[0], data.shape[rule.frames_axis]) or mask.is_floating_point() or mask.is_complex():
+    if mask.shape[0] != data.shape[0] or mask.is_floating_point() or mask.is_complex():
+        return (rule.kind, None, [], None)
+    if rule.mask_per_placeholder:
+        # The mask is over the tower's outputs: a row's marked ones fill its placeholders.
+        marked = mask.sum(-1).tolist()
+        if any(n <= 0 for n in marked):
+            return (rule.kind, None, [], None)
+        return (rule.kind, token_id, [(data[i], mask[i]) for i in range(data.shape[0])], [int(n) for n in marked])
+    if mask.shape[1] != data.shape[rule.frames_axis]:
         return (rule.kind, None, [], None)
     steps = list(rule.convs)
     if rule.conv_paths:
@@ -140,14 +148,63 @@ def conv_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems
         if hop is None:
             return (rule.kind, None, [], None)
         steps.append((0, 1, hop))  # one placeholder per started hop: (n - 1) // hop + 1
+    if rule.chunk:
+        return chunked_items(config, rule, token_id, data, mask, steps)
     counts = []
     for n in (mask.sum(-1) + rule.frames_offset).tolist():
-        for padding, kernel, stride in steps:
-            n = (n + 2 * padding - kernel) // stride + 1
+        n = _through(n, steps)
         if n <= 0:
             return (rule.kind, None, [], None)
         counts.append(int(n))
-    return (rule.kind, token_id, [(data[i], mask[i]) for i in range(data.shape[0])], counts)
+    return (rule.kind, token_id, [_padded_row(rule, data, mask, i) for i in range(data.shape[0])], counts)
+
+
+def _padded_row(rule: KindRule, data: torch.Tensor, mask: torch.Tensor, i: int) -> tuple[Any, ...] | Padded:
+    """Row `i` and its mask row, keyed whole (the tower may read the padding); its content, its valid frames."""
+    valid = int(mask[i].bool().sum())
+    if not bool(mask[i, :valid].bool().all()):
+        return (data[i], mask[i])  # not one leading run of valid frames: no content apart from the padding
+    axis = rule.frames_axis - 1 if rule.frames_axis > 0 else rule.frames_axis  # within one row
+    return Padded((data[i], mask[i]), (data[i].narrow(axis, 0, valid),))
+
+
+def chunked_items(
+    config: Any,
+    rule: KindRule,
+    token_id: int | None,
+    data: torch.Tensor,
+    mask: torch.Tensor,
+    steps: list[tuple[int, int, int]],
+) -> KindItems:
+    """Rows read in chunks of `rule.chunk` frames: each row cropped to its valid frames' chunks, counted per chunk.
+
+    The chunks past a row's valid frames hold padding only and give no features, so a clip keys the
+    same however far a longer clip of its prompt pads it.
+    """
+    chunk, frames = _product(config, rule.chunk), data.shape[rule.frames_axis]
+    if chunk is None:
+        return (rule.kind, None, [], None)
+    axis = rule.frames_axis - 1 if rule.frames_axis > 0 else rule.frames_axis  # within one row
+    parts: list[tuple[Any, ...] | Padded] = []
+    counts = []
+    for i, n in enumerate(mask.sum(-1).tolist()):
+        kept = -(-int(n) // chunk) * chunk
+        # Valid frames first, then padding: else the chunks read are not the first ones.
+        if n <= 0 or kept > frames or not bool(mask[i, :n].bool().all()) or bool(mask[i, n:].bool().any()):
+            return (rule.kind, None, [], None)
+        full, rest = divmod(int(n), chunk)
+        counts.append(full * _through(chunk, steps) + (_through(rest, steps) if rest else 0))
+        parts.append((data[i].narrow(axis, 0, kept), mask[i, :kept]))
+    if any(c <= 0 for c in counts):
+        return (rule.kind, None, [], None)
+    return (rule.kind, token_id, parts, counts)
+
+
+def _through(n: int, steps: Sequence[tuple[int, int, int]]) -> int:
+    """`n` frames through convolutions of ``(padding, kernel, stride)``."""
+    for padding, kernel, stride in steps:
+        n = (n + 2 * padding - kernel) // stride + 1
+    return n
 
 
 def _merges(config: Any, rule: KindRule, kwargs: dict[str, Any], num_items: int) -> list[int] | None:
@@ -245,10 +302,10 @@ def _patch_rows(rule: KindRule, data: torch.Tensor, kwargs: dict[str, Any]) -> l
     return out
 
 
-def _product(config: Any, paths: tuple[str, ...]) -> int | None:
+def _product(config: Any, paths: tuple[str | int, ...]) -> int | None:
     values: list[Any] = []
     for path in paths:
-        value = config_path(config, path)
+        value = path if isinstance(path, int) else config_path(config, path)
         # A per-axis list (Kimi-K2.5's `merge_kernel_size`) counts as the product of its elements.
         values += list(value) if isinstance(value, (list, tuple)) else [value]
     if not values or not all(isinstance(v, int) and v > 0 for v in values):

@@ -28,7 +28,12 @@ A family is one `FamilyRule` (in `generic_table`), holding a `KindRule` per medi
   frames has the placeholders left after the convolutions `KindRule.convs` (each
   ``(padding, kernel, stride)`` maps ``n`` to ``(n + 2 * padding - kernel) // stride + 1``;
   none: one per frame); a tower may read the padding too, so an item is its whole row and mask
-  row; adjacent items may share a run;
+  row (its valid frames its content: reuse stopped at a re-padded clip counts `media_padding`),
+  unless the tower reads its frames in chunks of `KindRule.chunk` frames (Qwen3-ASR; 1:
+  Fun-ASR-Nano, whose tower masks the padding out): then an item is its row and mask cropped
+  to its valid frames' chunks, each chunk through the convolutions on its own; with
+  `KindRule.mask_per_placeholder` the mask marks each row's placeholders instead of its frames
+  (Granite Speech); adjacent items may share a run;
 * which `generate` kwargs change how media are encoded (`FamilyRule.settings`), which
   config values the pattern needs (`FamilyRule.requires`; otherwise the family keeps no
   adapter and runs cold), which kwargs its processor returns that the model never reads
@@ -72,7 +77,12 @@ class KindRule:
     (none: one placeholder per valid frame), followed by unpadded ones of the kernel and stride
     lists at the config paths `conv_paths` (a wav2vec-style feature encoder); `frames_axis` the
     axis of the frames in `data`,
-    `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1), `hop`
+    `frames_offset` a count the model adds to the valid frames first (Nemotron-H Omni's 1), `chunk`
+    the frames a tower reads as one unit (config paths and numbers, multiplied: Qwen3-ASR's
+    ``2 * n_window``): a row's valid frames must lead it, its chunks of valid frames are what is
+    hashed (the chunks past them hold padding only, never read) and its placeholders are each
+    chunk's count through `convs`, summed; `mask_per_placeholder` marks a mask over each row's
+    placeholders (its sum their count, the row hashed whole), not over its frames; `hop`
     config paths (multiplied; a list counts as its product) of the samples per placeholder after
     those steps: a row then has one placeholder per started hop (VibeVoice ASR's tokenizer).
     `item_axis` 1 (``"equal"`` kinds) takes one prompt's items along the second axis of a
@@ -98,6 +108,8 @@ class KindRule:
     frames_offset: int = 0
     conv_paths: tuple[str, ...] = ()
     hop: tuple[str, ...] = ()
+    chunk: tuple[str | int, ...] = ()
+    mask_per_placeholder: bool = False
     item_axis: int = 0
     requires: tuple[tuple[str, Any], ...] = ()
 

@@ -9,7 +9,8 @@ exact by `tests/media/test_media_generic.py` (LFM2-VL, whose text layers hold co
 MiniCPM-o OCR, Nemotron-H Omni and Inkling, whose text layers hold states, by
 `tests/media/test_media_minicpm.py`, `tests/media/test_media_nemotron_h_omni.py` and
 `tests/media/test_media_inkling.py`; VibeVoice ASR, whose calls must pass `sample=False`, by
-`tests/media/test_media_vibevoice.py`; Gemma 3n, whose timm tower needs torchvision, by
+`tests/media/test_media_vibevoice.py`; the speech LMs, Granite Speech on, by `tests/media/test_media_speech_lms.py`
+and the family suite; Gemma 3n, whose timm tower needs torchvision, by
 `tests/media/test_media_gemma3n.py` in its own venv, as are FastVLM and Perception LM, by
 `tests/media/test_media_timm_towers.py`; Muse Spark, Inkling 2 (and its loop variant), Apertus 1.5
 and dots3 Note by the family suite, `tests/media/test_media_families.py`). Families left out, and

@@ -274,4 +274,89 @@ ROW_FAMILIES: dict[str, FamilyRule] = {
             ),
         ),
     ),
+    # Granite Speech: each row of `input_features` one clip of stacked mel frames padded to the prompt's
+    # longest; a conformer (block attention and convolutions over the padding too) and a Q-Former over
+    # windows of its output encode each row on its own, `input_features_mask` marking the row's outputs
+    # that fill its placeholders: a clip is its whole row and mask row. Its generate turns the model's
+    # LoRA adapter on only for calls passing audio, so a hit whose suffix holds no clip would run the text
+    # without it: models with an adapter (`has_lora_adapter`, the released checkpoints) keep media cold.
+    "granite_speech": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                mask_per_placeholder=True,
+            ),
+        ),
+        requires=(("has_lora_adapter", False),),
+    ),
+    # Granite Speech Plus: Granite Speech with intermediate encoder layers joined into the projector's input.
+    "granite_speech_plus": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                mask_per_placeholder=True,
+            ),
+        ),
+        requires=(("has_lora_adapter", False),),
+    ),
+    # Qwen3-ASR: each row of `input_features` (`[clips, mel, frames]`) one clip padded to a multiple of
+    # `2 * n_window` frames; the tower cuts rows into chunks of that many frames, three stride-2 convolutions
+    # per chunk, keeps each chunk's valid outputs and attends within windows of one clip: a clip is its
+    # chunks of valid frames (the padding chunks past them give nothing), whatever a longer clip pads it to.
+    "qwen3_asr": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                convs=((1, 3, 2), (1, 3, 2), (1, 3, 2)),
+                chunk=(2, "audio_config.n_window"),
+            ),
+        ),
+    ),
+    # Fun-ASR-Nano: each row of `input_features` (`[clips, frames, features]`) one clip padded to the longest,
+    # one placeholder per valid frame; its encoder and adaptor mask the padding out of attention and zero it
+    # before each FSMN convolution (as the convolution's own zero padding would): a clip is its valid frames.
+    "fun_asr_nano": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                frames_axis=1,
+                chunk=(1,),
+            ),
+        ),
+    ),
+    # Nemotron 3.5 Transcribe: each row of `input_features` (`[clips, frames, mels]`) one clip padded to the
+    # longest (a multiple of `subsampling_factor` frames); a speech encoder and a diarization model run on each
+    # row on its own, one placeholder per started stack of `subsampling_factor` valid frames. Speaker activity is
+    # thresholded, so a clip keys with its padding (its whole row and mask row): a float difference from
+    # other padding could flip it. Its Nemotron-H text layers hold states: the hook prefills media prompts.
+    "nemo_speechlm": FamilyRule(
+        kinds=(
+            KindRule(
+                "audio",
+                ("audio_token_id",),
+                "input_features",
+                count="conv",
+                mask="input_features_mask",
+                frames_axis=1,
+                hop=("audio_config.subsampling_factor",),
+            ),
+        ),
+        embeds_suffix=True,
+    ),
 }

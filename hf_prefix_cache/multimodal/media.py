@@ -8,7 +8,10 @@ serialise raise `UnhashableMediaError`.
 In a prompt, an item occupies a span of placeholder tokens. For the radix tree each of
 those positions becomes a negative int encoding (item hash, index within the item, kind),
 which no token id can equal; so a stored prefix matches only if its tokens and every media
-item overlapping it match. Cut points never fall inside a span (`clamp_below_spans`).
+item overlapping it match. Cut points never fall inside a span (`clamp_below_spans`). An item
+keyed with padding its model reads (`MediaItem.unpadded`) encodes its content's hash above
+that hash, so a stored item of the same content, padded otherwise, can be told from another
+item (`symbol_content`): reuse stops at it either way, but that loss is counted.
 
 Knows nothing about models, the store or transformers: `multimodal/` says which tensors
 of which model make up an item.
@@ -31,6 +34,7 @@ from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
 KIND_CODES = {"image": 1, "video": 2, "audio": 3}
 _INDEX_BITS = 32
 _KIND_BITS = 8
+_DIGEST_BITS = 128
 _KIND_NAMES = {code: kind for kind, code in KIND_CODES.items()}
 
 
@@ -87,14 +91,21 @@ class MediaItem:
     digest: int
     start: int
     end: int
-    #: For an item keyed with padding its model reads (Phi-4 audio): the digest it would have unpadded.
+    #: For an item keyed with padding its model reads (Phi-4 audio): the digest of its content alone, as it
+    #: keys without padding (its symbols hold it above `digest`, see `symbol_content`).
     unpadded: int | None = None
 
-    def symbols(self, digest: int | None = None) -> list[int]:
+    @property
+    def content(self) -> int:
+        """The digest of what the item holds, whatever padding it is keyed with."""
+        return self.digest if self.unpadded is None else self.unpadded
+
+    def symbols(self) -> list[int]:
         """The tree symbols of the item's placeholder positions (negative ints, never token ids)."""
         if self.end - self.start > 1 << _INDEX_BITS:
             raise InconsistentStateError(f"{self.end - self.start} placeholders do not fit a symbol")
-        base = (((self.digest if digest is None else digest) << _INDEX_BITS) << _KIND_BITS) | KIND_CODES[self.kind]
+        key = self.digest if self.unpadded is None else (self.unpadded << _DIGEST_BITS) | self.digest
+        base = ((key << _INDEX_BITS) << _KIND_BITS) | KIND_CODES[self.kind]
         return [-1 - (base | (i << _KIND_BITS)) for i in range(self.end - self.start)]
 
 
@@ -117,18 +128,6 @@ class MediaLayout:
             out[item.start : item.end] = item.symbols()
         return out
 
-    @property
-    def has_padded(self) -> bool:
-        """Whether an item is keyed with padding its model reads (`MediaItem.unpadded`)."""
-        return any(item.unpadded is not None for item in self.items)
-
-    def unpadded_symbols(self, tokens: Sequence[int]) -> list[Hashable]:
-        """`symbols`, with each padded item keyed as it would be unpadded (what an earlier prompt may have stored)."""
-        out: list[Hashable] = list(tokens)
-        for item in self.items:
-            out[item.start : item.end] = item.symbols(item.unpadded)
-        return out
-
     def num_cached(self, kind: str, cached_len: int) -> int:
         """How many items of `kind` lie wholly inside the first `cached_len` positions."""
         return sum(1 for item in self.items if item.kind == kind and item.end <= cached_len)
@@ -140,6 +139,24 @@ def symbol_kind(symbol: Hashable) -> str:
         return "text"
     code = (-1 - symbol) & ((1 << _KIND_BITS) - 1)
     return _KIND_NAMES.get(code, "text")
+
+
+def symbol_content(symbol: Hashable) -> tuple[str, int] | None:
+    """The kind and content digest (`MediaItem.content`) of a media item's symbol; None for a token id.
+
+    A stored item and a prompt's item of equal content but other padding have other symbols and one content.
+    """
+    if not isinstance(symbol, int) or symbol >= 0:
+        return None
+    code = -1 - symbol
+    key = code >> (_INDEX_BITS + _KIND_BITS)
+    content = key >> _DIGEST_BITS or key  # a padded item's content sits above its digest
+    return _KIND_NAMES.get(code & ((1 << _KIND_BITS) - 1), "text"), content
+
+
+def item_symbols(first: int, length: int) -> list[int]:
+    """The symbols of the `length` placeholders of the item whose first symbol is `first` (`MediaItem.symbols`)."""
+    return [first - (i << _KIND_BITS) for i in range(length)]
 
 
 def find_runs(tokens: Sequence[int], token_id: int) -> list[tuple[int, int]]:

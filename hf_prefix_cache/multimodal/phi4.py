@@ -9,8 +9,9 @@ What the model consumes of each item (transformers 5.23 and 5.24 agree):
 * an audio clip is one row of `audio_input_features` (padded to the prompt's longest clip,
   hashed whole) with its `audio_embed_sizes` entry (its placeholder count) and its
   `audio_attention_mask` row. The conformer's output for a clip changes with its padding, so a
-  clip re-padded by a longer one in a later prompt does not match; the hook counts
-  `media_padding` when that clip is stored unpadded (`MediaItem.unpadded`).
+  clip re-padded by a longer one in a later prompt does not match; its key also holds the hash of
+  its valid frames (`MediaItem.unpadded`), so the hook counts `media_padding` when the store holds
+  that clip padded otherwise (or unpadded) where reuse stopped.
 
 Features fill the placeholders in order, one run per image (the processor writes each image's
 placeholders as one run); an image's count follows from its crops, so the layout requires one
@@ -137,17 +138,17 @@ class Phi4MultimodalMedia(MediaAdapter):
 
 
 def _unpadded(features: torch.Tensor, size: torch.Tensor, mask: Any, i: int) -> int | None:
-    """A padded clip's digest as a prompt holding it alone keys it (its valid frames, no mask); None if not padded.
+    """A masked clip's digest as a prompt holding it alone keys it (its valid frames, no mask); None without a mask.
 
     The conformer reads a clip's padding (its output changes with it), so the padded key stays; this one
-    only tells the hook that an earlier prompt may hold the clip unpadded (`reasons.MEDIA_PADDING`).
+    only tells the hook which stored clip is this one padded otherwise (`reasons.MEDIA_PADDING`).
     """
     if mask is None:
         return None
     valid = mask[i].bool()
     frames = int(valid.sum())
-    if frames == valid.shape[0] or not bool(valid[:frames].all()):
-        return None  # not padded, or not one leading run of frames
+    if not bool(valid[:frames].all()):
+        return None  # not one leading run of frames
     return hash_media(features[:frames], size)
 
 

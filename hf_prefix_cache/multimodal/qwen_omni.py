@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, Padded, config_token_id, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
@@ -139,7 +139,7 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
         _, token_id, parts, lengths = entry
         if token_id is None or lengths is None:
             return None
-        return parts, lengths
+        return [p.parts if isinstance(p, Padded) else p for p in parts], lengths
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         super()._slice(kwargs, layout, cached_len)

@@ -149,6 +149,14 @@ class Store(Protocol):
         """How many leading `symbols` are stored under `namespace` (reads only)."""
         ...
 
+    def next_symbols(self, namespace: str, symbols: Sequence[Hashable]) -> list[Hashable]:
+        """The symbols stored right after all of `symbols` under `namespace`, one per continuation (reads only).
+
+        Empty where `symbols` is not all stored. A hook reads them to tell why reuse stopped where it did
+        (a media item stored keyed with other padding, `reasons.MEDIA_PADDING`).
+        """
+        ...
+
     def acquire(
         self,
         key: PrefixKey,

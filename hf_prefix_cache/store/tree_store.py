@@ -241,6 +241,12 @@ class TreeStore:
             self._placement.index_disk(namespace)
             return self._tree.match(namespace, tokens).matched_len
 
+    def next_symbols(self, namespace: str, symbols: Sequence[Hashable]) -> list[Hashable]:
+        """The symbols stored right after the whole of `symbols` under `namespace` (indexing its disk files first)."""
+        with self._lock.raw:
+            self._placement.index_disk(namespace)
+            return self._tree.next_symbols(namespace, symbols)
+
     def pin_stored(self, namespace: str, tokens: Sequence[int]) -> bool:
         """Pin the stored prefix `tokens` on the device; False when not all of it is stored."""
         with self._lock.raw:

@@ -118,6 +118,21 @@ class RadixTree(Generic[V]):
             node = child
         return MatchResult(pos, tuple(path))
 
+    def next_symbols(self, namespace: Hashable, symbols: Sequence[Hashable]) -> list[Hashable]:
+        """The symbols stored right after the whole of `symbols` in `namespace` (none where it is not all stored).
+
+        One per stored continuation; like `match`, does not change the eviction order.
+        """
+        found = self.match(namespace, symbols)
+        if found.matched_len < len(symbols):
+            return []
+        node = found.path[-1] if found.path else self._roots.get(namespace)
+        if node is None:
+            return []
+        if node.end > found.matched_len:  # the match ends inside the node's key
+            return [node.key[found.matched_len - node.start]]
+        return list(node.children)
+
     def iter_nodes(self) -> Iterator[Node[V]]:
         """All non-root nodes, parents before children."""
         stack = list(self._roots.values())

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import Hits
 
-from hf_prefix_cache.testing.media import grid, hy_v4_vl, inkling2, ovis2_5, packed, qwen3, registry
+from hf_prefix_cache.testing.media import grid, hy_v4_vl, inkling2, ovis2_5, packed, qwen3, registry, speech_lms
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.harness import check, served
 from hf_prefix_cache.testing.tiny_vlm_media import text
@@ -48,6 +48,8 @@ TURNS = [
     ("hunyuan_vl", ("image", 1), (("image", 2),)),
     ("cosmos3_edge", ("image", 1), IMAGE_AND_VIDEO),
     *([("hy_v4_vl", ("image", 1), IMAGE_AND_VIDEO)] if hy_v4_vl.AVAILABLE else []),
+    # Speech LMs: a second clip (longer for Qwen3-ASR and Fun-ASR-Nano: it pads the first one's row).
+    *[(name, ("audio", 1), (("audio", 2),)) for name in speech_lms.BUILDERS],
 ]
 #: The kinds of medium a family's changed-medium case runs with.
 CHANGES = [
@@ -63,6 +65,7 @@ CHANGES = [
     ("hunyuan_vl", "image"),
     *[("cosmos3_edge", kind) for kind in ("image", "video")],
     *[("hy_v4_vl", kind) for kind in ("image", "video") if hy_v4_vl.AVAILABLE],
+    *[(name, "audio") for name in speech_lms.BUILDERS],
 ]
 assert {row[0] for row in TURNS} == {row[0] for row in CHANGES} == set(CASES), "every registry row runs its cases"
 

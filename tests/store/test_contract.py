@@ -71,9 +71,9 @@ def _filled(store: PrefixCache, ids: list[int]) -> WorkingCache:
     return cache
 
 
-def test_the_hooks_contract_has_eight_members() -> None:
-    """A hook sees eight members of a store: its model, the namespace, two reads and the four request verbs."""
+def test_the_hooks_contract_has_nine_members() -> None:
+    """A hook sees nine members of a store: its model, the namespace, three reads and the four request verbs."""
     members = {name for name in dir(Store) if not name.startswith("_")} | set(Store.__annotations__)
-    reads = {"has_entries", "stored_len"}
+    reads = {"has_entries", "stored_len", "next_symbols"}
     verbs = {"acquire", "release", "insert_sequence", "record"}
     assert members == {"model", "namespace"} | reads | verbs
