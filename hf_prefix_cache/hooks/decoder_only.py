@@ -34,7 +34,7 @@ from hf_prefix_cache.hooks.call import Call, Mode, capabilities, read_call
 from hf_prefix_cache.hooks.media_expansion import expand_suffix_media, expands_media
 from hf_prefix_cache.hooks.patching import InstancePatch, PatchingHook
 from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
-from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION, serving_modes
+from hf_prefix_cache.hooks.refusals import serving_modes
 from hf_prefix_cache.hooks.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.hooks.scan import ScanContinuation
 from hf_prefix_cache.keys.namespace import sub_namespace
@@ -109,10 +109,10 @@ class DecoderOnlyHook(PatchingHook):
                 self._model, self._profile, self._serving.snapshot_interval, self._one_token_steps
             )
             restore_step = functools.partial(recurrent_rows.restore, store, prefill)
-            store_step = functools.partial(recurrent_rows.store_rows, store)
+            store_step = functools.partial(recurrent_rows.store_finished, store)
         elif call.mode is Mode.OWN_ROWS:
             restore_step = functools.partial(own_rows.restore, store, self._profile)
-            store_step = functools.partial(own_rows.store_rows, store)
+            store_step = functools.partial(own_rows.store_finished, store)
         else:  # one prompt (`Mode.SHARED`, `Mode.STATIC`)
             restore_step, store_step = self._restore_shared, self._store_shared
         return pipeline.serve(store, self._original, call, restore_step, store_step)
@@ -141,14 +141,11 @@ class DecoderOnlyHook(PatchingHook):
             if media is not None and call.layout is not None and fed:
                 # Only the media of what the cache lacks go to generate (plus explicit positions for M-RoPE).
                 kwargs = media.resume_kwargs(call.input_ids, kwargs, call.layout, fed)
-            kwargs = dict(kwargs)
-            kwargs[profile.cache_kwarg] = cache
             static = None
             if call.mode is Mode.STATIC:
                 # The prefix copied into preallocated buffers, as generate would allocate them (`model/static.py`).
-                static = kwargs[profile.cache_kwarg] = to_static(cache, self._model.config, call.static_len)
-            if call.drop_impl:
-                kwargs[CACHE_IMPLEMENTATION] = None
+                static = to_static(cache, self._model.config, call.static_len)
+            kwargs = pipeline.generate_kwargs(call, profile, cache if static is None else static, kwargs)
         except BaseException:
             store.release(lease)
             raise
@@ -202,7 +199,7 @@ class DecoderOnlyHook(PatchingHook):
     def _insert(self, call: Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]) -> None:
         """Each finished row (a beam search's prompt, once) stored with its states and its media item states."""
         store, rows = self._store, call.rows
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        sequences = pipeline.sequences_of(output)
         items: list[ItemState] = []
         if call.rows[0].key.item_spans:
             # The cross-attention layers now hold every image; the restored ones are stored already.

@@ -11,17 +11,12 @@ outputs are those of the cold call. Afterwards each finished row is stored as it
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.hooks.call import Call, Row
-from hf_prefix_cache.hooks.checks import token_rows
-from hf_prefix_cache.hooks.pipeline import Cold, Held, Outcome, guard_failed, release_all
-from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
+from hf_prefix_cache.hooks import pipeline
+from hf_prefix_cache.hooks.call import Call
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
@@ -30,10 +25,10 @@ from hf_prefix_cache.store.contract import Lease, Served, Store
 logger = logging.getLogger("hf_prefix_cache")
 
 
-def restore(store: Store, profile: ModelProfile, call: Call) -> Held | Cold:
+def restore(store: Store, profile: ModelProfile, call: Call) -> pipeline.Held | pipeline.Cold:
     """Leases on each row's own longest stored prefix, restored into one batch behind its left padding.
 
-    `Cold` when memory ran out twice (the store moves its unpinned entries off the device after the
+    `pipeline.Cold` when memory ran out twice (the store moves its unpinned entries off the device after the
     first out-of-memory error) or a guard failed; nothing stays pinned then. The held state is the
     column `length` the batch restored to.
     """
@@ -55,25 +50,22 @@ def restore(store: Store, profile: ModelProfile, call: Call) -> Held | Cold:
                 cache.restore_rows(list(zip(parts, pads, strict=True)), length, call.expand)
             break
         except Exception as exc:
-            release_all(store, leases)
+            pipeline.release_all(store, leases)
             if isinstance(exc, InconsistentStateError):
-                return guard_failed(exc)
+                return pipeline.guard_failed(exc)
             if not is_out_of_memory(exc):
                 raise
             logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
     else:
-        return Cold(reasons.OUT_OF_MEMORY)
-    kwargs = dict(call.kwargs)
-    kwargs[profile.cache_kwarg] = cache
-    if call.drop_impl:
-        kwargs[CACHE_IMPLEMENTATION] = None
+        return pipeline.Cold(reasons.OUT_OF_MEMORY)
+    kwargs = pipeline.generate_kwargs(call, profile, cache)
     if call.assisted:
         cache.skip_len = length
     cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
-    return Held(leases, cache, kwargs, length)
+    return pipeline.Held(leases, cache, kwargs, length)
 
 
-def store_rows(store: Store, call: Call, held: Held, output: Any) -> Outcome:
+def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
     """Each finished row stored as its own entry (after beam search, each row's prompt once from its first beam).
 
     Raises:
@@ -81,38 +73,21 @@ def store_rows(store: Store, call: Call, held: Held, output: Any) -> Outcome:
     """
     cache, length = held.cache, held.state
     reused = [max(length - pad, 0) for pad in call.pads]
+    rows, sequences, computed = call.rows, call.input_ids, reused
     if call.beams:
         # As for a shared prompt's beams: the prompt of each row, from the first of its beams.
         cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
-        _store(store, call.rows, call.input_ids, cache, reused)
     else:
-        expanded = [call.rows[i] for i in range(len(call.rows)) for _ in range(call.expand)]
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        _store(store, expanded, sequences, cache, [max(length - row.pad, 0) for row in expanded])
+        rows = tuple(row for row in call.rows for _ in range(call.expand))
+        sequences, computed = pipeline.sequences_of(output), [max(length - row.pad, 0) for row in rows]
+    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
+    if kv_len is None:
+        raise InconsistentStateError("rows are stored from layers of per-token keys")
+    pipeline.store_rows(store, rows, sequences, cache, kv_len, computed)
     reduced = []
     if any(lease.cached_len > used for lease, used in zip(held.leases, reused, strict=True)):
         reduced.append(reasons.BATCH_LAYOUT)  # a row had more stored than the shared column allows
     if cache.tied_at is not None:
         reduced.append(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
-    rows = tuple((len(row.tokens), used) for row, used in zip(call.rows, reused, strict=True))
-    return Outcome(Served(call.prompt_len, length, len(call.rows), rows=rows), tuple(reduced))
-
-
-def _store(
-    store: Store, rows: Sequence[Row], sequences: torch.Tensor, cache: WorkingCache, computed_from: Sequence[int]
-) -> None:
-    """Store each row of `sequences` (row `i` of the cache, whose prompt row is `rows[i]`) with its states.
-
-    Row `i` of the cache holds its tokens from column `rows[i].pad` on; they are copied out row by
-    row (`WorkingCache.copy_row`) and stored under the prompt row's namespace as their own sequence.
-    `computed_from[i]` is how many of the row's tokens were restored rather than computed.
-    """
-    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
-    if kv_len is None:
-        raise InconsistentStateError("rows are stored from layers of per-token keys")
-    for i, ids in enumerate(token_rows(sequences[:, :kv_len])):
-        pad = rows[i].pad
-        if kv_len <= pad:
-            continue
-        part = cache.copy_row(i, pad, kv_len)
-        store.insert_sequence(rows[i].key.with_symbols(ids[pad:]), part, computed_from=computed_from[i])
+    by_row = tuple((len(row.tokens), used) for row, used in zip(call.rows, reused, strict=True))
+    return pipeline.Outcome(Served(call.prompt_len, length, len(call.rows), rows=by_row), tuple(reduced))

@@ -11,16 +11,19 @@ symbols); the functions here do the rest with the store's contract (`store/contr
 - `serve`: the request path of every decoder-only mode (`call.Mode`): the mode's restore step, `generate`,
   the leases given back, the mode's store step, the request counted and logged; a cold run where a
   step gives up or a guard fails;
-- `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
-  working cache, retried once when memory runs out (the store moves entries off the device), or
-  why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
+- `restore`: a lease on the longest usable stored prefix of one prompt's key, restored into every
+  row of a fresh working cache, retried once when memory runs out (the store moves entries off the
+  device), or why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
+- `generate_kwargs`, `sequences_of`, `store_rows`: what the modes' steps share (the kwargs `generate`
+  runs with on a working cache, the rows it returned, each finished row stored as its own entry);
 - `guard_failed`, `not_stored`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run, or as
   a served request not stored where the call cannot be run again;
 - `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
   the hook hands each to `Store.insert_sequence` with the states it stores.
 
 The leases are released in one `finally` around `generate` (`serve`). A plain hit (one row of
-text) calls `claim`, `serve`, `restore` and `sequence_keys` once each and nothing else here.
+text) calls `claim`, `serve`, `restore`, `generate_kwargs`, `sequences_of` and `sequence_keys` once
+each and nothing else here.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import torch
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import IncompatibleModelError, InconsistentStateError
-from hf_prefix_cache.hooks.checks import read_to_host, rows_of
+from hf_prefix_cache.hooks.checks import read_to_host, rows_of, token_rows
+from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.indexer_ties import IndexerTie
 from hf_prefix_cache.model.profile import ModelProfile
@@ -45,7 +49,7 @@ from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, NotStor
 from hf_prefix_cache.store.sessions import Session
 
 if TYPE_CHECKING:
-    from hf_prefix_cache.hooks.call import Call
+    from hf_prefix_cache.hooks.call import Call, Row
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -254,6 +258,43 @@ def release_all(store: Store, leases: Sequence[Lease]) -> None:
     """Give back every lease (each exactly once; `Store.release` ignores a second call)."""
     for lease in leases:
         store.release(lease)
+
+
+def generate_kwargs(
+    call: Call, profile: ModelProfile, cache: Any, kwargs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The kwargs `generate` runs with on `cache` (a copy of `kwargs`, by default the call's): the cache under the
+    model's name for it, and the call's `cache_implementation` dropped where the working cache serves it."""
+    kwargs = dict(call.kwargs if kwargs is None else kwargs)
+    kwargs[profile.cache_kwarg] = cache
+    if call.drop_impl:
+        kwargs[CACHE_IMPLEMENTATION] = None
+    return kwargs
+
+
+def sequences_of(output: Any) -> torch.Tensor:
+    """The rows `generate` returned: its output, or the output's `sequences`."""
+    sequences: torch.Tensor = output if isinstance(output, torch.Tensor) else output.sequences
+    return sequences
+
+
+def store_rows(
+    store: Store,
+    rows: Sequence[Row],
+    sequences: torch.Tensor,
+    cache: WorkingCache,
+    length: int,
+    computed_from: Sequence[int],
+) -> None:
+    """Store the first `length` ids of each row of `sequences` (row `i` of `cache`, made of the prompt row `rows[i]`)
+    as its own entry: copied out without its left padding (`WorkingCache.copy_row`), keyed under its prompt row's
+    namespace. `computed_from[i]` is how many of its tokens were restored rather than computed by this request."""
+    for i, ids in enumerate(token_rows(sequences[:, :length])):
+        pad = rows[i].pad
+        if length <= pad:
+            continue
+        part = cache.copy_row(i, pad, length)
+        store.insert_sequence(rows[i].key.with_symbols(ids[pad:]), part, computed_from=computed_from[i])
 
 
 def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None) -> list[PrefixKey]:

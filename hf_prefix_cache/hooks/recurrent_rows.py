@@ -25,18 +25,13 @@ reorders the rows every step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.hooks.call import Call
-from hf_prefix_cache.hooks.checks import token_rows
 from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
-from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
@@ -124,14 +119,11 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
         raise
     if not profile.prompt_sliced:
         batch.skip_len = length
-    kwargs = dict(call.kwargs)
-    kwargs[profile.cache_kwarg] = batch
-    if call.drop_impl:
-        kwargs[CACHE_IMPLEMENTATION] = None
+    kwargs = pipeline.generate_kwargs(call, profile, batch)
     return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, parts)
 
 
-def store_rows(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
+def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
     """Each returned row (the cache's rows: greedy or sampled) as its own entry; beams store nothing more (their
     prompts are stored already, and beam search reorders the rows every step).
 
@@ -140,10 +132,15 @@ def store_rows(store: Store, call: Call, held: pipeline.Held, output: Any) -> pi
     """
     parts: list[_Prefilled] = held.state
     if not call.beams:
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        _store_rows(store, call, sequences, held.cache, parts)
-    rows = tuple((len(row.tokens), p.lease.cached_len) for row, p in zip(call.rows, parts, strict=True))
-    return pipeline.Outcome(Served(call.prompt_len, call.prompt_len - 1, len(call.rows), rows=rows))
+        # The cache's rows, greedy or sampled, without their padding; the prompts and their snapshots are stored
+        # already (`_store_prompt`).
+        sequences, kv_len = pipeline.sequences_of(output), held.cache.kv_length()
+        length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
+        expanded = [row for row in call.rows for _ in range(call.expand)]
+        computed = [p.lease.cached_len for p in parts for _ in range(call.expand)]
+        pipeline.store_rows(store, expanded, sequences, held.cache, length, computed)
+    reused = tuple((len(row.tokens), p.lease.cached_len) for row, p in zip(call.rows, parts, strict=True))
+    return pipeline.Outcome(Served(call.prompt_len, call.prompt_len - 1, len(call.rows), rows=reused))
 
 
 def _restored_again(
@@ -173,18 +170,3 @@ def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
     # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
     earlier = [s for s in part.snapshots if s.length != part.fed]
     store.insert_sequence(key.prefix(part.fed), part.cache, earlier, computed_from=part.lease.cached_len)
-
-
-def _store_rows(
-    store: Store, call: Call, sequences: torch.Tensor, batch: WorkingCache, parts: Sequence[_Prefilled]
-) -> None:
-    """Each returned row (the cache's rows: greedy or sampled) as its own entry, without its padding."""
-    kv_len = batch.kv_length()
-    length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
-    for r, ids in enumerate(token_rows(sequences[:, :length])):
-        i = r // call.expand
-        row = call.rows[i]
-        if length <= row.pad:
-            continue
-        one = batch.copy_row(r, row.pad, length)  # the prompt and its snapshots are stored already (`_store_prompt`)
-        store.insert_sequence(row.key.with_symbols(ids[row.pad :]), one, computed_from=parts[i].lease.cached_len)

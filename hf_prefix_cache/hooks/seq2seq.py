@@ -219,7 +219,7 @@ class Seq2SeqHook(PatchingHook):
         lease, working = request.lease, request.working
         if lease is None or working is None:
             return output  # counted already (out of memory)
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        sequences = pipeline.sequences_of(output)
         self._store.record(Served(request.prompt_len, lease.cached_len))
         kv_len = working.kv_length()
         repeat = kv_len is not None and kv_len <= lease.matched_len and not working.profile.has_state
