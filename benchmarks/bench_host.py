@@ -7,7 +7,7 @@ Llama-3.2-1B, which sets the per-layer work) so the forward itself is cheap.
 
 For each prompt length a store holds the prompt minus its last 32 tokens; each hit brings new
 last tokens (`generate(max_new_tokens=1)`). `store host ms` is the hit's wall time minus the time
-spent inside the original `generate` (timed around the hook's generate step), median over the
+spent inside the original `generate` (timed where the request path runs it), median over the
 repetitions; `inside ms` is that inner time and `ideal ms` the same call on a ready
 `DynamicCache`. `host/ideal` is the store's time as a share of the ideal call.
 
@@ -30,7 +30,7 @@ from _common import print_end, print_environment, start_run, tiny_llama
 from bench_cuda import TAIL, first_token, ready_cache
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.hooks.decoder_only import DecoderOnlyHook
+from hf_prefix_cache.hooks import pipeline
 
 
 def narrow_llama(layers: int) -> Any:
@@ -41,22 +41,26 @@ def narrow_llama(layers: int) -> Any:
 
 @contextmanager
 def inner_timer() -> Iterator[list[float]]:
-    """Seconds spent in each call of the hook's generate step (`DecoderOnlyHook._run`), appended as they end."""
+    """Seconds spent in each call of the original `generate` on a served request (the `original` that the request
+    path, `pipeline.serve`, runs), appended as they end."""
     spent: list[float] = []
-    original: Callable[..., Any] = DecoderOnlyHook._run
+    serve: Callable[..., Any] = pipeline.serve
 
-    def timed_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - start)
+    def timed_serve(store: Any, original: Callable[..., Any], *args: Any) -> Any:
+        def timed(*call_args: Any, **call_kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*call_args, **call_kwargs)
+            finally:
+                spent.append(time.perf_counter() - start)
 
-    DecoderOnlyHook._run = timed_run  # type: ignore[method-assign]
+        return serve(store, timed, *args)
+
+    pipeline.serve = timed_serve
     try:
         yield spent
     finally:
-        DecoderOnlyHook._run = original  # type: ignore[method-assign]
+        pipeline.serve = serve
 
 
 def measure(model: Any, n: int, reps: int, gen: torch.Generator) -> tuple[float, float, float]:

@@ -110,7 +110,11 @@ def restore_into(
     request is counted cold and `model_kwargs` pass no cache.
     """
     store, rows = request.store, token_rows(decoder_ids)
-    restored = pipeline.restore(store, request.serving.profile, request.key.with_symbols(rows[0]), rows, expand=expand)
+    key, limit = request.key.with_symbols(rows[0]), len(rows[0]) - 1
+    if len(rows) > 1:
+        shared = pipeline.common_prefix_len(rows)  # rows of one decoder prompt (Whisper's copies), or what they share
+        key, limit = key.prefix(shared), min(shared, limit)
+    restored = pipeline.restore(store, request.serving.profile, key, len(rows) * expand, limit)
     if isinstance(restored, pipeline.Cold):
         _compat.pop_cache(model_kwargs)
         store.record(Fallback(restored.reason, len(rows[0]), log=False))

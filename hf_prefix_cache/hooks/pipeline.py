@@ -8,16 +8,22 @@ symbols); the functions here do the rest with the store's contract (`store/contr
   ``attach="all"``), its cache argument taken out of a call that is;
 - `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
-- `restore`: a lease on the longest usable stored prefix the rows share, restored into a fresh
-  working cache, retried once when memory runs out (the store moves entries off the device), or
-  why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
+- `serve`: the request path of every decoder-only mode (`call.Mode`): the mode's restore step, `generate`,
+  the leases given back, the mode's store step, the request counted and logged; a cold run where a
+  step gives up or a guard fails;
+- `restore`: a lease on the longest usable stored prefix of one prompt's key, restored into every
+  row of a fresh working cache, retried once when memory runs out (the store moves entries off the
+  device), or why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
+- `generate_kwargs`, `sequences_of`, `store_rows`: what the modes' steps share (the kwargs `generate`
+  runs with on a working cache, the rows it returned, each finished row stored as its own entry);
 - `guard_failed`, `not_stored`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run, or as
   a served request not stored where the call cannot be run again;
 - `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
   the hook hands each to `Store.insert_sequence` with the states it stores.
 
-The lease is released by the hook in one `finally` around `generate`. A plain hit (one row of
-text) calls `claim`, `restore` and `sequence_keys` once each and nothing else here.
+The leases are released in one `finally` around `generate` (`serve`). A plain hit (one row of
+text) calls `claim`, `serve`, `restore`, `generate_kwargs`, `sequences_of` and `sequence_keys` once
+each and nothing else here.
 """
 
 from __future__ import annotations
@@ -26,19 +32,24 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import IncompatibleModelError, InconsistentStateError
 from hf_prefix_cache.hooks.checks import read_to_host, rows_of, token_rows
+from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
 from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.model.indexer_ties import IndexerTie
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
-from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, NotStored, Store
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, NotStored, ReducedReuse, Served, Store
 from hf_prefix_cache.store.sessions import Session
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.hooks.call import Call, Row
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -145,31 +156,92 @@ def run_cold(
     return output
 
 
-def restore(
-    store: Store, profile: ModelProfile, key: PrefixKey, rows: Sequence[Sequence[int]], expand: int = 1
-) -> tuple[Lease, WorkingCache] | Cold:
-    """A lease on the stored prefix all `rows` share (never their last token, fed for its logits), restored.
+class Held(NamedTuple):
+    """What a mode's restore step hands the request path: the leases it holds (given back once `generate` ends),
+    the working cache, the kwargs `generate` runs with, and what the mode's store step needs of it (`state`)."""
 
-    `key` is the first row's (its tree symbols, media spans included: one symbol per id); each row is restored
-    `expand` times (`generate` makes that many rows of each for beams or several returned
-    sequences) into a working cache made for `profile`. `Cold` when memory ran out twice (after a
-    first out-of-memory error the store has moved its unpinned entries off the device, and it is
-    tried once more into a fresh cache), or when an exactness guard failed (`guard_failed`). A
-    failed attempt leaves nothing pinned and no half-restored cache.
+    leases: Sequence[Lease]
+    cache: WorkingCache
+    kwargs: dict[str, Any]
+    state: Any = None
+
+
+class Outcome(NamedTuple):
+    """What a mode's store step found: the request as served, and why it reused less than it could (`reduced`)."""
+
+    served: Served
+    reduced: tuple[str, ...] = ()
+
+
+#: A mode's restore step: the call's stored prefixes pinned and restored (nothing held when it raises), or `Cold`.
+RestoreStep = Callable[["Call"], "Held | Cold"]
+#: A mode's store step: the finished rows stored (raises `InconsistentStateError` when a guard fails).
+StoreStep = Callable[["Call", Held, Any], Outcome]
+
+
+def serve(
+    store: Store, original: Callable[..., Any], call: Call, restore_step: RestoreStep, store_step: StoreStep
+) -> Any:
+    """The request path of every mode: restore, generate, release, store, then the request counted and logged.
+
+    Only `restore_step` and `store_step` are the mode's (`call.Mode`). The call runs cold, counted, when the
+    restore gives up (`Cold`), when an indexer ties at its top-k (`indexer_tie`: a full prefill may keep other
+    keys), when a guard fails before the answer is made (`inconsistent_restore`), and when one fails as its rows
+    are stored (`inconsistent_capture`: the answer computed on that cache is not trusted either).
     """
-    shared = prompt_len = len(rows[0])
-    if len(rows) > 1:
-        shared = common_prefix_len(rows)
-        if shared != len(key.symbols):
-            key = key.prefix(shared)
+    held: Held | Cold | None = None
+    try:
+        held = restore_step(call)
+        if isinstance(held, Cold):
+            return run_cold(store, original, held, call.prompt_len, call.args, call.kwargs)
+        output = original(*call.args, **held.kwargs)
+    except IndexerTie:
+        return run_cold(store, original, reasons.INDEXER_TIE, call.prompt_len, call.args, call.kwargs)
+    except InconsistentStateError as exc:
+        return run_cold(store, original, guard_failed(exc), call.prompt_len, call.args, call.kwargs)
+    finally:
+        if isinstance(held, Held):
+            for lease in held.leases:
+                store.release(lease)
+    try:
+        outcome = store_step(call, held, output)
+    except InconsistentStateError as exc:
+        cold = guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
+        return run_cold(store, original, cold, call.prompt_len, call.args, call.kwargs)
+    served = outcome.served
+    store.record(served)
+    if served.rows:
+        reused = [restored for _, restored in served.rows]
+        logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [n for n, _ in served.rows])
+    else:
+        rows = f" (x{served.num_rows} rows)" if served.num_rows > 1 else ""
+        logger.info("prefix cache: reused %d of %d prompt tokens%s", served.restore_len, served.prompt_len, rows)
+    for reason in outcome.reduced:
+        store.record(ReducedReuse(reason))
+    return output
+
+
+def restore(
+    store: Store, profile: ModelProfile, key: PrefixKey, batch_size: int = 1, limit: int | None = None
+) -> tuple[Lease, WorkingCache] | Cold:
+    """A lease on the stored prefix of `key` (at most `limit` symbols; by default never its last symbol, fed for its
+    logits), restored into `batch_size` rows.
+
+    `key` is one prompt's (its tree symbols, media spans included: one symbol per id), restored into
+    every row of a working cache made for `profile` (`generate` makes several rows of one prompt
+    for beams or several returned sequences). `Cold` when memory ran out twice (after a first
+    out-of-memory error the store has moved its unpinned entries off the device, and it is tried
+    once more into a fresh cache), or when an exactness guard failed (`guard_failed`). A failed
+    attempt leaves nothing pinned and no half-restored cache.
+    """
     for attempt in range(2):
         try:
             cache = WorkingCache(profile)
             lease = store.acquire(
                 key,
                 cache,
-                limit=min(shared, prompt_len - 1),
-                batch_size=len(rows) * expand,
+                limit=len(key.symbols) - 1 if limit is None else limit,
+                batch_size=batch_size,
                 overlap=True,  # only the model reads this cache, through `update` and the Cache methods
             )
             return lease, cache
@@ -182,72 +254,47 @@ def restore(
     return Cold(reasons.OUT_OF_MEMORY)
 
 
-def restore_rows(
-    store: Store, profile: ModelProfile, keys: Sequence[PrefixKey], pads: Sequence[int], expand: int = 1
-) -> tuple[list[Lease], WorkingCache, int] | Cold:
-    """Leases on each row's own longest stored prefix (one key a row), restored into one batch behind its left padding.
-
-    The cache (made for `profile`) holds the same number of columns in every row, so the batch
-    restores to the column `length` that every row reaches (its padding plus its stored prefix):
-    row `i` gets `length - pads[i]` of its stored tokens (`WorkingCache.restore_rows`), each
-    repeated `expand` times. Returns the leases (one per row, given back with `release_all`), the
-    cache and `length`; `Cold` when memory ran out twice or a guard failed, as `restore`.
-    """
-    for attempt in range(2):
-        leases: list[Lease] = []
-        try:
-            parts = []
-            for key in keys:
-                part = WorkingCache(profile)
-                leases.append(store.acquire(key, part, limit=len(key.symbols) - 1))
-                parts.append(part)
-            # A row that restored nothing bounds the batch by its padding alone.
-            length = min(pad + lease.cached_len for pad, lease in zip(pads, leases, strict=True))
-            if not any(lease.cached_len and pad < length for pad, lease in zip(pads, leases, strict=True)):
-                length = 0  # no row brings keys below that column: nothing to restore
-            cache = WorkingCache(profile)
-            if length:
-                cache.restore_rows(list(zip(parts, pads, strict=True)), length, expand)
-            return leases, cache, length
-        except Exception as exc:
-            release_all(store, leases)
-            if isinstance(exc, InconsistentStateError):
-                return guard_failed(exc)
-            if not is_out_of_memory(exc):
-                raise
-            logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
-    return Cold(reasons.OUT_OF_MEMORY)
-
-
 def release_all(store: Store, leases: Sequence[Lease]) -> None:
     """Give back every lease (each exactly once; `Store.release` ignores a second call)."""
     for lease in leases:
         store.release(lease)
 
 
+def generate_kwargs(
+    call: Call, profile: ModelProfile, cache: Any, kwargs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The kwargs `generate` runs with on `cache` (a copy of `kwargs`, by default the call's): the cache under the
+    model's name for it, and the call's `cache_implementation` dropped where the working cache serves it."""
+    kwargs = dict(call.kwargs if kwargs is None else kwargs)
+    kwargs[profile.cache_kwarg] = cache
+    if call.drop_impl:
+        kwargs[CACHE_IMPLEMENTATION] = None
+    return kwargs
+
+
+def sequences_of(output: Any) -> torch.Tensor:
+    """The rows `generate` returned: its output, or the output's `sequences`."""
+    sequences: torch.Tensor = output if isinstance(output, torch.Tensor) else output.sequences
+    return sequences
+
+
 def store_rows(
     store: Store,
-    key: PrefixKey,
+    rows: Sequence[Row],
     sequences: torch.Tensor,
     cache: WorkingCache,
-    pads: Sequence[int],
+    length: int,
     computed_from: Sequence[int],
 ) -> None:
-    """Store each row of `sequences` (a batch whose rows have their own left `pads`) with its states.
-
-    Each row is stored under `key`'s namespace. Row `i` of the cache holds its tokens from column `pads[i]` on;
-    they are copied out row by row
-    (`WorkingCache.copy_row`) and stored as their own sequence. `computed_from[i]` is how many of
-    the row's tokens were restored rather than computed by this request.
-    """
-    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
-    assert kv_len is not None, "rows are stored from layers of per-token keys"
-    for row, ids in enumerate(token_rows(sequences[:, :kv_len])):
-        pad = pads[row]
-        if kv_len <= pad:
+    """Store the first `length` ids of each row of `sequences` (row `i` of `cache`, made of the prompt row `rows[i]`)
+    as its own entry: copied out without its left padding (`WorkingCache.copy_row`), keyed under its prompt row's
+    namespace. `computed_from[i]` is how many of its tokens were restored rather than computed by this request."""
+    for i, ids in enumerate(token_rows(sequences[:, :length])):
+        pad = rows[i].pad
+        if length <= pad:
             continue
-        part = cache.copy_row(row, pad, kv_len)
-        store.insert_sequence(key.with_symbols(ids[pad:]), part, computed_from=computed_from[row])
+        part = cache.copy_row(i, pad, length)
+        store.insert_sequence(rows[i].key.with_symbols(ids[pad:]), part, computed_from=computed_from[i])
 
 
 def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None) -> list[PrefixKey]:
@@ -268,11 +315,13 @@ def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None
         return []
     host = read_to_host(sequences)  # whole rows: a slice of columns would be copied on the device first
     rows = rows_of(host[:, :length].tobytes(), len(host))
-    if not key.spans:
-        return [key.with_symbols(row) for row in rows]
+    namespace, prompt_symbols, spans, item_spans = key.namespace, key.symbols, key.spans, key.item_spans
+    if not spans:
+        return [PrefixKey(namespace, row, spans, item_spans) for row in rows]
     # Media symbols are a one-row prompt's: several rows are copies of it (samples of one prompt).
-    prompt_symbols = key.symbols
-    return [key.with_symbols([*prompt_symbols[:length], *row[len(prompt_symbols) :]]) for row in rows]
+    return [
+        PrefixKey(namespace, [*prompt_symbols[:length], *row[len(prompt_symbols) :]], spans, item_spans) for row in rows
+    ]
 
 
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:

@@ -25,17 +25,12 @@ reorders the rows every step.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
-from hf_prefix_cache.hooks.checks import token_rows
+from hf_prefix_cache.hooks.call import Call
 from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
@@ -43,27 +38,6 @@ from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.token_ids import TokenIds
-
-logger = logging.getLogger("hf_prefix_cache")
-
-
-@dataclass(frozen=True, slots=True)
-class StateRows:
-    """One `generate` call with rows of their own on a model with recurrent states, as the hook read it.
-
-    `rows` are each row's tokens after its left padding `pads`; `expand` the rows `generate` makes
-    of each (beams or returned sequences); `beams` whether they are beams (reordered every step).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    input_ids: torch.Tensor
-    rows: Sequence[TokenIds]
-    pads: tuple[int, ...]
-    expand: int
-    beams: bool
-    key: PrefixKey  # the first row's; each row's is the same over its own symbols
-    drop_impl: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,42 +61,33 @@ class _Prefilled:
     snapshots: list[Snapshot]
 
 
-def serve(
-    store: Store,
-    prefill: Prefill,
-    original: Callable[..., Any],
-    call: StateRows,
-    drop_kwarg: str,
-) -> Any:
-    """Restore and prefill each distinct row alone, join them, run `original` (`generate`) on the batch, store the rows.
+def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipeline.Cold:
+    """Restore and prefill each distinct row alone, store each prompt as far as it was fed, and join the rows.
 
-    `drop_kwarg` is the cache-implementation kwarg set to None when `call.drop_impl` (the working cache serves it).
-    Runs cold, counted as `out_of_memory`, when a row's restore runs out of memory twice, as
-    `inconsistent_restore` when an exactness guard fails before the batch's answer is made, and as
-    `inconsistent_capture` when one fails as its rows are stored (the answer is then not trusted).
+    Every distinct row's prefix is restored (and so pinned) before any row is stored: a row stored
+    early under a byte budget could otherwise evict what a later row was about to restore. `Cold`
+    (nothing held) when a row's restore runs out of memory twice or fails a guard; a guard that fails
+    in a prefill or the join raises `InconsistentStateError`, with nothing held.
     """
     profile = prefill.profile
-    prompt_len = call.input_ids.shape[-1]
     prefilled: dict[TokenIds, _Prefilled] = {}
-    # Every distinct row's prefix is restored (and so pinned) before any row is stored: a row stored early under a
-    # byte budget could otherwise evict what a later row was about to restore.
     held: dict[TokenIds, tuple[Lease, WorkingCache]] = {}
     try:
         for row in call.rows:
-            if row not in held:
-                restored = pipeline.restore(store, profile, call.key.with_symbols(row), [row])
+            if row.tokens not in held:
+                restored = pipeline.restore(store, profile, row.key)
                 if isinstance(restored, pipeline.Cold):
                     pipeline.release_all(store, [lease for lease, _ in held.values()])
                     held.clear()
-                    return pipeline.run_cold(store, original, restored, prompt_len, call.args, call.kwargs)
-                held[row] = restored
+                    return restored
+                held[row.tokens] = restored
         for i, row in enumerate(call.rows):
-            if row in prefilled:
+            if row.tokens in prefilled:
                 continue  # identical rows restore and prefill once
             if prefilled:  # an earlier row of this call was stored: it may have left a snapshot further along this one
-                held[row] = _restored_again(store, profile, call.key.with_symbols(row), row, held[row])
-            lease, cache = held[row]
-            ids = call.input_ids[i : i + 1, call.pads[i] :]
+                held[row.tokens] = _restored_again(store, profile, row.key, held[row.tokens])
+            lease, cache = held[row.tokens]
+            ids = call.input_ids[i : i + 1, row.pad :]
             # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
             fed, snapshots = prefill_states(
                 prefill.model,
@@ -137,42 +102,49 @@ def serve(
             )
             if fed != ids.shape[1] - 1:
                 raise InconsistentStateError(f"a row of {ids.shape[1]} tokens prefilled to {fed}")
-            prefilled[row] = _Prefilled(lease, cache, fed, snapshots)
-            del held[row]  # its lease is the prefilled row's now
+            prefilled[row.tokens] = _Prefilled(lease, cache, fed, snapshots)
+            del held[row.tokens]  # its lease is the prefilled row's now
             # Stored now, so that the next rows restore from its snapshots: where it left the stored prefix
             # (a shared system prompt stored with another question has no snapshot at its end), and its end.
-            _store_prompt(store, call.key.with_symbols(row), prefilled[row])
-        parts = [prefilled[row] for row in call.rows]
-        length = prompt_len - 1  # every row fed up to the last column
+            _store_prompt(store, row.key, prefilled[row.tokens])
+        parts = [prefilled[row.tokens] for row in call.rows]
+        length = call.prompt_len - 1  # every row fed up to the last column
         batch = WorkingCache(profile)
         if length:
-            batch.restore_rows([(p.cache, pad) for p, pad in zip(parts, call.pads, strict=True)], length, call.expand)
-        if not profile.prompt_sliced:
-            batch.skip_len = length
-        kwargs = dict(call.kwargs)
-        kwargs[profile.cache_kwarg] = batch
-        if call.drop_impl:
-            kwargs[drop_kwarg] = None
-        output = original(*call.args, **kwargs)
-    except InconsistentStateError as exc:  # a row's prefill, its stored prompt or the join failed a guard
-        return pipeline.run_cold(store, original, pipeline.guard_failed(exc), prompt_len, call.args, call.kwargs)
-    finally:
+            batch.restore_rows(
+                [(p.cache, row.pad) for p, row in zip(parts, call.rows, strict=True)], length, call.expand
+            )
+    except BaseException:
         pipeline.release_all(store, [p.lease for p in prefilled.values()] + [lease for lease, _ in held.values()])
-    if not call.beams:  # beams are reordered every step: only the prompts, stored above, are known rows
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        try:
-            _store_rows(store, call, sequences, batch, parts)
-        except InconsistentStateError as exc:  # the batch's cache disagrees with its rows: its answer is not trusted
-            cold = pipeline.guard_failed(exc, reasons.INCONSISTENT_CAPTURE)
-            return pipeline.run_cold(store, original, cold, prompt_len, call.args, call.kwargs)
-    reused = [p.lease.cached_len for p in parts]
-    store.record(Served(prompt_len, length, len(call.rows), rows=tuple(zip(map(len, call.rows), reused, strict=True))))
-    logger.info("prefix cache: reused %s of %s prompt tokens by row", reused, [len(row) for row in call.rows])
-    return output
+        raise
+    if not profile.prompt_sliced:
+        batch.skip_len = length
+    kwargs = pipeline.generate_kwargs(call, profile, batch)
+    return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, parts)
+
+
+def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
+    """Each returned row (the cache's rows: greedy or sampled) as its own entry; beams store nothing more (their
+    prompts are stored already, and beam search reorders the rows every step).
+
+    Raises:
+        InconsistentStateError: the batch's cache disagrees with its rows (an exactness guard).
+    """
+    parts: list[_Prefilled] = held.state
+    if not call.beams:
+        # The cache's rows, greedy or sampled, without their padding; the prompts and their snapshots are stored
+        # already (`_store_prompt`).
+        sequences, kv_len = pipeline.sequences_of(output), held.cache.kv_length()
+        length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
+        expanded = [row for row in call.rows for _ in range(call.expand)]
+        computed = [p.lease.cached_len for p in parts for _ in range(call.expand)]
+        pipeline.store_rows(store, expanded, sequences, held.cache, length, computed)
+    reused = tuple((len(row.tokens), p.lease.cached_len) for row, p in zip(call.rows, parts, strict=True))
+    return pipeline.Outcome(Served(call.prompt_len, call.prompt_len - 1, len(call.rows), rows=reused))
 
 
 def _restored_again(
-    store: Store, profile: ModelProfile, key: PrefixKey, row: TokenIds, held: tuple[Lease, WorkingCache]
+    store: Store, profile: ModelProfile, key: PrefixKey, held: tuple[Lease, WorkingCache]
 ) -> tuple[Lease, WorkingCache]:
     """`held` (a row's restored prefix), or a longer one where an earlier row of this call stored further along it.
 
@@ -182,7 +154,7 @@ def _restored_again(
     lease, _ = held
     if store.stored_len(key.namespace, key.symbols) <= lease.cached_len:
         return held
-    longer = pipeline.restore(store, profile, key, [row])
+    longer = pipeline.restore(store, profile, key)
     if isinstance(longer, pipeline.Cold) or longer[0].cached_len <= lease.cached_len:
         if not isinstance(longer, pipeline.Cold):
             store.release(longer[0])
@@ -198,18 +170,3 @@ def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
     # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
     earlier = [s for s in part.snapshots if s.length != part.fed]
     store.insert_sequence(key.prefix(part.fed), part.cache, earlier, computed_from=part.lease.cached_len)
-
-
-def _store_rows(
-    store: Store, call: StateRows, sequences: torch.Tensor, batch: WorkingCache, parts: Sequence[_Prefilled]
-) -> None:
-    """Each returned row (the cache's rows: greedy or sampled) as its own entry, without its padding."""
-    kv_len = batch.kv_length()
-    length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
-    for r, ids in enumerate(token_rows(sequences[:, :length])):
-        i = r // call.expand
-        pad = call.pads[i]
-        if length <= pad:
-            continue
-        one = batch.copy_row(r, pad, length)  # the prompt and its snapshots are stored already (`_store_prompt`)
-        store.insert_sequence(call.key.with_symbols(ids[pad:]), one, computed_from=parts[i].lease.cached_len)

@@ -30,7 +30,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import UnhashableMediaError
-from hf_prefix_cache.hooks import checks, pipeline
+from hf_prefix_cache.hooks import checks, pipeline, refusals
 from hf_prefix_cache.hooks.encoder_keyed import (
     DecoderRequest,
     keep_encoder_output,
@@ -99,7 +99,7 @@ class Seq2SeqHook(PatchingHook):
         profile = self._profile
         if profile.unsupported is not None:
             return profile.unsupported
-        refused = checks.refused_argument({**extra, **arguments}, encoder_keyed=True)
+        refused = refusals.refused_argument({**extra, **arguments}, encoder_keyed=True)
         if refused is not None:
             return refused
         return (
@@ -127,7 +127,7 @@ class Seq2SeqHook(PatchingHook):
     def _inputs_problem(self, extra: dict[str, Any]) -> str | None:
         """What is wrong with the encoder's ids, mask and pixels or the decoder's ids and mask, if anything."""
         ids = extra.get("input_ids")
-        problem = checks.ids_problem(ids)
+        problem = refusals.ids_problem(ids)
         if problem is not None:
             return problem
         assert isinstance(ids, torch.Tensor)
@@ -140,13 +140,13 @@ class Seq2SeqHook(PatchingHook):
         if isinstance(pixels, torch.Tensor) and pixels.shape[0] != 1:
             return reasons.BATCH_SIZE
         decoder_ids = extra.get("decoder_input_ids")
-        if decoder_ids is not None and (problem := checks.ids_problem(decoder_ids)) is not None:
+        if decoder_ids is not None and (problem := refusals.ids_problem(decoder_ids)) is not None:
             return problem
         decoder_mask = extra.get("decoder_attention_mask")
         if decoder_mask is not None:
             if decoder_ids is None:
                 return reasons.ATTENTION_MASK_SHAPE
-            return checks.mask_problem(decoder_mask, decoder_ids)
+            return refusals.mask_problem(decoder_mask, decoder_ids)
         return None
 
     def _settings_problem(self, arguments: dict[str, Any], extra: dict[str, Any]) -> str | None:
@@ -154,9 +154,9 @@ class Seq2SeqHook(PatchingHook):
         config = checks.GenerationSettings(self._model, arguments.get("generation_config"), extra)
         # A hit skips the encoder, so its attentions and hidden states would be missing.
         return (
-            checks.decoding_problem(config, checks.Modes(expands=self._profile.expands))
-            or checks.cache_implementation_problem(config, _SERVED_IMPLEMENTATIONS)
-            or checks.output_problem(config)
+            refusals.decoding_problem(config, refusals.Modes(expands=self._profile.expands))
+            or refusals.cache_implementation_problem(config, _SERVED_IMPLEMENTATIONS)
+            or refusals.output_problem(config)
         )
 
     def _digest(self, extra: dict[str, Any]) -> int | None:
@@ -186,10 +186,10 @@ class Seq2SeqHook(PatchingHook):
         store, extra = self._store, bound.arguments["kwargs"]
         extra[self._profile.cache_kwarg] = request
         settings = checks.GenerationSettings(self._model, bound.arguments.get("generation_config"), extra)
-        request.expand, request.beams = checks.expand_size(settings), (settings.num_beams or 1) > 1
+        request.expand, request.beams = refusals.expand_size(settings), (settings.num_beams or 1) > 1
         if settings.cache_implementation:
             # "dynamic" (or Gemma's default "hybrid"): our EncoderDecoderCache is one; transformers refuses both.
-            extra[checks.CACHE_IMPLEMENTATION] = None
+            extra[refusals.CACHE_IMPLEMENTATION] = None
         try:
             return self._original(*bound.args, **bound.kwargs)
         finally:
@@ -219,7 +219,7 @@ class Seq2SeqHook(PatchingHook):
         lease, working = request.lease, request.working
         if lease is None or working is None:
             return output  # counted already (out of memory)
-        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        sequences = pipeline.sequences_of(output)
         self._store.record(Served(request.prompt_len, lease.cached_len))
         kv_len = working.kv_length()
         repeat = kv_len is not None and kv_len <= lease.matched_len and not working.profile.has_state

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_prefix_cache import _compat, reasons
-from hf_prefix_cache.hooks import checks, pipeline
+from hf_prefix_cache.hooks import checks, pipeline, refusals
 from hf_prefix_cache.hooks.encoder_keyed import (
     DecoderRequest,
     keep_encoder_output,
@@ -160,7 +160,7 @@ class WhisperHook(PatchingHook):
         profile = self._profile
         if profile.unsupported is not None:
             return profile.unsupported
-        refused = checks.refused_argument(call, encoder_keyed=True)
+        refused = refusals.refused_argument(call, encoder_keyed=True)
         if refused is not None:
             return refused
         return self._clip_problem(features, call) or self._settings_problem(call)
@@ -197,14 +197,14 @@ class WhisperHook(PatchingHook):
         temperature = call.get("temperature")
         if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
             return reasons.TEMPERATURE_FALLBACK  # several generate calls on one request
-        modes = checks.Modes(expands=self._profile.expands)
-        problem = checks.decoding_problem(setting, modes) or checks.cache_implementation_problem(
+        modes = refusals.Modes(expands=self._profile.expands)
+        problem = refusals.decoding_problem(setting, modes) or refusals.cache_implementation_problem(
             setting, _SERVED_IMPLEMENTATIONS
         )
         if problem is not None:
             return problem
         ids = call.get("decoder_input_ids")
-        return checks.ids_problem(ids) if ids is not None else None
+        return refusals.ids_problem(ids) if ids is not None else None
 
     # ----------------------------------------------------------------- inner call
     def _serve_segment(self, *args: Any, **kwargs: Any) -> Any:

@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.hooks import checks, whisper
+from hf_prefix_cache.hooks import checks, refusals, whisper
 from hf_prefix_cache.hooks.checks import check_call
 from hf_prefix_cache.model.profile import profile_model
 from hf_prefix_cache.testing.tiny_attention import tiny_llama
@@ -70,15 +70,15 @@ _VALUES: dict[str, tuple[Any, ...]] = {
 def test_plain_settings_pass_every_shared_settings_rule() -> None:
     """Where `is_plain` holds no shared settings rule refuses, in any mode; every other combination some rule
     refuses in some mode, so a check may skip the rules exactly when the settings are plain."""
-    modes = [checks.Modes(expands=e, assisted=a) for e in (False, True) for a in (False, True)]
+    modes = [refusals.Modes(expands=e, assisted=a) for e in (False, True) for a in (False, True)]
     served_sets = [frozenset(), frozenset({"dynamic"})]
     plain = 0
     for values in itertools.product(*_VALUES.values()):
         settings = _settings(dict(zip(_VALUES, values, strict=True)))
         found = {
-            checks.decoding_problem(settings, mode)
-            or checks.cache_implementation_problem(settings, served)
-            or checks.output_problem(settings)
+            refusals.decoding_problem(settings, mode)
+            or refusals.cache_implementation_problem(settings, served)
+            or refusals.output_problem(settings)
             for mode in modes
             for served in served_sets
         }

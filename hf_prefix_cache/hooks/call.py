@@ -1,0 +1,305 @@
+"""Call: one decoder-only `generate` call as a value: its arguments, its rows (each keyed once) and its mode.
+
+The hook reads a call once (`read_call`): the checks of `checks.py`, then the mode it runs in,
+then each row's `PrefixKey` (its tokens after its left padding, media placeholders as symbols, in
+the namespace of the model, and of the prompt or its media where every position sees them). The
+mode is decided by one table (`MODE_TABLE`) over the profile's declared capabilities and the
+call's settings; the table gives the reason to run cold where no mode serves the call. The
+request path (`pipeline.serve`) then runs the mode's restore and store steps.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
+from hf_prefix_cache.hooks.checks import GenerationSettings, check_call
+from hf_prefix_cache.hooks.pipeline import Cold, guard_failed
+from hf_prefix_cache.keys.namespace import sub_namespace
+from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.model.profile import ModelProfile
+from hf_prefix_cache.multimodal.media import MediaLayout
+from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.sessions import Session
+from hf_prefix_cache.token_ids import TokenIds
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+class Mode(enum.Enum):
+    """How a call's rows restore their stored prefixes and are stored (the restore and store steps that run)."""
+
+    SHARED = "shared prefix"  # one prompt (identical rows): one restore, copied to every row and its expansion
+    STATIC = "static copy"  # one prompt on a static cache: restored, copied into its buffers and out again
+    OWN_ROWS = "own rows"  # distinct or left-padded rows of per-token keys: each restores to one shared column
+    STATE_ROWS = "state rows"  # rows with recurrent states (a batch, padding, expansion): prefilled alone, joined
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One prompt row: its tokens after its left padding `pad`, and its key (built once, by `read_call`)."""
+
+    tokens: TokenIds
+    pad: int
+    key: PrefixKey
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One `generate` call as the steps see it: what it passed, its rows and its mode.
+
+    `expand` is how many rows `generate` makes of each prompt row (beams or several returned
+    sequences), `beams` whether they are beams (reordered every step); `assisted` is assisted or
+    prompt-lookup decoding (its first forward is fed the whole prompt); `drop_impl` drops the
+    call's `cache_implementation` (the working cache serves it); `static_len` is the size of the
+    static cache of `Mode.STATIC` (0 otherwise). `layout` holds the prompt's media items,
+    `base_namespace` the model's namespace before the prompt and its media extended it, and
+    `scope` the media every position sees (a namespace of their own).
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    input_ids: Any
+    prompt_len: int
+    session: Session | None
+    rows: tuple[Row, ...]
+    mode: Mode
+    expand: int = 1
+    beams: bool = False
+    assisted: bool = False
+    drop_impl: bool = False
+    static_len: int = 0
+    layout: MediaLayout | None = None
+    base_namespace: str = ""
+    scope: tuple[Any, ...] = ()
+
+    @property
+    def pads(self) -> tuple[int, ...]:
+        """Each row's left padding."""
+        return tuple(row.pad for row in self.rows)
+
+
+#: The facts of a call the mode table reads (each true or not): `padded`, a row has left padding; `several`, more than
+#: one row; `distinct`, rows that differ; `expanded`, beams or several returned sequences; `static`, a static cache.
+#: Beside them, the profile's capabilities (`capabilities`): `has_state`, recurrent states; `padding_served`, rows
+#: may restore behind their left padding (`serves_padding`).
+CALL_FACTS = ("padded", "several", "distinct", "expanded", "static")
+
+
+class ModeRule(NamedTuple):
+    """A row of the mode table: when every fact of `when` holds (and none of `unless`), the mode or the cold reason
+    (`with_static`: the reason names the static cache implementation)."""
+
+    when: frozenset[str]
+    unless: frozenset[str]
+    outcome: Mode | str
+    with_static: bool = False
+
+
+def _rule(when: str, outcome: Mode | str, unless: str = "", with_static: bool = False) -> ModeRule:
+    return ModeRule(frozenset(when.split()), frozenset(unless.split()), outcome, with_static)
+
+
+#: The one table of modes, first match wins: a call's mode, or the reason it runs cold. The refusals of
+#: `checks.check_call` (the model, arguments, settings, prompt) come before it; the prompt's media keying after.
+MODE_TABLE: tuple[ModeRule, ...] = (
+    # Left-padded rows restore behind their padding only where positions follow the mask (`serves_padding`).
+    _rule("padded", reasons.PADDING, unless="padding_served"),
+    # A static cache restores one prompt.
+    _rule("static several", reasons.CACHE_IMPLEMENTATION, with_static=True),
+    _rule("static padded", reasons.CACHE_IMPLEMENTATION, with_static=True),
+    # Recurrent states have one snapshot per stored length: each row is prefilled alone, then the rows are joined.
+    _rule("has_state several", Mode.STATE_ROWS),
+    _rule("has_state expanded", Mode.STATE_ROWS),
+    _rule("has_state padded", Mode.STATE_ROWS),
+    # Per-token keys: each row restores its own prefix, to the column every row reaches.
+    _rule("padded", Mode.OWN_ROWS),
+    _rule("distinct", Mode.OWN_ROWS),
+    _rule("static", Mode.STATIC),
+    _rule("", Mode.SHARED),
+)
+
+
+def capabilities(profile: ModelProfile) -> frozenset[str]:
+    """What the mode table reads of a model (`MODE_TABLE`): its declared capabilities, once per hook."""
+    return frozenset(
+        name for name, holds in (("has_state", profile.has_state), ("padding_served", serves_padding(profile))) if holds
+    )
+
+
+def decide_mode(facts: frozenset[str], static: str | None) -> Mode | str:
+    """The mode of a call with `facts` (its own and its model's capabilities) by `MODE_TABLE`, or the reason it runs
+    cold (`static`: the static cache implementation asked for, named in its reason).
+
+    >>> decide_mode(frozenset({"padded", "has_state", "padding_served"}), None)
+    <Mode.STATE_ROWS: 'state rows'>
+    >>> decide_mode(frozenset({"static", "several"}), "static")
+    'cache_implementation:static'
+    """
+    for when, unless, outcome, with_static in MODE_TABLE:
+        if when <= facts and unless.isdisjoint(facts):
+            return reasons.with_detail(outcome, static) if with_static and isinstance(outcome, str) else outcome
+    return Mode.SHARED  # not reached: the table's last rule always applies
+
+
+def serves_padding(profile: ModelProfile) -> bool:
+    """Whether left-padded rows can restore behind their padding: transformers gives the fed positions ids from
+    the mask (the model takes `position_ids`) and masks the cached padding columns (`generate` slices the prompt
+    and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row.
+    Rows with recurrent states are prefilled alone (`recurrent_rows.py`): masked padding leaves a state as it was,
+    and positions follow the mask where the model takes them (a model of states alone has none). Qwen4-Exp's
+    indexers keep positions, which a restore rebuilds as 0..L-1: not a padded row's."""
+    if profile.joins_rows:
+        return profile.accepts_position_ids or not profile.has_kv
+    return (
+        profile.accepts_position_ids
+        and profile.prompt_sliced
+        and profile.expands
+        and profile.media is None
+        and not profile.keeps_positions
+    )
+
+
+class Read(NamedTuple):
+    """What `read_call` found: the call, or None and why it runs cold; the prompt's length, as a cold run counts it."""
+
+    call: Call | None
+    reason: str | Cold
+    prompt_len: int
+
+
+def read_call(
+    store: Store,
+    model: Any,
+    profile: ModelProfile,
+    signature: inspect.Signature,
+    capabilities: frozenset[str],
+    arguments: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    session: Session | None,
+) -> Read:
+    """Steps 1 and 2, check and key: the call as a value, or why it cannot reuse safely (a failed guard on the
+    prompt's media symbols among them)."""
+    input_ids = arguments.get("inputs")
+    if input_ids is None:
+        # Passed by name, or positionally to a generate naming it (Nemotron 3.5 Transcribe's).
+        input_ids = arguments.get("input_ids")
+    prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
+    checked = check_call(profile, model, signature, input_ids, arguments, kwargs)
+    settings = checked.settings
+    if settings is None or checked.reason is not None:
+        return Read(None, checked.reason or reasons.NO_INPUT_IDS, prompt_len)
+    tokens, pads = checked.rows, checked.pads
+    facts = set(capabilities)
+    if len(tokens) > 1:
+        facts.add("several")
+        if any(row != tokens[0] for row in tokens[1:]):
+            facts.add("distinct")
+    if any(pads):
+        facts.add("padded")
+    if settings.expand > 1:
+        facts.add("expanded")
+    if settings.static is not None:
+        facts.add("static")
+    mode = decide_mode(frozenset(facts), settings.static)
+    if isinstance(mode, str):
+        return Read(None, mode, prompt_len)
+    try:
+        layout: MediaLayout | None = None
+        namespace = base_namespace = store.namespace()
+        scope: tuple[Any, ...] = ()
+        if profile.media is not None:
+            layout, reason = media_layout(profile, tokens, kwargs)
+            if reason is not None:
+                return Read(None, reason, prompt_len)
+            namespace, scope = _namespace(profile, base_namespace, tokens[0], layout, kwargs)
+        spans = layout.spans if layout is not None else ()
+        item_spans = spans if profile.item_layers else ()
+        rows: list[Row] = []
+        for row, pad in zip(tokens, pads, strict=True):
+            # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
+            symbols = layout.symbols(row) if layout is not None else row
+            # Identical rows share one key.
+            same = rows and row == tokens[0]
+            rows.append(Row(row, pad, rows[0].key if same else PrefixKey(namespace, symbols, spans, item_spans)))
+    except InconsistentStateError as exc:  # the prompt's media symbols failed a guard
+        return Read(None, guard_failed(exc), prompt_len)
+    return Read(
+        Call(
+            args,
+            kwargs,
+            input_ids,
+            prompt_len,
+            session,
+            tuple(rows),
+            mode,
+            settings.expand,
+            (settings.num_beams or 1) > 1,
+            settings.assisted or arguments.get("assistant_model") is not None,
+            # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
+            bool(settings.cache_implementation),
+            _static_len(settings, prompt_len) if mode is Mode.STATIC else 0,
+            layout,
+            base_namespace,
+            scope,
+        ),
+        "",
+        prompt_len,
+    )
+
+
+def _static_len(settings: GenerationSettings, prompt_len: int) -> int:
+    """The positions of the static cache, sized as generate sizes it: the longest sequence but its last token (or
+    the config's own size)."""
+    new = settings.max_new_tokens
+    longest = prompt_len + new if new is not None else settings.max_length
+    return int(max(longest - 1, settings.max_cache_len or 0))
+
+
+def _namespace(
+    profile: ModelProfile, namespace: str, tokens: TokenIds, layout: MediaLayout | None, kwargs: dict[str, Any]
+) -> tuple[str, tuple[Any, ...]]:
+    """The namespace of the prompt's states, and the media every position sees (its scope), for a model with media."""
+    media = profile.media
+    if media is None:
+        return namespace, ()
+    if media.whole_prompt_only:
+        # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
+        symbols = layout.symbols(tokens) if layout is not None else tokens
+        namespace = sub_namespace(namespace, [str(s) for s in symbols], media.prompt_parts(kwargs))
+    scope = tuple(media.scope(layout.items)) if layout is not None else ()
+    if scope:
+        # Every position sees every medium of the prompt: share only between prompts with the same media.
+        namespace = sub_namespace(namespace, list(scope))
+    return namespace, scope
+
+
+def media_layout(
+    profile: ModelProfile, rows: list[TokenIds], kwargs: dict[str, Any]
+) -> tuple[MediaLayout | None, str | None]:
+    """The prompt's media items (None for a model without media handling), or why to run cold."""
+    media = profile.media
+    if media is None:
+        return None, None
+    reason = media.why_cold(rows[0], kwargs)
+    if reason is not None:
+        return None, reason
+    try:
+        layout = media.layout(rows[0], kwargs)
+    except UnhashableMediaError as err:
+        logger.debug("media not hashable: %s", err)
+        return None, reasons.UNHASHABLE_MEDIA
+    if layout is None:
+        return None, reasons.MEDIA_PLACEHOLDERS
+    if profile.has_state and layout.items and layout.items[-1].end >= len(rows[0]):
+        # The prefill stops before the last token and generate feeds it alone, with no media.
+        return None, reasons.MEDIA_PROMPT_END
+    return layout, None

@@ -1,0 +1,93 @@
+"""Own rows (`Mode.OWN_ROWS`): a batch of distinct or left-padded rows of per-token keys, each restoring its own prefix.
+
+The cache holds the same number of columns in every row, so the batch restores to the column
+every row reaches (its padding plus its stored prefix): row `i` gets `length - pads[i]` of its
+stored tokens (`WorkingCache.restore_rows`), each repeated for its beams or returned sequences.
+`generate` gets the caller's ids and mask unchanged, so its positions, masks, processors and
+outputs are those of the cold call. Afterwards each finished row is stored as its own entry
+(copied out row by row, without its padding); after beam search, each row's prompt once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError
+from hf_prefix_cache.hooks import pipeline
+from hf_prefix_cache.hooks.call import Call
+from hf_prefix_cache.model.profile import ModelProfile
+from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.storage.mover import is_out_of_memory
+from hf_prefix_cache.store.contract import Lease, Served, Store
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+def restore(store: Store, profile: ModelProfile, call: Call) -> pipeline.Held | pipeline.Cold:
+    """Leases on each row's own longest stored prefix, restored into one batch behind its left padding.
+
+    `pipeline.Cold` when memory ran out twice (the store moves its unpinned entries off the device after the
+    first out-of-memory error) or a guard failed; nothing stays pinned then. The held state is the
+    column `length` the batch restored to.
+    """
+    pads = call.pads
+    for attempt in range(2):
+        leases: list[Lease] = []
+        try:
+            parts = []
+            for row in call.rows:
+                part = WorkingCache(profile)
+                leases.append(store.acquire(row.key, part, limit=len(row.key.symbols) - 1))
+                parts.append(part)
+            # A row that restored nothing bounds the batch by its padding alone.
+            length = min(pad + lease.cached_len for pad, lease in zip(pads, leases, strict=True))
+            if not any(lease.cached_len and pad < length for pad, lease in zip(pads, leases, strict=True)):
+                length = 0  # no row brings keys below that column: nothing to restore
+            cache = WorkingCache(profile)
+            if length:
+                cache.restore_rows(list(zip(parts, pads, strict=True)), length, call.expand)
+            break
+        except Exception as exc:
+            pipeline.release_all(store, leases)
+            if isinstance(exc, InconsistentStateError):
+                return pipeline.guard_failed(exc)
+            if not is_out_of_memory(exc):
+                raise
+            logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
+    else:
+        return pipeline.Cold(reasons.OUT_OF_MEMORY)
+    kwargs = pipeline.generate_kwargs(call, profile, cache)
+    if call.assisted:
+        cache.skip_len = length
+    cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
+    return pipeline.Held(leases, cache, kwargs, length)
+
+
+def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
+    """Each finished row stored as its own entry (after beam search, each row's prompt once from its first beam).
+
+    Raises:
+        InconsistentStateError: the cache disagrees with a finished row (an exactness guard).
+    """
+    cache, length = held.cache, held.state
+    reused = [max(length - pad, 0) for pad in call.pads]
+    rows, sequences, computed = call.rows, call.input_ids, reused
+    if call.beams:
+        # As for a shared prompt's beams: the prompt of each row, from the first of its beams.
+        cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
+    else:
+        rows = tuple(row for row in call.rows for _ in range(call.expand))
+        sequences, computed = pipeline.sequences_of(output), [max(length - row.pad, 0) for row in rows]
+    kv_len = cache.exact_length()  # all the cache holds, unless an indexer tied (`model/indexer_ties.py`)
+    if kv_len is None:
+        raise InconsistentStateError("rows are stored from layers of per-token keys")
+    pipeline.store_rows(store, rows, sequences, cache, kv_len, computed)
+    reduced = []
+    if any(lease.cached_len > used for lease, used in zip(held.leases, reused, strict=True)):
+        reduced.append(reasons.BATCH_LAYOUT)  # a row had more stored than the shared column allows
+    if cache.tied_at is not None:
+        reduced.append(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
+    by_row = tuple((len(row.tokens), used) for row, used in zip(call.rows, reused, strict=True))
+    return pipeline.Outcome(Served(call.prompt_len, length, len(call.rows), rows=by_row), tuple(reduced))

@@ -1,0 +1,214 @@
+"""The refusals: the rules that say why a `generate` call cannot reuse safely, each returning a reason or None.
+
+The rules every family shares (the refused arguments, the decoding settings, the cache
+implementation and the outputs a hit could not reproduce, the ids and mask of one row) and the
+decoder-only hook's own (media kwargs, model kwargs the key does not cover, its settings), with
+the decoding modes a model's profile serves (`serving_modes`). A plain call (ids, a mask,
+generation settings) reaches none of them: `checks.check_call` runs each only when the call
+gives a name or setting it looks for. Reasons are `reasons.py`'s names.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import GenerationConfig
+
+from hf_prefix_cache import reasons
+from hf_prefix_cache.hooks.media_expansion import expands_media
+from hf_prefix_cache.model.profile import ModelProfile
+from hf_prefix_cache.multimodal import MEDIA_KWARGS
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.hooks.checks import GenerationSettings
+
+#: Arguments no family serves, with the reason counted. `encoder_outputs` is refused by the
+#: encoder-keyed families only: for decoder-only models it is a media or model kwarg like others.
+REFUSED_ARGUMENTS: Mapping[str, str] = {
+    "inputs_embeds": reasons.INPUTS_EMBEDS,
+    "decoder_inputs_embeds": reasons.INPUTS_EMBEDS,
+    "position_ids": reasons.EXPLICIT_POSITION_IDS,
+    "decoder_position_ids": reasons.EXPLICIT_POSITION_IDS,
+    "assistant_model": reasons.ASSISTED_DECODING,
+    "custom_generate": reasons.CUSTOM_GENERATE,
+    "negative_prompt_ids": reasons.NEGATIVE_PROMPT,
+}
+ENCODER_ARGUMENTS: Mapping[str, str] = {"encoder_outputs": reasons.ENCODER_OUTPUTS}
+
+CACHE_IMPLEMENTATION = "cache_implementation"
+
+
+# Generation settings (they steer decoding, not the prompt's states).
+GENERATION_FIELDS = frozenset(GenerationConfig().to_dict())  # type: ignore[no-untyped-call]
+# Other generate kwargs the key covers (ids, an all-ones mask) or that leave states alone.
+KEYED_OR_HARMLESS = frozenset(
+    {"input_ids", "attention_mask", "logits_to_keep", "tokenizer", "assistant_tokenizer", "use_model_defaults"}
+)
+# Cache implementations served on the working cache (dropped from the call); a static one (`GenerationSettings.static`)
+# where the model's layers have a plain static form (`model/static.py`), for one prompt row decoded one sequence at a
+# time.
+_SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
+
+
+@dataclass(frozen=True, slots=True)
+class Modes:
+    """The decoding modes a hook serves on a restored cache, beyond one sequence per prompt row.
+
+    `expands`: beam search and several returned sequences (`generate` copies each prompt row;
+    the hook restores the prefix into every copy). `assisted`: assisted and prompt-lookup
+    decoding, whose rejected candidates `generate` crops off the working cache.
+    """
+
+    expands: bool = False
+    assisted: bool = False
+
+
+def serving_modes(profile: ModelProfile) -> Modes:
+    """The decoding modes this model is served in: expanded rows where its layers keep every position or its
+    rows' recurrent states can be joined (`recurrent_rows.py`), assisted decoding where transformers' `crop`
+    keeps them exact (and `generate` slices the prompt): for recurrent states (from transformers 5.25), only where
+    the states are the cache's own (not a model's own cache class or module-kept states, which `crop` cannot
+    roll back), a multi-token forward continues them, and the mixer's chunked and one-token states agree
+    (`ModelProfile.assists_exactly`)."""
+    expands = profile.expands or profile.joins_rows
+    own_states = profile.own_cache is None and not profile.single_token_steps and profile.assists_exactly
+    assisted = profile.is_croppable and profile.prompt_sliced and (own_states or not profile.has_recurrence)
+    return Modes(expands=expands, assisted=assisted)
+
+
+def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, modes: Modes = Modes()) -> str | None:
+    """The reason for the first refused argument given (not None) in `given`, or None.
+
+    An assistant model is served where `modes.assisted` says so.
+    """
+    for name, reason in REFUSED_ARGUMENTS.items():
+        if name == "assistant_model" and modes.assisted:
+            continue
+        if given.get(name) is not None:
+            return reason
+    if encoder_keyed:
+        for name, reason in ENCODER_ARGUMENTS.items():
+            if given.get(name) is not None:
+                return reason
+    return None
+
+
+def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str | None:
+    """Why these decoding settings cannot run on a restored cache (beams, several sequences, no cache,
+    assisted decoding) with the hook's `modes`, or None."""
+    if (config.num_beams or 1) > 1 and not modes.expands:
+        return reasons.BEAM_SEARCH
+    if (config.num_return_sequences or 1) > 1 and not modes.expands:
+        return reasons.NUM_RETURN_SEQUENCES
+    if config.use_cache is False:
+        return reasons.USE_CACHE_FALSE
+    if config.assisted and not modes.assisted:
+        return reasons.ASSISTED_DECODING
+    return None
+
+
+def expand_size(config: GenerationSettings) -> int:
+    """How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more."""
+    return config.expand
+
+
+def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
+    """Why the call's cache implementation rules the store out, or None.
+
+    transformers refuses a passed cache beside any `cache_implementation`, the model's default
+    included (hub configs name one). Those in `served` the hook drops from the call (the working
+    cache is one); a model-default ``"hybrid"`` (Gemma) yields to a passed cache; anything else is
+    another cache and runs cold.
+    """
+    impl = config.cache_implementation
+    if impl is None or impl in served or (impl == "hybrid" and config.explicit(CACHE_IMPLEMENTATION) is None):
+        return None
+    return reasons.with_detail(reasons.CACHE_IMPLEMENTATION, impl)
+
+
+def output_problem(config: GenerationSettings) -> str | None:
+    """Attentions or hidden states asked for: a hit skips the positions (or the encoder) they would cover."""
+    if config.output_attentions:
+        return reasons.OUTPUT_ATTENTIONS
+    if config.output_hidden_states:
+        return reasons.OUTPUT_HIDDEN_STATES
+    return None
+
+
+def ids_problem(ids: Any) -> str | None:
+    """Why `ids` are not one row of integer token ids, or None."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return reasons.NO_INPUT_IDS
+    if ids.shape[0] != 1:
+        return reasons.BATCH_SIZE
+    return None
+
+
+def mask_problem(mask: Any, ids: torch.Tensor) -> str | None:
+    """Why an attention mask for `ids` would change what the key covers (a shape mismatch, padding), or None."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+        return reasons.ATTENTION_MASK_SHAPE
+    if not bool((mask == 1).all()):
+        return reasons.PADDING
+    return None
+
+
+def media_problem(profile: ModelProfile, model: Any, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> str | None:
+    """Media kwargs this model's adapter does not handle, or cannot serve in this call."""
+    media = profile.media
+    media_names = [name for name in MEDIA_KWARGS if kwargs.get(name) is not None]
+    if media is None and media_names == ["token_type_ids"]:
+        media_names = []  # a text model's segment ids (GPT-2): a model kwarg like any other, refused below
+    if not media_names:
+        return None
+    if media is None:
+        return reasons.with_detail(reasons.MEDIA_INPUTS, getattr(model.config, "model_type", None))
+    unknown = [name for name in media_names if name not in media.handled]
+    if unknown:
+        return reasons.with_detail(reasons.MEDIA_INPUTS, unknown[0])
+    if input_ids.shape[0] != 1:
+        return reasons.MEDIA_BATCH
+    if profile.has_state and not media.embeds_suffix:
+        return reasons.MEDIA_RECURRENT
+    return None
+
+
+def model_kwarg(profile: ModelProfile, signature: inspect.Signature, kwargs: dict[str, Any]) -> str | None:
+    """The first kwarg that `generate` would hand the model and the key does not cover, or None."""
+    media = profile.media
+    handled = media.handled | set(media.settings) if media is not None else frozenset()
+    for name, value in kwargs.items():
+        if value is None or name in KEYED_OR_HARMLESS or name in handled or name in GENERATION_FIELDS:
+            continue
+        if name in signature.parameters:
+            continue
+        return name
+    return None
+
+
+def settings_problem(
+    profile: ModelProfile, model: Any, kwargs: dict[str, Any], settings: GenerationSettings
+) -> str | None:
+    """Decoding, cache-implementation and output settings a hit could not reproduce."""
+    served = _SERVED_IMPLEMENTATIONS
+    if settings.static is not None and profile.serves_static and settings.expand == 1 and not settings.assisted:
+        served = served | {settings.static}  # one sequence per prompt row: the static path copies one row's prefix
+    problem = decoding_problem(settings, serving_modes(profile)) or cache_implementation_problem(settings, served)
+    if problem is not None:
+        return problem
+    if settings.expand > 1 and has_media(profile, kwargs) and not expands_media(model):
+        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media_expansion.py`).
+        return reasons.MEDIA_BATCH
+    if settings.return_dict_in_generate and (problem := output_problem(settings)) is not None:
+        return problem
+    return None
+
+
+def has_media(profile: ModelProfile, kwargs: dict[str, Any]) -> bool:
+    return profile.media is not None and any(kwargs.get(name) is not None for name in profile.media.handled)
