@@ -7,60 +7,112 @@ module for the whole per-request check.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import operator
 import threading
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from itertools import chain
 from typing import Any
 
 import torch
-import xxhash
 
 from hf_prefix_cache.keys import tensor_events as events
+from hf_prefix_cache.keys.fingerprint import (
+    adapter_state,
+    dtype_from_parameters,
+    is_tuner_layer,
+    sample_indices,
+    weights_fingerprint,
+)
 from hf_prefix_cache.keys.namespace import fingerprint, model_namespace
 
 logger = logging.getLogger("hf_prefix_cache")
 
-# Elements read from each parameter for the weights fingerprint: evenly spaced, so a fine-tune
-# (which moves nearly every element) or a merged adapter (a dense low-rank update) changes it.
-_SAMPLES_PER_PARAMETER = 4096
+# Bumped whenever any module anywhere registers a parameter or a submodule (`module.weight =
+# nn.Parameter(...)`, adding an adapter), so a cached parameter list is re-read only then.
+_structure_epoch = 0
 
 
-def sample_indices(numel: int, count: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """`count` evenly spaced int64 indices into `numel` elements, first and last included.
-
-    Integer arithmetic throughout: a float32 `linspace` cannot hold every integer past 2**24, so
-    its last index rounded past the end of any parameter over 16.7M elements (a 7B embedding).
-
-    >>> sample_indices(2**24 + 3, 3).tolist()
-    [0, 8388609, 16777218]
-    """
-    if numel <= count:
-        return torch.arange(numel, dtype=torch.int64, device=device)
-    steps = torch.arange(count, dtype=torch.int64, device=device)
-    return steps * (numel - 1) // (count - 1)
+_seen_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def weights_fingerprint(model: Any) -> str:
-    """128-bit fingerprint of a model's weights: names, dtypes, shapes and a sample of every parameter.
+def _parameter_registered(*args: Any) -> None:
+    global _structure_epoch
+    _structure_epoch += 1
 
-    Reads at most a few thousand elements per parameter, gathered on the parameter's own device,
-    so it costs milliseconds even for large models.
-    """
-    h = xxhash.xxh3_128()
-    h.update(str(getattr(model, "name_or_path", "")).encode())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            flat = param.detach().reshape(-1)
-            h.update(f"{name}:{flat.dtype}:{tuple(param.shape)}".encode())
-            if flat.numel() > _SAMPLES_PER_PARAMETER:
-                flat = flat[sample_indices(flat.numel(), _SAMPLES_PER_PARAMETER, flat.device)]
-            if flat.numel() and flat.device.type != "meta":
-                h.update(flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+
+def _module_registered(parent: Any, name: str, module: Any) -> None:
+    # Models slice their layer lists on every forward (`layers[:n]` registers the same layers in a
+    # new ModuleList); only a module never registered before, or one replacing another (PEFT's
+    # `unload` puts the base layer back in place of its LoRA wrapper), changes the structure.
+    global _structure_epoch
+    replaced = getattr(parent, "_modules", {}).get(name)
+    if module is not None and module not in _seen_modules:
+        _seen_modules.add(module)
+        _structure_epoch += 1
+    elif replaced is not None and replaced is not module:
+        _structure_epoch += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_parameter_registered)
+torch.nn.modules.module.register_module_module_registration_hook(_module_registered)
+
+
+# Storages that an alias writing past `_version` was taken of: `.data` (a tensor with a version
+# counter of its own), `.numpy()` and DLPack, each with the sequence number of its latest alias,
+# keyed by the address of the storage's StorageImpl (which stays when the storage is reallocated
+# in place, by `resize_` or `share_memory_`, where its data pointer moves). A probe samples only
+# the parameters of storages _aliased since its last check, and those whose aliases are still alive.
+_aliased: dict[int, int] = {}
+_alias_seq = 0
+_ALIAS_LIMIT = 1 << 16  # past this many storages the record restarts, and every probe samples all once
+_alias_epoch = 0  # bumped when the record restarts
+_TensorBase: Any = torch._C.TensorBase
+_base_data = _TensorBase.data
+_base_numpy = _TensorBase.numpy
+_base_dlpack = torch.Tensor.__dlpack__
+
+
+def _record_alias(tensor: Any) -> None:
+    global _alias_seq, _alias_epoch
+    try:
+        ptr = tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage (some subclasses): suspect everything
+        ptr = None
+    if ptr is None or len(_aliased) >= _ALIAS_LIMIT:
+        _aliased.clear()
+        _alias_epoch += 1
+    if ptr is not None:
+        _alias_seq += 1
+        _aliased[ptr] = _alias_seq
+
+
+def _data(self: Any) -> Any:
+    _record_alias(self)
+    return _base_data.__get__(self)
+
+
+def _numpy(self: Any, *args: Any, **kwargs: Any) -> Any:
+    _record_alias(self)
+    return _base_numpy(self, *args, **kwargs)
+
+
+def _dlpack(self: Any, *args: Any, **kwargs: Any) -> Any:
+    _record_alias(self)
+    return _base_dlpack(self, *args, **kwargs)
+
+
+_DATA = property(_data, events.set_data, doc=_base_data.__doc__)
+torch.Tensor.data = _DATA  # type: ignore[assignment]
+torch.Tensor.numpy = _numpy  # type: ignore[method-assign]
+torch.Tensor.__dlpack__ = _dlpack  # type: ignore[method-assign]
+
+
+def _watched(param: Any) -> bool:
+    """Whether every `.data` assignment to `param` goes through the recording setter (`tensor_events.set_data`)."""
+    return getattr(type(param), "data", None) is _DATA
 
 
 # Elements the probe reads from a parameter it suspects: enough that an edit of a whole tensor
@@ -113,7 +165,7 @@ class WeightsProbe:
         self._model = model
         self._epoch = -1
         self._alias_epoch = -1
-        self._seen = 0  # `events.alias_seq` as of the last check
+        self._seen = 0  # `_alias_seq` as of the last check
         self._replaced = -1  # `events.replaced_seq` as of the last check
         self._modules: list[torch.nn.Module] = []
         self._tuners: list[Any] = []
@@ -134,10 +186,10 @@ class WeightsProbe:
     def check(self) -> int:
         """The number of changes seen so far (it grows by one whenever this check finds one)."""
         replaced = events.replaced_seq  # read first: an event during this check is looked at again by the next
-        if self._epoch != events.structure_epoch:
-            self._epoch = events.structure_epoch
+        if self._epoch != _structure_epoch:
+            self._epoch = _structure_epoch
             self._modules = list(self._model.modules())
-            self._tuners = [m for m in self._modules if _is_tuner_layer(m)]
+            self._tuners = [m for m in self._modules if is_tuner_layer(m)]
         # Every module's parameter dict read again (a direct `_parameters[name] = p` has no hook), in
         # C-level loops, compared by identity; per parameter only its version counter is read, and
         # its storage and layout only after a `.data` assignment or a swap anywhere (`events.replaced_seq`).
@@ -161,15 +213,15 @@ class WeightsProbe:
             self._rebuild(values, adapters)
             self.changes += 1
             return self.changes
-        if self._alias_epoch != events.alias_epoch:
-            self._alias_epoch = events.alias_epoch
+        if self._alias_epoch != _alias_epoch:
+            self._alias_epoch = _alias_epoch
             suspects = {i for members in self._by_storage.values() for i in members}
-        elif events.alias_seq != self._seen:
-            aliased, seen = events.aliased, self._seen
+        elif _alias_seq != self._seen:
+            aliased, seen = _aliased, self._seen
             suspects = {i for ptr, members in self._by_storage.items() if aliased.get(ptr, 0) > seen for i in members}
         else:
             suspects = set()
-        self._seen = events.alias_seq
+        self._seen = _alias_seq
         suspects |= self._exposed
         self.num_sampled = len(suspects)
         if suspects:
@@ -185,8 +237,8 @@ class WeightsProbe:
         self._values, self._params, self._adapters = values, params, adapters
         self._versions = sum(map(_version, params))
         self._layouts = list(map(events.layout, params))
-        self._unwatched = [i for i, p in enumerate(params) if not events.watched(p)]
-        self._alias_epoch, self._seen = events.alias_epoch, events.alias_seq
+        self._unwatched = [i for i, p in enumerate(params) if not _watched(p)]
+        self._alias_epoch, self._seen = _alias_epoch, _alias_seq
         self._by_storage = {}
         for i, p in enumerate(params):
             if p.device.type != "meta" and p.numel():
@@ -225,62 +277,6 @@ def _sample(param: torch.Tensor) -> torch.Tensor:
     """`_PROBE_SAMPLES` evenly spaced elements of `param`, as raw bytes so NaN and -0.0 compare bitwise."""
     flat = param.detach().reshape(-1)
     return torch.take(flat, sample_indices(flat.numel(), _PROBE_SAMPLES, flat.device)).view(torch.uint8)
-
-
-def _is_tuner_layer(module: Any) -> bool:
-    """A PEFT tuner layer (LoRA, IA3, ...), recognised without importing peft."""
-    return (
-        hasattr(module, "merged_adapters")
-        and hasattr(module, "_active_adapter")
-        and hasattr(module, "_disable_adapters")
-    )
-
-
-def adapter_state(model: Any, tuners: list[Any] | None = None) -> tuple[Any, ...] | None:
-    """What the PEFT adapters of `model` do now, or None without any.
-
-    Read from the tuner layers themselves (active, merged and disabled adapters), so it is the
-    same whether the store wraps the `PeftModel` or the model inside it, and whether adapters
-    came from `get_peft_model` or transformers' `add_adapter`.
-    """
-    if tuners is None:
-        tuners = [m for m in model.modules() if _is_tuner_layer(m)]
-    if not tuners:
-        return None
-    states = set()
-    for layer in tuners:
-        active = layer.active_adapters
-        states.add(
-            (
-                tuple(sorted(active)) if isinstance(active, list | tuple) else (str(active),),
-                tuple(sorted(layer.merged_adapters)),
-                bool(layer._disable_adapters),
-            )
-        )
-    return tuple(sorted(states))
-
-
-# transformers' `dtype` properties (`PreTrainedModel.dtype` in 5.24, `ModuleUtilsMixin.dtype` in 5.23):
-# the dtype of the first floating-point parameter, so it can change only with a parameter, which
-# the probe sees.
-_DTYPE_FROM_PARAMETERS = {
-    ("transformers.modeling_utils", "PreTrainedModel.dtype"),
-    ("transformers.modeling_utils", "ModuleUtilsMixin.dtype"),
-}
-
-
-def _dtype_from_parameters(model: Any) -> bool:
-    """Whether `model.dtype` is transformers' property over the parameters (not an attribute of its own)."""
-    found = inspect.getattr_static(type(model), "dtype", None)
-    getter = getattr(found, "fget", None)
-    return (
-        isinstance(found, property)
-        and (
-            getattr(getter, "__module__", None),
-            getattr(getter, "__qualname__", None),
-        )
-        in _DTYPE_FROM_PARAMETERS
-    )
 
 
 class Namespaces:
@@ -322,7 +318,7 @@ class Namespaces:
         self._weights = (self._probe.check(), weights_fingerprint(model))
         self._cached: tuple[Any, str] | None = None
         # Where the dtype is the parameters' own, it is read again only when the probe sees a change.
-        self._dtype_per_request = not _dtype_from_parameters(model)
+        self._dtype_per_request = not dtype_from_parameters(model)
 
     def current(self) -> str:
         """The model's current namespace (recomputed when its dtype, adapters or weights change).

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import build
 
-from hf_prefix_cache.keys import tensor_events
+from hf_prefix_cache.keys import weights
 from hf_prefix_cache.keys.weights import WeightsProbe
 
 
@@ -95,7 +95,7 @@ def test_two_probes_of_one_model_both_see_an_edit(model: Any) -> None:
 def test_a_full_alias_record_makes_every_probe_sample_everything(model: Any, monkeypatch: Any) -> None:
     """When the record of aliased storages restarts, the next check samples every parameter once."""
     probe = _steady(model)
-    monkeypatch.setattr(tensor_events, "ALIAS_LIMIT", 2)
+    monkeypatch.setattr(weights, "_ALIAS_LIMIT", 2)
     for _ in range(3):
         _ = torch.zeros(4).data
     before = probe.check()
