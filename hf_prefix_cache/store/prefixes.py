@@ -47,10 +47,9 @@ from hf_prefix_cache.storage.segments import (
 from hf_prefix_cache.store.contract import InsertOutcome, Lease
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.locking import StoreLock
-from hf_prefix_cache.store.new_entries import place_run
 from hf_prefix_cache.store.options import Options
 from hf_prefix_cache.store.pins import Pins
-from hf_prefix_cache.store.placement import Placement
+from hf_prefix_cache.store.placement import Placement, place_run
 from hf_prefix_cache.store.sessions import Session
 from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
 from hf_prefix_cache.tree.radix import Node, RadixTree
