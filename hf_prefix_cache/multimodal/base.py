@@ -90,6 +90,11 @@ class Padded:
 KindItems = tuple[str, int | None, Sequence[tuple[Any, ...] | Padded], list[int] | None]
 
 
+def hashed_parts(part: tuple[Any, ...] | Padded) -> tuple[Any, ...]:
+    """An item's hashed parts: a `Padded` item's with its padding, any other's as they are."""
+    return part.parts if isinstance(part, Padded) else part
+
+
 def media_item(kind: str, parts: tuple[Any, ...] | Padded, start: int, end: int) -> MediaItem:
     """The item of `parts` whose placeholders span `[start, end)`."""
     if isinstance(parts, Padded):

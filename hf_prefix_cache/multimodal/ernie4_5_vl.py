@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.multimodal.base import KindItems, config_token_id
+from hf_prefix_cache.multimodal.base import KindItems, config_token_id, hashed_parts
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -44,7 +44,7 @@ class Ernie4_5VLMedia(Qwen2VLMedia):
         for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
             if kind == "video" and lengths is not None:
                 merge = self._temporal_merge()
-                if any(int(grid[0]) % merge for _, grid, *_ in parts):
+                if any(int(grid[0]) % merge for _, grid, *_ in map(hashed_parts, parts)):
                     # The resampler merges a video's frames in pairs; the processor never sends an odd count.
                     out.append((kind, None, [], None))
                     continue

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems
+from hf_prefix_cache.multimodal.base import KindItems, hashed_parts
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -35,7 +35,7 @@ class HunYuanVLMedia(Qwen2VLMedia):
         merge = int(self.config.vision_config.spatial_merge_size)
         for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
             if lengths is not None and parts:
-                grids = [part[1].tolist() for part in parts]
+                grids = [hashed_parts(part)[1].tolist() for part in parts]
                 if any(t != 1 or h % merge or w % merge for t, h, w in grids):
                     out.append((kind, None, [], None))  # the merger takes one frame of whole merge windows
                     continue
@@ -56,7 +56,7 @@ class HunYuanVLMedia(Qwen2VLMedia):
             image_grid_thw=grid,
             attention_mask=torch.ones_like(input_ids),
         )
-        return rope
+        return torch.as_tensor(rope)
 
 
 register(MediaFamily(("hunyuan_vl",), HunYuanVLMedia))

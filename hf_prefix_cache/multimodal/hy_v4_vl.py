@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hf_prefix_cache.multimodal.base import KindItems
+from hf_prefix_cache.multimodal.base import KindItems, hashed_parts
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -26,7 +26,7 @@ class HYV4VLMedia(Qwen2VLMedia):
         merge = int(self.config.vision_config.spatial_merge_size)
         for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
             if lengths is not None and parts:
-                grids = [part[1].tolist() for part in parts]
+                grids = [hashed_parts(part)[1].tolist() for part in parts]
                 if any(h % merge or w % merge for _, h, w in grids):
                     out.append((kind, None, [], None))  # the merger takes whole merge windows
                     continue

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, hashed_parts, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaLayout, find_runs
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -98,7 +98,7 @@ class GraniteDoclingMedia(Idefics3Media):
             return [("image", None, [], None)]  # padding tiles of a batch: the model drops them
         ((kind, token_id, parts, lengths),) = super()._items(tokens, kwargs)
         route = torch.tensor([kwargs.get("tile_fine_mask") is not None])  # the fine path, if given at all
-        return [(kind, token_id, [(*part, route) for part in parts], lengths)]
+        return [(kind, token_id, [(*hashed_parts(part), route) for part in parts], lengths)]
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         super()._slice(kwargs, layout, cached_len)

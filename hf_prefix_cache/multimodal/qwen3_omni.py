@@ -51,7 +51,9 @@ class Qwen3OmniThinkerMedia(Qwen2_5OmniThinkerMedia):
             return None
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-        lengths = _get_feat_extract_output_lengths(mask.sum(-1), int(self.config.audio_config.n_window))
+        lengths = _get_feat_extract_output_lengths(  # type: ignore[no-untyped-call]
+            mask.sum(-1), int(self.config.audio_config.n_window)
+        )
         padded = torch.tensor(self._padded_len(mask))
         parts = [(features[i][:, mask[i].bool()], padded) for i in range(features.shape[0])]
         return parts, [int(n) for n in lengths.tolist()]

@@ -51,7 +51,7 @@ _TEXT_LAYERS: dict[str, Any] = {
 
 def tiny_hy_v4_vl() -> Any:
     """HY V4 VL: a 2-layer vision tower with its merger, HY V4 text layers with M-RoPE."""
-    config = transformers.HYV4VLConfig(  # type: ignore[attr-defined]
+    config = transformers.HYV4VLConfig(
         text_config=_TEXT_LAYERS,
         vision_config={
             "num_hidden_layers": 2,
@@ -67,7 +67,7 @@ def tiny_hy_v4_vl() -> Any:
         image_token_id=IMAGE,
         video_token_id=VIDEO,
     )
-    return _build(transformers.HYV4VLForConditionalGeneration, config)  # type: ignore[attr-defined]
+    return _build(transformers.HYV4VLForConditionalGeneration, config)
 
 
 @functools.cache

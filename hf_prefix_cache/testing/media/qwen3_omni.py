@@ -32,7 +32,7 @@ def tiny_qwen3_omni_thinker() -> Any:
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
     text = {**_TEXT, "head_dim": 16, "rope_parameters": rope, "decoder_sparse_step": 1}
     moe = {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
-    config = transformers.Qwen3OmniMoeThinkerConfig(  # type: ignore[call-arg]
+    config = transformers.Qwen3OmniMoeThinkerConfig(
         text_config={**text, **moe},
         vision_config={"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         audio_config={
