@@ -39,6 +39,7 @@ from hf_prefix_cache.hooks.refusals import serving_modes
 from hf_prefix_cache.hooks.registry import DECODER_ONLY, Family, register
 from hf_prefix_cache.hooks.scan import ScanContinuation
 from hf_prefix_cache.keys.namespace import sub_namespace
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.indexer_ties import TieWatch
 from hf_prefix_cache.model.module_states import ModuleStateBridge
 from hf_prefix_cache.model.states import ItemState, Snapshot
@@ -213,12 +214,12 @@ class DecoderOnlyHook(PatchingHook):
         if call.beams:
             # The finished beams are not the cache's rows (beams are reordered every step and end at
             # different steps), but every row holds the same prompt: store the prompt once, from the first.
-            cache.trim(call.prompt_len, range(0, len(rows) * call.expand, call.expand))
+            batch_rows.trim(cache, call.prompt_len, range(0, len(rows) * call.expand, call.expand))
             sequences = call.input_ids
         elif call.assisted:
             # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
             assert kv_len is not None
-            cache.trim(kv_len, range(len(rows)))
+            batch_rows.trim(cache, kv_len, range(len(rows)))
         # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
         keys = pipeline.sequence_keys(call.rows[0].key, sequences, cache.exact_length())
         batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's

@@ -2,7 +2,7 @@
 
 The cache holds the same number of columns in every row, so the batch restores to the column
 every row reaches (its padding plus its stored prefix): row `i` gets `length - pads[i]` of its
-stored tokens (`WorkingCache.restore_rows`), each repeated for its beams or returned sequences.
+stored tokens (`batch_rows.restore_rows`), each repeated for its beams or returned sequences.
 `generate` gets the caller's ids and mask unchanged, so its positions, masks, processors and
 outputs are those of the cold call. Afterwards each finished row is stored as its own entry
 (copied out row by row, without its padding); after beam search, each row's prompt once.
@@ -17,6 +17,7 @@ from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.hooks.call import Call
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
@@ -47,7 +48,7 @@ def restore(store: Store, profile: ModelProfile, call: Call) -> pipeline.Held | 
                 length = 0  # no row brings keys below that column: nothing to restore
             cache = WorkingCache(profile)
             if length:
-                cache.restore_rows(list(zip(parts, pads, strict=True)), length, call.expand)
+                batch_rows.restore_rows(cache, list(zip(parts, pads, strict=True)), length, call.expand)
             break
         except Exception as exc:
             pipeline.release_all(store, leases)
@@ -76,7 +77,7 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
     rows, sequences, computed = call.rows, call.input_ids, reused
     if call.beams:
         # As for a shared prompt's beams: the prompt of each row, from the first of its beams.
-        cache.trim(call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
+        batch_rows.trim(cache, call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
     else:
         rows = tuple(row for row in call.rows for _ in range(call.expand))
         sequences, computed = pipeline.sequences_of(output), [max(length - row.pad, 0) for row in rows]

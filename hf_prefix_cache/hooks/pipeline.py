@@ -41,6 +41,7 @@ from hf_prefix_cache.errors import IncompatibleModelError, InconsistentStateErro
 from hf_prefix_cache.hooks.checks import read_to_host, rows_of, token_rows
 from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
 from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.indexer_ties import IndexerTie
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -287,13 +288,13 @@ def store_rows(
     computed_from: Sequence[int],
 ) -> None:
     """Store the first `length` ids of each row of `sequences` (row `i` of `cache`, made of the prompt row `rows[i]`)
-    as its own entry: copied out without its left padding (`WorkingCache.copy_row`), keyed under its prompt row's
+    as its own entry: copied out without its left padding (`batch_rows.copy_row`), keyed under its prompt row's
     namespace. `computed_from[i]` is how many of its tokens were restored rather than computed by this request."""
     for i, ids in enumerate(token_rows(sequences[:, :length])):
         pad = rows[i].pad
         if length <= pad:
             continue
-        part = cache.copy_row(i, pad, length)
+        part = batch_rows.copy_row(cache, i, pad, length)
         store.insert_sequence(rows[i].key.with_symbols(ids[pad:]), part, computed_from=computed_from[i])
 
 

@@ -4,7 +4,7 @@ A recurrent state has one snapshot per stored prefix length, so the rows of a ba
 restore to one shared column the way attention keys do (`pipeline.restore_rows`). Instead each
 distinct prompt row runs as a one-row call would: it restores its own longest stored prefix and
 prefills the rest of its prompt but the last token (`recurrent_prefill.py`), snapshotting as
-usual. The rows are then laid side by side (`WorkingCache.restore_rows`): keys behind each row's
+usual. The rows are then laid side by side (`batch_rows.restore_rows`): keys behind each row's
 left padding, states as they are, each row repeated for its beams or returned sequences.
 `generate` gets the caller's ids and mask unchanged and feeds the last column itself.
 
@@ -33,6 +33,7 @@ from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.hooks.call import Call
 from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -111,8 +112,8 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
         length = call.prompt_len - 1  # every row fed up to the last column
         batch = WorkingCache(profile)
         if length:
-            batch.restore_rows(
-                [(p.cache, row.pad) for p, row in zip(parts, call.rows, strict=True)], length, call.expand
+            batch_rows.restore_rows(
+                batch, [(p.cache, row.pad) for p, row in zip(parts, call.rows, strict=True)], length, call.expand
             )
     except BaseException:
         pipeline.release_all(store, [p.lease for p in prefilled.values()] + [lease for lease, _ in held.values()])

@@ -41,6 +41,7 @@ from hf_prefix_cache.hooks.encoder_keyed import (
 )
 from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.hooks.registry import Family, register
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.multimodal.media import hash_media
 from hf_prefix_cache.store.contract import Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
@@ -228,7 +229,7 @@ class Seq2SeqHook(PatchingHook):
         if request.beams:
             # As for decoder-only beams: the decoder prompt, once, from the first row.
             assert request.decoder_ids is not None
-            working.trim(request.prompt_len, [0])
+            batch_rows.trim(working, request.prompt_len, [0])
             sequences = request.decoder_ids
         store_decoder_rows(request, sequences, working)
         return output

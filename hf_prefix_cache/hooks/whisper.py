@@ -46,6 +46,7 @@ from hf_prefix_cache.hooks.encoder_keyed import (
 )
 from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.hooks.registry import Family, register
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import hash_media
 from hf_prefix_cache.store.contract import Fallback, Served, Serving, Store
@@ -265,7 +266,7 @@ class WhisperHook(PatchingHook):
         """Step 5, store: each row's decoder sequence, when it is what the cache holds plus one token; after beam
         search, the decoder prompt once (as `decoder_only.py` stores beams)."""
         if request.beams:
-            working.trim(int(ids.shape[-1]), [0])
+            batch_rows.trim(working, int(ids.shape[-1]), [0])
             store_decoder_rows(request, ids[:1], working)
             return
         rows = [_full_sequence(row) for row in output[1]]

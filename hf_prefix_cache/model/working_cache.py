@@ -10,51 +10,22 @@ layers can do together; it names no concrete adapter.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import Cache, DynamicCache
 
 from hf_prefix_cache._compat import LINEAR_LAYERS_COUNT, set_linear_length
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing, combine
+from hf_prefix_cache.model.landing_kv import LANDS_ALL, KVPieces, LandingKV
 from hf_prefix_cache.model.layers import LayerAdapter, LayerState
-from hf_prefix_cache.model.layers.recurrent import clone_states, join_rows, select_row
+from hf_prefix_cache.model.layers.recurrent import clone_states
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import ItemState, Run, Snapshot, pack, stack_one
-
-KVPieces = Sequence[tuple[Sequence[torch.Tensor | None], Sequence[torch.Tensor | None]]]
-
-# Cache methods that read no key/value data (shapes and flags at most): they may run before a landing layer is set.
-_READS_NO_DATA = frozenset(
-    {
-        "update",  # lands its own layer first (`_update_landing`)
-        "get_seq_length",
-        "get_mask_sizes",
-        "get_max_length",
-        "get_query_offset",
-        "has_previous_state",
-        "is_recording_past",
-        "activate_past_recording",
-        "get_recurrent_states_to_keep",  # 5.25
-        "increase_count",  # 5.25: a linear layer's token counter
-    }
-)
-# Every other public Cache method lands every layer before it runs (in transformers 5.23-5.25: crop,
-# reorder_cache, batch_repeat_interleave, batch_select_indices, offload, prefetch, reset, ...).
-_LANDS_ALL = tuple(
-    sorted(
-        name
-        for cls in (Cache, DynamicCache)
-        for name, attr in vars(cls).items()
-        if not name.startswith("_") and inspect.isfunction(attr) and name not in _READS_NO_DATA
-    )
-)
 
 
 class WorkingCache(DynamicCache):
@@ -84,7 +55,7 @@ class WorkingCache(DynamicCache):
         self.restored_len = 0
         self.prompt_len = 0  # the request's prompt length, where its hook says it (0: not known)
         self.tied_at: int | None = None
-        self._landing: _LandingKV | None = None
+        self._landing: LandingKV | None = None
         for i in profile.prepared_layers:
             profile.adapters[i].prepare(layers[i])
 
@@ -147,7 +118,7 @@ class WorkingCache(DynamicCache):
             clones = clone_states([state for _, _, state in recurrent])
             for (layer, adapter, _), clone in zip(recurrent, clones, strict=True):
                 adapter.load_state(layer, clone)
-            self._count_linear(length)
+            self.count_linear(length)
         if items:
             self._restore_items(items)
 
@@ -162,7 +133,7 @@ class WorkingCache(DynamicCache):
             layer_idx = self.profile.length_layer
         return super().get_seq_length(layer_idx)
 
-    def _count_linear(self, length: int) -> None:
+    def count_linear(self, length: int) -> None:
         """Linear layers count `length` tokens seen, as after a cold prefill (5.25, `_compat.set_linear_length`)."""
         if LINEAR_LAYERS_COUNT:
             for i in self.profile.state_layers:
@@ -189,9 +160,9 @@ class WorkingCache(DynamicCache):
         prefill of layer 0 runs while later layers are still copied.
         """
         assert self.defers_keys, "a landing restore is for models whose every cached layer is full attention"
-        self._landing = _LandingKV(self, length, pieces, combine(landings), batch_size)
+        self._landing = LandingKV(self, length, pieces, combine(landings), batch_size)
         self.update = self._update_landing  # type: ignore[method-assign]
-        for name in _LANDS_ALL:
+        for name in LANDS_ALL:
             setattr(self, name, partial(self._land_then, name))
 
     def land(self) -> None:
@@ -218,7 +189,7 @@ class WorkingCache(DynamicCache):
     def _landed(self) -> None:
         """Every layer holds its keys: drop the landing and the instance methods that waited for it."""
         self._landing = None
-        for name in ("update", *_LANDS_ALL):
+        for name in ("update", *LANDS_ALL):
             self.__dict__.pop(name, None)
 
     def __iter__(self) -> Iterator[Any]:
@@ -345,80 +316,6 @@ class WorkingCache(DynamicCache):
         tail.buffers = stacks
         return run, tail
 
-    def restore_rows(self, parts: Sequence[tuple[WorkingCache, int]], length: int, expand: int = 1) -> None:
-        """Load a batch whose rows were restored one by one: each part's cache behind its left padding.
-
-        Row `i` of the batch holds `parts[i]`'s first `length - pad` positions at columns `[pad, length)`
-        and zeros at its padding columns (masked: attention gives them no weight); each row is repeated
-        `expand` times (beams, several sequences). Where every layer keeps per-token keys
-        (`ModelProfile.expands`), a part may hold more positions than its row takes; models with recurrent
-        states (`ModelProfile.joins_rows`) join each part's states too, so each part must hold exactly
-        `length - pad` positions (its row prefilled alone up to that column). Copies: the rows' stored
-        tensors are never written.
-
-        ``` text
-        part 0, pad 0:  [ k0 k1 k2 k3 k4 ]      length 5
-        part 1, pad 2:  [ 0  0  k0 k1 k2 ]
-        ```
-        """
-        assert self.profile.expands or self.profile.joins_rows, "these layers cannot be restored row by row"
-        for i, (layer, adapter) in enumerate(zip(self.layers, self.profile.adapters, strict=True)):
-            if adapter.has_state:
-                assert adapter.has_state_refs, f"layer {i}: a window state is not joined by row"
-                # A row with no token before `length` has no state yet: `join_rows` gives it zeros (a fresh state).
-                states = [adapter.state_refs(part.layers[i]) if pad < length else None for part, pad in parts]
-                adapter.load_state(layer, join_rows(states, expand))
-            if not adapter.has_kv:
-                continue
-            held = [(adapter.capture_kv(part.layers[i]) if pad < length else None, pad) for part, pad in parts]
-            if not (self.profile.expands or all(kv is None or kv[0].shape[-2] == length - pad for kv, pad in held)):
-                raise InconsistentStateError(f"layer {i}: a row with states holds other positions than its keys would")
-            template = next(kv for kv, _ in held if kv is not None)
-            k = torch.cat([_behind_padding(kv[0] if kv else None, template[0], length, pad) for kv, pad in held])
-            v = torch.cat([_behind_padding(kv[1] if kv else None, template[1], length, pad) for kv, pad in held])
-            if expand > 1:
-                k, v = k.repeat_interleave(expand, dim=0), v.repeat_interleave(expand, dim=0)
-            adapter.restore_kv(layer, k, v, length)
-        self._count_linear(length)
-
-    def copy_row(self, row: int, start: int, end: int) -> WorkingCache:
-        """A one-row cache holding copies of positions `[start, end)` of batch `row` (to store that row alone).
-
-        Recurrent states summarise the whole row: they are copied as they are (the row's padding left
-        them as they were before it, `joins_rows`), so `end` must be all the cache holds.
-        """
-        assert self.profile.expands or self.profile.joins_rows, "these layers cannot be copied out by row"
-        self.land()
-        out = WorkingCache(self.profile)
-        for layer, fresh, adapter in zip(self.layers, out.layers, self.profile.adapters, strict=True):
-            if adapter.has_state_refs:
-                adapter.load_state(fresh, select_row(adapter.state_refs(layer), row))
-            kv = adapter.capture_kv(layer) if adapter.has_kv else None
-            if kv is not None:
-                k, v = (t[row : row + 1, :, start:end].clone() for t in kv)
-                adapter.restore_kv(fresh, k, v, end - start)
-        out._count_linear(end)
-        return out
-
-    def trim(self, length: int, rows: Sequence[int]) -> None:
-        """Keep positions `[0, length)` of batch `rows` in every attention layer (copies), for a cache
-        that is only read afterwards (to store a prompt that beam search expanded).
-
-        Where every layer keeps every position (`ModelProfile.expands`); with states, only to all the keys hold
-        (copies of the kept rows, after assisted decoding cropped its rejected candidates): a state cannot go back.
-        """
-        if not self.profile.expands and length != self.kv_length():
-            raise InconsistentStateError(
-                f"a cache with states trims only to what its keys hold ({self.kv_length()}), not {length}"
-            )
-        self.land()
-        index: torch.Tensor | None = None
-        for layer, adapter in zip(self.layers, self.profile.adapters, strict=True):
-            keys: torch.Tensor | None = getattr(layer, "keys", None)
-            if adapter.is_trimmable and keys is not None:
-                index = torch.tensor(list(rows), device=keys.device) if index is None else index
-                adapter.trim(layer, length, index)
-
     def snapshot(self, length: int) -> Snapshot:
         """Clones of every recurrent state, labelled with the number of tokens they summarise."""
         states = {}
@@ -479,81 +376,7 @@ class WorkingCache(DynamicCache):
         return 0 if self.profile.has_state else min(kv_len, self.tied_at)
 
 
-def _behind_padding(tensor: torch.Tensor | None, template: torch.Tensor, length: int, pad: int) -> torch.Tensor:
-    """`[1, H, length, D]`: `tensor`'s first `length - pad` positions behind `pad` columns of zeros (a copy);
-    all zeros, shaped like `template`, for a row that is padding only."""
-    if tensor is None or pad >= length:
-        return template.new_zeros((1, template.shape[1], length, template.shape[-1]))
-    if tensor.shape[-2] < length - pad:
-        raise InconsistentStateError(f"a row restored {tensor.shape[-2]} positions, {length - pad} wanted")
-    return F.pad(tensor[..., : length - pad, :], (0, 0, pad, 0))
-
-
 def _only(state: LayerState, name: str) -> torch.Tensor:
     tensor = state.tensors[name][0]
     assert tensor is not None, f"an item state without {name}"
     return tensor
-
-
-class _LandingKV:
-    """The layers of a `WorkingCache` still waiting for their keys, and what sets each of them."""
-
-    def __init__(
-        self, cache: WorkingCache, length: int, pieces: KVPieces, landing: Landing | None, batch_size: int
-    ) -> None:
-        self.cache = cache
-        self.length = length
-        self.pieces = pieces
-        self.landing = landing
-        self.batch_size = batch_size
-        self.pending: set[int] = set()
-        stand_ins: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-        for i, (layer, adapter) in enumerate(zip(cache.layers, cache.profile.adapters, strict=True)):
-            if not adapter.has_kv:
-                continue
-            k, v = pieces[0][0][i], pieces[0][1][i]
-            if k is None or v is None:
-                raise InconsistentStateError(f"layer {i} has no stored keys")
-            where = (k.device, k.dtype)
-            if where not in stand_ins:
-                stand_ins[where] = torch.full((), float("nan"), dtype=k.dtype, device=k.device)
-            shape_k = (batch_size, *k.shape[1:-2], length, k.shape[-1])
-            shape_v = (batch_size, *v.shape[1:-2], length, v.shape[-1])
-            adapter.restore_kv(layer, stand_ins[where].expand(shape_k), stand_ins[where].expand(shape_v), length)
-            self.pending.add(i)
-
-    def _take(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Wait for layer `i`'s copies; its pieces of keys and of values."""
-        self.pending.discard(i)
-        if self.landing is not None:
-            self.landing.ready(i)
-        ks: list[torch.Tensor] = [p[0][i] for p in self.pieces]  # type: ignore[misc]
-        vs: list[torch.Tensor] = [p[1][i] for p in self.pieces]  # type: ignore[misc]
-        return ks, vs
-
-    def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` broadcast to every row of the batch (a view)."""
-        return t if self.batch_size == 1 else t.expand(self.batch_size, -1, -1, -1)
-
-    def set_layer(self, i: int) -> None:
-        """Wait for layer `i`'s copies, join its pieces and set them in the layer."""
-        ks, vs = self._take(i)
-        k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=-2)
-        v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=-2)
-        self.cache.profile.adapters[i].restore_kv(self.cache.layers[i], self._rows(k), self._rows(v), self.length)
-
-    def set_head(
-        self, i: int, key_states: torch.Tensor, value_states: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `i`'s first update: set its first piece, and return its other pieces followed by the new states.
-
-        The layer's `update` then concatenates the first piece with what this returns: the keys
-        it keeps and hands to attention are the whole prefix and the new states, as ever.
-        """
-        ks, vs = self._take(i)
-        head_k, head_v = self._rows(ks[0]), self._rows(vs[0])
-        self.cache.profile.adapters[i].restore_kv(self.cache.layers[i], head_k, head_v, ks[0].shape[-2])
-        if len(ks) > 1:
-            key_states = torch.cat([*map(self._rows, ks[1:]), key_states], dim=-2)
-            value_states = torch.cat([*map(self._rows, vs[1:]), value_states], dim=-2)
-        return key_states, value_states
