@@ -105,7 +105,7 @@ def test_step3p7_local_crops_run_cold() -> None:
         "pixel_values_local": torch.rand(2, 3, 32, 32, generator=gen),
         "num_local_patches": [2],
     }
-    assert _fallbacks(model, ids, **kwargs) == {"model_kwarg:pixel_values_local": 2}
+    assert _fallbacks(model, ids, **kwargs) == {"media_inputs:pixel_values_local": 2}
 
 
 def test_qwen4_exp_keeps_no_adapter_and_its_media_run_cold() -> None:
