@@ -39,10 +39,12 @@ def restore_rows(cache: WorkingCache, parts: Sequence[tuple[WorkingCache, int]],
     part 1, pad 2:  [ 0  0  k0 k1 k2 ]
     ```
     """
-    assert cache.profile.expands or cache.profile.joins_rows, "these layers cannot be restored row by row"
+    if not (cache.profile.expands or cache.profile.joins_rows):
+        raise InconsistentStateError("these layers cannot be restored row by row")
     for i, (layer, adapter) in enumerate(zip(cache.layers, cache.profile.adapters, strict=True)):
         if adapter.has_state:
-            assert adapter.has_state_refs, f"layer {i}: a window state is not joined by row"
+            if not adapter.has_state_refs:
+                raise InconsistentStateError(f"layer {i}: a window state is not joined by row")
             # A row with no token before `length` has no state yet: `join_rows` gives it zeros (a fresh state).
             states = [adapter.state_refs(part.layers[i]) if pad < length else None for part, pad in parts]
             adapter.load_state(layer, join_rows(states, expand))
@@ -66,7 +68,8 @@ def copy_row(cache: WorkingCache, row: int, start: int, end: int) -> WorkingCach
     Recurrent states summarise the whole row: they are copied as they are (the row's padding left
     them as they were before it, `joins_rows`), so `end` must be all the cache holds.
     """
-    assert cache.profile.expands or cache.profile.joins_rows, "these layers cannot be copied out by row"
+    if not (cache.profile.expands or cache.profile.joins_rows):
+        raise InconsistentStateError("these layers cannot be copied out by row")
     cache.land()
     out = WorkingCache(cache.profile)
     for layer, fresh, adapter in zip(cache.layers, out.layers, cache.profile.adapters, strict=True):

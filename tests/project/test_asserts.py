@@ -22,7 +22,7 @@ BUDGET = {
     "hooks/seq2seq.py": 1,  # one request reaches the inner step once
     "model/layers/recurrent.py": 1,  # a join of no rows
     "model/static.py": 1,  # to_static on a model whose layers have no static form (the hook checks first)
-    "model/working_cache.py": 8,  # landing / item / row-wise / trim verbs on models the profile says cannot take them
+    "model/working_cache.py": 4,  # landing and item verbs on models the profile says cannot take them
     "multimodal/generic.py": 2,  # a family declaring what it cannot do
     "multimodal/qwen_vl.py": 1,  # the same
     "multimodal/registry.py": 2,  # a media family registered without a model type or with two adapters
