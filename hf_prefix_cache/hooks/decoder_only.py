@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import _compat, reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import own_rows, pipeline, recurrent_rows
 from hf_prefix_cache.hooks.call import Call, Mode, capabilities, read_call
 from hf_prefix_cache.hooks.media_expansion import expand_suffix_media, expands_media
@@ -218,7 +219,8 @@ class DecoderOnlyHook(PatchingHook):
             sequences = call.input_ids
         elif call.assisted:
             # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
-            assert kv_len is not None
+            if kv_len is None:  # assisted decoding on a model without attention keys is refused before this
+                raise InconsistentStateError("an assisted call's cache holds no keys to store")
             batch_rows.trim(cache, kv_len, range(len(rows)))
         # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
         keys = pipeline.sequence_keys(call.rows[0].key, sequences, cache.exact_length())
