@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, drop_cached_rows, merge_items, set_or_drop
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -157,12 +157,7 @@ class Gemma4Media(MediaAdapter):
 
     # ------------------------------------------------------------------- resume
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
-        k = layout.num_cached("image", cached_len)
-        if kwargs.get("pixel_values") is not None:
-            keep = k < kwargs["pixel_values"].shape[0]
-            for name in ("pixel_values", "image_position_ids"):
-                if kwargs.get(name) is not None:
-                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, ("pixel_values", "image_position_ids"), layout.num_cached("image", cached_len))
         k = layout.num_cached("video", cached_len)
         per_video = kwargs.get("num_frames_per_video")
         if kwargs.get("pixel_values_videos") is not None and per_video is not None:
@@ -172,12 +167,7 @@ class Gemma4Media(MediaAdapter):
                 if kwargs.get(name) is not None:
                     set_or_drop(kwargs, name, kwargs[name][skip:], keep)
             set_or_drop(kwargs, "num_frames_per_video", per_video[k:], keep)
-        k = layout.num_cached("audio", cached_len)
-        if kwargs.get("input_features") is not None:
-            keep = k < kwargs["input_features"].shape[0]
-            for name in ("input_features", "input_features_mask"):
-                if kwargs.get(name) is not None:
-                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, ("input_features", "input_features_mask"), layout.num_cached("audio", cached_len))
 
 
 class Gemma4UnifiedMedia(Gemma4Media):

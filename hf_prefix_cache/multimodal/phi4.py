@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, drop_cached_rows, merge_items
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -118,23 +118,13 @@ class Phi4MultimodalMedia(MediaAdapter):
         pixels = kwargs.get("image_pixel_values")
         num_images = pixels.shape[0] if isinstance(pixels, torch.Tensor) else 0
         k_images = layout.num_cached("image", cached_len)
-        clips = kwargs.get("audio_input_features")
-        if clips is not None:
-            k = layout.num_cached("audio", cached_len)
-            keep = k < clips.shape[0]
-            for name in _AUDIO:
-                if kwargs.get(name) is not None:
-                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, _AUDIO, layout.num_cached("audio", cached_len))
         if pixels is None:
             return
         clips_left = kwargs.get("audio_input_features") is not None
         # A suffix with clips but no image still needs an image for the clips' "vision" projection: keep the
         # last cached one (the suffix has no image placeholder, so the model encodes none of it).
-        k = min(k_images, num_images - 1) if clips_left else k_images
-        keep = k < num_images
-        for name in _IMAGE:
-            if kwargs.get(name) is not None:
-                set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, _IMAGE, min(k_images, num_images - 1) if clips_left else k_images)
 
 
 def _unpadded(features: torch.Tensor, size: torch.Tensor, mask: Any, i: int) -> int | None:
