@@ -266,6 +266,19 @@ def with_items(layout: MediaLayout | None, items: Sequence[MediaItem] | None) ->
     return merge_items(layout.items, items)
 
 
+def untensored_items(runs: Sequence[tuple[int, int]], data: Any, *companions: Any) -> list[MediaItem] | None:
+    """A kind's items where its `data` kwarg is no tensor: none where neither it, its `companions` nor a
+    placeholder run of the kind is in the prompt; else None (placeholders and media disagree: the call runs cold).
+
+    Raises:
+        UnhashableMediaError: `data` is of a type hashing cannot take (the error names the type).
+    """
+    if data is None:
+        return None if runs or any(companion is not None for companion in companions) else []
+    hash_media(data)  # raises UnhashableMediaError naming the type; a hashable non-tensor is still not read
+    return None
+
+
 def one_per_run(runs: Sequence[tuple[int, int]], num_items: int) -> list[tuple[int, int]] | None:
     return list(runs) if len(runs) == num_items else None
 

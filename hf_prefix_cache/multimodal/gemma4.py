@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, drop_cached_rows, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import (
+    MediaAdapter,
+    config_token_id,
+    drop_cached_rows,
+    merge_items,
+    set_or_drop,
+    untensored_items,
+)
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -100,11 +107,9 @@ class Gemma4Media(MediaAdapter):
         """One item per image, or per video (its frames' runs), each frame exactly one placeholder run."""
         runs = self._kind_runs(tokens, kind)
         data, positions = kwargs.get(data_name), kwargs.get(positions_name)
-        if data is None and positions is None:
-            return None if runs else []
-        if not isinstance(data, torch.Tensor) or not isinstance(positions, torch.Tensor):
-            if data is not None and not isinstance(data, torch.Tensor):
-                hash_media(data)  # raises UnhashableMediaError naming the type
+        if not isinstance(data, torch.Tensor):
+            return untensored_items(runs, data, positions)
+        if not isinstance(positions, torch.Tensor):
             return None
         counts = self._frame_counts(positions)
         if counts is None or data.dim() != 3 or tuple(data.shape[:2]) != tuple(positions.shape[:2]):
@@ -133,11 +138,9 @@ class Gemma4Media(MediaAdapter):
         """One item per clip: its mel row and mask row, as many placeholders as two stride-2 subsamplings leave."""
         runs = self._kind_runs(tokens, "audio")
         features, mask = kwargs.get("input_features"), kwargs.get("input_features_mask")
-        if features is None and mask is None:
-            return None if runs else []
-        if not isinstance(features, torch.Tensor) or not isinstance(mask, torch.Tensor):
-            if features is not None and not isinstance(features, torch.Tensor):
-                hash_media(features)
+        if not isinstance(features, torch.Tensor):
+            return untensored_items(runs, features, mask)
+        if not isinstance(mask, torch.Tensor):
             return None
         if mask.dim() != 2 or features.dim() != 3 or tuple(features.shape[:2]) != tuple(mask.shape):
             return None
