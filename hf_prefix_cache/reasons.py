@@ -77,23 +77,23 @@ STATIC_WINDOW = "static_window"
 # prefix reaches past that column (another row brings less, or nothing, before it) reuses only up to it
 # (reduced reuse).
 BATCH_LAYOUT = "batch_layout"
-BATCH_SIZE = "batch_size"
-PADDING = "padding"
-ATTENTION_MASK_SHAPE = "attention_mask_shape"
-EXPLICIT_POSITION_IDS = "explicit_position_ids"
-ENCODER_OUTPUTS = "encoder_outputs"
+BATCH_SIZE = "batch_size"  # a batch of rows where the family restores one row only
+PADDING = "padding"  # a padded row (zeros in its attention mask) where the family keys unpadded rows only
+ATTENTION_MASK_SHAPE = "attention_mask_shape"  # an attention mask that is not the shape of its ids
+EXPLICIT_POSITION_IDS = "explicit_position_ids"  # `position_ids` passed, which a key of token ids does not cover
+ENCODER_OUTPUTS = "encoder_outputs"  # `encoder_outputs` passed where the family keys the encoder's input
 MODEL_KWARG = "model_kwarg"  # + ":" + the kwarg
 ENCODER_KWARG = "encoder_kwarg"  # + ":" + the kwarg
 DECODER_KWARG = "decoder_kwarg"  # + ":" + the kwarg
-ASSISTED_DECODING = "assisted_decoding"
-CUSTOM_GENERATE = "custom_generate"
-NEGATIVE_PROMPT = "negative_prompt"
-BEAM_SEARCH = "beam_search"
-NUM_RETURN_SEQUENCES = "num_return_sequences"
-USE_CACHE_FALSE = "use_cache_false"
+ASSISTED_DECODING = "assisted_decoding"  # an assistant model, where the hook serves no assisted decoding
+CUSTOM_GENERATE = "custom_generate"  # a hub `custom_generate` loop, which need not continue a cache prefix
+NEGATIVE_PROMPT = "negative_prompt"  # `negative_prompt_ids`: a second prompt, which no key covers
+BEAM_SEARCH = "beam_search"  # `num_beams > 1` where the hook does not expand a restored row
+NUM_RETURN_SEQUENCES = "num_return_sequences"  # `num_return_sequences > 1`, likewise
+USE_CACHE_FALSE = "use_cache_false"  # `use_cache=False`: no cache to restore into
 CACHE_IMPLEMENTATION = "cache_implementation"  # + ":" + the implementation
-OUTPUT_ATTENTIONS = "output_attentions"
-OUTPUT_HIDDEN_STATES = "output_hidden_states"
+OUTPUT_ATTENTIONS = "output_attentions"  # attentions asked for: a hit skips the positions (or encoder) they cover
+OUTPUT_HIDDEN_STATES = "output_hidden_states"  # hidden states asked for, likewise
 # Whisper's own settings
 RETURN_TIMESTAMPS = "return_timestamps"
 RETURN_TOKEN_TIMESTAMPS = "return_token_timestamps"

@@ -126,14 +126,14 @@ class NamespaceSummary:
     """What one namespace folder of a disk tier holds."""
 
     namespace: str
-    files: int = 0
-    nbytes: int = 0
-    tokens: int = 0
-    longest: int = 0
-    media_tokens: int = 0
-    snapshots: int = 0
-    item_states: int = 0
-    unreadable: list[str] = field(default_factory=list)
+    files: int = 0  # readable entry files
+    nbytes: int = 0  # their size on disk
+    tokens: int = 0  # the positions they hold (each file its span `[lo, hi)` of a sequence)
+    longest: int = 0  # the longest stored prefix: the furthest end of a span
+    media_tokens: int = 0  # held positions that are media placeholders
+    snapshots: int = 0  # state snapshots (of the layers that keep a state)
+    item_states: int = 0  # media items' states (cross-attention layers)
+    unreadable: list[str] = field(default_factory=list)  # files that could not be read, each with its error
 
 
 def inspect_dir(root: Path) -> list[NamespaceSummary]:

@@ -12,6 +12,18 @@ DEFAULT_MODEL = "smollm2"
 TINY_VLM = "tiny-vlm"
 TINY_AUDIO = "tiny-audio"
 
+#: What the page says of each tiny random-weight engine (`frontends.tiny_vlm` builds them).
+_TINY_NOTES = {
+    TINY_VLM: (
+        "A tiny LLaVA with **random weights** and a real processor: its answers are noise. "
+        "Upload images and watch the cache panel: a stored image is reused, not encoded again."
+    ),
+    TINY_AUDIO: (
+        "A tiny Qwen2-Audio with **random weights** and a real processor: its answers are noise. "
+        "Upload WAV clips (their first second is used) and watch the cache panel: a stored clip is reused."
+    ),
+}
+
 
 def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[ChatEngine, str]:
     """The engine for `model` and a note for the page.
@@ -27,24 +39,11 @@ def load_engine(model: str = DEFAULT_MODEL, max_new_tokens: int = 64) -> tuple[C
 
         lm, tokenizer = load_smollm2()
         return ChatEngine(lm, tokenizer, max_new_tokens=max_new_tokens), "SmolLM2-135M-Instruct (text only)."
-    if model == TINY_VLM:
-        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_vlm
+    if model in _TINY_NOTES:
+        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_audio_lm, load_tiny_vlm
 
-        vlm, processor = load_tiny_vlm()
-        note = (
-            "A tiny LLaVA with **random weights** and a real processor: its answers are noise. "
-            "Upload images and watch the cache panel: a stored image is reused, not encoded again."
-        )
-        return ChatEngine(vlm, processor, max_new_tokens=max_new_tokens), note
-    if model == TINY_AUDIO:
-        from hf_prefix_cache.frontends.tiny_vlm import load_tiny_audio_lm
-
-        alm, processor = load_tiny_audio_lm()
-        note = (
-            "A tiny Qwen2-Audio with **random weights** and a real processor: its answers are noise. "
-            "Upload WAV clips (their first second is used) and watch the cache panel: a stored clip is reused."
-        )
-        return ChatEngine(alm, processor, max_new_tokens=max_new_tokens), note
+        tiny, processor = load_tiny_vlm() if model == TINY_VLM else load_tiny_audio_lm()
+        return ChatEngine(tiny, processor, max_new_tokens=max_new_tokens), _TINY_NOTES[model]
     return _engine_for_path(model, max_new_tokens), f"{model}."
 
 

@@ -259,6 +259,26 @@ def merge_items(*groups: Sequence[MediaItem]) -> MediaLayout | None:
     return MediaLayout(tuple(items))
 
 
+def with_items(layout: MediaLayout | None, items: Sequence[MediaItem] | None) -> MediaLayout | None:
+    """`layout` joined by `items` laid out apart from it, in prompt order; None when either is None or two overlap."""
+    if layout is None or items is None:
+        return None
+    return merge_items(layout.items, items)
+
+
+def untensored_items(runs: Sequence[tuple[int, int]], data: Any, *companions: Any) -> list[MediaItem] | None:
+    """A kind's items where its `data` kwarg is no tensor: none where neither it, its `companions` nor a
+    placeholder run of the kind is in the prompt; else None (placeholders and media disagree: the call runs cold).
+
+    Raises:
+        UnhashableMediaError: `data` is of a type hashing cannot take (the error names the type).
+    """
+    if data is None:
+        return None if runs or any(companion is not None for companion in companions) else []
+    hash_media(data)  # raises UnhashableMediaError naming the type; a hashable non-tensor is still not read
+    return None
+
+
 def one_per_run(runs: Sequence[tuple[int, int]], num_items: int) -> list[tuple[int, int]] | None:
     return list(runs) if len(runs) == num_items else None
 
@@ -276,3 +296,19 @@ def set_or_drop(kwargs: dict[str, Any], name: str, value: Any, keep: bool) -> No
         kwargs[name] = value
     else:
         kwargs.pop(name, None)
+
+
+def drop_cached_rows(kwargs: dict[str, Any], names: Sequence[str], num_cached: int, axis: int = 0) -> None:
+    """Keep in `kwargs` (in place) only the rows past the first `num_cached` of each of `names`, along `axis`.
+
+    The first name holds one row per item: absent, nothing changes; with no item left, every one of
+    `names` is dropped (the suffix passes none of the kind). Names absent from `kwargs` stay absent.
+    """
+    lead = kwargs.get(names[0])
+    if lead is None:
+        return
+    keep = num_cached < lead.shape[axis]
+    rest: Any = (slice(None),) * axis + (slice(num_cached, None),) if axis else slice(num_cached, None)
+    for name in names:
+        if kwargs.get(name) is not None:
+            set_or_drop(kwargs, name, kwargs[name][rest], keep)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, drop_cached_rows
 from hf_prefix_cache.multimodal.media import MediaLayout
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -50,13 +50,7 @@ class Emu3Media(MediaAdapter):
         return [("image", token_id, [(pixels[i], sizes[i]) for i in range(pixels.shape[0])], counts)]
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
-        pixels, sizes = kwargs.get("pixel_values"), kwargs.get("image_sizes")
-        if pixels is None or sizes is None:
-            return
-        k = layout.num_cached("image", cached_len)
-        keep = k < pixels.shape[0]
-        set_or_drop(kwargs, "pixel_values", pixels[k:], keep)
-        set_or_drop(kwargs, "image_sizes", sizes[k:], keep)
+        drop_cached_rows(kwargs, ("pixel_values", "image_sizes"), layout.num_cached("image", cached_len))
 
 
 register(MediaFamily(("emu3",), Emu3Media))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.multimodal.base import KindItems, config_token_id, hashed_parts
+from hf_prefix_cache.multimodal.base import config_token_id
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -39,18 +39,12 @@ class Ernie4_5VLMedia(Qwen2VLMedia):
     def _temporal_merge(self) -> int:
         return int(self.config.vision_config.temporal_merge_size)
 
-    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
-        out: list[KindItems] = []
-        for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
-            if kind == "video" and lengths is not None:
-                merge = self._temporal_merge()
-                if any(int(grid[0]) % merge for _, grid, *_ in map(hashed_parts, parts)):
-                    # The resampler merges a video's frames in pairs; the processor never sends an odd count.
-                    out.append((kind, None, [], None))
-                    continue
-                lengths = [n // merge for n in lengths]
-            out.append((kind, token_id, parts, lengths))
-        return out
+    def _item_len(self, kind: str, grid: list[int], merged: int) -> int | None:
+        if kind != "video":
+            return merged
+        merge = self._temporal_merge()
+        # The resampler merges a video's frames in pairs; the processor never sends an odd count.
+        return merged // merge if grid[0] % merge == 0 else None
 
     def expert_marks(self, input_ids: torch.Tensor) -> torch.Tensor:
         """What the processor puts in `moe_mm_token_type_ids` for `input_ids`."""

@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import (
+    MediaAdapter,
+    config_token_id,
+    drop_cached_rows,
+    merge_items,
+    set_or_drop,
+    untensored_items,
+)
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -100,11 +107,9 @@ class Gemma4Media(MediaAdapter):
         """One item per image, or per video (its frames' runs), each frame exactly one placeholder run."""
         runs = self._kind_runs(tokens, kind)
         data, positions = kwargs.get(data_name), kwargs.get(positions_name)
-        if data is None and positions is None:
-            return None if runs else []
-        if not isinstance(data, torch.Tensor) or not isinstance(positions, torch.Tensor):
-            if data is not None and not isinstance(data, torch.Tensor):
-                hash_media(data)  # raises UnhashableMediaError naming the type
+        if not isinstance(data, torch.Tensor):
+            return untensored_items(runs, data, positions)
+        if not isinstance(positions, torch.Tensor):
             return None
         counts = self._frame_counts(positions)
         if counts is None or data.dim() != 3 or tuple(data.shape[:2]) != tuple(positions.shape[:2]):
@@ -133,11 +138,9 @@ class Gemma4Media(MediaAdapter):
         """One item per clip: its mel row and mask row, as many placeholders as two stride-2 subsamplings leave."""
         runs = self._kind_runs(tokens, "audio")
         features, mask = kwargs.get("input_features"), kwargs.get("input_features_mask")
-        if features is None and mask is None:
-            return None if runs else []
-        if not isinstance(features, torch.Tensor) or not isinstance(mask, torch.Tensor):
-            if features is not None and not isinstance(features, torch.Tensor):
-                hash_media(features)
+        if not isinstance(features, torch.Tensor):
+            return untensored_items(runs, features, mask)
+        if not isinstance(mask, torch.Tensor):
             return None
         if mask.dim() != 2 or features.dim() != 3 or tuple(features.shape[:2]) != tuple(mask.shape):
             return None
@@ -157,12 +160,7 @@ class Gemma4Media(MediaAdapter):
 
     # ------------------------------------------------------------------- resume
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
-        k = layout.num_cached("image", cached_len)
-        if kwargs.get("pixel_values") is not None:
-            keep = k < kwargs["pixel_values"].shape[0]
-            for name in ("pixel_values", "image_position_ids"):
-                if kwargs.get(name) is not None:
-                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, ("pixel_values", "image_position_ids"), layout.num_cached("image", cached_len))
         k = layout.num_cached("video", cached_len)
         per_video = kwargs.get("num_frames_per_video")
         if kwargs.get("pixel_values_videos") is not None and per_video is not None:
@@ -172,12 +170,7 @@ class Gemma4Media(MediaAdapter):
                 if kwargs.get(name) is not None:
                     set_or_drop(kwargs, name, kwargs[name][skip:], keep)
             set_or_drop(kwargs, "num_frames_per_video", per_video[k:], keep)
-        k = layout.num_cached("audio", cached_len)
-        if kwargs.get("input_features") is not None:
-            keep = k < kwargs["input_features"].shape[0]
-            for name in ("input_features", "input_features_mask"):
-                if kwargs.get(name) is not None:
-                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, ("input_features", "input_features_mask"), layout.num_cached("audio", cached_len))
 
 
 class Gemma4UnifiedMedia(Gemma4Media):

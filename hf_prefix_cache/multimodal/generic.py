@@ -28,14 +28,7 @@ import torch
 
 from hf_prefix_cache import reasons
 from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
-from hf_prefix_cache.multimodal.generic_items import (
-    area_items,
-    conv_items,
-    equal_items,
-    grid_items,
-    packed_items,
-    thw_items,
-)
+from hf_prefix_cache.multimodal.generic_items import grid_items, kind_items
 from hf_prefix_cache.multimodal.generic_rules import FamilyRule, config_path
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout
 
@@ -110,16 +103,7 @@ class GenericMedia(MediaAdapter):
                 if kwargs.get(rule.data) is not None:
                     out.append((rule.kind, None, [], None))  # media the layout cannot count: the call runs cold
                 continue
-            if rule.count == "area":
-                out.append(area_items(self.config, rule, kwargs))
-            elif rule.count == "thw":
-                out.append(thw_items(self.config, rule, kwargs))
-            elif rule.count == "packed":
-                out.append(packed_items(self.config, rule, kwargs))
-            elif rule.count == "conv":
-                out.append(conv_items(self.config, rule, kwargs))
-            else:
-                out.append(equal_items(self.config, rule, tokens, kwargs))
+            out.append(kind_items(self.config, rule, tokens, kwargs))
         return out
 
     # ------------------------------------------------------------------- resume

@@ -1,7 +1,9 @@
 """How `GenericMedia` cuts a prompt's media kwargs into items: one function per placeholder layout.
 
-Each function reads one `KindRule` of a family (`generic_rules`) against a model's `config`
-and a call's kwargs, and returns the kind's items as `MediaAdapter._items` takes them
+`kind_items` reads what every layout shares (the kind's placeholder id, and no items where the
+call passes none) and hands the kind on to its layout's function. Each function reads one
+`KindRule` of a family (`generic_rules`) against a model's `config` and a call's kwargs, and
+returns the kind's items as `MediaAdapter._items` takes them
 (`KindItems`): the parts hashed for each item and its placeholder count, or no placeholder
 id where the kwargs do not fit the layout (the call then runs cold). ``"grid"`` items carry
 their own spans (`grid_items`). What is hashed is what the tower reads of an item: its row,
@@ -11,7 +13,7 @@ cropped to its valid size where the processor pads rows, plus that size.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,14 +24,28 @@ from hf_prefix_cache.multimodal.generic_rules import KindRule, config_path
 from hf_prefix_cache.multimodal.media import MediaItem, find_runs, hash_media
 
 
-def equal_items(config: Any, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
-    """Every row of `rule.data` one item, all with the same number of placeholders."""
+def kind_items(config: Any, rule: KindRule, tokens: Sequence[int], kwargs: dict[str, Any]) -> KindItems:
+    """One kind's items, by its `rule.count` layout (any but ``"grid"``, whose items carry their own spans).
+
+    No items where neither its data kwarg nor its sizes kwarg is passed; data that is no tensor
+    is passed on as the one item, for hashing to name its type (`UnhashableMediaError`).
+    """
     token_id = config_token_id(config, *rule.token_id)
     data = kwargs.get(rule.data)
-    if data is None:
+    # The layouts that read a sizes kwarg with the data go on with sizes alone, and find them unusable.
+    sizes = kwargs.get(rule.sizes or "") if rule.count in ("thw", "packed") else None
+    if data is None and sizes is None:
         return (rule.kind, token_id, [], [])
-    if not isinstance(data, torch.Tensor):
+    if data is not None and not isinstance(data, torch.Tensor):
         return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+    return _LAYOUTS[rule.count](config, rule, token_id, tokens, kwargs)
+
+
+def equal_items(
+    config: Any, rule: KindRule, token_id: int | None, tokens: Sequence[int], kwargs: dict[str, Any]
+) -> KindItems:
+    """Every row of `rule.data` one item, all with the same number of placeholders."""
+    data = kwargs[rule.data]
     if rule.item_axis == 1:
         # One prompt's items side by side: `[1, items, ...]`.
         rows = [(data[0, i],) for i in range(data.shape[1])] if data.dim() >= 2 and data.shape[0] == 1 else None
@@ -41,14 +57,11 @@ def equal_items(config: Any, rule: KindRule, tokens: Sequence[int], kwargs: dict
     return (rule.kind, token_id, rows, [total // len(rows)] * len(rows))
 
 
-def area_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+def area_items(
+    config: Any, rule: KindRule, token_id: int | None, tokens: Sequence[int], kwargs: dict[str, Any]
+) -> KindItems:
     """Every row of `rule.data` one item of ``(h // s) * (w // s)`` placeholders, for valid ``h x w`` patches."""
-    token_id = config_token_id(config, *rule.token_id)
-    data = kwargs.get(rule.data)
-    if data is None:
-        return (rule.kind, token_id, [], [])
-    if not isinstance(data, torch.Tensor):
-        return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+    data = kwargs[rule.data]
     rows, stride = _rows(config, rule, data, kwargs), _product(config, rule.stride)
     if rows is None or stride is None or rule.sizes is None:
         return (rule.kind, None, [], None)
@@ -60,14 +73,11 @@ def area_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems
     return (rule.kind, token_id, rows, counts)
 
 
-def thw_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+def thw_items(
+    config: Any, rule: KindRule, token_id: int | None, tokens: Sequence[int], kwargs: dict[str, Any]
+) -> KindItems:
     """Every ``(t, h, w)`` row of the grid kwarg one item: its ``t * h * w`` rows of `rule.data`, its grid row."""
-    token_id = config_token_id(config, *rule.token_id)
     data, grid = kwargs.get(rule.data), kwargs.get(rule.sizes or "")
-    if data is None and grid is None:
-        return (rule.kind, token_id, [], [])
-    if data is not None and not isinstance(data, torch.Tensor):
-        return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
     if not isinstance(data, torch.Tensor) or not isinstance(grid, torch.Tensor):
         return (rule.kind, None, [], None)
     if grid.dim() != 2 or grid.shape[-1] not in (2, 3) or grid.is_floating_point() or data.dim() < 1:
@@ -91,14 +101,11 @@ def thw_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
     return (rule.kind, token_id, parts, counts)
 
 
-def packed_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+def packed_items(
+    config: Any, rule: KindRule, token_id: int | None, tokens: Sequence[int], kwargs: dict[str, Any]
+) -> KindItems:
     """Every ``(h, w)`` row of the sizes kwarg one item: its ``h * w * p`` columns of the packed row, its size."""
-    token_id = config_token_id(config, *rule.token_id)
     data, sizes = kwargs.get(rule.data), kwargs.get(rule.sizes or "")
-    if data is None and sizes is None:
-        return (rule.kind, token_id, [], [])
-    if data is not None and not isinstance(data, torch.Tensor):
-        return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
     patch, merge = _product(config, rule.patch), _product(config, rule.stride)
     if not isinstance(data, torch.Tensor) or not isinstance(sizes, torch.Tensor) or patch is None or merge is None:
         return (rule.kind, None, [], None)
@@ -115,14 +122,11 @@ def packed_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindIte
     return (rule.kind, token_id, parts, [a // merge for a in areas])
 
 
-def conv_items(config: Any, rule: KindRule, kwargs: dict[str, Any]) -> KindItems:
+def conv_items(
+    config: Any, rule: KindRule, token_id: int | None, tokens: Sequence[int], kwargs: dict[str, Any]
+) -> KindItems:
     """Every row of `rule.data` one item (hashed whole, with its mask row), its count from its valid frames."""
-    token_id = config_token_id(config, *rule.token_id)
-    data, mask = kwargs.get(rule.data), kwargs.get(rule.mask or "")
-    if data is None:
-        return (rule.kind, token_id, [], [])
-    if not isinstance(data, torch.Tensor):
-        return (rule.kind, token_id, [(data,)], None)  # let hashing name its type
+    data, mask = kwargs[rule.data], kwargs.get(rule.mask or "")
     if not isinstance(mask, torch.Tensor) or data.dim() < 2 or mask.dim() != 2:
         return (rule.kind, None, [], None)
     if mask.shape[0] != data.shape[0] or mask.is_floating_point() or mask.is_complex():
@@ -198,6 +202,16 @@ def chunked_items(
     if any(c <= 0 for c in counts):
         return (rule.kind, None, [], None)
     return (rule.kind, token_id, parts, counts)
+
+
+#: Each layout's items, as `kind_items` hands a kind on to it (its data a tensor, or absent beside its sizes).
+_LAYOUTS: dict[str, Callable[[Any, KindRule, int | None, Sequence[int], dict[str, Any]], KindItems]] = {
+    "equal": equal_items,
+    "area": area_items,
+    "thw": thw_items,
+    "packed": packed_items,
+    "conv": conv_items,
+}
 
 
 def _through(n: int, steps: Sequence[tuple[int, int, int]]) -> int:

@@ -149,6 +149,21 @@ class FamilyRule:
         return all(config_path(config, path) == value for path, value in self.requires)
 
 
+# The kinds the table's rows start from, each adjusted per family with `dataclasses.replace`.
+#: An image per `pixel_values` row, a fixed number of placeholders each.
+IMAGE_ROWS = KindRule("image", IMAGE_TOKEN_ID, "pixel_values")
+#: A video per `pixel_values_videos` row (all its frames), a fixed number of placeholders each.
+VIDEO_ROWS = KindRule("video", VIDEO_TOKEN_ID, "pixel_values_videos")
+#: Images as Qwen-VL-style grids of flattened patch rows (their merge set per family).
+THW_IMAGE = KindRule("image", IMAGE_TOKEN_ID, "pixel_values", count="thw", sizes="image_grid_thw")
+#: Videos as Qwen-VL-style grids of flattened patch rows (their merge set per family).
+THW_VIDEO = KindRule("video", VIDEO_TOKEN_ID, "pixel_values_videos", count="thw", sizes="video_grid_thw")
+#: Audio clips as rows of mel frames padded to one length, `input_features_mask` their valid frames.
+CONV_AUDIO = KindRule("audio", ("audio_token_id",), "input_features", count="conv", mask="input_features_mask")
+#: Audio clips as rows of raw samples padded to one length, `padding_mask` their valid samples.
+SAMPLE_AUDIO = KindRule("audio", ("audio_token_id",), "input_values", count="conv", mask="padding_mask")
+
+
 def config_path(config: Any, path: str) -> Any:
     """The value at a dotted attribute `path` of `config` (``"vision_config.patch_size"``), or None."""
     value = config

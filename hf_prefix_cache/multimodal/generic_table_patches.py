@@ -10,91 +10,52 @@ families take other kinds as whole rows as well (Nemotron-H Omni's audio clips).
 
 from __future__ import annotations
 
-from hf_prefix_cache.multimodal.generic_rules import IMAGE_TOKEN_ID, VIDEO_TOKEN_ID, FamilyRule, KindRule
+from dataclasses import replace
+
+from hf_prefix_cache.multimodal.generic_rules import (
+    CONV_AUDIO,
+    IMAGE_ROWS,
+    SAMPLE_AUDIO,
+    THW_IMAGE,
+    THW_VIDEO,
+    FamilyRule,
+    KindRule,
+)
+
+
+def _grids(stride: tuple[str, ...], pooled_time: bool = False) -> tuple[KindRule, KindRule]:
+    """Images and videos as Qwen-VL-style grids of flattened patch rows, both merged by `stride` (`KindRule`'s)."""
+    image, video = (replace(kind, stride=stride, pooled_time=pooled_time) for kind in (THW_IMAGE, THW_VIDEO))
+    return image, video
+
+
+#: Images and videos merged by the vision tower's spatial merge size.
+_GRID_KINDS = _grids(stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"))
+#: Muse Glimmer's (and Muse Spark's) images and videos: a `merge_size` pixel shuffle.
+_MUSE_VISION = _grids(stride=("vision_config.merge_size",) * 2)
 
 #: Families whose items are spans of flattened patch rows, keyed as in `generic_table.GENERIC_FAMILIES`.
-#: Images and videos as Qwen-VL-style grids of flattened patch rows, merged by the vision tower's spatial merge size.
-_GRID_KINDS = (
-    KindRule(
-        "image",
-        IMAGE_TOKEN_ID,
-        "pixel_values",
-        count="thw",
-        sizes="image_grid_thw",
-        stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-    ),
-    KindRule(
-        "video",
-        VIDEO_TOKEN_ID,
-        "pixel_values_videos",
-        count="thw",
-        sizes="video_grid_thw",
-        stride=("vision_config.spatial_merge_size", "vision_config.spatial_merge_size"),
-    ),
-)
-
-#: Muse Glimmer's (and Muse Spark's) images and videos: grids of flattened patch rows, a `merge_size` pixel shuffle.
-_MUSE_VISION = tuple(
-    KindRule(kind, token_id, data, count="thw", sizes=sizes, stride=("vision_config.merge_size",) * 2)
-    for kind, token_id, data, sizes in (
-        ("image", IMAGE_TOKEN_ID, "pixel_values", "image_grid_thw"),
-        ("video", VIDEO_TOKEN_ID, "pixel_values_videos", "video_grid_thw"),
-    )
-)
-
 PATCH_FAMILIES: dict[str, FamilyRule] = {
     # Kimi-K2.5: a MoonViT-style tower on flattened patch rows, attention within each item; a 2x2 merge
     # kernel, a video chunk's frames averaged into one frame's placeholders (each chunk its own run).
-    "kimi_k25": FamilyRule(
-        kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
-                count="thw",
-                sizes="image_grid_thw",
-                stride=("vision_config.merge_kernel_size",),
-                pooled_time=True,
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                stride=("vision_config.merge_kernel_size",),
-                pooled_time=True,
-            ),
-        ),
-    ),
+    "kimi_k25": FamilyRule(kinds=_grids(("vision_config.merge_kernel_size",), pooled_time=True)),
     # EXAONE 4.5: a Qwen2.5-VL-style tower (windows within each item) on flattened patch rows, 2x2 merge,
     # 1D positions (no M-RoPE); a video is one placeholder run of all its frames.
-    "exaone4_5": FamilyRule(
-        kinds=_GRID_KINDS,
-    ),
+    "exaone4_5": FamilyRule(kinds=_GRID_KINDS),
     # LLaVA-OneVision-1.5 (transformers 5.25): a RICE-ViT tower on flattened patch rows, attention within each frame
     # (a class token prepended to each), 2x2 merge; 1D positions; a video is one run of all its frames.
-    "llava_onevision1_5": FamilyRule(
-        kinds=_GRID_KINDS,
-    ),
+    "llava_onevision1_5": FamilyRule(kinds=_GRID_KINDS),
     # HyperCLOVA X Vision V2: a Qwen2.5-VL tower (windows within each item) on flattened patch rows, 2x2 merge;
     # 1D positions (its generate drops position ids, its text model counts them); a video is one run of all its frames.
-    "hyperclovax_vision_v2": FamilyRule(
-        kinds=_GRID_KINDS,
-    ),
+    "hyperclovax_vision_v2": FamilyRule(kinds=_GRID_KINDS),
     # Muse Glimmer: a windowed tower (windows and attention within each item) on flattened patch rows, a 2x2
     # pixel shuffle (`merge_size`); 1D positions; videos go through the image tower.
     "muse_glimmer": FamilyRule(kinds=_MUSE_VISION),
     # MiniMax-M3-VL: a CLIP-like tower on flattened Conv3d patch rows, attention within each item; 2x2 merge.
-    "minimax_m3_vl": FamilyRule(
-        kinds=_GRID_KINDS,
-    ),
+    "minimax_m3_vl": FamilyRule(kinds=_GRID_KINDS),
     # LFM3-VL: a conv + attention tower on flattened patch rows, attention within each item; 2x2 merge. Its
     # LFM3 text layers hold conv states, so the hook prefills media prompts itself (suffix embeddings).
-    "lfm3_vl": FamilyRule(
-        kinds=_GRID_KINDS,
-        embeds_suffix=True,
-    ),
+    "lfm3_vl": FamilyRule(kinds=_GRID_KINDS, embeds_suffix=True),
     # MiniCPM-o OCR: a NaViT tower (attention within each image) on one packed row of all images' patches,
     # `target_sizes` each image's patch grid, a 2x2 merger: its "4x" mode, the default. In "16x" mode a window
     # merger inside the tower makes an image's features depend on the images packed before it (MiniCPM-V
@@ -104,10 +65,8 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     # such calls run cold (`media_inputs:pixel_values_videos`).
     "minicpm_ocr": FamilyRule(
         kinds=(
-            KindRule(
-                "image",
-                IMAGE_TOKEN_ID,
-                "pixel_values",
+            replace(
+                IMAGE_ROWS,
                 count="packed",
                 sizes="target_sizes",
                 stride=("merge_kernel_size",),
@@ -127,13 +86,9 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     # EVS pruning by content) are not served: such calls run cold (`media_inputs:pixel_values_videos`).
     "nemotron_h_omni": FamilyRule(
         kinds=(
-            KindRule("image", ("image_token_id",), "pixel_values", count="thw", sizes="image_grid_hw", merge_area=4),
-            KindRule(
-                "audio",
-                ("audio_token_id",),
-                "input_features",
-                count="conv",
-                mask="input_features_mask",
+            replace(THW_IMAGE, token_id=("image_token_id",), sizes="image_grid_hw", merge_area=4),
+            replace(
+                CONV_AUDIO,
                 convs=((1, 3, 2),) * 3,
                 frames_axis=1,
                 frames_offset=1,
@@ -152,17 +107,8 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     # are not this pattern: such calls run cold on `media_inputs:video_compression_mask`.
     "video_llama_3": FamilyRule(
         kinds=(
-            KindRule(
-                "image", IMAGE_TOKEN_ID, "pixel_values", count="thw", sizes="image_grid_thw", merges="image_merge_sizes"
-            ),
-            KindRule(
-                "video",
-                VIDEO_TOKEN_ID,
-                "pixel_values_videos",
-                count="thw",
-                sizes="video_grid_thw",
-                merges="video_merge_sizes",
-            ),
+            replace(THW_IMAGE, merges="image_merge_sizes"),
+            replace(THW_VIDEO, merges="video_merge_sizes"),
         ),
     ),
     # Muse Spark: Muse Glimmer's vision (a windowed tower on flattened patch rows, attention within each item,
@@ -172,14 +118,7 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     "muse_spark": FamilyRule(
         kinds=(
             *_MUSE_VISION,
-            KindRule(
-                "audio",
-                ("audio_token_id",),
-                "input_values",
-                count="conv",
-                mask="input_values_mask",
-                hop=("audio_config.patch_sizes",),
-            ),
+            replace(SAMPLE_AUDIO, mask="input_values_mask", hop=("audio_config.patch_sizes",)),
         ),
     ),
     # Inkling 2 and Inkling 2 Loop: a ViT per image (a class token in front, attention within the image) on one
@@ -187,11 +126,7 @@ PATCH_FAMILIES: dict[str, FamilyRule] = {
     # hybrid text layers hold conv states, so the hook prefills media prompts itself (suffix embeddings).
     **{
         model_type: FamilyRule(
-            kinds=(
-                KindRule(
-                    "image", ("image_token_id",), "pixel_values", count="thw", sizes="image_grid_thw", merge_area=1
-                ),
-            ),
+            kinds=(replace(THW_IMAGE, token_id=("image_token_id",), merge_area=1),),
             embeds_suffix=True,
         )
         for model_type in ("inkling2", "inkling2_loop")

@@ -13,12 +13,10 @@ the whole prompt are always passed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, hashed_parts
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -30,18 +28,12 @@ class HunYuanVLMedia(Qwen2VLMedia):
     marks = ((("image_token_id",), 1),)
     _KINDS = (("image", "image_token_id", "pixel_values", "image_grid_thw"),)
 
-    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
-        out: list[KindItems] = []
-        merge = int(self.config.vision_config.spatial_merge_size)
-        for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
-            if lengths is not None and parts:
-                grids = [hashed_parts(part)[1].tolist() for part in parts]
-                if any(t != 1 or h % merge or w % merge for t, h, w in grids):
-                    out.append((kind, None, [], None))  # the merger takes one frame of whole merge windows
-                    continue
-                lengths = [(h // merge) * (w // merge + 1) + 2 for _, h, w in grids]
-            out.append((kind, token_id, parts, lengths))
-        return out
+    def _item_len(self, kind: str, grid: list[int], merged: int) -> int | None:
+        windows = self._merged_grid(grid)
+        if windows is None or windows[0] != 1:
+            return None  # the merger takes one frame of whole merge windows
+        _, rows, cols = windows
+        return rows * (cols + 1) + 2
 
     def positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         """Explicit `[axes, 1, L]` positions of the whole prompt, never reading `rope_deltas` left on the model."""

@@ -10,10 +10,6 @@ Qwen2-VL's adapter does; its own path after a restored prefix adds `rope_deltas`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from hf_prefix_cache.multimodal.base import KindItems, hashed_parts
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -21,18 +17,9 @@ from hf_prefix_cache.multimodal.registry import MediaFamily, register
 class HYV4VLMedia(Qwen2VLMedia):
     """HY V4 VL: Qwen2-VL's items, each ``t * (h/m) * (w/m + 1)`` placeholders (a newline per merged row)."""
 
-    def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
-        out: list[KindItems] = []
-        merge = int(self.config.vision_config.spatial_merge_size)
-        for kind, token_id, parts, lengths in super()._items(tokens, kwargs):
-            if lengths is not None and parts:
-                grids = [hashed_parts(part)[1].tolist() for part in parts]
-                if any(h % merge or w % merge for _, h, w in grids):
-                    out.append((kind, None, [], None))  # the merger takes whole merge windows
-                    continue
-                lengths = [t * (h // merge) * (w // merge + 1) for t, h, w in grids]
-            out.append((kind, token_id, parts, lengths))
-        return out
+    def _item_len(self, kind: str, grid: list[int], merged: int) -> int | None:
+        windows = self._merged_grid(grid)  # None: the merger takes whole merge windows
+        return None if windows is None else windows[0] * windows[1] * (windows[2] + 1)
 
 
 register(MediaFamily(("hy_v4_vl",), HYV4VLMedia))

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, drop_cached_rows
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -64,13 +64,7 @@ class MllamaMedia(MediaAdapter):
         return [("image", token_id, parts, [1] * num)]
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
-        pixels = kwargs.get("pixel_values")
-        if pixels is None:
-            return
-        k = layout.num_cached("image", cached_len)
-        keep = k < pixels.shape[1]
-        for name in _PER_IMAGE:
-            set_or_drop(kwargs, name, kwargs[name][:, k:], keep)
+        drop_cached_rows(kwargs, _PER_IMAGE, layout.num_cached("image", cached_len), axis=1)
 
     def why_cold(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> str | None:
         reason = super().why_cold(tokens, kwargs)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, drop_cached_rows
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -72,13 +72,7 @@ class MossTranscribeDiarizeMedia(MediaAdapter):
         return MediaLayout(tuple(items))
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
-        features = kwargs.get("input_features")
-        if features is None:
-            return
-        k = layout.num_cached("audio", cached_len)
-        keep = k < features.shape[0]
-        set_or_drop(kwargs, "input_features", features[k:], keep)
-        set_or_drop(kwargs, "input_features_mask", kwargs["input_features_mask"][k:], keep)
+        drop_cached_rows(kwargs, ("input_features", "input_features_mask"), layout.num_cached("audio", cached_len))
 
 
 register(MediaFamily(("moss_transcribe_diarize",), MossTranscribeDiarizeMedia))

@@ -30,7 +30,13 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import (
+    MediaAdapter,
+    config_token_id,
+    drop_cached_rows,
+    merge_items,
+    untensored_items,
+)
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, find_runs, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -60,15 +66,16 @@ class Phi4MultimodalMedia(MediaAdapter):
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[Any]:
         raise AssertionError("Phi4MultimodalMedia lays out its items in `layout`")
 
+    def _kind_runs(self, tokens: Sequence[int], sub: str) -> list[tuple[int, int]]:
+        """The placeholder runs of the kind whose tower's config is `sub`."""
+        token_id = self._token_id(sub)
+        return find_runs(tokens, token_id) if token_id is not None else []
+
     def _images(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
-        token_id = self._token_id("vision_config")
-        runs = find_runs(tokens, token_id) if token_id is not None else []
+        runs = self._kind_runs(tokens, "vision_config")
         pixels, sizes, mask = (kwargs.get(name) for name in _IMAGE)
-        if pixels is None:
-            return None if runs or sizes is not None or mask is not None else []
         if not isinstance(pixels, torch.Tensor):
-            hash_media(pixels)  # raises UnhashableMediaError naming the type
-            return None
+            return untensored_items(runs, pixels, sizes, mask)
         crop = getattr(getattr(self.config, "vision_config", None), "crop_size", None)
         if not isinstance(sizes, torch.Tensor) or not isinstance(crop, int) or pixels.dim() != 5:
             return None
@@ -88,14 +95,10 @@ class Phi4MultimodalMedia(MediaAdapter):
         return items
 
     def _clips(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
-        token_id = self._token_id("audio_config")
-        runs = find_runs(tokens, token_id) if token_id is not None else []
+        runs = self._kind_runs(tokens, "audio_config")
         features, sizes, mask = (kwargs.get(name) for name in _AUDIO)
-        if features is None:
-            return None if runs or sizes is not None or mask is not None else []
         if not isinstance(features, torch.Tensor):
-            hash_media(features)
-            return None
+            return untensored_items(runs, features, sizes, mask)
         if not isinstance(sizes, torch.Tensor) or features.dim() != 3 or tuple(sizes.shape) != (features.shape[0],):
             return None
         if mask is not None and (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(features.shape[:2])):
@@ -118,23 +121,13 @@ class Phi4MultimodalMedia(MediaAdapter):
         pixels = kwargs.get("image_pixel_values")
         num_images = pixels.shape[0] if isinstance(pixels, torch.Tensor) else 0
         k_images = layout.num_cached("image", cached_len)
-        clips = kwargs.get("audio_input_features")
-        if clips is not None:
-            k = layout.num_cached("audio", cached_len)
-            keep = k < clips.shape[0]
-            for name in _AUDIO:
-                if kwargs.get(name) is not None:
-                    set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, _AUDIO, layout.num_cached("audio", cached_len))
         if pixels is None:
             return
         clips_left = kwargs.get("audio_input_features") is not None
         # A suffix with clips but no image still needs an image for the clips' "vision" projection: keep the
         # last cached one (the suffix has no image placeholder, so the model encodes none of it).
-        k = min(k_images, num_images - 1) if clips_left else k_images
-        keep = k < num_images
-        for name in _IMAGE:
-            if kwargs.get(name) is not None:
-                set_or_drop(kwargs, name, kwargs[name][k:], keep)
+        drop_cached_rows(kwargs, _IMAGE, min(k_images, num_images - 1) if clips_left else k_images)
 
 
 def _unpadded(features: torch.Tensor, size: torch.Tensor, mask: Any, i: int) -> int | None:

@@ -34,6 +34,8 @@ from hf_prefix_cache.multimodal.registry import MediaFamily, register
 class Qwen3OmniThinkerMedia(Qwen2_5OmniThinkerMedia):
     """Qwen3-Omni thinker: Qwen2.5-Omni's items, each clip also keyed by its call's padded chunk length."""
 
+    _whole_positions = False  # its (float) rope rows are passed as they are, as its cold run's
+
     def _chunk_len(self) -> int:
         return 2 * int(self.config.audio_config.n_window)
 
@@ -41,22 +43,17 @@ class Qwen3OmniThinkerMedia(Qwen2_5OmniThinkerMedia):
         """The length the audio tower pads a call's chunks to: a whole chunk, or its longest clip's frames."""
         return min(self._chunk_len(), int(mask.sum(-1).max())) if mask.shape[0] else 0
 
-    def _clips(self, kwargs: dict[str, Any]) -> tuple[list[tuple[Any, ...]], list[int]] | None:
-        features, mask = kwargs.get("input_features"), kwargs.get("feature_attention_mask")
-        if features is None and mask is None:
-            return [], []
-        if not isinstance(features, torch.Tensor) or not isinstance(mask, torch.Tensor):
-            return None
-        if features.dim() != 3 or mask.dim() != 2 or tuple(mask.shape) != (features.shape[0], features.shape[2]):
-            return None
+    def _clip_lens(self, mask: torch.Tensor) -> torch.Tensor:
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-        lengths = _get_feat_extract_output_lengths(  # type: ignore[no-untyped-call]
+        lengths: torch.Tensor = _get_feat_extract_output_lengths(  # type: ignore[no-untyped-call]
             mask.sum(-1), int(self.config.audio_config.n_window)
         )
-        padded = torch.tensor(self._padded_len(mask))
-        parts = [(features[i][:, mask[i].bool()], padded) for i in range(features.shape[0])]
-        return parts, [int(n) for n in lengths.tolist()]
+        return lengths
+
+    def _clip_extra(self, mask: torch.Tensor) -> tuple[Any, ...]:
+        """The call's padded chunk length, which changes every clip's last features."""
+        return (torch.tensor(self._padded_len(mask)),)
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         mask = kwargs.get("feature_attention_mask")
@@ -72,22 +69,6 @@ class Qwen3OmniThinkerMedia(Qwen2_5OmniThinkerMedia):
         pad_mask[:, :padded] = 1
         kwargs["input_features"] = torch.cat([features, pad_features])
         kwargs["feature_attention_mask"] = torch.cat([kept, pad_mask])
-
-    def positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-        """Explicit `[4, 1, L]` positions of the whole prompt from the thinker's own `get_rope_index`, unrounded."""
-        mask = kwargs.get("feature_attention_mask")
-        rope, _ = self.model.get_rope_index(
-            input_ids,
-            image_grid_thw=kwargs.get("image_grid_thw"),
-            video_grid_thw=kwargs.get("video_grid_thw"),
-            attention_mask=torch.ones_like(input_ids),
-            use_audio_in_video=bool(kwargs.get("use_audio_in_video")),
-            audio_seqlens=mask.sum(-1) if mask is not None else None,
-            second_per_grids=kwargs.get(self._SECONDS),
-        )
-        # As the thinker's `_prepare_position_ids_for_generation`: text positions joined to its (float) rope rows.
-        text = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-        return torch.cat([text[None], rope], dim=0)
 
 
 register(MediaFamily(("qwen3_omni_moe_thinker",), Qwen3OmniThinkerMedia))

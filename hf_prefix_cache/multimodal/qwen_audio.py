@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, drop_cached_rows
 from hf_prefix_cache.multimodal.media import MediaLayout
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -33,13 +33,7 @@ class Qwen2AudioMedia(MediaAdapter):
         return [("audio", token_id, [(features[i], mask[i]) for i in range(features.shape[0])], lengths)]
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
-        features, mask = kwargs.get("input_features"), kwargs.get("feature_attention_mask")
-        if features is None or mask is None:
-            return
-        k = layout.num_cached("audio", cached_len)
-        keep = k < features.shape[0]
-        set_or_drop(kwargs, "input_features", features[k:], keep)
-        set_or_drop(kwargs, "feature_attention_mask", mask[k:], keep)
+        drop_cached_rows(kwargs, ("input_features", "feature_attention_mask"), layout.num_cached("audio", cached_len))
 
 
 register(MediaFamily(("qwen2_audio",), Qwen2AudioMedia))

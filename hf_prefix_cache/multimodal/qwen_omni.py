@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, Padded, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, Padded, config_token_id, drop_cached_rows, with_items
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, hash_media
 from hf_prefix_cache.multimodal.qwen_vl import Qwen2_5VLMedia
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
@@ -45,6 +45,8 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
         }
     )
     _SECONDS = "video_second_per_grid"
+    #: Whether the positions of `get_rope_index` are cast to whole numbers, as the thinker's own path does.
+    _whole_positions = True
     marks_kwarg = None  # the thinker finds its media by token id; it takes no `mm_token_type_ids`
 
     def _items(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[KindItems]:
@@ -71,18 +73,25 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
             return None
         if features.dim() != 3 or mask.dim() != 2 or tuple(mask.shape) != (features.shape[0], features.shape[2]):
             return None
-        _, lengths = self.model.model.audio_tower._get_feat_extract_output_lengths(mask.sum(-1))
-        parts = [(features[i][:, mask[i].bool()],) for i in range(features.shape[0])]
+        lengths = self._clip_lens(mask)
+        extra = self._clip_extra(mask)
+        parts = [(features[i][:, mask[i].bool()], *extra) for i in range(features.shape[0])]
         return parts, [int(n) for n in lengths.tolist()]
+
+    def _clip_lens(self, mask: torch.Tensor) -> torch.Tensor:
+        """Each clip's placeholders, from its valid frames (`mask` `[clips, frames]`) by the audio tower's formula."""
+        lengths: torch.Tensor = self.model.model.audio_tower._get_feat_extract_output_lengths(mask.sum(-1))[1]
+        return lengths
+
+    def _clip_extra(self, mask: torch.Tensor) -> tuple[Any, ...]:
+        """What is hashed with every clip of a call besides its valid frames: nothing here."""
+        return ()
 
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
         if not kwargs.get("use_audio_in_video"):
             return super().layout(tokens, kwargs)
         images = super().layout(tokens, kwargs)
-        blocks = self._audio_video(tokens, kwargs)
-        if images is None or blocks is None:
-            return None
-        return merge_items(images.items, blocks)
+        return with_items(images, self._audio_video(tokens, kwargs))
 
     def _audio_video(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """Items of `use_audio_in_video` prompts: each video block (video + its clip) and each standalone clip.
@@ -143,15 +152,10 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
 
     def _slice(self, kwargs: dict[str, Any], layout: MediaLayout, cached_len: int) -> None:
         super()._slice(kwargs, layout, cached_len)
-        features, mask = kwargs.get("input_features"), kwargs.get("feature_attention_mask")
-        if features is None or mask is None:
-            return
         k = layout.num_cached("audio", cached_len)
         if kwargs.get("use_audio_in_video"):
             k += layout.num_cached("video", cached_len)  # each video block holds one clip
-        keep = k < features.shape[0]
-        set_or_drop(kwargs, "input_features", features[k:], keep)
-        set_or_drop(kwargs, "feature_attention_mask", mask[k:], keep)
+        drop_cached_rows(kwargs, ("input_features", "feature_attention_mask"), k)
 
     def positions(self, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         """Explicit `[4, 1, L]` positions of the whole prompt from the thinker's own `get_rope_index`."""
@@ -165,8 +169,9 @@ class Qwen2_5OmniThinkerMedia(Qwen2_5VLMedia):
             audio_seqlens=mask.sum(-1) if mask is not None else None,
             second_per_grids=kwargs.get(self._SECONDS),
         )
+        # As the thinker's `_prepare_position_ids_for_generation`: text positions joined to its rope rows.
         text = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-        return torch.cat([text[None], rope.to(text.dtype)], dim=0)
+        return torch.cat([text[None], rope.to(text.dtype) if self._whole_positions else rope], dim=0)
 
 
 register(MediaFamily(("qwen2_5_omni_thinker",), Qwen2_5OmniThinkerMedia))

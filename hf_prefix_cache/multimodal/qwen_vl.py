@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, merge_items, set_or_drop
+from hf_prefix_cache.multimodal.base import KindItems, MediaAdapter, config_token_id, set_or_drop, with_items
 from hf_prefix_cache.multimodal.media import MediaItem, MediaLayout, assign_spans, hash_media
 from hf_prefix_cache.multimodal.registry import MediaFamily, register
 
@@ -48,12 +48,31 @@ class Qwen2VLMedia(MediaAdapter):
             if sum(rows) != pixels.shape[0]:
                 out.append((kind, None, [], None))
                 continue
+            counts = [self._item_len(kind, row, n // self._merge()) for row, n in zip(grid.tolist(), rows, strict=True)]
+            if None in counts:
+                out.append((kind, None, [], None))
+                continue
             offsets = [0, *torch.tensor(rows).cumsum(0).tolist()]
             parts = [
                 (pixels[offsets[i] : offsets[i + 1]], grid[i], *self._extra(kind, kwargs, i)) for i in range(len(rows))
             ]
-            out.append((kind, token_id, parts, [n // self._merge() for n in rows]))
+            out.append((kind, token_id, parts, [n for n in counts if n is not None]))
         return out
+
+    def _item_len(self, kind: str, grid: list[int], merged: int) -> int | None:
+        """An item's placeholders from its `(t, h, w)` grid row: Qwen2-VL's, `merged`, its patches per merge area.
+
+        None where the family's tower cannot take the item (the call then runs cold).
+        """
+        return merged
+
+    def _merged_grid(self, grid: list[int]) -> tuple[int, int, int] | None:
+        """A `(t, h, w)` grid row in merge windows, ``(t, h / m, w / m)``; None unless its sides are whole windows."""
+        t, h, w = grid
+        merge = int(self.config.vision_config.spatial_merge_size)
+        if h % merge or w % merge:
+            return None
+        return t, h // merge, w // merge
 
     def _extra(self, kind: str, kwargs: dict[str, Any], index: int) -> tuple[Any, ...]:
         """Further per-item inputs that change the item's states (hashed with it)."""
@@ -163,10 +182,7 @@ class Qwen3VLMedia(Qwen2VLMedia):
 
     def layout(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> MediaLayout | None:
         images = super().layout(tokens, kwargs)
-        videos = self._videos(tokens, kwargs)
-        if images is None or videos is None:
-            return None
-        return merge_items(images.items, videos)
+        return with_items(images, self._videos(tokens, kwargs))
 
     def _videos(self, tokens: Sequence[int], kwargs: dict[str, Any]) -> list[MediaItem] | None:
         """One item per video, from its first frame's placeholders to its last's; None on a mismatch."""
