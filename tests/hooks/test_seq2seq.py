@@ -490,3 +490,34 @@ def test_a_dynamic_cache_implementation_is_served(where: str) -> None:
             assert store.stats().hit_tokens == prompt.shape[1] - 1
     finally:
         model.generation_config.cache_implementation = saved
+
+
+def test_running_out_of_memory_inside_generate_reruns_the_call_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder prefix is restored inside `generate`; out of memory twice there gives up that run (nothing stays
+    pinned) and the call runs again cold, counted as `out_of_memory`; the stored prefix serves the next call."""
+    from hf_prefix_cache.hooks import pipeline
+    from hf_prefix_cache.model.working_cache import WorkingCache
+
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=41)
+    prompt = decoder_prompt(model, 7, 8, 9)
+
+    def failing_cache(profile: Any) -> Any:  # the working caches `pipeline.restore` makes
+        cache = WorkingCache(profile)
+
+        def restore(*args: Any, **kwargs: Any) -> None:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+        cache.restore = restore  # type: ignore[method-assign]
+        return cache
+
+    with attached(model, max_host_bytes="64MB") as store:  # the first error moves the entry to the host
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        monkeypatch.setattr(pipeline, "WorkingCache", failing_cache)
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert store.stats().fallbacks == {"out_of_memory": 1} and store.stats().hit_tokens == 0
+        assert all(node.lock_ref == 0 for node in store._store._tree.iter_nodes())
+        monkeypatch.undo()
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert store.stats().hit_tokens == prompt.shape[1] - 1
+        store.check_integrity()
