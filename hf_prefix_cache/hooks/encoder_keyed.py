@@ -33,7 +33,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.hooks import pipeline, refusals
+from hf_prefix_cache.hooks import encoder_rows, pipeline, refusals
 from hf_prefix_cache.hooks.checks import token_rows
 from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.keys.namespace import sub_namespace
@@ -49,32 +49,34 @@ logger = logging.getLogger("hf_prefix_cache")
 @dataclass(frozen=True, slots=True)
 class EncoderCall:
     """One encoder-decoder `generate` call as a value: its arguments by name (`kwargs`; `args` stays empty), the
-    decoder prompt length a cold run counts (`prompt_len`), its session, and the hash of what feeds its encoder."""
+    decoder prompt length a cold run counts (`prompt_len`), its session, and the hash of what feeds its encoder in
+    each row (`digests`: one, or a batch's, each row served under its own: `encoder_rows.py`)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     prompt_len: int
     session: Session | None
-    digest: int
+    digests: tuple[int, ...]
 
 
 @dataclass(slots=True)
 class DecoderRequest:
     """One encoder-keyed request while it runs: made by the restore step, completed by the family's inner step.
 
-    `namespace` is the model's extended by the encoder-input hash; `encoder_key` (the model's
-    namespace and that hash) says where the input's encoder output is stored. `kwargs` are what
+    `namespaces` are the model's extended by each row's encoder-input hash; `encoder_keys` (the
+    model's namespace and that hash) say where each input's encoder output is stored. `kwargs` are what
     `generate` runs with (this request as its cache argument). The inner step (`land`) sets the
     decoder prompt (`decoder_ids`, `prompt_len`), how many rows `generate` makes of it (`expand`,
-    `beams`), the `leases` it holds and the `working` cache; `finished` holds the rows to store where
+    `beams`), the `leases` it holds, the `working` cache and, for a batch, the column its rows
+    restored to (`restored_len`); `finished` holds the rows to store where
     the inner step sees them (Whisper), `reset` what a cold rerun puts back first (the random state).
     """
 
     store: Store
     serving: Serving
-    namespace: str
+    namespaces: tuple[str, ...]
     session: Session | None
-    encoder_key: tuple[str, int]
+    encoder_keys: tuple[tuple[str, int], ...]
     kwargs: dict[str, Any]
     keep_encoder: bool = False  # a miss: the inner step keeps the encoder output generate computed
     landed: bool = False
@@ -82,15 +84,16 @@ class DecoderRequest:
     working: WorkingCache | None = None
     decoder_ids: torch.Tensor | None = None
     prompt_len: int = 0
+    restored_len: int = 0
     expand: int = 1  # rows generate makes of each decoder prompt row: beams or several sequences
     beams: bool = False  # beam search: the returned rows are not the cache's rows
     finished: Any = None
     reset: Callable[[], None] | None = None
 
-    @property
-    def key(self) -> PrefixKey:
-        """The request's key with no symbols of its own: each decoder row it stores or restores brings them."""
-        return PrefixKey(self.namespace, ())
+    def key(self, row: int = 0) -> PrefixKey:
+        """The key of encoder row `row`, with no symbols of its own: each decoder row it stores or restores brings
+        them."""
+        return PrefixKey(self.namespaces[row], ())
 
 
 class EncoderKeyedHook(PatchingHook):
@@ -115,18 +118,18 @@ class EncoderKeyedHook(PatchingHook):
             or refusals.refused_argument(arguments, encoder_keyed=True)
             or self._problem(arguments)
         )
-        digest = self._digest(arguments) if reason is None else None
-        if digest is None:
+        digests = self._digests(arguments) if reason is None else None
+        if digests is None:
             reason = reason or reasons.UNHASHABLE_MEDIA
-        return EncoderCall((), arguments, self._cold_len(arguments), session, digest or 0), reason
+        return EncoderCall((), arguments, self._cold_len(arguments), session, digests or ()), reason
 
     # ----------------------------------------------------------------- the family's part
     def _problem(self, arguments: dict[str, Any]) -> str | None:
         """The family's reason this call (its arguments by name) cannot reuse safely, or None."""
         raise NotImplementedError
 
-    def _digest(self, arguments: dict[str, Any]) -> int | None:
-        """The hash of what feeds the encoder (None: unhashable)."""
+    def _digests(self, arguments: dict[str, Any]) -> tuple[int, ...] | None:
+        """The hash of what feeds the encoder, row by row (None: unhashable)."""
         raise NotImplementedError
 
     def _cold_len(self, arguments: dict[str, Any]) -> int:
@@ -148,16 +151,21 @@ class EncoderKeyedHook(PatchingHook):
 
     # ----------------------------------------------------------------- restore and store steps
     def _restore(self, call: EncoderCall) -> DecoderRequest:
-        """The request of this encoder input, its stored encoder output (if any) in place of the encoder; its decoder
-        prefix is restored inside `generate` (`land`)."""
-        store = self._store
-        namespace = store.namespace()
-        decoder_namespace = sub_namespace(namespace, "encoder_input", f"{call.digest:032x}")
+        """The request of these encoder inputs, their stored encoder outputs (where every row's is stored) in place of
+        the encoder; its decoder prefix is restored inside `generate` (`land`)."""
+        namespace = self._store.namespace()
         request = DecoderRequest(
-            store, self._serving, decoder_namespace, call.session, (namespace, call.digest), dict(call.kwargs)
+            self._store,
+            self._serving,
+            tuple(sub_namespace(namespace, "encoder_input", f"{digest:032x}") for digest in call.digests),
+            call.session,
+            tuple((namespace, digest) for digest in call.digests),
+            dict(call.kwargs),
         )
         request.kwargs[self._profile.cache_kwarg] = request
-        self._arm(call, request, self._serving.encoder_outputs.get(*request.encoder_key))
+        stored = [self._serving.encoder_outputs.get(*key) for key in request.encoder_keys]
+        hidden = None if any(h is None for h in stored) else torch.cat([h for h in stored if h is not None])
+        self._arm(call, request, hidden)
         return request
 
     def _store_finished(self, call: EncoderCall, request: DecoderRequest, output: Any) -> pipeline.Outcome:
@@ -170,20 +178,21 @@ class EncoderKeyedHook(PatchingHook):
         working, ids = request.working, request.decoder_ids
         if working is None or ids is None or not request.leases:
             raise InconsistentStateError("generate ended without reaching the step that restores the decoder prefix")
+        sequences = ids if request.beams else self._rows(request, output)
+        if len(request.namespaces) > 1 and sequences is not None:
+            return encoder_rows.store_rows(request, sequences, working)
         lease = request.leases[0]
         served = pipeline.Outcome(Served(request.prompt_len, lease.cached_len))
         kv_len = working.kv_length()
         if kv_len is not None and kv_len <= lease.matched_len and request.session is None:
             return served  # an exact repeat: the request added nothing to what it matched (and marked used)
-        sequences: torch.Tensor | None = ids[:1]
         if request.beams:
             batch_rows.trim(working, request.prompt_len, [0])
-        else:
-            sequences = self._rows(request, output)
+            sequences = ids[:1]
         if sequences is None:
             logger.warning("decoder rows do not match their cache (%s positions); not stored", kv_len)
             return served
-        keys = pipeline.sequence_keys(request.key, sequences, working.exact_length())
+        keys = pipeline.sequence_keys(request.key(), sequences, working.exact_length())
         batched = len(keys) > 1  # the session pins a lone row
         for row, key in enumerate(keys):
             request.store.insert_sequence(
@@ -200,9 +209,13 @@ def request_in(store: Store, model_kwargs: dict[str, Any]) -> DecoderRequest | N
 
 
 def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
-    """Store the encoder output of the request's input (logged, not kept, when it alone exceeds the budget)."""
-    if not request.serving.encoder_outputs.put(*request.encoder_key, hidden):
-        logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
+    """Store the encoder output of each of the request's inputs (logged, not kept, when it alone exceeds the budget):
+    a batch's row by row, each copied out of the batch's output (a view would hold all of it)."""
+    keys = request.encoder_keys
+    for i, key in enumerate(keys):
+        row = hidden if len(keys) == 1 else hidden[i : i + 1].clone()
+        if not request.serving.encoder_outputs.put(*key, row):
+            logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", row.nbytes)
 
 
 def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
@@ -211,21 +224,25 @@ def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[
 
     `generate` copies the decoder prompt that many times for beams or several returned sequences
     (after this step), and the encoder output with it. Rows of one decoder prompt (Whisper's copies)
-    restore what they share.
+    restore what they share; a batch's rows each restore under their own encoder input
+    (`encoder_rows.land_rows`).
 
     Raises:
         pipeline.RunCold: memory ran out twice, or an exactness guard failed (the call runs cold).
     """
     store, rows = request.store, token_rows(decoder_ids)
     request.landed, request.decoder_ids, request.prompt_len = True, decoder_ids, len(rows[0])
-    key, limit = request.key.with_symbols(rows[0]), len(rows[0]) - 1
-    if len(rows) > 1:
-        shared = pipeline.common_prefix_len(rows)
-        key, limit = key.prefix(shared), min(shared, limit)
-    restored = pipeline.restore(store, request.serving.profile, key, len(rows) * request.expand, limit)
-    if isinstance(restored, pipeline.Cold):
-        raise pipeline.RunCold(restored, request.prompt_len)
-    lease, request.working = restored
-    request.leases.append(lease)
+    if len(request.namespaces) > 1:
+        request.working = encoder_rows.land_rows(request, rows)
+    else:
+        key, limit = request.key().with_symbols(rows[0]), len(rows[0]) - 1
+        if len(rows) > 1:
+            shared = pipeline.common_prefix_len(rows)
+            key, limit = key.prefix(shared), min(shared, limit)
+        restored = pipeline.restore(store, request.serving.profile, key, len(rows) * request.expand, limit)
+        if isinstance(restored, pipeline.Cold):
+            raise pipeline.RunCold(restored, request.prompt_len)
+        lease, request.working = restored
+        request.leases.append(lease)
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
     model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())

@@ -85,7 +85,7 @@ class Seq2SeqHook(EncoderKeyedHook):
     def _inputs_problem(self, arguments: dict[str, Any]) -> str | None:
         """What is wrong with the encoder's ids, mask and pixels or the decoder's ids and mask, if anything."""
         ids = arguments.get("input_ids")
-        problem = refusals.ids_problem(ids)
+        problem = refusals.ids_problem(_first_row(ids))  # each row is keyed alone
         if problem is not None:
             return problem
         if not isinstance(ids, torch.Tensor) or ids.shape[1] == 0:
@@ -94,11 +94,13 @@ class Seq2SeqHook(EncoderKeyedHook):
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != ids.shape):
             return reasons.ATTENTION_MASK_SHAPE
         pixels = arguments.get("pixel_values")
-        if isinstance(pixels, torch.Tensor) and pixels.shape[0] != 1:
+        if isinstance(pixels, torch.Tensor) and pixels.shape[0] != ids.shape[0]:
             return reasons.BATCH_SIZE
         decoder_ids = arguments.get("decoder_input_ids")
-        if decoder_ids is not None and (problem := refusals.ids_problem(decoder_ids)) is not None:
+        if decoder_ids is not None and (problem := refusals.ids_problem(_first_row(decoder_ids))) is not None:
             return problem
+        if decoder_ids is not None and decoder_ids.shape[0] != ids.shape[0]:
+            return reasons.BATCH_SIZE
         decoder_mask = arguments.get("decoder_attention_mask")
         if decoder_mask is not None:
             if decoder_ids is None:
@@ -116,15 +118,15 @@ class Seq2SeqHook(EncoderKeyedHook):
             or refusals.output_problem(config)
         )
 
-    def _digest(self, arguments: dict[str, Any]) -> int | None:
-        """The hash of what feeds the encoder: each encoder kwarg given, tagged by its name (None: unhashable)."""
-        parts: list[Any] = []
-        for name in self._encoder_kwargs:
-            value = arguments.get(name)
-            if value is not None:
-                parts += [np.frombuffer(name.encode(), dtype=np.uint8), value]
+    def _digests(self, arguments: dict[str, Any]) -> tuple[int, ...] | None:
+        """The hash of what feeds the encoder in each row: each encoder kwarg given, its row, tagged by its name
+        (None: unhashable)."""
+        given = [(name, arguments[name]) for name in self._encoder_kwargs if arguments.get(name) is not None]
         try:
-            return hash_media(*parts)
+            return tuple(
+                hash_media(*(part for name, value in given for part in (_tag(name), value[i : i + 1])))
+                for i in range(len(arguments["input_ids"]))
+            )
         except UnhashableMediaError:
             return None
 
@@ -164,6 +166,16 @@ class Seq2SeqHook(EncoderKeyedHook):
             # With a mask as long as the ids generate feeds only what the cache lacks (notes §2).
             model_kwargs["decoder_attention_mask"] = torch.ones_like(decoder_ids)
         return decoder_ids, model_kwargs
+
+
+def _first_row(ids: Any) -> Any:
+    """The first row of a batch of ids (what is not a batch of rows as it is, for `refusals.ids_problem` to name)."""
+    return ids[:1] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else ids
+
+
+def _tag(name: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """The bytes of an encoder kwarg's name, hashed before its value."""
+    return np.frombuffer(name.encode(), dtype=np.uint8)
 
 
 #: The classes served, each tested against cold runs.

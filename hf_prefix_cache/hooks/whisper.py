@@ -66,10 +66,11 @@ class WhisperHook(EncoderKeyedHook):
         """What keeps the call from being one short-form clip with settings this hook serves exactly, if anything."""
         return self._clip_problem(arguments.get("input_features"), arguments) or self._settings_problem(arguments)
 
-    def _digest(self, arguments: dict[str, Any]) -> int | None:
-        """The hash of the audio: its features, and their mask if given."""
+    def _digests(self, arguments: dict[str, Any]) -> tuple[int, ...] | None:
+        """The hash of each clip: its features, and their mask if given."""
         features, mask = arguments["input_features"], arguments.get("attention_mask")
-        return hash_media(features) if mask is None else hash_media(features, mask)
+        rows = [slice(i, i + 1) for i in range(len(features))]
+        return tuple(hash_media(features[r]) if mask is None else hash_media(features[r], mask[r]) for r in rows)
 
     def _arm(self, call: EncoderCall, request: DecoderRequest, hidden: torch.Tensor | None) -> None:
         """The audio's encoder output (stored, or computed now and stored) in place of `input_features`.
@@ -86,7 +87,8 @@ class WhisperHook(EncoderKeyedHook):
         settings = checks.GenerationSettings(self._model, kwargs.get("generation_config"), kwargs)
         copies = settings.num_return_sequences or 1
         if copies > 1:
-            hidden = hidden.expand(copies, -1, -1)
+            # Whisper repeats each clip's rows in place (`repeat_interleave`); one clip's as views.
+            hidden = hidden.expand(copies, -1, -1) if len(hidden) == 1 else hidden.repeat_interleave(copies, dim=0)
             kwargs["num_return_sequences"] = 1
         kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         # A cold rerun (the clip needed a second window) draws what the cold call draws.
@@ -120,8 +122,6 @@ class WhisperHook(EncoderKeyedHook):
         """What keeps the audio (features and mask) from being one short-form clip to hash, if anything."""
         if not isinstance(features, torch.Tensor) or features.dim() != 3 or not features.is_floating_point():
             return reasons.NO_INPUT_FEATURES
-        if features.shape[0] != 1:
-            return reasons.BATCH_SIZE
         if features.shape[-1] > self._num_frames:
             return reasons.LONG_FORM
         if features.shape[-1] < self._num_frames:
