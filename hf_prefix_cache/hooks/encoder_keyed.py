@@ -13,7 +13,8 @@ request path (`pipeline.serve`) with this module's restore and store steps:
    (`request_in`) and completes the restore there (`land`): the matched decoder prefix restored into
    an `EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled cross-attention
    part whatever the encoder output, so it starts empty and the first step projects this request's
-   encoder output into it), or `pipeline.RunCold` (the call runs cold);
+   encoder output into it), or `pipeline.RunCold` (the call runs cold). A batch of encoder inputs
+   keys each row by its own and restores it under its own (`encoder_rows.py`);
 2. store (`EncoderKeyedHook._store_finished`): each finished decoder row (the family's `_rows`), or
    after beam search the decoder prompt once.
 
@@ -64,12 +65,12 @@ class DecoderRequest:
     """One encoder-keyed request while it runs: made by the restore step, completed by the family's inner step.
 
     `namespaces` are the model's extended by each row's encoder-input hash; `encoder_keys` (the
-    model's namespace and that hash) say where each input's encoder output is stored. `kwargs` are what
-    `generate` runs with (this request as its cache argument). The inner step (`land`) sets the
+    model's namespace and that hash) say where each input's encoder output is stored. `kwargs` are
+    what `generate` runs with (this request as its cache argument). The inner step (`land`) sets the
     decoder prompt (`decoder_ids`, `prompt_len`), how many rows `generate` makes of it (`expand`,
     `beams`), the `leases` it holds, the `working` cache and, for a batch, the column its rows
-    restored to (`restored_len`); `finished` holds the rows to store where
-    the inner step sees them (Whisper), `reset` what a cold rerun puts back first (the random state).
+    restored to (`restored_len`); `finished` holds the rows to store where the inner step sees them
+    (Whisper), `reset` what a cold rerun puts back first (the random state).
     """
 
     store: Store

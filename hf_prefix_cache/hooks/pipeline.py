@@ -6,7 +6,6 @@ symbols); the functions here do the rest with the store's contract (`store/contr
 - `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
   or a `Session` counts as its store, and so does no cache at all when the store was attached with
   ``attach="all"``), its cache argument taken out of a call that is;
-- `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
 - `serve`: the request path of every mode of every hook (decoder-only `call.Mode`s, encoder-keyed calls of
   `encoder_keyed.py`): the mode's restore step, `generate`, the leases given back, the mode's store step,
@@ -28,7 +27,6 @@ each and nothing else here.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
@@ -103,17 +101,6 @@ def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: boo
     if ours:
         _compat.pop_cache(kwargs)
     return ours, session
-
-
-def bind_call(
-    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[inspect.BoundArguments, dict[str, Any]]:
-    """A call bound to `generate`'s `signature`, and its model kwargs (its ``**kwargs``, a dict of the binding's own).
-
-    Editing either changes only what `bound.args` / `bound.kwargs` pass on, never the caller's `kwargs`.
-    """
-    bound = signature.bind_partial(*args, **kwargs)
-    return bound, bound.arguments.setdefault("kwargs", {})
 
 
 class Cold(NamedTuple):
