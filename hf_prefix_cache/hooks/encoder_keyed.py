@@ -1,139 +1,249 @@
-"""What the encoder-decoder hooks share (`whisper.py`, `seq2seq.py`): keying by the encoder input.
+"""Encoder-keyed calls (`whisper.py`, `seq2seq.py`): the call as a value, and its restore and store steps.
 
 An encoder-decoder model's decoder attends to the encoder output at every position, so its
-self-attention states are only valid for the same encoder input. The hooks therefore:
+self-attention states are only valid for the same encoder input. An `EncoderKeyedHook` reads a
+call once (its family checks it and hashes what feeds the encoder: `EncoderCall`) and runs the one
+request path (`pipeline.serve`) with this module's restore and store steps:
 
-1. hash the encoder input (`multimodal.media.hash_media`) and extend the model namespace by that
-   hash (`open_request`): another input never shares decoder states, only the same one does;
-2. reuse the encoder output stored for that hash (the store's `EncoderOutputs`, handed to the
-   hook as `Serving.encoder_outputs`), passing it to `generate` as `encoder_outputs` so the
-   encoder does not run (`keep_encoder_output` stores a new one);
-3. where the decoder ids are known (inside `generate`), restore the matched decoder prefix into
-   an `EncoderDecoderCache(working cache, empty cache)` (`restore_into`): transformers reuses a
-   filled cross-attention part whatever the encoder output (`is_updated`), so it always starts
-   empty and the first step projects this request's encoder output into it;
-4. store each finished decoder row (`store_decoder_rows`).
+1. restore (`EncoderKeyedHook._restore`): the namespace extended by the input's hash (another input
+   never shares decoder states), and the encoder output stored for that hash (the store's
+   `EncoderOutputs`, `Serving.encoder_outputs`) passed as `encoder_outputs` so the encoder does not
+   run; the family edits the kwargs `generate` runs with (`_arm`). The decoder ids are only known
+   inside `generate`: the family's inner step finds its `DecoderRequest` in the cache argument
+   (`request_in`) and completes the restore there (`land`): the matched decoder prefix restored into
+   an `EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled cross-attention
+   part whatever the encoder output, so it starts empty and the first step projects this request's
+   encoder output into it), or `pipeline.RunCold` (the call runs cold). A batch of encoder inputs
+   keys each row by its own and restores it under its own (`encoder_rows.py`);
+2. store (`EncoderKeyedHook._store_finished`): each finished decoder row (the family's `_rows`), or
+   after beam search the decoder prompt once.
 
-A `DecoderRequest` carries what the outer call knows down to that inner call, through
-the cache argument (`request_in` finds it there). Knows nothing about how a family builds its decoder ids.
+`keep_encoder_output` stores an encoder output a miss computed. Knows nothing about how a family
+builds its decoder ids.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from hf_prefix_cache import _compat
+from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.hooks import pipeline
+from hf_prefix_cache.hooks import encoder_rows, pipeline, refusals
 from hf_prefix_cache.hooks.checks import token_rows
+from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, Served, Serving, Store
+from hf_prefix_cache.store.contract import Lease, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
 
 logger = logging.getLogger("hf_prefix_cache")
 
 
+@dataclass(frozen=True, slots=True)
+class EncoderCall:
+    """One encoder-decoder `generate` call as a value: its arguments by name (`kwargs`; `args` stays empty), the
+    decoder prompt length a cold run counts (`prompt_len`), its session, and the hash of what feeds its encoder in
+    each row (`digests`: one, or a batch's, each row served under its own: `encoder_rows.py`)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    prompt_len: int
+    session: Session | None
+    digests: tuple[int, ...]
+
+
 @dataclass(slots=True)
 class DecoderRequest:
-    """What an outer `generate` call hands the inner step that sees the decoder ids.
+    """One encoder-keyed request while it runs: made by the restore step, completed by the family's inner step.
 
-    `serving` is what the hook was handed with `store`. `namespace` is already extended by the
-    encoder-input hash; `encoder_key` (the model's namespace and that hash) says where the input's
-    encoder output is stored (`serving.encoder_outputs`). The inner step
-    sets `served`, and `lease` / `working` when it restored a cache (`restore_into`), or
-    `counted` when it served and stored the request itself (the outer call counts it).
+    `namespaces` are the model's extended by each row's encoder-input hash; `encoder_keys` (the
+    model's namespace and that hash) say where each input's encoder output is stored. `kwargs` are
+    what `generate` runs with (this request as its cache argument). The inner step (`land`) sets the
+    decoder prompt (`decoder_ids`, `prompt_len`), how many rows `generate` makes of it (`expand`,
+    `beams`), the `leases` it holds, the `working` cache and, for a batch, the column its rows
+    restored to (`restored_len`); `finished` holds the rows to store where the inner step sees them
+    (Whisper), `reset` what a cold rerun puts back first (the random state).
     """
 
     store: Store
     serving: Serving
-    namespace: str
+    namespaces: tuple[str, ...]
     session: Session | None
-    encoder_key: tuple[str, int]
-    served: bool = field(default=False)
-    lease: Lease | None = field(default=None)
-    working: WorkingCache | None = field(default=None)
-    counted: Served | None = field(default=None)  # to count when the call ends
+    encoder_keys: tuple[tuple[str, int], ...]
+    kwargs: dict[str, Any]
+    keep_encoder: bool = False  # a miss: the inner step keeps the encoder output generate computed
+    landed: bool = False
+    leases: list[Lease] = field(default_factory=list)
+    working: WorkingCache | None = None
+    decoder_ids: torch.Tensor | None = None
+    prompt_len: int = 0
+    restored_len: int = 0
+    expand: int = 1  # rows generate makes of each decoder prompt row: beams or several sequences
+    beams: bool = False  # beam search: the returned rows are not the cache's rows
+    finished: Any = None
+    reset: Callable[[], None] | None = None
 
-    @property
-    def key(self) -> PrefixKey:
-        """The request's key with no symbols of its own: each decoder row it stores or restores brings them."""
-        return PrefixKey(self.namespace, ())
-
-
-R = TypeVar("R", bound=DecoderRequest)
-
-
-def open_request(
-    kind: type[R], store: Store, serving: Serving, digest: int, session: Session | None
-) -> tuple[R, torch.Tensor | None]:
-    """Key a request by its encoder input (hashed to `digest`): the request, and the encoder output stored for
-    that input (None: not stored).
-
-    Its decoder states live in the model's namespace extended by the hash: another input never shares them.
-    """
-    namespace = store.namespace()
-    decoder_namespace = sub_namespace(namespace, "encoder_input", f"{digest:032x}")
-    request = kind(store, serving, decoder_namespace, session, (namespace, digest))
-    return request, serving.encoder_outputs.get(*request.encoder_key)
+    def key(self, row: int = 0) -> PrefixKey:
+        """The key of encoder row `row`, with no symbols of its own: each decoder row it stores or restores brings
+        them."""
+        return PrefixKey(self.namespaces[row], ())
 
 
-def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
-    """Store the encoder output of the request's input (logged, not kept, when it alone exceeds the budget)."""
-    if not request.serving.encoder_outputs.put(*request.encoder_key, hidden):
-        logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", hidden.nbytes)
+class EncoderKeyedHook(PatchingHook):
+    """The hook of an encoder-decoder family: the call read once (`_read`), then `pipeline.serve` with
+    this module's restore and store steps; the family's inner step completes the restore (`land`)."""
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """One `generate` call: read it (`_read`), then the request path (`pipeline.serve`), or a cold run."""
+        ours, session = pipeline.claim(self._store, self._model, kwargs, self._serving.serves_uncached)
+        if not ours:
+            return self._original(*args, **kwargs)
+        call, reason = self._read(self._arguments(args, kwargs), session)
+        if reason is not None:
+            return pipeline.run_cold(self._store, self._original, reason, call.prompt_len, args, kwargs)
+        return pipeline.serve(self._store, self._generate, call, self._restore, self._store_finished)
 
-def request_in(kind: type[R], store: Store, model_kwargs: dict[str, Any]) -> R | None:
-    """The request of `store` that the cache argument in `model_kwargs` carries (None: not one of this store's;
-    another store's hook may sit below)."""
-    request = _compat.cache_in(model_kwargs)
-    return request if isinstance(request, kind) and request.store is store else None
+    def _read(self, arguments: dict[str, Any], session: Session | None) -> tuple[EncoderCall, str | None]:
+        """The call as a value (its arguments by name), and why it cannot reuse safely (None: it can): the model
+        unsupported, a refused argument, the family's own `_problem`, or an encoder input that cannot be hashed."""
+        reason = (
+            self._profile.unsupported
+            or refusals.refused_argument(arguments, encoder_keyed=True)
+            or self._problem(arguments)
+        )
+        digests = self._digests(arguments) if reason is None else None
+        if digests is None:
+            reason = reason or reasons.UNHASHABLE_MEDIA
+        return EncoderCall((), arguments, self._cold_len(arguments), session, digests or ()), reason
 
+    # ----------------------------------------------------------------- the family's part
+    def _problem(self, arguments: dict[str, Any]) -> str | None:
+        """The family's reason this call (its arguments by name) cannot reuse safely, or None."""
+        raise NotImplementedError
 
-def restore_into(
-    request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any], expand: int = 1
-) -> bool:
-    """Restore the stored prefix of the one-row `decoder_ids` and pass it as the cache in `model_kwargs`.
+    def _digests(self, arguments: dict[str, Any]) -> tuple[int, ...] | None:
+        """The hash of what feeds the encoder, row by row (None: unhashable)."""
+        raise NotImplementedError
 
-    The prefix fills `expand` rows: `generate` copies the decoder prompt that many times for beams or
-    several returned sequences (after this step), and the encoder output with it.
+    def _cold_len(self, arguments: dict[str, Any]) -> int:
+        """The prompt length a cold run of this call counts."""
+        return 0
 
-    Sets the request's `lease` (release it when `generate` ends) and `working` cache (what to
-    store afterwards). False when memory ran out or an exactness guard failed (`pipeline.Cold`): the
-    request is counted cold and `model_kwargs` pass no cache.
-    """
-    store, rows = request.store, token_rows(decoder_ids)
-    key, limit = request.key.with_symbols(rows[0]), len(rows[0]) - 1
-    if len(rows) > 1:
-        shared = pipeline.common_prefix_len(rows)  # rows of one decoder prompt (Whisper's copies), or what they share
-        key, limit = key.prefix(shared), min(shared, limit)
-    restored = pipeline.restore(store, request.serving.profile, key, len(rows) * expand, limit)
-    if isinstance(restored, pipeline.Cold):
-        _compat.pop_cache(model_kwargs)
-        store.record(Fallback(restored.reason, len(rows[0]), log=False))
-        store.record(FallbackRan(*restored))
-        return False
-    request.lease, request.working = restored
-    # An empty cross-attention cache: the first step projects this request's encoder output into it.
-    model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
-    return True
+    def _arm(self, call: EncoderCall, request: DecoderRequest, hidden: torch.Tensor | None) -> None:
+        """Edit `request.kwargs` for `generate`: the stored encoder output `hidden` in place of the encoder (None: not
+        stored; `generate` computes it, or the family does and keeps it)."""
+        raise NotImplementedError
 
+    def _rows(self, request: DecoderRequest, output: Any) -> torch.Tensor | None:
+        """The finished decoder rows to store (None: they disagree with the cache; nothing is stored)."""
+        return pipeline.sequences_of(output)
 
-def store_decoder_rows(request: DecoderRequest, sequences: torch.Tensor, working: WorkingCache) -> None:
-    """Store each decoder row of `sequences` with the states `working` holds for it (the session pins a lone row)."""
-    keys = pipeline.sequence_keys(request.key, sequences, working.exact_length())
-    batched = len(keys) > 1
-    try:
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The `generate` the request path runs (served or cold)."""
+        return self._original(*args, **kwargs)
+
+    # ----------------------------------------------------------------- restore and store steps
+    def _restore(self, call: EncoderCall) -> DecoderRequest:
+        """The request of these encoder inputs, their stored encoder outputs (where every row's is stored) in place of
+        the encoder; its decoder prefix is restored inside `generate` (`land`)."""
+        namespace = self._store.namespace()
+        request = DecoderRequest(
+            self._store,
+            self._serving,
+            tuple(sub_namespace(namespace, "encoder_input", f"{digest:032x}") for digest in call.digests),
+            call.session,
+            tuple((namespace, digest) for digest in call.digests),
+            dict(call.kwargs),
+        )
+        request.kwargs[self._profile.cache_kwarg] = request
+        stored = [self._serving.encoder_outputs.get(*key) for key in request.encoder_keys]
+        hidden = None if any(h is None for h in stored) else torch.cat([h for h in stored if h is not None])
+        self._arm(call, request, hidden)
+        return request
+
+    def _store_finished(self, call: EncoderCall, request: DecoderRequest, output: Any) -> pipeline.Outcome:
+        """Each finished decoder row stored (after beam search, the decoder prompt once, as `decoder_only.py` stores
+        beams); the request as served.
+
+        Raises:
+            InconsistentStateError: `generate` never completed the restore, or the cache disagrees with a row.
+        """
+        working, ids = request.working, request.decoder_ids
+        if working is None or ids is None or not request.leases:
+            raise InconsistentStateError("generate ended without reaching the step that restores the decoder prefix")
+        sequences = ids if request.beams else self._rows(request, output)
+        if len(request.namespaces) > 1 and sequences is not None:
+            return encoder_rows.store_rows(request, sequences, working)
+        lease = request.leases[0]
+        served = pipeline.Outcome(Served(request.prompt_len, lease.cached_len))
+        kv_len = working.kv_length()
+        if kv_len is not None and kv_len <= lease.matched_len and request.session is None:
+            return served  # an exact repeat: the request added nothing to what it matched (and marked used)
+        if request.beams:
+            batch_rows.trim(working, request.prompt_len, [0])
+            sequences = ids[:1]
+        if sequences is None:
+            logger.warning("decoder rows do not match their cache (%s positions); not stored", kv_len)
+            return served
+        keys = pipeline.sequence_keys(request.key(), sequences, working.exact_length())
+        batched = len(keys) > 1  # the session pins a lone row
         for row, key in enumerate(keys):
             request.store.insert_sequence(
                 key, working, row=row if batched else None, session=None if batched else request.session
             )
-    except InconsistentStateError as exc:  # the answer stands; what it would store failed a guard
-        pipeline.not_stored(request.store, exc)
+        return served
+
+
+def request_in(store: Store, model_kwargs: dict[str, Any]) -> DecoderRequest | None:
+    """The request of `store` that the cache argument in `model_kwargs` carries (None: not one of this store's;
+    another store's hook may sit below)."""
+    request = _compat.cache_in(model_kwargs)
+    return request if isinstance(request, DecoderRequest) and request.store is store else None
+
+
+def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
+    """Store the encoder output of each of the request's inputs (logged, not kept, when it alone exceeds the budget):
+    a batch's row by row, each copied out of the batch's output (a view would hold all of it)."""
+    keys = request.encoder_keys
+    for i, key in enumerate(keys):
+        row = hidden if len(keys) == 1 else hidden[i : i + 1].clone()
+        if not request.serving.encoder_outputs.put(*key, row):
+            logger.debug("encoder output of %d bytes exceeds max_encoder_bytes; not stored", row.nbytes)
+
+
+def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
+    """The restore step's end, inside `generate`: the stored prefix of `decoder_ids` restored into `request.expand`
+    rows of each, passed as the cache in `model_kwargs`.
+
+    `generate` copies the decoder prompt that many times for beams or several returned sequences
+    (after this step), and the encoder output with it. Rows of one decoder prompt (Whisper's copies)
+    restore what they share; a batch's rows each restore under their own encoder input
+    (`encoder_rows.land_rows`).
+
+    Raises:
+        pipeline.RunCold: memory ran out twice, or an exactness guard failed (the call runs cold).
+    """
+    store, rows = request.store, token_rows(decoder_ids)
+    request.landed, request.decoder_ids, request.prompt_len = True, decoder_ids, len(rows[0])
+    if len(request.namespaces) > 1:
+        request.working = encoder_rows.land_rows(request, rows)
+    else:
+        key, limit = request.key().with_symbols(rows[0]), len(rows[0]) - 1
+        if len(rows) > 1:
+            shared = pipeline.common_prefix_len(rows)
+            key, limit = key.prefix(shared), min(shared, limit)
+        restored = pipeline.restore(store, request.serving.profile, key, len(rows) * request.expand, limit)
+        if isinstance(restored, pipeline.Cold):
+            raise pipeline.RunCold(restored, request.prompt_len)
+        lease, request.working = restored
+        request.leases.append(lease)
+    # An empty cross-attention cache: the first step projects this request's encoder output into it.
+    model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())

@@ -6,18 +6,17 @@ symbols); the functions here do the rest with the store's contract (`store/contr
 - `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
   or a `Session` counts as its store, and so does no cache at all when the store was attached with
   ``attach="all"``), its cache argument taken out of a call that is;
-- `bind_call`: a call bound to `generate`'s signature, with its model kwargs to edit;
 - `run_cold`: the original `generate`, untouched, with the reason counted;
-- `serve`: the request path of every decoder-only mode (`call.Mode`): the mode's restore step, `generate`,
-  the leases given back, the mode's store step, the request counted and logged; a cold run where a
-  step gives up or a guard fails;
+- `serve`: the request path of every mode of every hook (decoder-only `call.Mode`s, encoder-keyed calls of
+  `encoder_keyed.py`): the mode's restore step, `generate`, the leases given back, the mode's store step,
+  the request counted and logged; a cold run where a step gives up (`Cold`, or `RunCold` raised inside
+  `generate` by a restore that completes there) or a guard fails;
 - `restore`: a lease on the longest usable stored prefix of one prompt's key, restored into every
   row of a fresh working cache, retried once when memory runs out (the store moves entries off the
   device), or why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
 - `generate_kwargs`, `sequences_of`, `store_rows`: what the modes' steps share (the kwargs `generate`
   runs with on a working cache, the rows it returned, each finished row stored as its own entry);
-- `guard_failed`, `not_stored`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run, or as
-  a served request not stored where the call cannot be run again;
+- `guard_failed`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run;
 - `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
   the hook hands each to `Store.insert_sequence` with the states it stores.
 
@@ -28,11 +27,10 @@ each and nothing else here.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -46,7 +44,7 @@ from hf_prefix_cache.model.indexer_ties import IndexerTie
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
-from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, NotStored, ReducedReuse, Served, Store
+from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, ReducedReuse, Served, Store
 from hf_prefix_cache.store.sessions import Session
 
 if TYPE_CHECKING:
@@ -105,17 +103,6 @@ def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: boo
     return ours, session
 
 
-def bind_call(
-    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[inspect.BoundArguments, dict[str, Any]]:
-    """A call bound to `generate`'s `signature`, and its model kwargs (its ``**kwargs``, a dict of the binding's own).
-
-    Editing either changes only what `bound.args` / `bound.kwargs` pass on, never the caller's `kwargs`.
-    """
-    bound = signature.bind_partial(*args, **kwargs)
-    return bound, bound.arguments.setdefault("kwargs", {})
-
-
 class Cold(NamedTuple):
     """Why a restore gave up, so that the call runs cold: `reason`, and `detail` (what a failed guard found)."""
 
@@ -131,13 +118,6 @@ def guard_failed(exc: InconsistentStateError, reason: str = reasons.INCONSISTENT
     to store: the answer computed on that cache is not trusted either, so the call is run again, cold.
     """
     return Cold(reason, str(exc))
-
-
-def not_stored(store: Store, exc: InconsistentStateError) -> None:
-    """A failed exactness guard while a served request's states were captured to store, where the hook cannot run
-    the call again (encoder-decoder hooks, inside `generate`): nothing more of it is stored; counted and logged once
-    at WARNING."""
-    store.record(NotStored(reasons.INCONSISTENT_CAPTURE, str(exc)))
 
 
 def run_cold(
@@ -174,36 +154,84 @@ class Outcome(NamedTuple):
     reduced: tuple[str, ...] = ()
 
 
-#: A mode's restore step: the call's stored prefixes pinned and restored (nothing held when it raises), or `Cold`.
+class Request(Protocol):
+    """What the request path reads of a call (`call.Call`, `encoder_keyed.EncoderCall`): the arguments of a cold run,
+    and the prompt length it counts."""
+
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+    @property
+    def kwargs(self) -> dict[str, Any]: ...
+    @property
+    def prompt_len(self) -> int: ...
+
+
+class Holding(Protocol):
+    """What the request path reads of a restore step's answer (`Held`, `encoder_keyed.DecoderRequest`): the leases to
+    give back once `generate` ends (a restore that completes inside `generate` adds to them there), and the kwargs
+    `generate` runs with."""
+
+    @property
+    def leases(self) -> Sequence[Lease]: ...
+    @property
+    def kwargs(self) -> dict[str, Any]: ...
+
+
+class RunCold(Exception):  # noqa: N818 (an instruction to the request path, not an error)
+    """Raised inside `generate` by a restore step that completes there (an encoder-keyed call's, where the decoder ids
+    are known): the request path gives up this run and runs the call cold for `cold`, counting `prompt_len` prompt
+    tokens, after `reset` (when given) puts back what the given-up run changed (the random state it drew from)."""
+
+    def __init__(self, cold: Cold, prompt_len: int, reset: Callable[[], None] | None = None) -> None:
+        super().__init__(cold.reason)
+        self.cold, self.prompt_len, self.reset = cold, prompt_len, reset
+
+
+C = TypeVar("C", bound=Request)
+H = TypeVar("H", bound=Holding)
+
+#: A decoder-only mode's restore step: the call's stored prefixes pinned and restored (nothing held when it raises),
+#: or `Cold`.
 RestoreStep = Callable[["Call"], "Held | Cold"]
-#: A mode's store step: the finished rows stored (raises `InconsistentStateError` when a guard fails).
+#: A decoder-only mode's store step: the finished rows stored (raises `InconsistentStateError` when a guard fails).
 StoreStep = Callable[["Call", Held, Any], Outcome]
 
 
 def serve(
-    store: Store, original: Callable[..., Any], call: Call, restore_step: RestoreStep, store_step: StoreStep
+    store: Store,
+    original: Callable[..., Any],
+    call: C,
+    restore_step: Callable[[C], H | Cold],
+    store_step: Callable[[C, H, Any], Outcome],
 ) -> Any:
     """The request path of every mode: restore, generate, release, store, then the request counted and logged.
 
-    Only `restore_step` and `store_step` are the mode's (`call.Mode`). The call runs cold, counted, when the
-    restore gives up (`Cold`), when an indexer ties at its top-k (`indexer_tie`: a full prefill may keep other
-    keys), when a guard fails before the answer is made (`inconsistent_restore`), and when one fails as its rows
-    are stored (`inconsistent_capture`: the answer computed on that cache is not trusted either).
+    Only `restore_step` and `store_step` are the mode's (`call.Mode`, `encoder_keyed.py`). The call runs cold,
+    counted, when the restore gives up (`Cold`, or `RunCold` from inside `generate`), when an indexer ties at its
+    top-k (`indexer_tie`: a full prefill may keep other keys), when a guard fails before the answer is made
+    (`inconsistent_restore`), and when one fails as its rows are stored (`inconsistent_capture`: the answer
+    computed on that cache is not trusted either).
     """
-    held: Held | Cold | None = None
+    held: H | Cold | None = None
     try:
         held = restore_step(call)
         if isinstance(held, Cold):
             return run_cold(store, original, held, call.prompt_len, call.args, call.kwargs)
         output = original(*call.args, **held.kwargs)
+    except RunCold as given_up:
+        if isinstance(held, Cold) or held is None:
+            raise
+        release_all(store, held.leases)
+        if given_up.reset is not None:
+            given_up.reset()
+        return run_cold(store, original, given_up.cold, given_up.prompt_len, call.args, call.kwargs)
     except IndexerTie:
         return run_cold(store, original, reasons.INDEXER_TIE, call.prompt_len, call.args, call.kwargs)
     except InconsistentStateError as exc:
         return run_cold(store, original, guard_failed(exc), call.prompt_len, call.args, call.kwargs)
     finally:
-        if isinstance(held, Held):
-            for lease in held.leases:
-                store.release(lease)
+        if held is not None and not isinstance(held, Cold):
+            release_all(store, held.leases)
     try:
         outcome = store_step(call, held, output)
     except InconsistentStateError as exc:

@@ -100,11 +100,12 @@ def test_a_captured_layer_one_position_short_reruns_the_call_cold(
     assert store.stats().hit_tokens == prompt.shape[1] - 1
 
 
-def test_an_encoder_decoder_capture_one_position_short_is_not_stored(
+def test_an_encoder_decoder_capture_one_position_short_reruns_the_call_cold(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Encoder-decoder hooks store from inside `generate`, where the call cannot run again: the answer stands, the
-    decoder states are not stored, counted and logged once."""
+    """Encoder-decoder calls take the one request path (`pipeline.serve`): a finished request whose decoder cache holds
+    other positions than its sequence is not trusted, nothing is stored, the call runs again cold, counted, logged
+    once."""
     from hooks.test_seq2seq import encoder_input, run, same_as_cold, tiny
 
     capture_kv = FullAttentionAdapter.capture_kv
@@ -123,6 +124,7 @@ def test_an_encoder_decoder_capture_one_position_short_is_not_stored(
             same_as_cold(model, store, inputs)
         stats = store.stats()
         assert stats.fallbacks == {reasons.INCONSISTENT_CAPTURE: 2} and stats.entries == 0
+        assert stats.hit_tokens == 0 and stats.requests == 2
         assert len(_warnings(caplog, reasons.INCONSISTENT_CAPTURE)) == 1
         monkeypatch.undo()
         run(model, inputs, past_key_values=store)

@@ -376,13 +376,99 @@ def test_what_the_store_does_not_serve_runs_cold_with_a_reason(kwargs: dict[str,
         assert stats.entries == 0 and stats.encoder_entries == 0
 
 
-def test_a_batch_runs_cold() -> None:
-    """Two rows of encoder input run cold as `batch_size`."""
-    model = tiny("bart")
-    ids = torch.cat([encoder_input("bart", seed=12)["input_ids"], encoder_input("bart", seed=13)["input_ids"]])
+def padded_batch(name: str, seeds: tuple[int, int], lengths: tuple[int, int] = (12, 9)) -> dict[str, torch.Tensor]:
+    """Two rows of encoder input, the shorter one padded on the right with a mask of zeros (Florence-2: their images)."""
+    rows = [encoder_input(name, seed, n) for seed, n in zip(seeds, lengths, strict=True)]
+    width = max(row["input_ids"].shape[1] for row in rows)
+    ids = torch.full((2, width), tiny("bart").config.pad_token_id)  # Florence-2 pads as its BART does
+    mask = torch.zeros(2, width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = row["input_ids"].shape[1]
+        ids[i, :n], mask[i, :n] = row["input_ids"][0], 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if name == "florence2":
+        batch["pixel_values"] = torch.cat([row["pixel_values"] for row in rows])
+    return batch
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "florence2"])
+def test_a_batch_of_encoder_inputs_serves_each_row_under_its_own(name: str) -> None:
+    """Each row of a batch is keyed by its own encoder input (padding included): a repeat skips the encoder and
+    restores every row's decoder prefix, a row alone as it stood in the batch hits, the rows swapped hit."""
+    model = tiny(name)
+    batch = padded_batch(name, (51, 52))
+    prompt = torch.cat([decoder_prompt(model, 7, 8, 9)] * 2)
     with attached(model) as store:
-        warm = run(model, {"input_ids": ids}, past_key_values=store)
-        assert torch.equal(warm.sequences, run(model, {"input_ids": ids}).sequences)
+        same_as_cold(model, store, batch, decoder_input_ids=prompt)
+        assert store.stats().entries == 2 and store.stats().encoder_entries == 2
+        with encoder_calls(model) as calls:
+            same_as_cold(model, store, batch, decoder_input_ids=prompt)
+        assert len(calls) == 1  # only the cold run
+        assert store.stats().hit_tokens == 2 * 3 and store.stats().encoder_hits == 2
+        second = {key: value[1:] for key, value in batch.items()}
+        same_as_cold(model, store, second, decoder_input_ids=prompt[:1])
+        assert store.stats().hit_tokens == 2 * 3 + 3
+        swapped = {key: value.flip(0) for key, value in batch.items()}
+        same_as_cold(model, store, swapped, decoder_input_ids=prompt)
+        assert store.stats().hit_tokens == 4 * 3 + 3 and store.stats().fallbacks == {}
+        store.check_integrity()
+
+
+def test_a_batch_restores_to_the_shortest_stored_prefix_of_its_rows() -> None:
+    """Rows with stored prefixes of different lengths restore to the column every row reaches; the longer one counts
+    as `batch_layout`; then each finished row is stored, and the repeat restores all but the last prompt token."""
+    model = tiny("bart")
+    batch = padded_batch("bart", (53, 54))
+    long_prompt = decoder_prompt(model, 7, 8, 9, 10)
+    with attached(model) as store:
+        same_as_cold(model, store, {k: v[:1] for k, v in batch.items()}, decoder_input_ids=long_prompt)
+        same_as_cold(model, store, {k: v[1:] for k, v in batch.items()}, decoder_input_ids=long_prompt[:, :3])
+        before = store.stats().hit_tokens
+        prompt = torch.cat([long_prompt] * 2)
+        same_as_cold(model, store, batch, decoder_input_ids=prompt)
+        assert store.stats().hit_tokens - before == 2 * 3  # row 1 stored its 3 prompt ids and answer: 3 of 4
+        assert store.stats().fallbacks == {"batch_layout": 1}
+        same_as_cold(model, store, batch, decoder_input_ids=prompt)
+        assert store.stats().hit_tokens - before == 2 * 3 + 2 * 4
+        store.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [{"num_beams": 3}, {"num_beams": 2, "num_return_sequences": 2}, {"do_sample": True, "num_return_sequences": 3}],
+    ids=["beams", "two-of-two-beams", "samples"],
+)
+def test_a_batch_with_beams_and_samples_equals_the_cold_call(mode: dict[str, Any]) -> None:
+    """Beams and several samples of a batch: every row's prefix restored into each of its rows, equal to cold."""
+    model = tiny("bart")
+    batch = padded_batch("bart", (55, 56))
+    prompt = torch.cat([decoder_prompt(model, 7, 8, 9)] * 2)
+    kwargs = {**mode, "do_sample": mode.get("do_sample", False)}
+    with attached(model) as store:
+        run(model, batch, decoder_input_ids=prompt, past_key_values=store)
+        torch.manual_seed(0)
+        warm = model.generate(**batch, decoder_input_ids=prompt, max_new_tokens=4, past_key_values=store,
+                              return_dict_in_generate=True, output_logits=True, **kwargs)  # fmt: skip
+        torch.manual_seed(0)
+        cold = model.generate(**batch, decoder_input_ids=prompt, max_new_tokens=4, return_dict_in_generate=True,
+                              output_logits=True, **kwargs)  # fmt: skip
+        assert_same_outputs(cold, warm)
+        assert store.stats().hit_tokens == 2 * 3 and store.stats().fallbacks == {}
+        store.check_integrity()
+
+
+def test_a_batch_with_decoder_rows_of_another_count_runs_cold() -> None:
+    """Decoder ids whose rows do not match the encoder rows run cold as `batch_size`."""
+    model = tiny("bart")
+    batch = padded_batch("bart", (57, 58))
+    with attached(model) as store:
+        try:
+            warm = run(model, batch, decoder_input_ids=decoder_prompt(model, 7), past_key_values=store)
+        except (ValueError, RuntimeError) as err:  # transformers refuses it itself, as it does cold
+            with pytest.raises(type(err)):
+                run(model, batch, decoder_input_ids=decoder_prompt(model, 7))
+        else:
+            assert torch.equal(warm.sequences, run(model, batch, decoder_input_ids=decoder_prompt(model, 7)).sequences)
         assert store.stats().fallbacks == {"batch_size": 1}
 
 
@@ -490,3 +576,34 @@ def test_a_dynamic_cache_implementation_is_served(where: str) -> None:
             assert store.stats().hit_tokens == prompt.shape[1] - 1
     finally:
         model.generation_config.cache_implementation = saved
+
+
+def test_running_out_of_memory_inside_generate_reruns_the_call_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder prefix is restored inside `generate`; out of memory twice there gives up that run (nothing stays
+    pinned) and the call runs again cold, counted as `out_of_memory`; the stored prefix serves the next call."""
+    from hf_prefix_cache.hooks import pipeline
+    from hf_prefix_cache.model.working_cache import WorkingCache
+
+    model = tiny("bart")
+    inputs = encoder_input("bart", seed=41)
+    prompt = decoder_prompt(model, 7, 8, 9)
+
+    def failing_cache(profile: Any) -> Any:  # the working caches `pipeline.restore` makes
+        cache = WorkingCache(profile)
+
+        def restore(*args: Any, **kwargs: Any) -> None:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+        cache.restore = restore  # type: ignore[method-assign]
+        return cache
+
+    with attached(model, max_host_bytes="64MB") as store:  # the first error moves the entry to the host
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        monkeypatch.setattr(pipeline, "WorkingCache", failing_cache)
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert store.stats().fallbacks == {"out_of_memory": 1} and store.stats().hit_tokens == 0
+        assert all(node.lock_ref == 0 for node in store._store._tree.iter_nodes())
+        monkeypatch.undo()
+        same_as_cold(model, store, inputs, decoder_input_ids=prompt)
+        assert store.stats().hit_tokens == prompt.shape[1] - 1
+        store.check_integrity()

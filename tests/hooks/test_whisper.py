@@ -339,6 +339,40 @@ def test_samples_that_loop_into_a_second_window_rerun_cold_drawing_what_a_cold_c
         assert store.stats().fallbacks == {"whisper_segments": 1}
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"language": "en"},
+        {"task": "transcribe"},  # each clip's language detected from its own encoder output
+        {"language": "en", "num_beams": 2},
+        {"language": "en", "temperature": 0.8, "do_sample": True, "num_return_sequences": 2},
+    ],
+    ids=["en", "detect-language", "beams", "samples"],
+)
+def test_a_batch_of_clips_serves_each_under_its_own(kwargs: dict[str, Any]) -> None:
+    """Each clip of a batch is keyed by its own audio: a repeat skips the encoder and restores every clip's decoder
+    prompt, equal to the cold call; a clip alone then hits what the batch stored for it."""
+    model = whisper()
+    features = torch.cat([audio(71), audio(72)])
+    with attached(model) as store:
+        plain = {key: value for key, value in kwargs.items() if key in ("language", "task")}
+        transcribe(model, features, past_key_values=store, **plain)  # stores both clips and their prompts
+        assert store.stats().entries == 2 and store.stats().encoder_entries == 2
+        outputs = {"max_new_tokens": 3, "return_dict_in_generate": True, "output_logits": True}
+        torch.manual_seed(0)
+        cold = model.generate(features, **outputs, **kwargs)
+        torch.manual_seed(0)
+        with encoder_calls(model) as calls:
+            warm = model.generate(features, past_key_values=store, **outputs, **kwargs)
+        assert_same_outputs(cold, warm)
+        assert not calls, "the stored encoder outputs should replace the encoder"
+        stats = store.stats()
+        assert stats.hit_tokens == 2 * 3 and not stats.fallbacks  # start, language, task of each clip
+        same_as_cold(model, store, audio(72), **plain)
+        assert store.stats().hit_tokens == 3 * 3 and store.stats().encoder_hits == 3
+        store.check_integrity()
+
+
 # ------------------------------------------------------------------------------- encoder outputs
 
 
@@ -380,19 +414,18 @@ def test_the_default_encoder_budget_is_an_eighth_of_the_device_budget() -> None:
     ("features", "kwargs", "reason"),
     [
         (audio(20, frames=2 * FRAMES), {}, "long_form"),
-        (audio(21, batch=2), {"language": "en"}, "batch_size"),
         (audio(22), {"language": "en", "return_timestamps": True}, "return_timestamps"),
         (audio(23), {"language": "en", "temperature": (0.0, 0.2)}, "temperature_fallback"),
         (audio(24), {"language": "en", "use_cache": False}, "use_cache_false"),
         (audio(25, frames=FRAMES - 4), {"language": "en", "return_segments": True}, "return_segments"),
         (audio(26), {"language": "en", "cache_implementation": "dynamic"}, "cache_implementation:dynamic"),
     ],
-    ids=["long-form", "batch", "timestamps", "temperature-fallback", "no-cache", "segments", "cache-implementation"],
+    ids=["long-form", "timestamps", "temperature-fallback", "no-cache", "segments", "cache-implementation"],
 )
 def test_what_the_store_does_not_serve_runs_cold_with_a_reason(
     features: torch.Tensor, kwargs: dict[str, Any], reason: str
 ) -> None:
-    """Long-form audio, batches, timestamps, temperature fallback, use_cache=False, a cache_implementation and segments of a
+    """Long-form audio, timestamps, temperature fallback, use_cache=False, a cache_implementation and segments of a
     clip shorter than the window run Whisper's own generate."""
     model = whisper()
     with attached(model) as store:
