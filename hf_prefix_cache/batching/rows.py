@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hf_prefix_cache.batching.sampling import Chooser, Sampling
+from hf_prefix_cache.store.lookup import as_token_list
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +46,7 @@ class Request:
     """What a caller asks of the engine for one sequence.
 
     Attributes:
-        ids: the prompt's token ids.
+        ids: the prompt's token ids (given as a tensor, a list or a tokenizer's output; kept as a tuple).
         max_new_tokens: at most this many tokens are generated.
         sampling: how each token is chosen (`sampling.Sampling`; greedy by default).
         end_ids: token ids that end the answer (the model's EOS ids); the end token is kept.
@@ -67,6 +68,7 @@ class Request:
     keep_logits: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ids", tuple(as_token_list(self.ids)))  # a tensor, a list, a tokenizer's output
         if len(self.ids) == 0:
             raise ValueError("a request needs at least one prompt token")
         if self.max_new_tokens < 1:
