@@ -4,9 +4,10 @@ A row joins (`admit`) after its prompt is prefilled ALONE through the store, as 
 call with the store as its cache: that call restores the row's stored prefix, prefills the rest
 (recurrent models in snapshot-sized chunks), stores the prompt and counts the request under the row's
 salt exactly as the sequential path does, and returns the row's working cache and the prompt's last
-logits, from which the row chooses its first token. The batch is then laid out again with
-`model.batch_rows.restore_rows` (the store's own padded batches use it): every row's cache behind its
-left padding, right-aligned, so each row's chosen-but-unfed token is fed at the same column.
+logits, from which the row chooses its first token. The batch is then laid out again (`layout.py`; for
+models with recurrent states through `model.batch_rows.restore_rows`, which the store's own padded batches
+use): every row's cache behind its left padding, right-aligned, so each row's chosen-but-unfed token is
+fed at the same column.
 
 `step` runs ONE forward over every row (ids `[B, 1]`, the 2D mask that hides each row's padding, each
 row's own next position), then each row chooses, streams and checks its end. A row that ends leaves at
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.batching import layout
 from hf_prefix_cache.batching.rows import EndReason, Row
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model import batch_rows
@@ -104,8 +106,14 @@ class RunningBatch:
         if reason is not None:
             row.finish(reason)  # its prompt was stored by the prefill; nothing more was fed
             return True
-        parts = [(self._copy(i), other) for i, other in enumerate(self.rows)]
-        self._lay_out([*parts, (cache, row)])
+        n, length = len(request.ids), self._length
+        self._cache = layout.joined(self.profile, self._cache, [r.pad for r in self.rows], cache, n, length)
+        width = max(length, n)
+        for other in self.rows:
+            other.pad += width - length
+        row.pad = width - n
+        self.rows.append(row)
+        self._length = width
         return True
 
     # ------------------------------------------------------------------ decoding
@@ -147,14 +155,20 @@ class RunningBatch:
     def end(self, ended: Sequence[tuple[Row, EndReason]]) -> None:
         """Store each of `ended`'s rows (copied out alone, under its salt), tell its caller, and drop it."""
         leaving = {id(row): reason for row, reason in ended}
-        staying: list[tuple[WorkingCache, Row]] = []
+        staying = [i for i, row in enumerate(self.rows) if id(row) not in leaving]
         for i, row in enumerate(self.rows):
             if id(row) in leaving:
                 self._store(row, self._copy(i))
                 row.finish(leaving[id(row)])
-            else:
-                staying.append((self._copy(i), row))
-        self._lay_out(staying)
+        rows, cache, length = self.rows, self._cache, self._length
+        if not staying or cache is None:
+            self.rows, self._cache, self._length = [], None, 0
+            return
+        width = max(length - rows[i].pad for i in staying)  # the padding columns all rows left share are dropped
+        self._cache = layout.kept(self.profile, cache, [row.pad for row in rows], length, staying, width)
+        self.rows, self._length = [rows[i] for i in staying], width
+        for row in self.rows:
+            row.pad -= length - width
 
     def fail(self, error: BaseException) -> None:
         """End every row with `error` (the model raised): nothing of theirs is stored past their prompts."""
@@ -175,19 +189,6 @@ class RunningBatch:
         if self._cache is None:
             raise InconsistentStateError("a row of an empty batch was asked for")
         return batch_rows.copy_row(self._cache, i, self.rows[i].pad, self._length)
-
-    def _lay_out(self, parts: Sequence[tuple[WorkingCache, Row]]) -> None:
-        """Make the batch these rows, in order, each cache behind the padding that right-aligns it with the longest."""
-        if not parts:
-            self.rows, self._cache, self._length = [], None, 0
-            return
-        held = [len(row.fed_ids) for _, row in parts]
-        length = max(held)
-        for (_, row), n in zip(parts, held, strict=True):
-            row.pad = length - n
-        cache = WorkingCache(self.profile)
-        batch_rows.restore_rows(cache, [(part, row.pad) for part, row in parts], length)
-        self.rows, self._cache, self._length = [row for _, row in parts], cache, length
 
     def _store(self, row: Row, cache: WorkingCache) -> None:
         """Store `row`'s finished sequence (`cache` holds it alone) under its salt, as `generate` stores one."""
