@@ -123,6 +123,8 @@ def batched(
 ) -> list[Timed]:
     """The batching engine: every request submitted at the start, the loop here or in a worker thread."""
     scheduler = Scheduler(store, num_threads=num_threads)
+    eos = store.model.generation_config.eos_token_id
+    end_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)  # as generate ends
     firsts: dict[int, float] = {}
     lasts: dict[int, float] = {}
 
@@ -134,7 +136,7 @@ def batched(
     if in_thread:
         scheduler.start()
     arrival = time.perf_counter()
-    rows = [scheduler.submit(Request(p, max_new_tokens=new), on_token=on_token) for p in prompts]
+    rows = [scheduler.submit(Request(p, max_new_tokens=new, end_ids=end_ids), on_token=on_token) for p in prompts]
     if in_thread:
         for row in rows:
             row.wait()

@@ -5,7 +5,8 @@ at every position), a join writes the batch's rows and the new row behind their 
 buffer per layer (one copy), and a departure keeps the rows left and drops the padding columns they all
 share (one copy). Models with recurrent states (`ModelProfile.joins_rows`) take the store's own way
 (`model.batch_rows`): every row copied out alone, then the rows restored side by side with their states
-joined. Either way each row `i` holds its cache at columns `[pads[i], length)`, right-aligned.
+joined. Either way each row `i` holds its cache at columns `[pads[i], length)`, right-aligned, in a
+`GrowingCache` (its full-attention layers then take each step's column in place).
 
 Example:
     >>> from hf_prefix_cache.api.prefix_cache import store_of
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hf_prefix_cache.batching.growing import GrowingCache
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -41,7 +43,7 @@ def joined(
     if not profile.expands:
         parts = [(batch_rows.copy_row(batch, i, pad, length), pad) for i, pad in enumerate(pads)] if batch else []
         width = max(length, row_len)
-        out = WorkingCache(profile)
+        out = GrowingCache(profile)
         laid = [(part, width - (length - pad)) for part, pad in parts] + [(row, width - row_len)]
         batch_rows.restore_rows(out, laid, width)
         return out
@@ -49,7 +51,7 @@ def joined(
     row.land()
     if batch is not None:
         batch.land()
-    out = WorkingCache(profile)
+    out = GrowingCache(profile)
     for i, (fresh, adapter) in enumerate(zip(out.layers, profile.adapters, strict=True)):
         if not adapter.has_kv:
             continue
@@ -78,11 +80,11 @@ def kept(
     columns: the padding columns every kept row shares are dropped."""
     if not profile.expands:
         parts = [(batch_rows.copy_row(batch, i, pads[i], length), width - (length - pads[i])) for i in rows]
-        out = WorkingCache(profile)
+        out = GrowingCache(profile)
         batch_rows.restore_rows(out, parts, width)
         return out
     batch.land()
-    out = WorkingCache(profile)
+    out = GrowingCache(profile)
     index: torch.Tensor | None = None
     for i, (layer, fresh, adapter) in enumerate(zip(batch.layers, out.layers, profile.adapters, strict=True)):
         if not adapter.has_kv:

@@ -3,7 +3,8 @@
 `Request` is what a caller asks (immutable); `Row` is that request's life in the engine: the tokens chosen so
 far, the token chosen but not fed yet, where it sits in the running batch, the scope its store calls
 count in, and, once it ends, its `EndReason`. The engine calls `on_token` for every token as it is chosen
-and `on_end` once, from the thread that runs the batch.
+and `on_end` once, from the thread that runs the batch (an exception in one is logged, never raised into the
+batch: the other rows go on).
 
 Example:
     >>> row = Row(Request((5, 6, 7), max_new_tokens=4, end_ids=frozenset({2})))
@@ -15,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     import torch
 
     from hf_prefix_cache.store.scope import RequestScope
+
+logger = logging.getLogger("hf_prefix_cache")
 
 
 class EndReason(enum.Enum):
@@ -151,7 +155,7 @@ class Row:
             self.first_token_at = time.monotonic()
         self.tokens.append(token)
         if self.on_token is not None:
-            self.on_token(self, token)
+            _call_back(self.on_token, self, token)
 
     def ended_by(self) -> EndReason | None:
         """Why the row ends after its last token, or None while it goes on."""
@@ -170,8 +174,14 @@ class Row:
         if self._done.is_set():
             return
         self.end_reason, self.error, self.ended_at = reason, error, time.monotonic()
-        try:
-            if self.on_end is not None:
-                self.on_end(self)
-        finally:
-            self._done.set()
+        if self.on_end is not None:
+            _call_back(self.on_end, self)
+        self._done.set()
+
+
+def _call_back(callback: Callable[..., None], *args: Any) -> None:
+    """Call a caller's callback; an exception in it is logged, never raised into the batch (the other rows go on)."""
+    try:
+        callback(*args)
+    except Exception:
+        logger.exception("batching: a row's callback raised")
