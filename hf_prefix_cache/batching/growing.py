@@ -45,14 +45,14 @@ class GrowingCache(WorkingCache):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As `Cache.update`; a plain full-attention layer writes the new columns into its buffer."""
         layer = self.layers[layer_idx]
-        if type(layer) is not DynamicLayer or not layer.is_initialized:
+        old_keys, old_values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if type(layer) is not DynamicLayer or not layer.is_initialized or old_keys is None or old_values is None:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        held, new = layer.keys.shape[-2], key_states.shape[-2]
-        buffers = self._buffers
-        kept = buffers.get(layer_idx)
-        if kept is None or not _fills(kept[0], layer.keys, held + new) or not _fills(kept[1], layer.values, held + new):
-            kept = (_room(layer.keys, held + new + SPARE), _room(layer.values, held + new + SPARE))
-            buffers[layer_idx] = kept
+        held, new = old_keys.shape[-2], key_states.shape[-2]
+        kept = self._buffers.get(layer_idx)
+        if kept is None or not (_fills(kept[0], old_keys, held + new) and _fills(kept[1], old_values, held + new)):
+            kept = (_room(old_keys, held + new + SPARE), _room(old_values, held + new + SPARE))
+            self._buffers[layer_idx] = kept
         keys, values = kept
         keys[:, :, held : held + new] = key_states
         values[:, :, held : held + new] = value_states
@@ -62,7 +62,8 @@ class GrowingCache(WorkingCache):
     def spare(self, layer_idx: int) -> int:
         """Columns layer `layer_idx`'s buffer can still take before it is copied (0 where it has none)."""
         kept = self._buffers.get(layer_idx)
-        return 0 if kept is None else kept[0].shape[-2] - self.layers[layer_idx].keys.shape[-2]
+        keys = getattr(self.layers[layer_idx], "keys", None)
+        return 0 if kept is None or keys is None else kept[0].shape[-2] - keys.shape[-2]
 
 
 def _fills(buffer: torch.Tensor, held: torch.Tensor, needed: int) -> bool:
