@@ -16,6 +16,7 @@ from conftest import CACHE_NAME, LOGIT_TOL, build, random_prompt
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.batching.batch import RunningBatch
+from hf_prefix_cache.batching.growing import SPARE
 from hf_prefix_cache.batching.rows import EndReason, Request, Row
 
 MODELS = ("llama", "gpt2", "mistral", "gemma3_text", "qwen3_next", "lfm2")
@@ -100,4 +101,20 @@ def test_stop_sequences_and_a_one_token_answer(model: Any) -> None:
     run_staggered(batch, [stop], [0])
     first = next(j for j in range(len(cold) - 1) if tuple(cold[j : j + 2]) == sequence)
     assert stop.end_reason is EndReason.STOP and stop.tokens == cold[: first + 2]
+    store.detach()
+
+
+def test_rows_decoding_past_their_layers_spare_room_stay_exact() -> None:
+    """Full-attention layers grow in place (`growing.py`): answers longer than the spare room (copied when
+    outgrown), with rows leaving and joining in between, equal each request alone."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompts = [random_prompt(n, seed=seed)[0].tolist() for n, seed in ((20, 1), (9, 2), (14, 3))]
+    new = (2 * SPARE + 8, 5, SPARE // 2)  # the first decodes alone for more than SPARE steps at the end
+    rows = [Row(Request(p, max_new_tokens=n, keep_logits=True)) for p, n in zip(prompts, new, strict=True)]
+    run_staggered(RunningBatch(store), rows, [0, 3, 10])
+    for prompt, n, row in zip(prompts, new, rows, strict=True):
+        cold = alone(model, prompt, n)
+        assert row.tokens == cold.sequences[0, len(prompt) :].tolist()
+        assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
     store.detach()

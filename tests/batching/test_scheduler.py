@@ -99,3 +99,21 @@ def test_a_row_cancelled_while_it_waits_never_runs_and_stop_cancels_the_rest() -
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, **{CACHE_NAME: store})
     assert scope.cached_tokens == len(long.request.ids) + len(long.tokens) - 1  # what it computed was stored
     store.detach()
+
+
+def test_a_callback_that_raises_ends_no_row() -> None:
+    """A caller's `on_token` that raises is logged; its row and the others still finish exactly."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompts = [random_prompt(n, seed=s)[0].tolist() for n, s in ((16, 7), (21, 8))]
+
+    def broken(row: Row, token: int) -> None:
+        raise RuntimeError("a client's bug")
+
+    scheduler = Scheduler(store)
+    rows = [scheduler.submit(Request(prompts[0], max_new_tokens=4), on_token=broken, on_end=broken)]
+    rows.append(scheduler.submit(Request(prompts[1], max_new_tokens=6)))
+    scheduler.run_until_idle()
+    assert [row.end_reason for row in rows] == [EndReason.LENGTH, EndReason.LENGTH]
+    assert [row.tokens for row in rows] == [alone(model, prompts[0], 4), alone(model, prompts[1], 6)]
+    store.detach()
