@@ -1,0 +1,201 @@
+"""RunningBatch: the rows decoding together, each behind its own left padding in one working cache.
+
+A row joins (`admit`) after its prompt is prefilled ALONE through the store, as a one-token `generate`
+call with the store as its cache: that call restores the row's stored prefix, prefills the rest
+(recurrent models in snapshot-sized chunks), stores the prompt and counts the request under the row's
+salt exactly as the sequential path does, and returns the row's working cache and the prompt's last
+logits, from which the row chooses its first token. The batch is then laid out again (`layout.py`; for
+models with recurrent states through `model.batch_rows.restore_rows`, which the store's own padded batches
+use): every row's cache behind its left padding, right-aligned, so each row's chosen-but-unfed token is
+fed at the same column.
+
+`step` runs ONE forward over every row (ids `[B, 1]`, the 2D mask that hides each row's padding, each
+row's own next position), then each row chooses, streams and checks its end. A row that ends leaves at
+once: its cache is copied out alone (`batch_rows.copy_row`) and its finished sequence (prompt and every
+token but the last, never fed) stored under its salt, as `generate` would store it; the rows left are
+laid out again without the padding columns they all share.
+
+``` text
+row a (pad 0):  [ a0 a1 a2 a3 a4 ] <- a's next token
+row b (pad 2):  [ .  .  b0 b1 b2 ] <- b's next token      mask [[1 1 1 1 1 1], [0 0 1 1 1 1]]
+```
+
+Example:
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from hf_prefix_cache import PrefixCache
+    >>> from hf_prefix_cache.batching.rows import Request, Row
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
+    >>> batch = RunningBatch(PrefixCache(model))
+    >>> rows = [Row(Request(list(range(4, 4 + n)), max_new_tokens=3)) for n in (12, 7)]
+    >>> [batch.admit(row) for row in rows]
+    [True, True]
+    >>> while batch.rows:
+    ...     batch.step()
+    >>> [len(row.tokens) for row in rows], [row.end_reason.value for row in rows]
+    ([3, 3], ['length', 'length'])
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.batching import layout
+from hf_prefix_cache.batching.rows import EndReason, Row
+from hf_prefix_cache.errors import InconsistentStateError
+from hf_prefix_cache.model import batch_rows
+from hf_prefix_cache.model.working_cache import WorkingCache
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.api.prefix_cache import PrefixCache
+
+logger = logging.getLogger("hf_prefix_cache")
+
+
+class RunningBatch:
+    """The rows in flight on one model and its store; every method runs in the one thread that owns the batch.
+
+    Args:
+        prefix_cache: the store of the model (its `model` is the model the rows run on).
+    """
+
+    def __init__(self, prefix_cache: PrefixCache) -> None:
+        store = store_of(prefix_cache)
+        self._front = prefix_cache
+        self.model = store.model
+        self.profile = store.profile
+        self.rows: list[Row] = []
+        self._cache: WorkingCache | None = None
+        self._length = 0  # columns every row's cache spans (its padding included)
+
+    @property
+    def length(self) -> int:
+        """Columns of the batch's cache: the longest row's fed tokens (the others are padded to it)."""
+        return self._length
+
+    # ------------------------------------------------------------------ joining
+    def admit(self, row: Row) -> bool:
+        """Prefill `row` alone through the store, choose its first token, and join it (unless that token ended it).
+
+        Returns False, with nothing of the row changed but its scope, when the store ran the prefill cold (its
+        state is then not a working cache the batch can take): the caller runs the row alone.
+        """
+        request = row.request
+        ids = torch.tensor([list(request.ids)], device=self.model.device)
+        row.scope = self._front.request(request.salt)
+        with row.scope, torch.no_grad():
+            output = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                cache=self._front,
+                max_new_tokens=1,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        cache = output["cache"] if "cache" in output else output["past_key_values"]
+        if not isinstance(cache, WorkingCache) or cache.kv_length() != len(request.ids):
+            return False
+        reason = self._choose(row, output.logits[0][0])
+        if reason is not None:
+            row.finish(reason)  # its prompt was stored by the prefill; nothing more was fed
+            return True
+        n, length = len(request.ids), self._length
+        self._cache = layout.joined(self.profile, self._cache, [r.pad for r in self.rows], cache, n, length)
+        width = max(length, n)
+        for other in self.rows:
+            other.pad += width - length
+        row.pad = width - n
+        self.rows.append(row)
+        self._length = width
+        return True
+
+    # ------------------------------------------------------------------ decoding
+    def step(self) -> None:
+        """One forward over every row, then each row's choice; rows that ended leave (stored)."""
+        cache, rows, length = self._cache, self.rows, self._length
+        if cache is None or not rows:
+            return
+        device = self.model.device
+        pads = torch.tensor([row.pad for row in rows], device=device)
+        mask = (torch.arange(length + 1, device=device)[None, :] >= pads[:, None]).long()
+        kwargs: dict[str, Any] = {
+            self.profile.cache_kwarg: cache,
+            "attention_mask": mask,
+            "position_ids": (length - pads)[:, None],
+            "use_cache": True,
+        }
+        if self.profile.accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        ids = torch.tensor([[row.pending] for row in rows], device=device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, **kwargs).logits[:, -1, :]
+        self._length = length + 1
+        ended = [(row, reason) for i, row in enumerate(rows) if (reason := self._choose(row, logits[i])) is not None]
+        if ended:
+            self.end(ended)
+
+    def end_flagged(self, now: float | None = None) -> None:
+        """End the rows cancelled or past their deadline (what they computed is stored)."""
+        now = time.monotonic() if now is None else now
+        flagged = [
+            (row, EndReason.CANCELLED if row.cancelled else EndReason.TIMEOUT)
+            for row in self.rows
+            if row.cancelled or row.expired(now)
+        ]
+        if flagged:
+            self.end(flagged)
+
+    def end(self, ended: Sequence[tuple[Row, EndReason]]) -> None:
+        """Store each of `ended`'s rows (copied out alone, under its salt), tell its caller, and drop it."""
+        leaving = {id(row): reason for row, reason in ended}
+        staying = [i for i, row in enumerate(self.rows) if id(row) not in leaving]
+        for i, row in enumerate(self.rows):
+            if id(row) in leaving:
+                self._store(row, self._copy(i))
+                row.finish(leaving[id(row)])
+        rows, cache, length = self.rows, self._cache, self._length
+        if not staying or cache is None:
+            self.rows, self._cache, self._length = [], None, 0
+            return
+        width = max(length - rows[i].pad for i in staying)  # the padding columns all rows left share are dropped
+        self._cache = layout.kept(self.profile, cache, [row.pad for row in rows], length, staying, width)
+        self.rows, self._length = [rows[i] for i in staying], width
+        for row in self.rows:
+            row.pad -= length - width
+
+    def fail(self, error: BaseException) -> None:
+        """End every row with `error` (the model raised): nothing of theirs is stored past their prompts."""
+        rows, self.rows, self._cache, self._length = self.rows, [], None, 0
+        for row in rows:
+            row.finish(EndReason.ERROR, error)
+
+    # ------------------------------------------------------------------ helpers
+    def _choose(self, row: Row, logits: torch.Tensor) -> EndReason | None:
+        """Row `row` chooses and streams its next token from its `[vocab]` logits; why it ends now, if it does."""
+        if row.request.keep_logits:
+            row.logits.append(logits.detach().float().cpu().clone())
+        row.emit(row.chooser.choose(logits, len(row.tokens)))
+        return row.ended_by()
+
+    def _copy(self, i: int) -> WorkingCache:
+        """Row `i`'s cache alone: its columns after its padding (copies)."""
+        if self._cache is None:
+            raise InconsistentStateError("a row of an empty batch was asked for")
+        return batch_rows.copy_row(self._cache, i, self.rows[i].pad, self._length)
+
+    def _store(self, row: Row, cache: WorkingCache) -> None:
+        """Store `row`'s finished sequence (`cache` holds it alone) under its salt, as `generate` stores one."""
+        if row.scope is None:
+            raise InconsistentStateError("a row left the batch without having been admitted")
+        try:
+            with row.scope:
+                self._front.insert(row.fed_ids, cache)
+        except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
+            logger.warning("batching: a finished row was not stored: %s", exc)
