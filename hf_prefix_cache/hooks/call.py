@@ -21,6 +21,7 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
 from hf_prefix_cache.hooks.checks import GenerationSettings, check_call
+from hf_prefix_cache.hooks.end_states import eos_ids
 from hf_prefix_cache.hooks.pipeline import Cold, guard_failed
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
@@ -61,7 +62,7 @@ class Call:
     call's `cache_implementation` (the working cache serves it); `static_len` is the size of the
     static cache of `Mode.STATIC` (0 otherwise). `layout` holds the prompt's media items,
     `base_namespace` the model's namespace before the prompt and its media extended it, and
-    `scope` the media every position sees (a namespace of their own).
+    `scope` the media every position sees (a namespace of their own); `eos` the ids that end a row.
     """
 
     args: tuple[Any, ...]
@@ -79,6 +80,7 @@ class Call:
     layout: MediaLayout | None = None
     base_namespace: str = ""
     scope: tuple[Any, ...] = ()
+    eos: frozenset[int] = frozenset()
 
     @property
     def pads(self) -> tuple[int, ...]:
@@ -250,6 +252,7 @@ def read_call(
             layout,
             base_namespace,
             scope,
+            eos_ids(settings.eos_token_id),
         ),
         "",
         prompt_len,
