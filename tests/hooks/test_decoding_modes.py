@@ -101,6 +101,34 @@ def test_a_decoding_mode_reuses_the_stored_prefix_exactly(warm_store: Any, mode:
     assert store.stats().fallbacks == {}
 
 
+@pytest.mark.parametrize("warm_store", ["llama"], indirect=True)
+def test_an_assistants_drafting_inside_an_assisted_call_is_counted_as_drafting(warm_store: Any) -> None:
+    """An assistant with a store of its own drafts cold inside the main call, counted as `assistant_drafting` (not as
+    the explicit positions transformers hands it), while the main call reuses its prefix and the assistant's store
+    goes on serving the assistant's own calls."""
+    _, model, store, ids = warm_store
+    cold = _run(model, ids, "assistant_model", None)
+    assistant = cached_model(MODES["assistant_model"]["assistant"])
+    drafts = PrefixCache(assistant, attach="all")
+    try:
+        hits = Hits(store)
+        warm = _run(model, ids, "assistant_model", store)
+        assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == STORED_LEN
+        assert store.stats().fallbacks == {}
+        # The first drafting call passes no cache (later ones pass the one it returned, which is not the store's).
+        assert drafts.stats().fallbacks == {"assistant_drafting": 1}
+        assert drafts.stats().hit_tokens == 0
+        own = Hits(drafts)
+        for _ in range(2):
+            assistant.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False)
+        assert own.last() == PROMPT_LEN - 1
+        assert drafts.stats().fallbacks == {"assistant_drafting": 1}
+    finally:
+        drafts.detach()
+
+
 @pytest.mark.parametrize("implementation", ["static", "sliding_window", "hybrid"])
 def test_a_static_sliding_cache_restores_a_prefix_past_its_window(implementation: str) -> None:
     """On a model with sliding layers, `cache_implementation="static"` (and the deprecated names generate builds the same
