@@ -15,6 +15,9 @@ from conftest import CACHE_NAME, LOGIT_TOL, Hits, cached_model, kv_bytes_per_tok
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.compare import served
+from tests.hooks.test_batches import ROWS as BATCH_ROWS
+from tests.hooks.test_batches import expected_hits, left_padded
+from tests.hooks.test_batches import run as run_batch
 
 STORED_LEN = 30
 PROMPT_LEN = 40
@@ -27,6 +30,8 @@ MODES: dict[str, dict[str, Any]] = {
     "prompt_lookup": {"prompt_lookup_num_tokens": 3},
     "assistant_model": {"assistant": "qwen3"},
     "static_cache": {"cache_implementation": "static"},
+    "static_beams": {"cache_implementation": "static", "num_beams": 3, "num_return_sequences": 2},
+    "static_samples": {"cache_implementation": "static", "do_sample": True, "num_return_sequences": 3},
 }
 # Full attention, sliding windows (every position kept), an indexer's keys, absolute positions.
 MODELS = ("llama", "gemma3_text", "deepseek_v32", "gpt2")
@@ -89,11 +94,11 @@ def test_a_decoding_mode_reuses_the_stored_prefix_exactly(warm_store: Any, mode:
         assert hits.last() == 0
         assert store.stats().fallbacks == {"assisted_decoding": 1}
         return
-    if name in STATIC_COLD and mode == "static_cache":
+    if name in STATIC_COLD and mode.startswith("static"):
         assert hits.last() == 0
         assert store.stats().fallbacks == {"cache_implementation:static": 1}
         return
-    if name in STATIC_WINDOW and mode == "static_cache":
+    if name in STATIC_WINDOW and mode.startswith("static"):
         assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
         assert store.stats().fallbacks == {"static_window": 1}
         return
@@ -168,6 +173,34 @@ def test_a_static_sliding_cache_within_its_window_stores_the_sequence() -> None:
         assert store.stats().fallbacks == {}
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_a_static_cache_serves_a_padded_batch_each_row_its_own_prefix(name: str) -> None:
+    """A left-padded batch on a static cache restores each row's own prefix (to the column every row reaches, as on a
+    dynamic cache), copied into the static buffers padding and all; afterwards each row is stored (where no sliding
+    layer wrote past its window), so a follow-up on a row's answer reuses all of it."""
+    model = cached_model(name)
+    prompts = [random_prompt(n, seed=seed) for n, seed, _ in BATCH_ROWS]
+    with served(model, clean=False) as store:
+        for prompt, (_, _, stored) in zip(prompts, BATCH_ROWS, strict=True):
+            store_prompt(model, store, prompt[:, :stored])
+        ids, mask = left_padded(prompts)
+        cold = run_batch(model, ids, mask, None, cache_implementation="static")
+        hits = Hits(store)
+        warm = run_batch(model, ids, mask, store, cache_implementation="static")
+        assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == sum(expected_hits(BATCH_ROWS)) == 27 + 20 + 12
+        if name in STATIC_WINDOW:  # 40 columns written into windows of 8: nothing is copied out
+            assert store.stats().fallbacks == {"batch_layout": 1, "static_window": 1}
+            return
+        assert store.stats().fallbacks == {"batch_layout": 1}  # row 0 has 30 stored, the batch's column is 27
+        width = ids.shape[1]
+        answer = warm.sequences[2:, width - BATCH_ROWS[2][0] :]  # row 2's prompt and answer, without its padding
+        store_prompt(model, store, answer)
+        assert hits.last() == answer.shape[1] - 1
+        store.check_integrity()
+
+
 def store_prompt(model: Any, store: PrefixCache, ids: torch.Tensor) -> None:
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, **{CACHE_NAME: store})
 
@@ -228,6 +261,9 @@ sys.path.insert(0, "tests")
 from conftest import CACHE_NAME, LOGIT_TOL, Hits, build, max_logit_diff, random_prompt
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.compare import served
+from tests.hooks.test_batches import ROWS as BATCH_ROWS
+from tests.hooks.test_batches import expected_hits, left_padded
+from tests.hooks.test_batches import run as run_batch
 
 model = build("llama")
 store = PrefixCache(model)
