@@ -104,6 +104,10 @@ RETURN_SEGMENTS = "return_segments"
 MONITOR_PROGRESS = "monitor_progress"
 WHISPER_SEGMENTS = "whisper_segments"  # the request looped into a second segment: rerun cold
 
+# A drafting call of an assistant model inside an assisted `generate` of the main model (transformers passes it a
+# `generation_config` with `is_assistant=True`): an assistant's own store serves its own `generate` calls, not these.
+ASSISTANT_DRAFTING = "assistant_drafting"
+
 # --- media (multimodal/ and the decoder-only hook)
 MEDIA_INPUTS = "media_inputs"  # + ":" + the model type without an adapter, or the kwarg it does not handle
 MEDIA_BATCH = "media_batch"

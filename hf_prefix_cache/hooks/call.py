@@ -21,6 +21,7 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
 from hf_prefix_cache.hooks.checks import GenerationSettings, check_call
+from hf_prefix_cache.hooks.end_states import eos_ids
 from hf_prefix_cache.hooks.pipeline import Cold, guard_failed
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
@@ -38,7 +39,8 @@ class Mode(enum.Enum):
 
     SHARED = "shared prefix"  # one prompt (identical rows): one restore, copied to every row and its expansion
     STATIC = "static copy"  # one prompt on a static cache: restored, copied into its buffers and out again
-    OWN_ROWS = "own rows"  # distinct or left-padded rows of per-token keys: each restores to one shared column
+    OWN_ROWS = "own rows"  # distinct or left-padded rows of per-token keys: each restores to one shared column (its
+    # cache copied into a static one where the call asks for one)
     STATE_ROWS = "state rows"  # rows with recurrent states (a batch, padding, expansion): prefilled alone, joined
 
 
@@ -59,9 +61,10 @@ class Call:
     sequences), `beams` whether they are beams (reordered every step); `assisted` is assisted or
     prompt-lookup decoding (its first forward is fed the whole prompt); `drop_impl` drops the
     call's `cache_implementation` (the working cache serves it); `static_len` is the size of the
-    static cache of `Mode.STATIC` (0 otherwise). `layout` holds the prompt's media items,
+    static cache the restored prefix is copied into (`Mode.STATIC`, and `Mode.OWN_ROWS` on a static cache; 0
+    otherwise). `layout` holds the prompt's media items,
     `base_namespace` the model's namespace before the prompt and its media extended it, and
-    `scope` the media every position sees (a namespace of their own).
+    `scope` the media every position sees (a namespace of their own); `eos` the ids that end a row.
     """
 
     args: tuple[Any, ...]
@@ -79,6 +82,7 @@ class Call:
     layout: MediaLayout | None = None
     base_namespace: str = ""
     scope: tuple[Any, ...] = ()
+    eos: frozenset[int] = frozenset()
 
     @property
     def pads(self) -> tuple[int, ...]:
@@ -94,17 +98,15 @@ CALL_FACTS = ("padded", "several", "distinct", "expanded", "static")
 
 
 class ModeRule(NamedTuple):
-    """A row of the mode table: when every fact of `when` holds (and none of `unless`), the mode or the cold reason
-    (`with_static`: the reason names the static cache implementation)."""
+    """A row of the mode table: when every fact of `when` holds (and none of `unless`), the mode or the cold reason."""
 
     when: frozenset[str]
     unless: frozenset[str]
     outcome: Mode | str
-    with_static: bool = False
 
 
-def _rule(when: str, outcome: Mode | str, unless: str = "", with_static: bool = False) -> ModeRule:
-    return ModeRule(frozenset(when.split()), frozenset(unless.split()), outcome, with_static)
+def _rule(when: str, outcome: Mode | str, unless: str = "") -> ModeRule:
+    return ModeRule(frozenset(when.split()), frozenset(unless.split()), outcome)
 
 
 #: The one table of modes, first match wins: a call's mode, or the reason it runs cold. The refusals of
@@ -112,14 +114,12 @@ def _rule(when: str, outcome: Mode | str, unless: str = "", with_static: bool = 
 MODE_TABLE: tuple[ModeRule, ...] = (
     # Left-padded rows restore behind their padding only where positions follow the mask (`serves_padding`).
     _rule("padded", reasons.PADDING, unless="padding_served"),
-    # A static cache restores one prompt.
-    _rule("static several", reasons.CACHE_IMPLEMENTATION, with_static=True),
-    _rule("static padded", reasons.CACHE_IMPLEMENTATION, with_static=True),
     # Recurrent states have one snapshot per stored length: each row is prefilled alone, then the rows are joined.
     _rule("has_state several", Mode.STATE_ROWS),
     _rule("has_state expanded", Mode.STATE_ROWS),
     _rule("has_state padded", Mode.STATE_ROWS),
-    # Per-token keys: each row restores its own prefix, to the column every row reaches.
+    # Per-token keys: each row restores its own prefix, to the column every row reaches (then copied into a static
+    # cache where the call asks for one).
     _rule("padded", Mode.OWN_ROWS),
     _rule("distinct", Mode.OWN_ROWS),
     _rule("static", Mode.STATIC),
@@ -134,18 +134,20 @@ def capabilities(profile: ModelProfile) -> frozenset[str]:
     )
 
 
-def decide_mode(facts: frozenset[str], static: str | None) -> Mode | str:
+def decide_mode(facts: frozenset[str]) -> Mode | str:
     """The mode of a call with `facts` (its own and its model's capabilities) by `MODE_TABLE`, or the reason it runs
-    cold (`static`: the static cache implementation asked for, named in its reason).
+    cold.
 
-    >>> decide_mode(frozenset({"padded", "has_state", "padding_served"}), None)
+    >>> decide_mode(frozenset({"padded", "has_state", "padding_served"}))
     <Mode.STATE_ROWS: 'state rows'>
-    >>> decide_mode(frozenset({"static", "several"}), "static")
-    'cache_implementation:static'
+    >>> decide_mode(frozenset({"static", "several", "distinct", "padding_served"}))
+    <Mode.OWN_ROWS: 'own rows'>
+    >>> decide_mode(frozenset({"static", "padded"}))
+    'padding'
     """
-    for when, unless, outcome, with_static in MODE_TABLE:
+    for when, unless, outcome in MODE_TABLE:
         if when <= facts and unless.isdisjoint(facts):
-            return reasons.with_detail(outcome, static) if with_static and isinstance(outcome, str) else outcome
+            return outcome
     return Mode.SHARED  # not reached: the table's last rule always applies
 
 
@@ -209,7 +211,7 @@ def read_call(
         facts.add("expanded")
     if settings.static is not None:
         facts.add("static")
-    mode = decide_mode(frozenset(facts), settings.static)
+    mode = decide_mode(frozenset(facts))
     if isinstance(mode, str):
         return Read(None, mode, prompt_len)
     try:
@@ -246,10 +248,11 @@ def read_call(
             settings.assisted or arguments.get("assistant_model") is not None,
             # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
             bool(settings.cache_implementation),
-            _static_len(settings, prompt_len) if mode is Mode.STATIC else 0,
+            _static_len(settings, prompt_len) if settings.static is not None else 0,
             layout,
             base_namespace,
             scope,
+            eos_ids(settings.eos_token_id),
         ),
         "",
         prompt_len,

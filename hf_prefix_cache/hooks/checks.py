@@ -266,7 +266,7 @@ def check_call(
 
     The checks, in the order their reasons are counted:
 
-    1. the model (`profile.unsupported`);
+    1. the model (`profile.unsupported`), and an assistant's drafting inside an assisted call (`is_drafting`);
     2. arguments no family serves (`refused_argument`);
     3. the ids: one 2-D integer tensor of rows this model serves together (`_ids_problem`);
     4. media kwargs (`_media_problem`);
@@ -280,6 +280,8 @@ def check_call(
     """
     if profile.unsupported is not None:
         return _refused(profile.unsupported)
+    if refusals.is_drafting(arguments.get("generation_config"), kwargs):
+        return _refused(reasons.ASSISTANT_DRAFTING)
     if not (_REFUSED_NAMES.isdisjoint(kwargs) and _REFUSED_NAMES.isdisjoint(arguments)):
         problem = refusals.refused_argument({**kwargs, **arguments}, modes=refusals.serving_modes(profile))
         if problem is not None:

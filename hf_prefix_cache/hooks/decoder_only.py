@@ -114,7 +114,7 @@ class DecoderOnlyHook(PatchingHook):
             restore_step = functools.partial(recurrent_rows.restore, store, prefill)
             store_step = functools.partial(recurrent_rows.store_finished, store)
         elif call.mode is Mode.OWN_ROWS:
-            restore_step = functools.partial(own_rows.restore, store, self._profile)
+            restore_step = functools.partial(own_rows.restore, store, self._profile, self._model.config)
             store_step = functools.partial(own_rows.store_finished, store)
         else:  # one prompt (`Mode.SHARED`, `Mode.STATIC`)
             restore_step, store_step = self._restore_shared, self._store_shared

@@ -4,7 +4,9 @@ The cache holds the same number of columns in every row, so the batch restores t
 every row reaches (its padding plus its stored prefix): row `i` gets `length - pads[i]` of its
 stored tokens (`batch_rows.restore_rows`), each repeated for its beams or returned sequences.
 `generate` gets the caller's ids and mask unchanged, so its positions, masks, processors and
-outputs are those of the cold call. Afterwards each finished row is stored as its own entry
+outputs are those of the cold call. A call on a static cache (`cache_implementation="static"`) gets
+the batch copied into its buffers, padding columns and all (`model/static.py`), and the positions
+written copied back out after `generate`. Afterwards each finished row is stored as its own entry
 (copied out row by row, without its padding); after beam search, each row's prompt once.
 """
 
@@ -13,12 +15,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from transformers import StaticCache
+
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.hooks.call import Call
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.profile import ModelProfile
+from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.store.contract import Lease, Served, Store
@@ -26,12 +31,13 @@ from hf_prefix_cache.store.contract import Lease, Served, Store
 logger = logging.getLogger("hf_prefix_cache")
 
 
-def restore(store: Store, profile: ModelProfile, call: Call) -> pipeline.Held | pipeline.Cold:
-    """Leases on each row's own longest stored prefix, restored into one batch behind its left padding.
+def restore(store: Store, profile: ModelProfile, config: Any, call: Call) -> pipeline.Held | pipeline.Cold:
+    """Leases on each row's own longest stored prefix, restored into one batch behind its left padding (and copied
+    into a static cache of `call.static_len` positions for the model's `config` where the call asks for one).
 
     `pipeline.Cold` when memory ran out twice (the store moves its unpinned entries off the device after the
     first out-of-memory error) or a guard failed; nothing stays pinned then. The held state is the
-    column `length` the batch restored to.
+    column `length` the batch restored to, and the static cache (or None).
     """
     pads = call.pads
     for attempt in range(2):
@@ -59,11 +65,18 @@ def restore(store: Store, profile: ModelProfile, call: Call) -> pipeline.Held | 
             logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
     else:
         return pipeline.Cold(reasons.OUT_OF_MEMORY)
-    kwargs = pipeline.generate_kwargs(call, profile, cache)
+    static: StaticCache | None = None
+    if call.static_len:
+        try:
+            static = to_static(cache, config, call.static_len)  # the rows as laid out, padding columns included
+        except BaseException:
+            pipeline.release_all(store, leases)
+            raise
+    kwargs = pipeline.generate_kwargs(call, profile, cache if static is None else static)
     if call.assisted:
         cache.skip_len = length
     cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
-    return pipeline.Held(leases, cache, kwargs, length)
+    return pipeline.Held(leases, cache, kwargs, (length, static))
 
 
 def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
@@ -72,8 +85,22 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
     Raises:
         InconsistentStateError: the cache disagrees with a finished row (an exactness guard).
     """
-    cache, length = held.cache, held.state
+    cache, (length, static) = held.cache, held.state
     reused = [max(length - pad, 0) for pad in call.pads]
+    served = Served(
+        call.prompt_len,
+        length,
+        len(call.rows),
+        rows=tuple((len(row.tokens), used) for row, used in zip(call.rows, reused, strict=True)),
+    )
+    reduced = []
+    if any(lease.cached_len > used for lease, used in zip(held.leases, reused, strict=True)):
+        reduced.append(reasons.BATCH_LAYOUT)  # a row had more stored than the shared column allows
+    if static is not None:
+        copied = from_static(static, cache)  # the buffers are this call's: copy what to store out
+        if copied is None:  # a sliding layer wrote past its window: the earliest positions are gone
+            return pipeline.Outcome(served, (*reduced, reasons.STATIC_WINDOW))
+        cache = copied
     rows, sequences, computed = call.rows, call.input_ids, reused
     if call.beams:
         # As for a shared prompt's beams: the prompt of each row, from the first of its beams.
@@ -85,10 +112,6 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
     if kv_len is None:
         raise InconsistentStateError("rows are stored from layers of per-token keys")
     pipeline.store_rows(store, rows, sequences, cache, kv_len, computed)
-    reduced = []
-    if any(lease.cached_len > used for lease, used in zip(held.leases, reused, strict=True)):
-        reduced.append(reasons.BATCH_LAYOUT)  # a row had more stored than the shared column allows
     if cache.tied_at is not None:
         reduced.append(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
-    by_row = tuple((len(row.tokens), used) for row, used in zip(call.rows, reused, strict=True))
-    return pipeline.Outcome(Served(call.prompt_len, length, len(call.rows), rows=by_row), tuple(reduced))
+    return pipeline.Outcome(served, tuple(reduced))

@@ -19,21 +19,27 @@ Each prompt row is stored as far as it was prefilled as soon as it was (from the
 it was prefilled in), so the rows after it restore from its snapshots: a batch of questions
 after a shared system prompt, stored with another question and so without a snapshot at the
 prompt's end, computes that prompt once, in its first row. Afterwards, sampled and greedy rows
-are stored one entry each (copied out row by row); beams store nothing more, since beam search
-reorders the rows every step.
+are stored one entry each (copied out row by row); a row that ended at EOS before the others (and
+was fed padding after it) up to and with its EOS, with the states it had then (`end_states.py`).
+Beams store nothing more, since beam search reorders the rows every step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import torch
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
-from hf_prefix_cache.hooks.call import Call
+from hf_prefix_cache.hooks.call import Call, Row
+from hf_prefix_cache.hooks.checks import token_rows
+from hf_prefix_cache.hooks.end_states import EndStates, ride_along
 from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
+from hf_prefix_cache.model.layers import LayerState
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -60,6 +66,14 @@ class _Prefilled:
     cache: WorkingCache
     fed: int
     snapshots: list[Snapshot]
+
+
+class _Joined(NamedTuple):
+    """What the store step needs of a state-rows call: each distinct row as prefilled, and the states of the rows
+    that fed their EOS before the batch ended (None where nothing watched for it)."""
+
+    parts: list[_Prefilled]
+    ends: EndStates | None
 
 
 def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipeline.Cold:
@@ -121,7 +135,13 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
     if not profile.prompt_sliced:
         batch.skip_len = length
     kwargs = pipeline.generate_kwargs(call, profile, batch)
-    return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, parts)
+    ends: EndStates | None = None
+    if call.eos and not (call.beams or call.assisted):
+        # A row that ends at EOS before the others is fed padding after it: its states at its EOS are kept.
+        ends = EndStates(batch, call.eos, call.prompt_len)
+        if not ride_along(kwargs, call.args, ends):
+            ends = None
+    return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, _Joined(parts, ends))
 
 
 def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
@@ -131,7 +151,7 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
     Raises:
         InconsistentStateError: the batch's cache disagrees with its rows (an exactness guard).
     """
-    parts: list[_Prefilled] = held.state
+    parts, ends = held.state
     if not call.beams:
         # The cache's rows, greedy or sampled, without their padding; the prompts and their snapshots are stored
         # already (`_store_prompt`).
@@ -139,9 +159,36 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
         length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
         expanded = [row for row in call.rows for _ in range(call.expand)]
         computed = [p.lease.cached_len for p in parts for _ in range(call.expand)]
-        pipeline.store_rows(store, expanded, sequences, held.cache, length, computed)
+        _store_rows(store, expanded, sequences, held.cache, length, computed, ends.ends if ends is not None else {})
     reused = tuple((len(row.tokens), p.lease.cached_len) for row, p in zip(call.rows, parts, strict=True))
     return pipeline.Outcome(Served(call.prompt_len, call.prompt_len - 1, len(call.rows), rows=reused))
+
+
+def _store_rows(
+    store: Store,
+    rows: list[Row],
+    sequences: torch.Tensor,
+    cache: WorkingCache,
+    length: int,
+    computed_from: list[int],
+    ends: dict[int, tuple[int, dict[int, LayerState]]],
+) -> None:
+    """Each finished row as its own entry: its first `length` ids with the batch's final states, or, for a row that
+    fed its EOS before that (and padding after it), its ids up to and with its EOS, with the states it had then
+    (`EndStates`)."""
+    for i, ids in enumerate(token_rows(sequences[:, :length])):
+        pad, end, states = rows[i].pad, length, None
+        if i in ends:
+            end, states = ends[i]
+            if end > length:
+                raise InconsistentStateError(f"row {i}'s EOS states at {end} columns, past the {length} fed")
+        if end <= pad:
+            continue
+        part = batch_rows.copy_row(cache, i, pad, end)
+        if states is not None:
+            for j, state in states.items():
+                part.profile.adapters[j].load_state(part.layers[j], state)
+        store.insert_sequence(rows[i].key.with_symbols(ids[pad:end]), part, computed_from=computed_from[i])
 
 
 def _restored_again(

@@ -49,8 +49,7 @@ KEYED_OR_HARMLESS = frozenset(
     {"input_ids", "attention_mask", "logits_to_keep", "tokenizer", "assistant_tokenizer", "use_model_defaults"}
 )
 # Cache implementations served on the working cache (dropped from the call); a static one (`GenerationSettings.static`)
-# where the model's layers have a plain static form (`model/static.py`), for one prompt row decoded one sequence at a
-# time.
+# where the model's layers have a plain static form (`model/static.py`), outside assisted decoding.
 _SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
 
 
@@ -95,6 +94,19 @@ def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, mode
             if given.get(name) is not None:
                 return reason
     return None
+
+
+def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call is an assistant model's drafting inside an assisted `generate` of the main model: transformers
+    marks the config it passes (`is_assistant`). The assistant's cache then passes from one drafting call to the next
+    within the main call, and most of what it drafts is cropped off again.
+
+    >>> is_drafting(GenerationConfig(is_assistant=True), {}), is_drafting(None, {})
+    (True, False)
+    """
+    if kwargs.get("is_assistant"):
+        return True
+    return bool(getattr(generation_config, "is_assistant", False))
 
 
 def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str | None:
@@ -197,8 +209,8 @@ def settings_problem(
 ) -> str | None:
     """Decoding, cache-implementation and output settings a hit could not reproduce."""
     served = _SERVED_IMPLEMENTATIONS
-    if settings.static is not None and profile.serves_static and settings.expand == 1 and not settings.assisted:
-        served = served | {settings.static}  # one sequence per prompt row: the static path copies one row's prefix
+    if settings.static is not None and profile.serves_static and not settings.assisted:
+        served = served | {settings.static}  # the restored rows are copied into the static buffers (`model/static.py`)
     problem = decoding_problem(settings, serving_modes(profile)) or cache_implementation_problem(settings, served)
     if problem is not None:
         return problem

@@ -5,7 +5,8 @@ A `StaticCache` keeps each layer's keys in one buffer of `max_cache_len` positio
 place at `cumulative_length` (a tensor, so that compiled graphs do not recompile as it grows). A
 restore allocates the buffers as the layer's first `update` would, copies the prefix into their
 first positions and sets the length; after `generate`, the positions written are copied out into
-a `WorkingCache`, since the buffers belong to this call.
+a `WorkingCache`, since the buffers belong to this call. Every row is copied as it lies: a batch
+restored row by row (zeros behind left padding), or one prompt copied for its beams or samples.
 
 A static sliding-window layer (`StaticSlidingWindowLayer`, also what the deprecated
 ``"sliding_window"`` and ``"hybrid"`` implementations build) keeps only the last `window`

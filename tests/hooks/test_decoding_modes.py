@@ -15,6 +15,9 @@ from conftest import CACHE_NAME, LOGIT_TOL, Hits, cached_model, kv_bytes_per_tok
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.compare import served
+from tests.hooks.test_batches import ROWS as BATCH_ROWS
+from tests.hooks.test_batches import expected_hits, left_padded
+from tests.hooks.test_batches import run as run_batch
 
 STORED_LEN = 30
 PROMPT_LEN = 40
@@ -27,11 +30,11 @@ MODES: dict[str, dict[str, Any]] = {
     "prompt_lookup": {"prompt_lookup_num_tokens": 3},
     "assistant_model": {"assistant": "qwen3"},
     "static_cache": {"cache_implementation": "static"},
+    "static_beams": {"cache_implementation": "static", "num_beams": 3, "num_return_sequences": 2},
+    "static_samples": {"cache_implementation": "static", "do_sample": True, "num_return_sequences": 3},
 }
 # Full attention, sliding windows (every position kept), an indexer's keys, absolute positions.
 MODELS = ("llama", "gemma3_text", "deepseek_v32", "gpt2")
-# transformers' crop cuts a recording sliding layer back to its window: assisted decoding runs cold there.
-ASSISTED_COLD = {"gemma3_text"}
 # Static indexed layers keep their indexer keys in buffers of their own: a static cache runs cold there.
 STATIC_COLD = {"deepseek_v32"}
 # A static sliding layer keeps only its window (8 positions in the tiny Gemma 3): a call that writes past it is
@@ -85,20 +88,68 @@ def test_a_decoding_mode_reuses_the_stored_prefix_exactly(warm_store: Any, mode:
     warm = _run(model, ids, mode, store)
     assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
     assert max_logit_diff(cold, warm) < LOGIT_TOL
-    if name in ASSISTED_COLD and mode in ("prompt_lookup", "assistant_model"):
-        assert hits.last() == 0
-        assert store.stats().fallbacks == {"assisted_decoding": 1}
-        return
-    if name in STATIC_COLD and mode == "static_cache":
+    if name in STATIC_COLD and mode.startswith("static"):
         assert hits.last() == 0
         assert store.stats().fallbacks == {"cache_implementation:static": 1}
         return
-    if name in STATIC_WINDOW and mode == "static_cache":
+    if name in STATIC_WINDOW and mode.startswith("static"):
         assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
         assert store.stats().fallbacks == {"static_window": 1}
         return
     assert hits.last() == STORED_LEN, "the stored 30 tokens were not reused"
     assert store.stats().fallbacks == {}
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "mistral"])
+@pytest.mark.parametrize("mode", ["prompt_lookup", "assistant_model"])
+def test_assisted_decoding_on_sliding_layers_stores_the_whole_sequence(name: str, mode: str) -> None:
+    """Assisted and prompt-lookup decoding on sliding windows (8 positions in the tiny models), past the window: the
+    rejected candidates are cropped off without cutting the layers back to their window, so the call equals cold and
+    its whole sequence is stored; a follow-up on it reuses all but its last token, equal to cold too."""
+    model = cached_model(name)
+    assert model.config.sliding_window == 8
+    ids = random_prompt(PROMPT_LEN, seed=11)
+    with served(model) as store:
+        store_prompt(model, store, ids[:, :STORED_LEN])
+        cold = _run(model, ids, mode, None)
+        hits = Hits(store)
+        warm = _run(model, ids, mode, store)
+        assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == STORED_LEN
+        follow = warm.sequences
+        cold, warm = run_twice(model, follow, store, max_new_tokens=3)
+        assert torch.equal(cold.sequences, warm.sequences)
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == follow.shape[1] - 1
+
+
+@pytest.mark.parametrize("warm_store", ["llama"], indirect=True)
+def test_an_assistants_drafting_inside_an_assisted_call_is_counted_as_drafting(warm_store: Any) -> None:
+    """An assistant with a store of its own drafts cold inside the main call, counted as `assistant_drafting` (not as
+    the explicit positions transformers hands it), while the main call reuses its prefix and the assistant's store
+    goes on serving the assistant's own calls."""
+    _, model, store, ids = warm_store
+    cold = _run(model, ids, "assistant_model", None)
+    assistant = cached_model(MODES["assistant_model"]["assistant"])
+    drafts = PrefixCache(assistant, attach="all")
+    try:
+        hits = Hits(store)
+        warm = _run(model, ids, "assistant_model", store)
+        assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == STORED_LEN
+        assert store.stats().fallbacks == {}
+        # The first drafting call passes no cache (later ones pass the one it returned, which is not the store's).
+        assert drafts.stats().fallbacks == {"assistant_drafting": 1}
+        assert drafts.stats().hit_tokens == 0
+        own = Hits(drafts)
+        for _ in range(2):
+            assistant.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False)
+        assert own.last() == PROMPT_LEN - 1
+        assert drafts.stats().fallbacks == {"assistant_drafting": 1}
+    finally:
+        drafts.detach()
 
 
 @pytest.mark.parametrize("implementation", ["static", "sliding_window", "hybrid"])
@@ -138,6 +189,34 @@ def test_a_static_sliding_cache_within_its_window_stores_the_sequence() -> None:
         assert torch.equal(again.sequences, cold.sequences)
         assert hits.last() == 4, "the static call's sequence was not stored"
         assert store.stats().fallbacks == {}
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_a_static_cache_serves_a_padded_batch_each_row_its_own_prefix(name: str) -> None:
+    """A left-padded batch on a static cache restores each row's own prefix (to the column every row reaches, as on a
+    dynamic cache), copied into the static buffers padding and all; afterwards each row is stored (where no sliding
+    layer wrote past its window), so a follow-up on a row's answer reuses all of it."""
+    model = cached_model(name)
+    prompts = [random_prompt(n, seed=seed) for n, seed, _ in BATCH_ROWS]
+    with served(model, clean=False) as store:
+        for prompt, (_, _, stored) in zip(prompts, BATCH_ROWS, strict=True):
+            store_prompt(model, store, prompt[:, :stored])
+        ids, mask = left_padded(prompts)
+        cold = run_batch(model, ids, mask, None, cache_implementation="static")
+        hits = Hits(store)
+        warm = run_batch(model, ids, mask, store, cache_implementation="static")
+        assert torch.equal(cold.sequences, warm.sequences), f"tokens differ:\n{cold.sequences}\n{warm.sequences}"
+        assert max_logit_diff(cold, warm) < LOGIT_TOL
+        assert hits.last() == sum(expected_hits(BATCH_ROWS)) == 27 + 20 + 12
+        if name in STATIC_WINDOW:  # 40 columns written into windows of 8: nothing is copied out
+            assert store.stats().fallbacks == {"batch_layout": 1, "static_window": 1}
+            return
+        assert store.stats().fallbacks == {"batch_layout": 1}  # row 0 has 30 stored, the batch's column is 27
+        width = ids.shape[1]
+        answer = warm.sequences[2:, width - BATCH_ROWS[2][0] :]  # row 2's prompt and answer, without its padding
+        store_prompt(model, store, answer)
+        assert hits.last() == answer.shape[1] - 1
+        store.check_integrity()
 
 
 def store_prompt(model: Any, store: PrefixCache, ids: torch.Tensor) -> None:
@@ -200,6 +279,9 @@ sys.path.insert(0, "tests")
 from conftest import CACHE_NAME, LOGIT_TOL, Hits, build, max_logit_diff, random_prompt
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.testing.compare import served
+from tests.hooks.test_batches import ROWS as BATCH_ROWS
+from tests.hooks.test_batches import expected_hits, left_padded
+from tests.hooks.test_batches import run as run_batch
 
 model = build("llama")
 store = PrefixCache(model)

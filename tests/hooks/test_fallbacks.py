@@ -41,19 +41,14 @@ def _assert_cold_and_counted(
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "use_cache_false": ("use_cache_false", {"use_cache": False}),
-    # A static cache restores one sequence: several sampled ones run cold.
-    "static_samples": (
-        "cache_implementation:static",
-        {"cache_implementation": "static", "do_sample": True, "num_return_sequences": 2},
-    ),
     "output_attentions": ("output_attentions", {"output_attentions": True, "return_dict_in_generate": True}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_generation_modes_that_cannot_reuse_run_cold(llama_store: tuple[Any, PrefixCache], case: str) -> None:
-    """No cache, a static cache with several sampled sequences and returned attentions run as if no store were given
-    (beams, samples, assisted decoding and one-sequence static caches are served: test_decoding_modes.py)."""
+    """No cache and returned attentions run as if no store were given (beams, samples, assisted decoding and static
+    caches are served: test_decoding_modes.py)."""
     model, store = llama_store
     reason, kwargs = CASES[case]
     ids = random_prompt(30, seed=1)

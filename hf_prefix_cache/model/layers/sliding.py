@@ -7,7 +7,8 @@ window; only the mask differs, and the model builds that.
 - Every position (`SlidingWindowAdapter`, the default): the working cache switches on
   transformers' past recording, so the layer keeps every position while attention still sees
   only the window. The store holds these layers exactly like full attention, and any stored
-  length restores as a slice. Costs every position, like full attention.
+  length restores as a slice; assisted decoding's `crop` takes back only its rejected
+  candidates. Costs every position, like full attention.
 - Window (`WindowStateAdapter`, `PrefixCache(sliding_window_mode="window")`): the layer is
   stored as a state, like a recurrent one: at each snapshot point its last `window - 1` keys
   and values and its length are cloned, and a restore loads them. Costs one window per
@@ -17,9 +18,11 @@ window; only the mask differs, and the model builds that.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from hf_prefix_cache._compat import record_past
 from hf_prefix_cache.errors import InconsistentStateError
@@ -28,9 +31,9 @@ from hf_prefix_cache.model.layers.full import FullAttentionAdapter
 
 
 class SlidingWindowAdapter(FullAttentionAdapter):
-    # transformers' crop cuts a recording layer back to its window ("minimal working size"): later
-    # captures would miss the positions before it.
-    is_croppable = False
+    # transformers' crop cuts a recording layer back to its window ("minimal working size"), so later captures would
+    # miss the positions before it: the working cache's layers crop only what is taken back (`_crop_keeping_past`).
+    is_croppable = True
     # transformers' static form keeps the last `window` positions in one buffer (`model/static.py` fills it).
     has_static_form = True
     defers_keys = False  # landing at first use is for plain full attention alone
@@ -39,6 +42,7 @@ class SlidingWindowAdapter(FullAttentionAdapter):
     def prepare(self, layer: Any) -> None:
         # Keep all past keys: `update` then returns only the visible window, exactly as without recording.
         record_past(layer)
+        layer.crop = types.MethodType(_crop_keeping_past, layer)
 
     def capture_kv(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         kv = super().capture_kv(layer)
@@ -58,6 +62,19 @@ class SlidingWindowAdapter(FullAttentionAdapter):
     def trim(self, layer: Any, length: int, rows: torch.Tensor) -> None:
         super().trim(layer, length, rows)
         layer.cumulative_length = length
+
+
+def _crop_keeping_past(layer: Any, tokens_to_remove: int) -> None:
+    """A sliding layer's `crop` (assisted decoding takes its rejected candidates back) that removes the last
+    `-tokens_to_remove` positions and keeps every earlier one, as full attention's does.
+
+    Transformers' own also cuts a recording layer back to its last `window - 1` positions. What attention sees is the
+    same either way: a recording layer's `update` returns only those and the new ones, and its mask is sized by
+    `cumulative_length`, which both set to the positions left.
+    """
+    DynamicLayer.crop(layer, tokens_to_remove)
+    if layer.is_initialized:
+        layer.cumulative_length = layer.keys.shape[-2]
 
 
 class WindowStateAdapter(LayerAdapter):
