@@ -8,7 +8,17 @@ from __future__ import annotations
 import transformers
 from transformers import PreTrainedModel
 
-from hf_prefix_cache.testing.tiny_build import _ATTN, WINDOW, _make
+from hf_prefix_cache.testing.tiny_build import (
+    _ATTN,
+    _EXPERTS,
+    _GATED_DELTA,
+    _INDEXER,
+    _MLA,
+    _ROUTED_EXPERTS,
+    WINDOW,
+    _make,
+    merged,
+)
 
 # --------------------------------------------------------------------------- full attention
 
@@ -44,78 +54,32 @@ def tiny_gpt2() -> PreTrainedModel:
 def tiny_deepseek_v32() -> PreTrainedModel:
     """DeepSeek-V3.2, 2 layers of MLA with a sparse-attention indexer (`DynamicIndexedLayer`) keeping 256 keys
     per query (all of the tests' prompts); its keys are 18 wide over 4 heads, so they travel zero-padded in the stored values."""
+    # index_topk 256 holds every key of the tests' prompts: past it a store runs cold (`indexer_top_k`).
+    spec = merged(_ATTN, _MLA, _INDEXER, _ROUTED_EXPERTS, index_head_dim=18, n_group=1, topk_group=1)
     return _make(
-        transformers.DeepseekV32Config,
-        "DeepseekV32ForCausalLM",
-        num_hidden_layers=2,
-        num_key_value_heads=4,
-        head_dim=8,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        index_topk=256,  # every key of the tests' prompts: past it a store runs cold (`indexer_top_k`)
-        index_n_heads=8,
-        index_head_dim=18,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        moe_intermediate_size=32,
-        first_k_dense_replace=1,
-        **{k: v for k, v in _ATTN.items() if k != "num_key_value_heads"},
+        transformers.DeepseekV32Config, "DeepseekV32ForCausalLM", num_hidden_layers=2, first_k_dense_replace=1, **spec
     )
 
 
 def tiny_glm_moe_dsa() -> PreTrainedModel:
     """GLM-5 (`glm_moe_dsa`), 2 layers of MLA with its own indexer (`DynamicIndexedLayer`) keeping 256 keys per query."""
-    return _make(
-        transformers.GlmMoeDsaConfig,
-        "GlmMoeDsaForCausalLM",
-        num_hidden_layers=2,
-        num_key_value_heads=4,
-        head_dim=8,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        index_topk=256,
-        index_n_heads=8,
-        index_head_dim=16,
-        indexer_types=["full", "full"],  # each layer selects its own keys (none shares the one before)
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        first_k_dense_replace=1,
-        **{k: v for k, v in _ATTN.items() if k != "num_key_value_heads"},
-    )
+    # indexer_types: each layer selects its own keys (none shares the one before).
+    spec = merged(_ATTN, _MLA, _INDEXER, _ROUTED_EXPERTS, indexer_types=["full", "full"], first_k_dense_replace=1)
+    return _make(transformers.GlmMoeDsaConfig, "GlmMoeDsaForCausalLM", num_hidden_layers=2, **spec)
 
 
 def tiny_qwen4_exp() -> PreTrainedModel:
     """Qwen4-Exp text: a gated-delta-net layer, then attention whose indexer keeps 8 tokens' worth of 4-token
     blocks per query (`indexer_budget`, `indexer_compress_ratio`) plus the query's incomplete block."""
+    # Few indexer heads make ReLU-zero ties common (each then runs cold: `indexer_tie`).
+    indexer = {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8}
     return _make(
         transformers.Qwen4ExpTextConfig,
         "Qwen4ExpForCausalLM",
+        **merged(_ATTN, _GATED_DELTA, _EXPERTS, indexer, indexer_compress_ratio=4, shared_expert_intermediate_size=32),
         num_hidden_layers=2,
         layer_types=["linear_attention", "indexed_attention"],
         head_dim=16,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        indexer_n_heads=8,  # few heads make ReLU-zero ties common (each then runs cold: `indexer_tie`)
-        indexer_kv_heads=1,
-        indexer_head_dim=16,
-        indexer_budget=8,
-        indexer_compress_ratio=4,
-        **_ATTN,
     )
 
 
@@ -134,16 +98,22 @@ def tiny_mistral() -> PreTrainedModel:
     )
 
 
+#: Gemma 2 and Gemma 3's shared shape: 4 layers of 16-wide heads, window 8.
+_GEMMA: dict[str, object] = {
+    "num_hidden_layers": 4,
+    "head_dim": 16,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": WINDOW,
+}
+
+
 def tiny_gemma2() -> PreTrainedModel:
     """Gemma2, 4 layers alternating sliding (window 8) / full attention, with soft-capping."""
     return _make(
         transformers.Gemma2Config,
         "Gemma2ForCausalLM",
-        num_hidden_layers=4,
-        head_dim=16,
-        query_pre_attn_scalar=16,
-        sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention"] * 2,
+        **_GEMMA,
         **_ATTN,
     )
 
@@ -153,11 +123,8 @@ def tiny_gemma3_text() -> PreTrainedModel:
     return _make(
         transformers.Gemma3TextConfig,
         "Gemma3ForCausalLM",
-        num_hidden_layers=4,
-        head_dim=16,
-        query_pre_attn_scalar=16,
-        sliding_window=WINDOW,
-        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        **_GEMMA,
         **_ATTN,
     )
 

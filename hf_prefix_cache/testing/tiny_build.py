@@ -55,6 +55,57 @@ _MAMBA2: dict[str, Any] = {
     "mamba_chunk_size": 16,
 }
 
+# Mamba (v1) sizes: d_inner = 2 * 64, state 8, a pure-torch selective scan.
+_MAMBA1: dict[str, Any] = {
+    "hidden_size": 64,
+    "state_size": 8,
+    "num_hidden_layers": 2,
+    "expand": 2,
+    "conv_kernel": 4,
+    "use_mambapy": False,
+}
+
+# Sparse MoE of 4 experts, 2 per token, each 32 wide (the key names of Qwen-MoE style configs).
+_EXPERTS: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+# The same experts under DeepSeek-style key names.
+_ROUTED_EXPERTS: dict[str, Any] = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+# Multi-head latent attention (DeepSeek-V3 style): 4 heads, keys 8 + 8 wide, values 16.
+_MLA: dict[str, Any] = {
+    "num_key_value_heads": 4,
+    "head_dim": 8,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+
+# A sparse-attention indexer keeping 256 keys per query (every key of the tests' prompts), 8 heads of 16.
+_INDEXER: dict[str, Any] = {"index_topk": 256, "index_n_heads": 8, "index_head_dim": 16}
+
+# Gated delta-net (linear attention) heads: 2 key heads and 4 value heads, 16 wide each.
+_GATED_DELTA: dict[str, Any] = {
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+
+
+def merged(*parts: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The config kwargs of `parts` merged in order, then `overrides`: a later key wins.
+
+    Example:
+        >>> merged(_ATTN, _MLA, num_hidden_layers=2)["num_key_value_heads"]
+        4
+    """
+    out: dict[str, Any] = {}
+    for part in parts:
+        out.update(part)
+    out.update(overrides)
+    return out
+
 
 def _finalize(model: PreTrainedModel) -> PreTrainedModel:
     """Put ``model`` in eval/float32 mode and make greedy generation run to ``max_new_tokens``."""

@@ -20,7 +20,16 @@ from __future__ import annotations
 import transformers
 from transformers import PreTrainedModel
 
-from hf_prefix_cache.testing.tiny_build import _ATTN, _MAMBA2, WINDOW, _make
+from hf_prefix_cache.testing.tiny_build import (
+    _ATTN,
+    _EXPERTS,
+    _GATED_DELTA,
+    _MAMBA1,
+    _MAMBA2,
+    _ROUTED_EXPERTS,
+    WINDOW,
+    _make,
+)
 
 # --------------------------------------------------------------------------- hybrid (linear + attention)
 
@@ -89,15 +98,10 @@ def tiny_qwen3_next() -> PreTrainedModel:
         head_dim=16,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
         decoder_sparse_step=1,
+        **_GATED_DELTA,
+        **_EXPERTS,
         **_ATTN,
     )
 
@@ -141,9 +145,7 @@ def tiny_inkling() -> PreTrainedModel:
         swa_num_key_value_heads=2,
         swa_head_dim=16,
         sliding_window_size=8,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
+        **_ROUTED_EXPERTS,
         **_ATTN,
     )
 
@@ -156,12 +158,7 @@ def tiny_mamba() -> PreTrainedModel:
     return _make(
         transformers.MambaConfig,
         "MambaForCausalLM",
-        hidden_size=64,
-        state_size=8,
-        num_hidden_layers=2,
-        expand=2,
-        conv_kernel=4,
-        use_mambapy=False,
+        **_MAMBA1,
     )
 
 
@@ -170,12 +167,7 @@ def tiny_falcon_mamba() -> PreTrainedModel:
     return _make(
         transformers.FalconMambaConfig,
         "FalconMambaForCausalLM",
-        hidden_size=64,
-        state_size=8,
-        num_hidden_layers=2,
-        expand=2,
-        conv_kernel=4,
-        use_mambapy=False,
+        **_MAMBA1,
     )
 
 

@@ -10,15 +10,13 @@ and 13 give one layout, other content.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.media.grid import Medium
+from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
@@ -58,18 +56,6 @@ def tiny_ernie4_5_vl() -> Any:
     return _build(transformers.Ernie4_5_VLMoeForConditionalGeneration, config)
 
 
-@functools.cache
-def cached_ernie4_5_vl() -> Any:
-    """One Ernie 4.5 VL per session."""
-    return tiny_ernie4_5_vl()
-
-
-def patches(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:
-    """``t*h*w`` flattened patch rows (``3*2*2`` values each) of an image or video of `grid`."""
-    t, h, w = grid
-    return torch.rand(t * h * w, 3 * 2 * 2, generator=torch.Generator().manual_seed(seed))
-
-
 def expert_marks(ids: torch.Tensor) -> torch.Tensor:
     """The processor's `moe_mm_token_type_ids`: placeholders and their start/end ids, 1 for images, 2 for videos."""
     marks = torch.zeros_like(ids, dtype=torch.int)
@@ -79,19 +65,13 @@ def expert_marks(ids: torch.Tensor) -> torch.Tensor:
     return marks
 
 
-class ErnieFamily:
+class ErnieFamily(ThwFamily):
     """Ernie 4.5 VL's media, their placeholders and a prompt's media kwargs."""
 
     name = "ernie4_5_vl_moe"
-
-    def __init__(self) -> None:
-        self.model = cached_ernie4_5_vl()
-
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
-
-    def video(self, seed: int) -> Medium:
-        return Medium("video", seed, VIDEO_GRIDS[seed % 3])
+    build = staticmethod(tiny_ernie4_5_vl)
+    grids, video_grids = GRIDS, VIDEO_GRIDS
+    image_id, video_id = IMAGE, VIDEO
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid
@@ -99,35 +79,9 @@ class ErnieFamily:
             return torch.cat([run(IMAGE_START, 1), run(IMAGE, t * h * w // 4), run(IMAGE_END, 1)], dim=1)
         return torch.cat([run(VIDEO_START, 1), run(VIDEO, t * h * w // 8), run(VIDEO_END, 1)], dim=1)
 
-    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `ids` holding `media` in prompt order."""
-        out: dict[str, Any] = {
-            "mm_token_type_ids": (ids == IMAGE).int() + 2 * (ids == VIDEO).int(),
-            "moe_mm_token_type_ids": expert_marks(ids),
-        }
-        for kind, pixels, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-        return out
+    def token_kwargs(self, ids: torch.Tensor) -> dict[str, Any]:
+        """Its token types, and which tokens take the vision experts (`moe_mm_token_type_ids`)."""
+        return {**super().token_kwargs(ids), "moe_mm_token_type_ids": expert_marks(ids)}
 
 
-def _sweep() -> registry.SweepCase:
-    """A an image; C an image, text, then a video."""
-    fam = ErnieFamily()
-    media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.mixed_sweep(fam.model, fam.placeholders, media, fam.kwargs, first=1)
-
-
-def _suite() -> MediaCase:
-    fam = ErnieFamily()
-    media = {"image": fam.image, "video": fam.video}
-    return MediaCase(fam.name, fam.model, media, fam.placeholders, fam.kwargs, longer=True, repeat=True)
-
-
-registry.register_sweep(ErnieFamily.name, _sweep)
-registry.register_suite(ErnieFamily.name, _suite)
+registry.register_family(ErnieFamily.name, ErnieFamily)

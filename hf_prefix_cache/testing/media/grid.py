@@ -23,7 +23,6 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -32,8 +31,8 @@ import transformers
 from packaging.version import Version
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
+from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs, seeded_rand
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
@@ -309,24 +308,16 @@ def cached_grid(name: str) -> Any:
     return _BUILDERS[name]()
 
 
-@dataclass(frozen=True)
-class Medium:
-    """One image or video: its kind, seed and ``(t, h, w)`` grid."""
-
-    kind: str
-    seed: int
-    grid: tuple[int, int, int]
-
-
-class GridFamily:
+class GridFamily(ThwFamily):
     """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    grids, video_grids = GRIDS, VIDEO_GRIDS
+    longer = repeat = False
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.model = cached_grid(name)
-
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
+        self.states = name in STATE_FAMILIES
 
     def video(self, seed: int) -> Medium:
         t, h, w = VIDEO_GRIDS[seed % 3]
@@ -343,49 +334,21 @@ class GridFamily:
 
     def rows(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid
-        return torch.rand(t * h * w, *_ROW[self.name], generator=torch.Generator().manual_seed(medium.seed))
+        return seeded_rand(t * h * w, *_ROW[self.name], seed=medium.seed)
 
     def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `media` in prompt order."""
-        out: dict[str, Any] = {}
-        for kind, data, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[data] = torch.cat([self.rows(m) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-                if self.name in _OWN_MERGES:
+        """What the processor hands `generate` for `media` in prompt order (with each item's merge size where the
+        family takes it)."""
+        out = grid_kwargs(media, self.rows)
+        if self.name in _OWN_MERGES:
+            for kind in ("image", "video"):
+                mine = [m for m in media if m.kind == kind]
+                if mine:
                     out[f"{kind}_merge_sizes"] = torch.tensor([2] * len(mine))
         return out
-
-
-def _sweep(name: str) -> registry.SweepCase:
-    """A ``"thw"`` table family in the support matrix's scenario: A an image; C an image, text, then a video."""
-    fam = GridFamily(name)
-    return registry.mixed_sweep(
-        fam.model, fam.placeholders, registry.mixed(fam.image, fam.image, fam.video), fam.kwargs
-    )
 
 
 # The sweep case of a type newer than this release is registered too (built only when the support matrix,
 # which sweeps the release's own types, runs it), as every family the media registry serves has one.
 for _name in dict.fromkeys((*FAMILIES, "llava_onevision1_5")):
-    registry.register_sweep(_name, partial(_sweep, _name))
-
-
-def _suite(name: str) -> MediaCase:
-    fam = GridFamily(name)
-    return MediaCase(
-        name,
-        fam.model,
-        {"image": fam.image, "video": fam.video},
-        fam.placeholders,
-        fam.kwargs,
-        states=name in STATE_FAMILIES,
-    )
-
-
-for _name in FAMILIES:
-    registry.register_suite(_name, partial(_suite, _name))
+    registry.register_family(_name, partial(GridFamily, _name), suite=_name in FAMILIES)

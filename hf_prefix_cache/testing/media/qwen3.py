@@ -20,10 +20,9 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.media.grid import Medium
-from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, IMAGE_ID, VIDEO_ID, _build
+from hf_prefix_cache.testing.media.thw import Medium, Qwen3StyleFamily
+from hf_prefix_cache.testing.tiny_qwen_media import patches
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, _build
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "cohere_compass", "cosmos3_omni")
 #: Families whose text layers hold recurrent states.
@@ -106,66 +105,19 @@ def cached_qwen3(name: str) -> Any:
     return _BUILDERS[name]()
 
 
-class Qwen3Family:
+class Qwen3Family(Qwen3StyleFamily):
     """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    grids, video_grids = GRIDS, VIDEO_GRIDS
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.model = cached_qwen3(name)
+        self.states = name in HYBRID
 
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
-
-    def video(self, seed: int) -> Medium:
-        return Medium("video", seed, VIDEO_GRIDS[seed % 3])
-
-    def placeholders(self, medium: Medium) -> torch.Tensor:
-        return image_tokens(medium.grid) if medium.kind == "image" else qwen3_video_tokens(medium.grid)
-
-    def first(self, medium: Medium) -> int:
-        """Offset of the medium's first placeholder in its tokens."""
-        return int((self.placeholders(medium)[0] == (IMAGE_ID if medium.kind == "image" else VIDEO_ID)).nonzero()[0])
-
-    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `ids` holding `media` in prompt order."""
-        out: dict[str, Any] = {"mm_token_type_ids": (ids == IMAGE_ID).int() + 2 * (ids == VIDEO_ID).int()}
-        for kind, pixels, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-        return out
-
-
-def _sweep(name: str) -> registry.SweepCase:
-    """A family of this table in the support matrix's scenario: A an image; C an image, text, then a video."""
-    fam = Qwen3Family(name)
-    media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.mixed_sweep(fam.model, fam.placeholders, media, fam.kwargs, first=fam.first(media["a"][0]))
+    def rows(self, medium: Medium) -> torch.Tensor:
+        return patches(medium.seed, medium.grid)
 
 
 for _name in FAMILIES:
-    registry.register_sweep(_name, partial(_sweep, _name))
-
-
-def _suite(name: str) -> MediaCase:
-    fam = Qwen3Family(name)
-    media = {"image": fam.image, "video": fam.video}
-    return MediaCase(
-        name,
-        fam.model,
-        media,
-        fam.placeholders,
-        fam.kwargs,
-        HYBRID.count(name) > 0,
-        fam.first,
-        longer=True,
-        repeat=True,
-    )
-
-
-for _name in FAMILIES:
-    registry.register_suite(_name, partial(_suite, _name))
+    registry.register_family(_name, partial(Qwen3Family, _name))

@@ -19,7 +19,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -73,6 +73,25 @@ def register_suite(key: str, build: Callable[[], MediaCase]) -> None:
         ValueError: when `key` already has one.
     """
     _add(_SUITE, key, build)
+
+
+class Family(Protocol):
+    """A family's fixture builder that makes both its sweep case and its suite row."""
+
+    def sweep(self) -> SweepCase: ...
+
+    def suite(self) -> MediaCase: ...
+
+
+def register_family(key: str, family: Callable[[], Family], suite: bool = True) -> None:
+    """Register the sweep case of `family()` for `key` and, where `suite`, its suite row.
+
+    Raises:
+        ValueError: when `key` already has one.
+    """
+    register_sweep(key, lambda: family().sweep())
+    if suite:
+        register_suite(key, lambda: family().suite())
 
 
 def _load() -> None:
