@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.tiny_build import _ATTN, _make, seeded
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER
 
 #: Kolibri 1.1's indexers: top-k, local and sink tokens (a query seeing at most their sum keeps every key).
 KOLIBRI_TOP_K, KOLIBRI_LOCAL, KOLIBRI_SINK = 12, 4, 2
@@ -96,10 +97,7 @@ def tiny_ovis2_5() -> Any:
             "eos_token_id": None,
         },
         vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
+            **_TOWER,
             "patch_size": 2,
             "image_size": 16,
             "window_size": 8,

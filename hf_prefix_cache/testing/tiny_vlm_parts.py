@@ -34,12 +34,13 @@ _TEXT: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": None,
 }
+#: The tiny towers' shape (vision or audio): 2 layers of width 32, 4 heads, MLP 64; each family adds its own keys.
+_TOWER: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+#: The same shape under the key names of Qwen2-VL-style towers (`depth`, `num_heads`).
+_DEPTH_TOWER: dict[str, Any] = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4}
 _CLIP: dict[str, Any] = {
     "model_type": "clip_vision_model",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    **_TOWER,
     "image_size": 32,
     "patch_size": 8,
 }

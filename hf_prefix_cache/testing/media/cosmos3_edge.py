@@ -15,7 +15,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Qwen3StyleFamily
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _TEXT, _TOWER, _build
 
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (3, 2, 2)]
@@ -27,10 +27,7 @@ def tiny_cosmos3_edge() -> Any:
     config = transformers.Cosmos3EdgeConfig(
         text_config={**_TEXT, "head_dim": 16, "rope_parameters": rope},
         vision_config={
-            "num_hidden_layers": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_attention_heads": 4,
+            **_TOWER,
             "patch_size": 2,
             "num_patches": 16,
             "spatial_merge_size": 2,

@@ -11,7 +11,7 @@ from typing import Any
 
 import transformers
 
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
 
 
 def tiny_dots3_note() -> Any:
@@ -38,10 +38,7 @@ def tiny_dots3_note() -> Any:
     }
     vision = {
         **experts,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "patch_size": 2,
         "spatial_merge_size": 2,
         "num_local_experts": 4,

@@ -18,7 +18,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _build
 
 IMAGE, VIDEO, IMAGE_START, IMAGE_END, VIDEO_START, VIDEO_END = 120, 121, 122, 123, 124, 125
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
@@ -38,10 +38,7 @@ def tiny_ernie4_5_vl() -> Any:
             "mlp_layer_types": ["dense", "sparse"],
         },
         vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 4,
+            **_DEPTH_TOWER,
             "patch_size": 2,
             "spatial_merge_size": 2,
             "temporal_merge_size": 2,

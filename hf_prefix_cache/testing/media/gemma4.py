@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
 
 IMG, VID, AUD = 120, 121, 126
 BOI, EOI, BOA, EOA = 110, 111, 112, 113
@@ -52,10 +52,7 @@ def tiny_gemma4() -> Any:
     """Gemma 4: sliding (vision blocks both ways) + full text layers with per-layer inputs; vision and audio towers."""
     text = {**_GEMMA4_TEXT, "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 8}
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "num_key_value_heads": 4,
         "head_dim": 8,
         "patch_size": PATCH,

@@ -13,7 +13,7 @@ from typing import Any
 import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
 
 #: Chameleon's VQ codes 0-7 as its vocabulary map names them (``IMGIMG`` + the code's digits as letters + ``Z``).
 _CHAMELEON_CODES = {f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(code))}Z": 100 + code for code in range(8)}
@@ -53,10 +53,7 @@ def tiny_step3p7() -> Any:
         "num_nextn_predict_layers": 0,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": 32,
         "patch_size": 2,
     }

@@ -17,14 +17,11 @@ import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG, VID
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build
 
 _PIXTRAL = {
     "model_type": "pixtral",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    **_TOWER,
     "head_dim": 8,
     "image_size": 64,
     "patch_size": 8,
@@ -227,10 +224,7 @@ def tiny_lfm2_vl() -> Any:
     text["layer_types"] = ["conv", "full_attention", "conv", "full_attention"]
     vision = {
         "model_type": "siglip2_vision_model",
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "patch_size": LFM2_PATCH,
         "num_patches": 16,
         "vision_use_head": False,

@@ -13,16 +13,13 @@ import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG
 from hf_prefix_cache.testing.tiny_build import _finalize
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build
 
 
 def tiny_internvl() -> Any:
     """InternVL: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": [32, 32],
         "patch_size": [8, 8],
     }
@@ -35,10 +32,7 @@ def tiny_internvl() -> Any:
 def tiny_qianfan_ocr() -> Any:
     """Qianfan-OCR: InternVL's layout, Qwen 3 text: 4 placeholders per tile."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": [32, 32],
         "patch_size": [8, 8],
     }

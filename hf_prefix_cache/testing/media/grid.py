@@ -33,7 +33,7 @@ from packaging.version import Version
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs, seeded_rand
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _TOWER, _build
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = (
@@ -79,10 +79,7 @@ def tiny_kimi_k25() -> Any:
         "pos_emb_height": 8,
         "pos_emb_width": 8,
         "pos_emb_time": 4,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "merge_kernel_size": [2, 2],
     }
     config = transformers.Kimi_K25Config(
@@ -106,10 +103,7 @@ def tiny_minimax_m3_vl() -> Any:
         "index_head_dim": 16,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": 32,
         "patch_size": 4,
         "temporal_patch_size": 2,
@@ -134,13 +128,10 @@ def tiny_lfm3_vl() -> Any:
         "conv_L_cache": 3,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "patch_size": 4,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "layer_types": ["conv", "full_attention"],
     }
@@ -151,10 +142,7 @@ def tiny_lfm3_vl() -> Any:
 def tiny_video_llama_3() -> Any:
     """Video-LLaMA 3: a SigLIP-style tower on flattened 4x4-pixel patch rows; images merge 2x2, videos 2x2 too here."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "patch_size": 4,
     }
     config = transformers.VideoLlama3Config(
@@ -172,10 +160,7 @@ def tiny_exaone4_5() -> Any:
     text = {**_TEXT, "model_type": "exaone4", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
     vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 4,
+        **_DEPTH_TOWER,
         "num_key_value_heads": 4,
         "patch_size": 2,
         "spatial_merge_size": 2,
@@ -194,10 +179,7 @@ def tiny_hyperclovax_vision_v2() -> Any:
     """HyperCLOVA X Vision V2: EXAONE 4.5's Qwen2.5-VL-style tower and rows, 2x2 merge; HyperCLOVA X text,
     1D positions (its generate drops position ids)."""
     vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 4,
+        **_DEPTH_TOWER,
         "patch_size": 2,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
@@ -221,10 +203,7 @@ def tiny_muse_glimmer() -> Any:
         "patch_size": 4,
         "pos_emb_height": 4,
         "pos_emb_width": 4,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "merge_size": 2,
     }
     text = {**_TEXT, "model_type": "muse_glimmer_text", "head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4}
@@ -243,10 +222,7 @@ def tiny_llava_onevision1_5() -> Any:
     """LLaVA-OneVision-1.5: a RICE-ViT tower (a class token per frame, attention within it) on flattened 2x2 patch
     rows, 2x2 merge; Qwen3 text with 1D positions."""
     vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 4,
+        **_DEPTH_TOWER,
         "patch_size": 2,
         "spatial_merge_size": 2,
         "out_hidden_size": 64,

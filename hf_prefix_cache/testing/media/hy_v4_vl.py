@@ -17,7 +17,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
 
 IMAGE, VIDEO, OPEN, CLOSE = 120, 121, 122, 123
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
@@ -51,10 +51,7 @@ def tiny_hy_v4_vl() -> Any:
     config = transformers.HYV4VLConfig(
         text_config=_TEXT_LAYERS,
         vision_config={
-            "num_hidden_layers": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_attention_heads": 4,
+            **_TOWER,
             "num_key_value_heads": 4,
             "patch_size": 2,
             "spatial_merge_size": 2,

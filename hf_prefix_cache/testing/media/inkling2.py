@@ -19,7 +19,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
 IMG, OPEN, CLOSE = 120, 110, 111
 GRIDS = [(1, 2, 3), (1, 2, 3), (1, 2, 2)]
@@ -51,10 +51,7 @@ _TEXT: dict[str, Any] = {
     "eos_token_id": None,
 }
 _VISION = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    **_TOWER,
     "patch_size": 2,
     "spatial_merge_size": 2,
     "posemb_grid_size": 4,

@@ -20,7 +20,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
 
 IMG, VID, AUD = 120, 121, 126
 OPEN, CLOSE, AUDIO_OPEN, AUDIO_CLOSE = 110, 111, 112, 113
@@ -39,10 +39,7 @@ def tiny_muse_spark() -> Any:
         "patch_size": 4,
         "pos_emb_height": 4,
         "pos_emb_width": 4,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "merge_size": 2,
         "layer_types": ["window_attention", "full_attention"],
     }
