@@ -27,12 +27,14 @@ from hf_prefix_cache.testing.tiny_vlm_parts import (
     VISION_END_ID,
     VISION_START_ID,
     _build,
+    vlm,
 )
 
 
 def tiny_qwen2_vl() -> Any:
     """Qwen2-VL (M-RoPE, 2x2 merge)."""
-    config = transformers.Qwen2VLConfig(
+    return vlm(
+        "Qwen2VL",
         text_config={
             **_TEXT,
             "model_type": "qwen2_vl_text",
@@ -54,12 +56,12 @@ def tiny_qwen2_vl() -> Any:
         vision_start_token_id=VISION_START_ID,
         vision_end_token_id=VISION_END_ID,
     )
-    return _build(transformers.Qwen2VLForConditionalGeneration, config)
 
 
 def tiny_qwen2_5_vl() -> Any:
     """Qwen2.5-VL (M-RoPE, windowed vision attention), same patch layout as Qwen2-VL."""
-    config = transformers.Qwen2_5_VLConfig(
+    return vlm(
+        "Qwen2_5_VL",
         text_config={
             **_TEXT,
             "model_type": "qwen2_5_vl_text",
@@ -73,12 +75,12 @@ def tiny_qwen2_5_vl() -> Any:
         },
         **_QWEN_IDS,
     )
-    return _build(transformers.Qwen2_5_VLForConditionalGeneration, config)
 
 
 def tiny_qwen3_vl() -> Any:
     """Qwen3-VL (interleaved M-RoPE, deepstack features), same patch layout as Qwen2-VL."""
-    config = transformers.Qwen3VLConfig(
+    return vlm(
+        "Qwen3VL",
         text_config={
             **_TEXT,
             "model_type": "qwen3_vl_text",
@@ -98,7 +100,6 @@ def tiny_qwen3_vl() -> Any:
         },
         **_QWEN_IDS,
     )
-    return _build(transformers.Qwen3VLForConditionalGeneration, config)
 
 
 _MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
@@ -153,7 +154,8 @@ def tiny_glm_ocr() -> Any:
 
 def tiny_paddleocr_vl() -> Any:
     """PaddleOCR-VL (images only): a SigLIP-style tower over ``[3, 2, 2]`` patches, 2x2 merge, M-RoPE text."""
-    config = transformers.PaddleOCRVLConfig(
+    return vlm(
+        "PaddleOCRVL",
         text_config={**_TEXT, "model_type": "paddleocr_vl_text", "head_dim": 16, "rope_parameters": _MROPE_TEXT},
         vision_config={
             "hidden_size": 32,
@@ -169,4 +171,3 @@ def tiny_paddleocr_vl() -> Any:
         vision_start_token_id=VISION_START_ID,
         vision_end_token_id=VISION_END_ID,
     )
-    return _build(transformers.PaddleOCRVLForConditionalGeneration, config)

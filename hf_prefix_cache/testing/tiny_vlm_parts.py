@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import transformers
 
 from hf_prefix_cache.testing.tiny_build import _finalize
 
@@ -69,3 +70,25 @@ def _build(model_cls: type, config: Any) -> Any:
     torch.manual_seed(0)
     config._attn_implementation = "eager"
     return _finalize(model_cls(config))
+
+
+def text_config(model_type: str, **extra: Any) -> dict[str, Any]:
+    """The tiny text layers (`_TEXT`) as the config of `model_type`, with `extra` keys on top.
+
+    Example:
+        >>> text_config("qwen3", head_dim=16)["head_dim"]
+        16
+    """
+    return {**_TEXT, "model_type": model_type, **extra}
+
+
+def vlm(name: str, **config: Any) -> Any:
+    """transformers' ``{name}ForConditionalGeneration``, built as `_build` does from ``{name}Config(**config)``.
+
+    Example:
+        >>> model = vlm("Llava", text_config=text_config("llama"), vision_config=_CLIP, image_token_index=IMAGE_ID)
+        >>> type(model).__name__
+        'LlavaForConditionalGeneration'
+    """
+    config_cls = getattr(transformers, f"{name}Config")
+    return _build(getattr(transformers, f"{name}ForConditionalGeneration"), config_cls(**config))

@@ -41,35 +41,37 @@ from hf_prefix_cache.testing.tiny_vlm_parts import (
     PINPOINTS,
     VIDEO_ID,
     _build,
+    vlm,
 )
 
 
 def tiny_llava() -> Any:
     """LLaVA with a Llama text model: 16 placeholders per 32x32 image."""
-    config = transformers.LlavaConfig(
+    return vlm(
+        "Llava",
         text_config={**_TEXT, "model_type": "llama"},
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
     )
-    return _build(transformers.LlavaForConditionalGeneration, config)
 
 
 def tiny_llava_next() -> Any:
     """LLaVA-NeXT (anyres) with a Llama text model."""
-    config = transformers.LlavaNextConfig(
+    return vlm(
+        "LlavaNext",
         text_config={**_TEXT, "model_type": "llama"},
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
     )
-    return _build(transformers.LlavaNextForConditionalGeneration, config)
 
 
 def tiny_llava_next_video() -> Any:
     """LLaVA-NeXT-Video: LLaVA-NeXT images; each 32x32 video frame is 4 placeholders (2x2 pooling)."""
-    config = transformers.LlavaNextVideoConfig(
+    return vlm(
+        "LlavaNextVideo",
         text_config={**_TEXT, "model_type": "llama"},
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
@@ -78,12 +80,12 @@ def tiny_llava_next_video() -> Any:
         image_grid_pinpoints=PINPOINTS,
         spatial_pool_stride=2,
     )
-    return _build(transformers.LlavaNextVideoForConditionalGeneration, config)
 
 
 def tiny_llava_onevision() -> Any:
     """LLaVA-OneVision (anyres, SigLIP tower, Qwen2 text), the config's default `vision_aspect_ratio`."""
-    config = transformers.LlavaOnevisionConfig(
+    return vlm(
+        "LlavaOnevision",
         text_config={**_TEXT, "model_type": "qwen2"},
         vision_config={**_CLIP, "model_type": "siglip_vision_model"},
         image_token_index=IMAGE_ID,
@@ -91,7 +93,6 @@ def tiny_llava_onevision() -> Any:
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
     )
-    return _build(transformers.LlavaOnevisionForConditionalGeneration, config)
 
 
 def tiny_gemma3(config_cls: Any = transformers.Gemma3Config) -> Any:
@@ -118,18 +119,19 @@ def tiny_gemma3(config_cls: Any = transformers.Gemma3Config) -> Any:
 
 def tiny_paligemma() -> Any:
     """PaliGemma (prefix-LM): 16 placeholders per image at the start of the prompt."""
-    config = transformers.PaliGemmaConfig(
+    return vlm(
+        "PaliGemma",
         text_config={**_TEXT, "model_type": "gemma", "head_dim": 16},
         vision_config={**_SIGLIP, "projection_dim": 64},
         image_token_index=IMAGE_ID,
         projection_dim=64,
     )
-    return _build(transformers.PaliGemmaForConditionalGeneration, config)
 
 
 def tiny_qwen2_audio() -> Any:
     """Qwen2-Audio: clips of 100 mel frames (16 bins); a clip of `f` valid frames has `((f-1)//2+1-2)//2+1` placeholders."""
-    config = transformers.Qwen2AudioConfig(
+    return vlm(
+        "Qwen2Audio",
         text_config={**_TEXT, "model_type": "qwen2"},
         audio_config={
             "model_type": "qwen2_audio_encoder",
@@ -142,7 +144,6 @@ def tiny_qwen2_audio() -> Any:
         },
         audio_token_index=AUDIO_ID,
     )
-    return _build(transformers.Qwen2AudioForConditionalGeneration, config)
 
 
 def _idefics3_config(config_cls: type, vision_type: str) -> Any:
@@ -178,13 +179,13 @@ def tiny_idefics2() -> Any:
         "resampler_head_dim": 16,
         "num_key_value_heads": 2,
     }
-    config = transformers.Idefics2Config(
+    return vlm(
+        "Idefics2",
         text_config={**_TEXT, "model_type": "mistral"},
         vision_config={**_CLIP, "model_type": "idefics2_vision"},
         perceiver_config=perceiver,
         image_token_id=IMAGE_ID,
     )
-    return _build(transformers.Idefics2ForConditionalGeneration, config)
 
 
 TINY_VLMS = {

@@ -20,7 +20,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, AUD, EOL, BOI, EOI, BOA, EOA = 120, 126, 117, 118, 119, 110, 111
 IMAGE_CODES, AUDIO_CODES = 100, 108  # the code ids' offsets: 8 image codes, then 8 audio codes
@@ -51,7 +51,8 @@ def tiny_apertus1p5() -> Any:
         "codebook_dim": 16,
         "num_lstm_layers": 1,
     }
-    config = transformers.Apertus1p5Config(
+    return vlm(
+        "Apertus1p5",
         text_config={**_TEXT, "model_type": "apertus1p5_text", "head_dim": 16, "max_position_embeddings": 8192},
         vision_config=vision,
         audio_config=audio,
@@ -60,7 +61,6 @@ def tiny_apertus1p5() -> Any:
         image_token_offset=IMAGE_CODES,
         audio_token_offset=AUDIO_CODES,
     )
-    return _build(transformers.Apertus1p5ForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

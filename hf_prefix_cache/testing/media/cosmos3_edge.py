@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import transformers
-
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Qwen3StyleFamily
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _TEXT, _TOWER, vlm
 
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (3, 2, 2)]
@@ -24,7 +22,8 @@ VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (3, 2, 2)]
 def tiny_cosmos3_edge() -> Any:
     """Cosmos 3 Edge: a 2-layer SigLIP 2-style tower, its projector, M-RoPE text layers."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
-    config = transformers.Cosmos3EdgeConfig(
+    return vlm(
+        "Cosmos3Edge",
         text_config={**_TEXT, "head_dim": 16, "rope_parameters": rope},
         vision_config={
             **_TOWER,
@@ -35,7 +34,6 @@ def tiny_cosmos3_edge() -> Any:
         projector_hidden_size=64,
         **_QWEN_IDS,
     )
-    return _build(transformers.Cosmos3EdgeForConditionalGeneration, config)
 
 
 class Cosmos3EdgeFamily(Qwen3StyleFamily):

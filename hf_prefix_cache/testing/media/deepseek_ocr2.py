@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG = 120
 QUERIES = 144  # per view: the tower's small query table
@@ -55,10 +54,12 @@ def tiny_deepseek_ocr2() -> Any:
         "moe_intermediate_size": 32,
         "n_shared_experts": 1,
     }
-    config = transformers.DeepseekOcr2Config(
-        text_config=text, vision_config={"sam_config": sam, "encoder_config": encoder}, image_token_id=IMG
+    return vlm(
+        "DeepseekOcr2",
+        text_config=text,
+        vision_config={"sam_config": sam, "encoder_config": encoder},
+        image_token_id=IMG,
     )
-    return _build(transformers.DeepseekOcr2ForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

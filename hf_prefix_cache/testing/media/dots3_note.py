@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import transformers
-
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 
 def tiny_dots3_note() -> Any:
@@ -60,7 +58,6 @@ def tiny_dots3_note() -> Any:
         "feature_size": 16,
         "conv_output_size": 64,
     }
-    config = transformers.Dots3NoteConfig(
-        text_config=text, vision_config=vision, audio_config=audio, image_token_id=120, video_token_id=121
+    return vlm(
+        "Dots3Note", text_config=text, vision_config=vision, audio_config=audio, image_token_id=120, video_token_id=121
     )
-    return _build(transformers.Dots3NoteForConditionalGeneration, config)

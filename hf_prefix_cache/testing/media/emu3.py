@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, BOI, WRAPPER, EOF, EOL, EOI = 120, 110, 112, 113, 114, 115
 FACTOR = 2
@@ -44,8 +43,7 @@ _VQ = {
 @functools.cache
 def tiny_emu3() -> Any:
     """Emu3: a two-level VQ-VAE (attention at its second level) and a 2-layer text model."""
-    config = transformers.Emu3Config(vq_config=_VQ, text_config=dict(_TEXT), vocabulary_map=_VOCAB)
-    return _build(transformers.Emu3ForConditionalGeneration, config)
+    return vlm("Emu3", vq_config=_VQ, text_config=dict(_TEXT), vocabulary_map=_VOCAB)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, vlm
 
 IMAGE, VIDEO, IMAGE_START, IMAGE_END, VIDEO_START, VIDEO_END = 120, 121, 122, 123, 124, 125
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
@@ -29,7 +28,8 @@ def tiny_ernie4_5_vl() -> Any:
     """Ernie 4.5 VL: a 2-layer vision tower, the resampler, and [dense, text + vision experts] text layers."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
     experts = {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": [32, 16], "moe_num_shared_experts": 1}
-    config = transformers.Ernie4_5_VLMoeConfig(
+    return vlm(
+        "Ernie4_5_VLMoe",
         text_config={
             **_TEXT,
             "head_dim": 16,
@@ -50,7 +50,6 @@ def tiny_ernie4_5_vl() -> Any:
         video_start_token_id=VIDEO_START,
         video_end_token_id=VIDEO_END,
     )
-    return _build(transformers.Ernie4_5_VLMoeForConditionalGeneration, config)
 
 
 def expert_marks(ids: torch.Tensor) -> torch.Tensor:

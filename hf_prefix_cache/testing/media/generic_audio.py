@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import transformers
-
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 
 def tiny_voxtral() -> Any:
@@ -24,10 +22,7 @@ def tiny_voxtral() -> Any:
         "max_source_positions": 20,
         "vocab_size": 128,
     }
-    config = transformers.VoxtralConfig(
-        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
-    )
-    return _build(transformers.VoxtralForConditionalGeneration, config)
+    return vlm("Voxtral", text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD)
 
 
 def tiny_glmasr() -> Any:
@@ -41,10 +36,7 @@ def tiny_glmasr() -> Any:
         "num_mel_bins": 16,
         "max_position_embeddings": 64,
     }
-    config = transformers.GlmAsrConfig(
-        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
-    )
-    return _build(transformers.GlmAsrForConditionalGeneration, config)
+    return vlm("GlmAsr", text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD)
 
 
 def tiny_omniasr() -> Any:
@@ -64,7 +56,4 @@ def tiny_omniasr() -> Any:
         "layerdrop": 0.0,
         "activation_dropout": 0.0,
     }
-    config = transformers.OmniASRConfig(
-        text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD
-    )
-    return _build(transformers.OmniASRForConditionalGeneration, config)
+    return vlm("OmniASR", text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD)

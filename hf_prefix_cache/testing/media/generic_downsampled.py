@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import transformers
-
 from hf_prefix_cache.testing.media.generic_ids import IMG
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 #: Chameleon's VQ codes 0-7 as its vocabulary map names them (``IMGIMG`` + the code's digits as letters + ``Z``).
 _CHAMELEON_CODES = {f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(code))}Z": 100 + code for code in range(8)}
@@ -31,8 +29,7 @@ def tiny_chameleon() -> Any:
         "num_res_blocks": 1,
         "attn_resolutions": [],
     }
-    config = transformers.ChameleonConfig(**_TEXT, vq_config=vq, vocabulary_map={"<image>": IMG, **_CHAMELEON_CODES})
-    return _build(transformers.ChameleonForConditionalGeneration, config)
+    return vlm("Chameleon", **_TEXT, vq_config=vq, vocabulary_map={"<image>": IMG, **_CHAMELEON_CODES})
 
 
 def tiny_step3p7() -> Any:
@@ -57,5 +54,4 @@ def tiny_step3p7() -> Any:
         "image_size": 32,
         "patch_size": 2,
     }
-    config = transformers.Step3p7Config(text_config=text, vision_config=vision, image_token_id=IMG)
-    return _build(transformers.Step3p7ForConditionalGeneration, config)
+    return vlm("Step3p7", text_config=text, vision_config=vision, image_token_id=IMG)

@@ -17,7 +17,7 @@ import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG, VID
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build, vlm
 
 _PIXTRAL = {
     "model_type": "pixtral",
@@ -30,33 +30,35 @@ _PIXTRAL = {
 
 def tiny_mistral3() -> Any:
     """Mistral 3: Pixtral tower, 2x2 patch merger: one placeholder per 16x16 pixels."""
-    config = transformers.Mistral3Config(
+    return vlm(
+        "Mistral3",
         text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
         vision_config=_PIXTRAL,
         image_token_index=IMG,
         spatial_merge_size=2,
     )
-    return _build(transformers.Mistral3ForConditionalGeneration, config)
 
 
 def tiny_llava_pixtral(strategy: Literal["default", "full"] = "full") -> Any:
     """LLaVA with a Pixtral tower: one placeholder per 8x8 patch."""
-    config = transformers.LlavaConfig(
+    return vlm(
+        "Llava",
         text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
         vision_config=_PIXTRAL,
         image_token_index=IMG,
         vision_feature_layer=-1,
         vision_feature_select_strategy=strategy,
     )
-    return _build(transformers.LlavaForConditionalGeneration, config)
 
 
 def tiny_lighton_ocr() -> Any:
     """LightOnOCR: Mistral 3's Pixtral tower and 2x2 patch merger, Qwen 3 text."""
-    config = transformers.LightOnOcrConfig(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=_PIXTRAL, image_token_id=IMG
+    return vlm(
+        "LightOnOcr",
+        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+        vision_config=_PIXTRAL,
+        image_token_id=IMG,
     )
-    return _build(transformers.LightOnOcrForConditionalGeneration, config)
 
 
 def tiny_mistral_large4() -> Any:
@@ -78,10 +80,7 @@ def tiny_mistral_large4() -> Any:
         "index_n_heads": 8,
         "index_head_dim": 16,
     }
-    config = transformers.MistralLarge4Config(
-        text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2
-    )
-    return _build(transformers.MistralLarge4ForConditionalGeneration, config)
+    return vlm("MistralLarge4", text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2)
 
 
 @functools.cache
@@ -109,14 +108,14 @@ def pixtral_processor(spatial_merge_size: int) -> Any:
 
 def tiny_video_llava() -> Any:
     """Video-LLaVA: CLIP towers; 16 placeholders per image (CLS dropped), 17 per video frame."""
-    config = transformers.VideoLlavaConfig(
+    return vlm(
+        "VideoLlava",
         text_config={**_TEXT, "model_type": "llama"},
         vision_config=_CLIP,
         image_token_index=IMG,
         video_token_index=VID,
         vision_feature_layer=-1,
     )
-    return _build(transformers.VideoLlavaForConditionalGeneration, config)
 
 
 def tiny_vipllava() -> Any:
@@ -132,10 +131,7 @@ def tiny_vipllava() -> Any:
 
 def tiny_deepseek_vl() -> Any:
     """DeepSeek-VL: SigLIP tower, 16 placeholders per 32x32 image."""
-    config = transformers.DeepseekVLConfig(
-        text_config={**_TEXT, "model_type": "llama"}, vision_config=_SIGLIP, image_token_id=IMG
-    )
-    return _build(transformers.DeepseekVLForConditionalGeneration, config)
+    return vlm("DeepseekVL", text_config={**_TEXT, "model_type": "llama"}, vision_config=_SIGLIP, image_token_id=IMG)
 
 
 def tiny_janus() -> Any:
@@ -161,10 +157,9 @@ def tiny_janus() -> Any:
         "projection_dim": 64,
         "image_token_embed_dim": 64,
     }
-    config = transformers.JanusConfig(
-        text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
+    return vlm(
+        "Janus", text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
     )
-    return _build(transformers.JanusForConditionalGeneration, config)
 
 
 #: A SAM-style tower (windowed and global attention) on 64x64 images.
@@ -193,13 +188,13 @@ def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
 def tiny_deepseek_vl_hybrid() -> Any:
     """DeepSeek-VL hybrid: a SigLIP tower on 32x32 images and a SAM-style tower on their 64x64 versions, 16
     placeholders per image."""
-    config = transformers.DeepseekVLHybridConfig(
+    return vlm(
+        "DeepseekVLHybrid",
         text_config={**_TEXT, "model_type": "llama"},
         vision_config=_SIGLIP,
         high_res_vision_config=_SAM,
         image_token_id=IMG,
     )
-    return _build(transformers.DeepseekVLHybridForConditionalGeneration, config)
 
 
 def tiny_fuyu() -> Any:
@@ -229,7 +224,11 @@ def tiny_lfm2_vl() -> Any:
         "num_patches": 16,
         "vision_use_head": False,
     }
-    config = transformers.Lfm2VlConfig(
-        text_config=text, vision_config=vision, image_token_id=IMG, downsample_factor=2, projector_hidden_size=64
+    return vlm(
+        "Lfm2Vl",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMG,
+        downsample_factor=2,
+        projector_hidden_size=64,
     )
-    return _build(transformers.Lfm2VlForConditionalGeneration, config)

@@ -13,7 +13,7 @@ import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG
 from hf_prefix_cache.testing.tiny_build import _finalize
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, vlm
 
 
 def tiny_internvl() -> Any:
@@ -23,10 +23,13 @@ def tiny_internvl() -> Any:
         "image_size": [32, 32],
         "patch_size": [8, 8],
     }
-    config = transformers.InternVLConfig(
-        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_id=IMG, image_seq_length=4
+    return vlm(
+        "InternVL",
+        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config=vision,
+        image_token_id=IMG,
+        image_seq_length=4,
     )
-    return _build(transformers.InternVLForConditionalGeneration, config)
 
 
 def tiny_qianfan_ocr() -> Any:
@@ -36,33 +39,29 @@ def tiny_qianfan_ocr() -> Any:
         "image_size": [32, 32],
         "patch_size": [8, 8],
     }
-    config = transformers.QianfanOCRConfig(
+    return vlm(
+        "QianfanOCR",
         text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
         vision_config=vision,
         image_token_id=IMG,
         image_seq_length=4,
     )
-    return _build(transformers.QianfanOCRForConditionalGeneration, config)
 
 
 def tiny_cohere2_vision() -> Any:
     """Cohere 2 Vision: SigLIP on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile."""
     text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
-    config = transformers.Cohere2VisionConfig(
-        text_config=text, vision_config=_SIGLIP, image_token_id=IMG, alignment_intermediate_size=64
+    return vlm(
+        "Cohere2Vision", text_config=text, vision_config=_SIGLIP, image_token_id=IMG, alignment_intermediate_size=64
     )
-    return _build(transformers.Cohere2VisionForConditionalGeneration, config)
 
 
 def tiny_aya_vision() -> Any:
     """Aya Vision: SigLIP tower on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile; Cohere 2 text (sliding + full)."""
     text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
-    config = transformers.AyaVisionConfig(
-        text_config=text, vision_config=_SIGLIP, image_token_index=IMG, downsample_factor=2
-    )
-    return _build(transformers.AyaVisionForConditionalGeneration, config)
+    return vlm("AyaVision", text_config=text, vision_config=_SIGLIP, image_token_index=IMG, downsample_factor=2)
 
 
 def tiny_aria() -> Any:
@@ -70,10 +69,9 @@ def tiny_aria() -> Any:
     vision = {**_CLIP, "model_type": "idefics3_vision"}
     text = {**_TEXT, "model_type": "aria_text", "head_dim": 16}
     text.update(moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1)
-    config = transformers.AriaConfig(
-        vision_config=vision, text_config=text, image_token_index=IMG, projector_patch_to_query_dict={16: 4}
+    return vlm(
+        "Aria", vision_config=vision, text_config=text, image_token_index=IMG, projector_patch_to_query_dict={16: 4}
     )
-    return _build(transformers.AriaForConditionalGeneration, config)
 
 
 def tiny_llama4() -> Any:

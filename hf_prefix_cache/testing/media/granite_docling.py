@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMG, FAKE, MARK = 120, 110, 111
 #: Placeholders per tile: the coarse path (pixel shuffle 2), the fine path (four times as many).
@@ -37,10 +36,13 @@ def tiny_granite_docling() -> Any:
         "scale_factor": 2,
         "deepstack_visual_indexes": [0, 1],
     }
-    config = transformers.GraniteDoclingConfig(
-        text_config=_TEXT, vision_config=vision, image_token_id=IMG, pad_token_id=_TEXT["pad_token_id"]
+    return vlm(
+        "GraniteDocling",
+        text_config=_TEXT,
+        vision_config=vision,
+        image_token_id=IMG,
+        pad_token_id=_TEXT["pad_token_id"],
     )
-    return _build(transformers.GraniteDoclingForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

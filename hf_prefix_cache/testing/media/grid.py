@@ -33,7 +33,7 @@ from packaging.version import Version
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs, seeded_rand
-from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _TOWER, _build, vlm
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = (
@@ -82,10 +82,7 @@ def tiny_kimi_k25() -> Any:
         **_TOWER,
         "merge_kernel_size": [2, 2],
     }
-    config = transformers.Kimi_K25Config(
-        text_config={**_TEXT, **_MLA_MOE}, vision_config=vision, projection_hidden_size=32, **_IDS
-    )
-    return _build(transformers.Kimi_K25ForConditionalGeneration, config)
+    return vlm("Kimi_K25", text_config={**_TEXT, **_MLA_MOE}, vision_config=vision, projection_hidden_size=32, **_IDS)
 
 
 def tiny_minimax_m3_vl() -> Any:
@@ -135,8 +132,7 @@ def tiny_lfm3_vl() -> Any:
         "num_key_value_heads": 2,
         "layer_types": ["conv", "full_attention"],
     }
-    config = transformers.Lfm3VlConfig(text_config=text, vision_config=vision, projector_hidden_size=64, **_IDS)
-    return _build(transformers.Lfm3VlForConditionalGeneration, config)
+    return vlm("Lfm3Vl", text_config=text, vision_config=vision, projector_hidden_size=64, **_IDS)
 
 
 def tiny_video_llama_3() -> Any:
@@ -145,13 +141,13 @@ def tiny_video_llama_3() -> Any:
         **_TOWER,
         "patch_size": 4,
     }
-    config = transformers.VideoLlama3Config(
+    return vlm(
+        "VideoLlama3",
         text_config={**_TEXT, "model_type": "qwen2"},
         vision_config=vision,
         image_token_id=IMG,
         video_token_id=VID,
     )
-    return _build(transformers.VideoLlama3ForConditionalGeneration, config)
 
 
 def tiny_exaone4_5() -> Any:
@@ -169,10 +165,7 @@ def tiny_exaone4_5() -> Any:
         "out_hidden_size": 64,
         "fullatt_block_indexes": [1],
     }
-    config = transformers.Exaone4_5_Config(
-        text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID
-    )
-    return _build(transformers.Exaone4_5_ForConditionalGeneration, config)
+    return vlm("Exaone4_5_", text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID)
 
 
 def tiny_hyperclovax_vision_v2() -> Any:
@@ -187,13 +180,13 @@ def tiny_hyperclovax_vision_v2() -> Any:
         "out_hidden_size": 64,
         "fullatt_block_indexes": [1],
     }
-    config = transformers.HyperCLOVAXVisionV2Config(
+    return vlm(
+        "HyperCLOVAXVisionV2",
         text_config={**_TEXT, "model_type": "hyperclovax", "head_dim": 16},
         vision_config=vision,
         image_token_id=IMG,
         video_token_id=VID,
     )
-    return _build(transformers.HyperCLOVAXVisionV2ForConditionalGeneration, config)
 
 
 def tiny_muse_glimmer() -> Any:
@@ -207,7 +200,8 @@ def tiny_muse_glimmer() -> Any:
         "merge_size": 2,
     }
     text = {**_TEXT, "model_type": "muse_glimmer_text", "head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4}
-    config = transformers.MuseGlimmerConfig(
+    return vlm(
+        "MuseGlimmer",
         text_config=text,
         vision_config=vision,
         image_token_id=IMG,
@@ -215,7 +209,6 @@ def tiny_muse_glimmer() -> Any:
         out_hidden_size=128,
         projector_hidden_size=64,
     )
-    return _build(transformers.MuseGlimmerForConditionalGeneration, config)
 
 
 def tiny_llava_onevision1_5() -> Any:
@@ -227,10 +220,9 @@ def tiny_llava_onevision1_5() -> Any:
         "spatial_merge_size": 2,
         "out_hidden_size": 64,
     }
-    config = transformers.LlavaOnevision15Config(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=vision, **_IDS
+    return vlm(
+        "LlavaOnevision15", text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=vision, **_IDS
     )
-    return _build(transformers.LlavaOnevision15ForConditionalGeneration, config)
 
 
 _BUILDERS = {

@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMAGE, OPEN, CLOSE = 120, 122, 123
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
@@ -26,7 +25,8 @@ GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 def tiny_hunyuan_vl() -> Any:
     """HunYuan-VL: a 2-layer vision tower with its merger, 4-axis M-RoPE text layers."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 2, 2, 2]}
-    config = transformers.HunYuanVLConfig(
+    return vlm(
+        "HunYuanVL",
         text_config={**_TEXT, "head_dim": 16, "rope_parameters": rope},
         vision_config={
             **_TOWER,
@@ -39,7 +39,6 @@ def tiny_hunyuan_vl() -> Any:
         },
         image_token_id=IMAGE,
     )
-    return _build(transformers.HunYuanVLForConditionalGeneration, config)
 
 
 class HunYuanFamily(ThwFamily):

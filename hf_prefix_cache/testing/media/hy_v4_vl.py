@@ -17,7 +17,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMAGE, VIDEO, OPEN, CLOSE = 120, 121, 122, 123
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
@@ -48,7 +48,8 @@ _TEXT_LAYERS: dict[str, Any] = {
 
 def tiny_hy_v4_vl() -> Any:
     """HY V4 VL: a 2-layer vision tower with its merger, HY V4 text layers with M-RoPE."""
-    config = transformers.HYV4VLConfig(
+    return vlm(
+        "HYV4VL",
         text_config=_TEXT_LAYERS,
         vision_config={
             **_TOWER,
@@ -61,7 +62,6 @@ def tiny_hy_v4_vl() -> Any:
         image_token_id=IMAGE,
         video_token_id=VIDEO,
     )
-    return _build(transformers.HYV4VLForConditionalGeneration, config)
 
 
 class HYV4VLFamily(ThwFamily):

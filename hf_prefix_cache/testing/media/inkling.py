@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
-from hf_prefix_cache.testing.tiny_vlm_parts import _build
+from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
 NEW = 4
@@ -46,7 +45,8 @@ _TEXT = {
 def tiny_inkling() -> Any:
     """Inkling: a patch-wise vision tower on 2 x 4x4-pixel patches, dMel audio (8 bins of 16 values); hybrid
     [sliding, full] text layers with conv states and experts."""
-    config = transformers.InklingConfig(
+    return vlm(
+        "Inkling",
         text_config=_TEXT,
         vision_config={"patch_size": 4, "hidden_size": 32, "n_layers": 2, "num_attention_heads": 4},
         audio_config={"n_mel_bins": MEL_BINS, "mel_vocab_size": MEL_VOCAB},
@@ -55,7 +55,6 @@ def tiny_inkling() -> Any:
         image_bos_token_id=IMAGE_BOS,
         audio_bos_token_id=AUDIO_BOS,
     )
-    return _build(transformers.InklingForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

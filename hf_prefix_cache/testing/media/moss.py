@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
 FRAMES, MELS, MERGE = 40, 16, 2
@@ -33,7 +32,8 @@ WINDOWS = [[40], [40], [40, 25]]
 @functools.cache
 def tiny_moss() -> Any:
     """MOSS Transcribe-Diarize: a one-layer Whisper-style tower (40-frame windows), merge 2, a Qwen3 text model."""
-    config = transformers.MossTranscribeDiarizeConfig(
+    return vlm(
+        "MossTranscribeDiarize",
         audio_config={
             "num_mel_bins": MELS,
             "num_hidden_layers": 1,
@@ -46,7 +46,6 @@ def tiny_moss() -> Any:
         audio_token_id=AUD,
         audio_merge_size=MERGE,
     )
-    return _build(transformers.MossTranscribeDiarizeForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMG, VID, AUD = 120, 121, 126
 OPEN, CLOSE, AUDIO_OPEN, AUDIO_CLOSE = 110, 111, 112, 113
@@ -57,7 +56,8 @@ def tiny_muse_spark() -> Any:
         "moe_hidden_size": 32,
     }
     audio = {"patch_sizes": [4, 2], "hidden_sizes": [16, 32], "depths": [1, 1], "num_hidden_layers": 2}
-    config = transformers.MuseSparkConfig(
+    return vlm(
+        "MuseSpark",
         text_config=text,
         vision_config=vision,
         audio_config={**audio, "out_hidden_size": _TEXT["hidden_size"]},
@@ -67,7 +67,6 @@ def tiny_muse_spark() -> Any:
         out_hidden_size=128,
         projector_hidden_size=64,
     )
-    return _build(transformers.MuseSparkForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
 PER_ROW = 4
@@ -31,7 +30,8 @@ GRIDS = [(1, 1), (1, 1), (1, 2)]
 @functools.cache
 def tiny_ovis2() -> Any:
     """Ovis2: a one-layer tower on 8x8 rows (2x2 patches, 2x2 merge) into 24 visual tokens (5 indicators)."""
-    config = transformers.Ovis2Config(
+    return vlm(
+        "Ovis2",
         vision_config={
             "hidden_size": 32,
             "intermediate_size": 64,
@@ -48,7 +48,6 @@ def tiny_ovis2() -> Any:
         vocab_size=_TEXT["vocab_size"],
         hidden_size=_TEXT["hidden_size"],
     )
-    return _build(transformers.Ovis2ForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

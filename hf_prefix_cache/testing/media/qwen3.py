@@ -17,12 +17,11 @@ from functools import partial
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, Qwen3StyleFamily
 from hf_prefix_cache.testing.tiny_qwen_media import patches
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, vlm
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "cohere_compass", "cosmos3_omni")
 #: Families whose text layers hold recurrent states.
@@ -50,14 +49,12 @@ _MOE = {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num
 
 def tiny_qwen3_5() -> Any:
     """Qwen3.5: [gated delta-net, full attention] x 2 text layers, Qwen3-VL-style tower without deepstack."""
-    config = transformers.Qwen3_5Config(text_config=_HYBRID_TEXT, vision_config=_VISION, **_IDS)
-    return _build(transformers.Qwen3_5ForConditionalGeneration, config)
+    return vlm("Qwen3_5", text_config=_HYBRID_TEXT, vision_config=_VISION, **_IDS)
 
 
 def tiny_qwen3_5_moe() -> Any:
     """Qwen3.5-MoE: Qwen3.5 with expert MLPs."""
-    config = transformers.Qwen3_5MoeConfig(text_config={**_HYBRID_TEXT, **_MOE}, vision_config=_VISION, **_IDS)
-    return _build(transformers.Qwen3_5MoeForConditionalGeneration, config)
+    return vlm("Qwen3_5Moe", text_config={**_HYBRID_TEXT, **_MOE}, vision_config=_VISION, **_IDS)
 
 
 def tiny_qwen3_vl_moe() -> Any:
@@ -65,8 +62,7 @@ def tiny_qwen3_vl_moe() -> Any:
     text = {**_TEXT, "head_dim": 16, "rope_parameters": _ROPE, **_MOE, "decoder_sparse_step": 1}
     text.pop("shared_expert_intermediate_size")
     vision = {**_VISION, "deepstack_visual_indexes": [0]}
-    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision, **_IDS)
-    return _build(transformers.Qwen3VLMoeForConditionalGeneration, config)
+    return vlm("Qwen3VLMoe", text_config=text, vision_config=vision, **_IDS)
 
 
 def tiny_cohere_compass() -> Any:
@@ -79,16 +75,14 @@ def tiny_cohere_compass() -> Any:
         "rope_parameters": {"sliding_attention": _ROPE, "full_attention": None},
     }
     vision = {**_VISION, "deepstack_visual_indexes": [0]}
-    config = transformers.CohereCompassConfig(text_config=text, vision_config=vision, **_IDS)
-    return _build(transformers.CohereCompassForConditionalGeneration, config)
+    return vlm("CohereCompass", text_config=text, vision_config=vision, **_IDS)
 
 
 def tiny_cosmos3_omni() -> Any:
     """Cosmos 3 Omni (its reasoner): Qwen3-VL's architecture under its own config."""
     text = {**_TEXT, "head_dim": 16, "rope_parameters": _ROPE}
     vision = {**_VISION, "deepstack_visual_indexes": [0]}
-    config = transformers.Cosmos3OmniConfig(text_config=text, vision_config=vision, **_IDS)
-    return _build(transformers.Cosmos3OmniForConditionalGeneration, config)
+    return vlm("Cosmos3Omni", text_config=text, vision_config=vision, **_IDS)
 
 
 _BUILDERS = {

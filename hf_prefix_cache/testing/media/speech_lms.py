@@ -37,7 +37,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase, single
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build, vlm
 
 AUDIO_BOS, AUDIO_EOS = 110, 111
 #: Granite Speech: encoder frames per projector window, and its outputs per window.
@@ -112,10 +112,9 @@ def tiny_qwen3_asr() -> Any:
         "downsample_hidden_size": 8,
         "output_dim": _TEXT["hidden_size"],
     }
-    config = transformers.Qwen3ASRConfig(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, audio_config=audio, audio_token_id=AUD
+    return vlm(
+        "Qwen3ASR", text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, audio_config=audio, audio_token_id=AUD
     )
-    return _build(transformers.Qwen3ASRForConditionalGeneration, config)
 
 
 @functools.cache
@@ -139,13 +138,13 @@ def tiny_fun_asr_nano() -> Any:
         "num_hidden_layers": 1,
         "projector_hidden_size": 32,
     }
-    config = transformers.FunAsrNanoConfig(
+    return vlm(
+        "FunAsrNano",
         text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
         audio_config=audio,
         adaptor_config=adaptor,
         audio_token_id=AUD,
     )
-    return _build(transformers.FunAsrNanoForConditionalGeneration, config)
 
 
 #: Nemotron 3.5 Transcribe: its audio placeholder id (the text vocabulary's size) and mel frames per encoder frame.
@@ -197,13 +196,13 @@ def tiny_nemo_speechlm() -> Any:
         "vocab_size": 10,
         "blank_token_id": 9,
     }
-    config = transformers.Nemotron3_5TranscribeConfig(
+    return vlm(
+        "Nemotron3_5Transcribe",
         text_config=text_config,
         audio_config={"asr_config": encoder, "diarization_config": diarization},
         word_timestamp_config=timestamps,
         audio_token_id=NEMO_AUDIO,
     )
-    return _build(transformers.Nemotron3_5TranscribeForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)
