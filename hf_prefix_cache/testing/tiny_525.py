@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_build import _ATTN, _make, seeded
+from hf_prefix_cache.testing.tiny_build import _ATTN, _EXPERTS, _ROUTED_EXPERTS, _make, seeded
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER
 
 #: Kolibri 1.1's indexers: top-k, local and sink tokens (a query seeing at most their sum keeps every key).
@@ -75,9 +75,7 @@ def tiny_kolibri1_1(budget: int = KOLIBRI_TOP_K + KOLIBRI_LOCAL + KOLIBRI_SINK) 
         index_compression=4,
         mlp_only_layers=[0],
         mlp_only_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
+        **_EXPERTS,
         shared_expert_intermediate_size=32,
         sliding_window=8,
     )
@@ -134,10 +132,8 @@ def tiny_ergo() -> Any:
         sliding_window=8,
         first_dense_intermediate_size=128,
         num_dense_blocks=1,
-        moe_intermediate_size=32,
+        **_EXPERTS,
         shared_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
     )
 
 
@@ -150,9 +146,7 @@ def tiny_minicpm5_moe() -> Any:
         num_hidden_layers=2,
         head_dim=16,
         mlp_layer_types=["dense", "sparse"],
-        moe_intermediate_size=32,
-        num_experts_per_tok=2,
-        n_routed_experts=4,
+        **_ROUTED_EXPERTS,
     )
 
 
@@ -164,8 +158,6 @@ def tiny_param2moe() -> Any:
         **_ATTN,
         num_hidden_layers=2,
         head_dim=16,
-        moe_intermediate_size=32,
-        num_experts_per_tok=2,
-        n_routed_experts=4,
+        **_ROUTED_EXPERTS,
         n_shared_experts=1,
     )

@@ -17,6 +17,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
+from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG = 120
@@ -49,9 +50,7 @@ def tiny_deepseek_ocr2() -> Any:
         **_TEXT,
         "max_position_embeddings": 2048,
         "mlp_layer_types": ["dense", "sparse"],
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
+        **_ROUTED_EXPERTS,
         "n_shared_experts": 1,
     }
     return vlm(

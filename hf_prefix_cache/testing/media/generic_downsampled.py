@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.testing.media.generic_ids import IMG
+from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 #: Chameleon's VQ codes 0-7 as its vocabulary map names them (``IMGIMG`` + the code's digits as letters + ``Z``).
@@ -42,9 +43,7 @@ def tiny_step3p7() -> Any:
         "layer_types": ["sliding_attention", "full_attention"],
         "sliding_window": 8,
         "mlp_layer_types": ["dense", "sparse"],
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
+        **_ROUTED_EXPERTS,
         "share_expert_dim": 32,
         "num_sliding_attention_heads": 4,
         "num_nextn_predict_layers": 0,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG, VID
+from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
 from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build, vlm
 
@@ -66,19 +67,10 @@ def tiny_mistral_large4() -> Any:
     text = {
         **_TEXT,
         "model_type": "mistral_large4_text",
-        "num_key_value_heads": 4,
-        "moe_intermediate_size": 32,
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_rope_head_dim": 8,
-        "qk_nope_head_dim": 8,
-        "v_head_dim": 16,
-        "head_dim": 8,
-        "index_topk": 256,  # every key of the media prompts: past it a store runs cold (`indexer_top_k`)
-        "index_n_heads": 8,
-        "index_head_dim": 16,
+        **_MLA,
+        **_ROUTED_EXPERTS,
+        **_INDEXER,
+        # every key of the media prompts: past it a store runs cold (`indexer_top_k`)
     }
     return vlm("MistralLarge4", text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2)
 

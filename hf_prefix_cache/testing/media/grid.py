@@ -33,6 +33,7 @@ from packaging.version import Version
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs, seeded_rand
+from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _TOWER, _build, vlm
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
@@ -55,16 +56,8 @@ _IDS: dict[str, Any] = {
 }
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
-    "num_key_value_heads": 4,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8,
-    "v_head_dim": 16,
-    "head_dim": 8,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
+    **_MLA,
+    **_ROUTED_EXPERTS,
     "n_shared_experts": 1,
     "first_k_dense_replace": 1,
     "n_group": 1,

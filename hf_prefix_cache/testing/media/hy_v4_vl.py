@@ -16,6 +16,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
+from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_media import run
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
@@ -24,22 +25,12 @@ GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 VIDEO_GRIDS = [(2, 4, 4), (2, 4, 4), (3, 2, 4)]
 _TEXT_LAYERS: dict[str, Any] = {
     **_TEXT,
-    "num_key_value_heads": 4,
-    "head_dim": 8,
-    "moe_intermediate_size": 32,
-    "n_routed_experts": 4,
+    **_MLA,
+    **_ROUTED_EXPERTS,
     "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_nope_head_dim": 8,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
     "mlp_layer_types": ["dense", "sparse"],
     "layer_types": ["indexed_attention", "indexed_attention"],
-    "index_topk": 256,
-    "index_head_dim": 16,
-    "index_n_heads": 8,
+    **_INDEXER,
     "indexer_types": ["full", "full"],
     "hc_mult": 4,
     "rope_parameters": {"rope_theta": 1e4, "rope_type": "default", "mrope_section": [1, 1, 2]},

@@ -10,6 +10,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
+from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
@@ -32,9 +33,7 @@ _TEXT = {
     "layer_types": ["hybrid_sliding", "hybrid"],
     "mlp_layer_types": ["sparse", "sparse"],
     "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
+    **_ROUTED_EXPERTS,
     "n_shared_experts": 1,
     "pad_token_id": 0,
     "eos_token_id": None,

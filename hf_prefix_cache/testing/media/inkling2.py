@@ -19,6 +19,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
 IMG, OPEN, CLOSE = 120, 110, 111
@@ -41,9 +42,7 @@ _TEXT: dict[str, Any] = {
     "swa_head_dim": 16,
     "sliding_window_size": 8,
     "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
-    "moe_intermediate_size": 32,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
+    **_ROUTED_EXPERTS,
     "n_layers_per_attn_res_block": 2,
     "rel_extent": 64,
     "d_rel": 8,

@@ -20,6 +20,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, Qwen3StyleFamily
+from hf_prefix_cache.testing.tiny_build import _GATED_DELTA
 from hf_prefix_cache.testing.tiny_qwen_media import patches
 from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, vlm
 
@@ -39,10 +40,7 @@ _HYBRID_TEXT: dict[str, Any] = {
     "num_hidden_layers": 4,
     "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
     "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
+    **_GATED_DELTA,
 }
 _MOE = {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
 
