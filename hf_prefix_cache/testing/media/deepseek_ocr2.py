@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
@@ -91,15 +90,4 @@ def media_kwargs(pages: list[Page]) -> dict[str, Any]:
     }
 
 
-def _sweep() -> registry.SweepCase:
-    """DeepSeek-OCR 2 in the support matrix's scenario: A a page of one crop, C a page of two."""
-    media = registry.three(Page)
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_deepseek_ocr2(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]))
-
-
-registry.register_sweep("deepseek_ocr2", _sweep)
-registry.register_suite(
-    "deepseek_ocr2",
-    lambda: single("deepseek_ocr2", tiny_deepseek_ocr2(), "image", Page, placeholders, media_kwargs, framing=0),
-)
+registry.register_single("deepseek_ocr2", tiny_deepseek_ocr2, "image", Page, placeholders, media_kwargs, framing=0)

@@ -31,8 +31,9 @@ import transformers
 from packaging.version import Version
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
-from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs, seeded_rand
+from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs
 from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _TOWER, _build, vlm
 

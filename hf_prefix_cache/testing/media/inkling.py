@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
@@ -85,39 +85,25 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     images = [m for m in media if m.kind == "image"]
     if images:
-        out["pixel_values"] = torch.cat(
-            [torch.rand(m.size, 2, 4, 4, 3, generator=torch.Generator().manual_seed(m.seed)) for m in images]
-        )
+        out["pixel_values"] = torch.cat([seeded_rand(m.size, 2, 4, 4, 3, seed=m.seed) for m in images])
     clips = [m for m in media if m.kind == "audio"]
     if clips:
-        ids = torch.zeros(len(clips), PADDED, MEL_BINS, dtype=torch.int32)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
-        for i, m in enumerate(clips):
-            gen = torch.Generator().manual_seed(m.seed)
-            ids[i, : m.size] = torch.randint(0, MEL_VOCAB, (m.size, MEL_BINS), generator=gen, dtype=torch.int32)
-            mask[i, : m.size] = 1
-        out["audio_input_ids"], out["audio_input_ids_mask"] = ids, mask
+        rows = [
+            torch.randint(
+                0, MEL_VOCAB, (m.size, MEL_BINS), generator=torch.Generator().manual_seed(m.seed), dtype=torch.int32
+            )
+            for m in clips
+        ]
+        out["audio_input_ids"], out["audio_input_ids_mask"] = padded(rows, PADDED, torch.int32)
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Inkling in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
-    media = registry.mixed(image, clip, image)
-    return registry.mixed_sweep(tiny_inkling(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-registry.register_sweep("inkling_mm_model", _sweep)
-
-
-def _suite() -> MediaCase:
-    return MediaCase(
-        "inkling_mm_model",
-        tiny_inkling(),
-        {"image": image, "audio": clip},
-        placeholders,
-        ignore_ids(media_kwargs),
-        states=True,
-    )
-
-
-registry.register_suite("inkling_mm_model", _suite)
+registry.register_mixed(
+    "inkling_mm_model",
+    tiny_inkling,
+    {"image": image, "audio": clip},
+    ("image", "audio", "image"),
+    placeholders,
+    media_kwargs,
+    states=True,
+)

@@ -18,7 +18,6 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
@@ -96,25 +95,15 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     return {"pixel_values": torch.cat(rows), "image_grid_thw": torch.tensor([list(m.grid) for m in media])}
 
 
-def _sweep(model_type: str) -> registry.SweepCase:
-    """An Inkling 2 family in the support matrix's scenario: A an image; C an image of another grid, text, then A's."""
-    media = registry.mixed(image, image, image)
-    return registry.mixed_sweep(tiny_inkling2(model_type), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-def _suite(model_type: str) -> MediaCase:
-    return MediaCase(
-        model_type,
-        tiny_inkling2(model_type),
-        {"image": image},
-        placeholders,
-        lambda _ids, m: media_kwargs(m),
-        states=True,
-    )
-
-
 # Inkling 2 Loop's sweep case is registered on 5.23 too (the support matrix there does not sweep the type).
 for _model_type in ("inkling2", "inkling2_loop"):
-    registry.register_sweep(_model_type, partial(_sweep, _model_type))
-for _model_type in FAMILIES:
-    registry.register_suite(_model_type, partial(_suite, _model_type))
+    registry.register_mixed(
+        _model_type,
+        partial(tiny_inkling2, _model_type),
+        {"image": image},
+        ("image", "image", "image"),
+        placeholders,
+        media_kwargs,
+        states=True,
+        suite=_model_type in FAMILIES,
+    )

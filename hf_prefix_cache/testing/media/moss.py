@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
+from hf_prefix_cache.testing.media.arrays import padded
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
@@ -63,12 +63,9 @@ class Clip:
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Its windows' feature rows (zeros past the valid frames) and mask rows."""
         gen = torch.Generator().manual_seed(self.seed)
-        features = torch.zeros(len(self.windows), MELS, FRAMES)
-        mask = torch.zeros(len(self.windows), FRAMES, dtype=torch.long)
-        for i, valid in enumerate(self.windows):
-            features[i, :, :valid] = torch.rand(MELS, valid, generator=gen) * 2 - 1
-            mask[i, :valid] = 1
-        return features, mask
+        windows = [(torch.rand(MELS, valid, generator=gen) * 2 - 1).T for valid in self.windows]
+        features, mask = padded(windows, FRAMES)
+        return features.transpose(1, 2).contiguous(), mask
 
 
 def placeholders(clip: Clip) -> torch.Tensor:
@@ -97,17 +94,5 @@ def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
     }
 
 
-def _sweep() -> registry.SweepCase:
-    """MOSS Transcribe-Diarize in the support matrix's scenario: A a clip, C a clip of two windows; time markers inside."""
-    media = registry.three(Clip)
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_moss(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1)
-
-
-registry.register_sweep("moss_transcribe_diarize", _sweep)
-
-
-registry.register_suite(
-    "moss_transcribe_diarize",
-    lambda: single("moss_transcribe_diarize", tiny_moss(), "audio", Clip, placeholders, media_kwargs, framing=1),
-)
+# The sweep's C is a clip of two windows; time markers inside.
+registry.register_single("moss_transcribe_diarize", tiny_moss, "audio", Clip, placeholders, media_kwargs, framing=1)

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.media.thw import grid_kwargs
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMG, VID, AUD = 120, 121, 126
@@ -109,49 +110,24 @@ def placeholders(medium: Medium) -> torch.Tensor:
 
 def _rows(medium: Medium) -> torch.Tensor:
     t, h, w = medium.grid
-    return torch.rand(t * h * w, ROW, generator=torch.Generator().manual_seed(medium.seed))
+    return seeded_rand(t * h * w, ROW, seed=medium.seed)
 
 
 def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     """What the processor hands `generate` for `media` in prompt order."""
-    out: dict[str, Any] = {}
-    for kind, data, grid in (
-        ("image", "pixel_values", "image_grid_thw"),
-        ("video", "pixel_values_videos", "video_grid_thw"),
-    ):
-        mine = [m for m in media if m.kind == kind]
-        if mine:
-            out[data] = torch.cat([_rows(m) for m in mine])
-            out[grid] = torch.tensor([list(m.grid) for m in mine])
+    out = grid_kwargs(media, _rows)
     clips = [m for m in media if m.kind == "audio"]
     if clips:
-        values = torch.zeros(len(clips), PADDED)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
-        for i, m in enumerate(clips):
-            valid = SAMPLES[m.seed % 3]
-            values[i, :valid] = torch.rand(valid, generator=torch.Generator().manual_seed(m.seed)) * 2 - 1
-            mask[i, :valid] = 1
-        out["input_values"], out["input_values_mask"] = values, mask
+        rows = [seeded_rand(SAMPLES[m.seed % 3], seed=m.seed) * 2 - 1 for m in clips]
+        out["input_values"], out["input_values_mask"] = padded(rows, PADDED, torch.int32)
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Muse Spark in the support matrix's scenario: A an image; C an audio clip, text, then a video."""
-    media = registry.mixed(image, clip, video)
-    return registry.mixed_sweep(tiny_muse_spark(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-registry.register_sweep("muse_spark", _sweep)
-
-
-def _suite() -> MediaCase:
-    return MediaCase(
-        "muse_spark",
-        tiny_muse_spark(),
-        {"image": image, "video": video, "audio": clip},
-        placeholders,
-        lambda _ids, media: media_kwargs(media),
-    )
-
-
-registry.register_suite("muse_spark", _suite)
+registry.register_mixed(
+    "muse_spark",
+    tiny_muse_spark,
+    {"image": image, "video": video, "audio": clip},
+    ("image", "audio", "video"),
+    placeholders,
+    media_kwargs,
+)

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
@@ -116,35 +116,21 @@ def media_kwargs(media: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     images = [m for m in media if isinstance(m, Image)]
     if images:
-        rows = [
-            torch.rand(i.grid[0] * i.grid[1], PATCH_DIM, generator=torch.Generator().manual_seed(i.seed))
-            for i in images
-        ]
+        rows = [seeded_rand(i.grid[0] * i.grid[1], PATCH_DIM, seed=i.seed) for i in images]
         out.update(pixel_values=torch.cat(rows), image_grid_hw=torch.tensor([list(i.grid) for i in images]))
     clips = [m for m in media if isinstance(m, Clip)]
     if clips:
-        features = torch.zeros(len(clips), PADDED, MEL_BINS)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.long)
-        for k, c in enumerate(clips):
-            features[k, : c.frames] = torch.rand(c.frames, MEL_BINS, generator=torch.Generator().manual_seed(c.seed))
-            mask[k, : c.frames] = 1
+        features, mask = padded([seeded_rand(c.frames, MEL_BINS, seed=c.seed) for c in clips], PADDED)
         out.update(input_features=features, input_features_mask=mask)
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Nemotron-H Omni in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
-    media = registry.mixed(image, clip, image)
-    return registry.mixed_sweep(tiny_nemotron_h_omni(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-registry.register_sweep("nemotron_h_omni", _sweep)
-
-
-def _suite() -> MediaCase:
-    media = {"image": image, "audio": clip}
-    model = tiny_nemotron_h_omni()
-    return MediaCase("nemotron_h_omni", model, media, placeholders, ignore_ids(media_kwargs), states=True)
-
-
-registry.register_suite("nemotron_h_omni", _suite)
+registry.register_mixed(
+    "nemotron_h_omni",
+    tiny_nemotron_h_omni,
+    {"image": image, "audio": clip},
+    ("image", "audio", "image"),
+    placeholders,
+    media_kwargs,
+    states=True,
+)

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
@@ -81,16 +80,4 @@ def media_kwargs(images: list[Image]) -> dict[str, Any]:
     return {"pixel_values": torch.cat([i.rows() for i in images])} if images else {}
 
 
-def _sweep() -> registry.SweepCase:
-    """Ovis2 in the support matrix's scenario: A an image (its global view), C a tiled one; items span their indicators."""
-    media = registry.three(Image)
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_ovis2(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]))
-
-
-registry.register_sweep("ovis2", _sweep)
-
-
-registry.register_suite(
-    "ovis2", lambda: single("ovis2", tiny_ovis2(), "image", Image, placeholders, media_kwargs, framing=0)
-)
+registry.register_single("ovis2", tiny_ovis2, "image", Image, placeholders, media_kwargs, framing=0)

@@ -24,7 +24,6 @@ content; seed 2 another length:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase, single
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.media.generic_ids import AUD
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build, vlm
 
@@ -230,7 +229,7 @@ class Clip:
     def values(self) -> torch.Tensor:
         """Its valid frames, `[frames, values]`."""
         width = {"qwen3_asr": 16, "fun_asr_nano": 8}.get(self.family, 16)
-        return torch.rand(self.frames, width, generator=torch.Generator().manual_seed(self.seed)) * 2 - 1
+        return seeded_rand(self.frames, width, seed=self.seed) * 2 - 1
 
 
 #: Valid frames per pool seed (`seed % 3`): seeds 1 and 13 alike, seed 2 another length.
@@ -263,10 +262,7 @@ def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
     if family in ("qwen3_asr", "nemo_speechlm"):
         unit = QWEN3_ASR_CHUNK if family == "qwen3_asr" else NEMO_STACK
         longest = -(-longest // unit) * unit
-    rows = torch.zeros(len(clips), longest, clips[0].values().shape[1])
-    frames_mask = torch.zeros(len(clips), longest, dtype=torch.long)
-    for i, c in enumerate(clips):
-        rows[i, : c.frames], frames_mask[i, : c.frames] = c.values(), 1
+    rows, frames_mask = padded([c.values() for c in clips], longest)
     if family == "qwen3_asr":
         return {"input_features": rows.transpose(1, 2).contiguous(), "input_features_mask": frames_mask}
     if family in ("fun_asr_nano", "nemo_speechlm"):
@@ -288,18 +284,15 @@ BUILDERS: dict[str, Callable[[], Any]] = {
 STATE_FAMILIES = ("nemo_speechlm",)
 
 
-def _sweep(name: str) -> registry.SweepCase:
-    """A speech LM in the support matrix's scenario: A a clip, C another (shorter for Granite Speech)."""
-    media = registry.three(partial(Clip, name))
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(BUILDERS[name](), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1)
-
-
-def _suite(name: str) -> MediaCase:
-    case = single(name, BUILDERS[name](), "audio", partial(Clip, name), placeholders, media_kwargs, framing=1)
-    return dataclasses.replace(case, states=name in STATE_FAMILIES)
-
-
-for _name in BUILDERS:
-    registry.register_sweep(_name, partial(_sweep, _name))
-    registry.register_suite(_name, partial(_suite, _name))
+# The sweep's A is a clip, C another (shorter for Granite Speech).
+for _name, _build_model in BUILDERS.items():
+    registry.register_single(
+        _name,
+        _build_model,
+        "audio",
+        partial(Clip, _name),
+        placeholders,
+        media_kwargs,
+        framing=1,
+        states=_name in STATE_FAMILIES,
+    )

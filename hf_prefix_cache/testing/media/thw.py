@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.cases import MediaCase
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, qwen3_video_tokens
 from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID
@@ -37,11 +38,6 @@ class Medium:
     kind: str
     seed: int
     grid: tuple[int, int, int]
-
-
-def seeded_rand(*shape: int, seed: int) -> torch.Tensor:
-    """``torch.rand(*shape)`` drawn from a generator seeded with `seed` (the media fixtures' content)."""
-    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def patches(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:
