@@ -22,7 +22,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.tiny_build import _ATTN, _EXPERTS, _ROUTED_EXPERTS, _make, seeded
-from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER
+from hf_prefix_cache.testing.tiny_vlm_parts import _FRAMED_IDS, _TOWER
 
 #: Kolibri 1.1's indexers: top-k, local and sink tokens (a query seeing at most their sum keeps every key).
 KOLIBRI_TOP_K, KOLIBRI_LOCAL, KOLIBRI_SINK = 12, 4, 2
@@ -35,14 +35,7 @@ KOLIBRI_LAYERS = (
     "indexed_attention",
 )
 #: Ovis2.5's placeholder and framing ids in the tiny vocabulary.
-OVIS_IMAGE, OVIS_VIDEO, OVIS_IMAGE_START, OVIS_IMAGE_END, OVIS_VIDEO_START, OVIS_VIDEO_END = (
-    120,
-    121,
-    122,
-    123,
-    124,
-    125,
-)
+OVIS_IMAGE, OVIS_VIDEO, OVIS_IMAGE_START, OVIS_IMAGE_END, OVIS_VIDEO_START, OVIS_VIDEO_END = _FRAMED_IDS.values()
 
 
 def _class(name: str) -> Any:
@@ -102,12 +95,7 @@ def tiny_ovis2_5() -> Any:
             "spatial_merge_size": 2,
             "vocab_size": 64,
         },
-        image_token_id=OVIS_IMAGE,
-        video_token_id=OVIS_VIDEO,
-        image_start_token_id=OVIS_IMAGE_START,
-        image_end_token_id=OVIS_IMAGE_END,
-        video_start_token_id=OVIS_VIDEO_START,
-        video_end_token_id=OVIS_VIDEO_END,
+        **_FRAMED_IDS,
     )
     config._attn_implementation = "eager"
     return seeded(_class("Ovis2_5ForConditionalGeneration"), config)

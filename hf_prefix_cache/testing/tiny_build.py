@@ -92,6 +92,15 @@ _GATED_DELTA: dict[str, Any] = {
     "linear_num_value_heads": 4,
 }
 
+# Inkling's hybrid layers: attention heads of 16 over all keys, and 4 sliding-window heads (window 8) beside them.
+_INKLING_ATTENTION: dict[str, Any] = {
+    "head_dim": 16,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "swa_head_dim": 16,
+    "sliding_window_size": 8,
+}
+
 
 def merged(*parts: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     """The config kwargs of `parts` merged in order, then `overrides`: a later key wins.
@@ -107,19 +116,21 @@ def merged(*parts: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return out
 
 
+#: The generation settings of every tiny model: no eos (generation never stops early), pad and bos ids, greedy.
+_GREEDY: dict[str, Any] = {"eos_token_id": None, "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "do_sample": False}
+#: Limits and sampling knobs `_make`'s models drop, so that only `max_new_tokens` bounds a generation.
+_UNBOUNDED: dict[str, Any] = dict.fromkeys(("max_length", "min_new_tokens", "temperature", "top_p", "top_k"))
+
+
+def _set(config: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        setattr(config, key, value)
+
+
 def _finalize(model: PreTrainedModel) -> PreTrainedModel:
     """Put ``model`` in eval/float32 mode and make greedy generation run to ``max_new_tokens``."""
     model = model.to(torch.float32).eval()  # type: ignore[arg-type]
-    gen = model.generation_config
-    gen.eos_token_id = None
-    gen.pad_token_id = PAD_ID
-    gen.bos_token_id = BOS_ID
-    gen.do_sample = False
-    gen.max_length = None
-    gen.min_new_tokens = None
-    gen.temperature = None
-    gen.top_p = None
-    gen.top_k = None
+    _set(model.generation_config, {**_GREEDY, **_UNBOUNDED})
     return model
 
 
@@ -138,8 +149,7 @@ def seeded(model_cls: Any, config: Any) -> Any:
     """
     torch.manual_seed(0)
     model = model_cls(config).float().eval()
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id, gen.do_sample = None, PAD_ID, BOS_ID, False
+    _set(model.generation_config, _GREEDY)
     return model
 
 

@@ -26,6 +26,7 @@ from hf_prefix_cache.testing.tiny_vlm_media import audio_tokens, run
 from hf_prefix_cache.testing.tiny_vlm_parts import (
     _QWEN_TOWER,
     _TEXT,
+    _WHISPER,
     AUDIO_ID,
     IMAGE_ID,
     MEL_BINS,
@@ -54,11 +55,7 @@ def tiny_qwen2_5_omni_thinker() -> Any:
             "fullatt_block_indexes": [0],
         },
         audio_config={
-            "d_model": 32,
-            "encoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "encoder_ffn_dim": 64,
-            "num_mel_bins": MEL_BINS,
+            **_WHISPER,
             "max_source_positions": MEL_FRAMES // 2,
             "n_window": 25,
             "output_dim": 64,

@@ -39,6 +39,8 @@ _TEXT: dict[str, Any] = {
 _TOWER: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 #: The same shape under the key names of Qwen2-VL-style towers (`depth`, `num_heads`).
 _DEPTH_TOWER: dict[str, Any] = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4}
+#: A one-layer tower on 8x8 images of 2x2 patches.
+_TOWER_8PX: dict[str, Any] = {**_TOWER, "num_hidden_layers": 1, "image_size": 8, "patch_size": 2}
 _CLIP: dict[str, Any] = {
     "model_type": "clip_vision_model",
     **_TOWER,
@@ -56,6 +58,50 @@ _QWEN_TOWER: dict[str, Any] = {
     "patch_size": 2,
     "spatial_merge_size": 2,
     "temporal_patch_size": 2,
+}
+#: A SAM-style tower (windowed and global attention) on 64x64 images.
+_SAM: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "output_channels": 16,
+    "image_size": 64,
+    "patch_size": 8,
+    "window_size": 4,
+    "global_attn_indexes": [1],
+    "mlp_dim": 64,
+}
+#: A Whisper-style audio encoder on `MEL_BINS` mel bins: 2 layers of width 32, 4 heads, MLP 64.
+_WHISPER: dict[str, Any] = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "num_mel_bins": MEL_BINS,
+}
+#: Nemotron-H text layers [Mamba-2, attention, Mamba-2, MLP] (the layer count is their pattern's length).
+_NEMOTRON_H_TEXT: dict[str, Any] = {
+    **{k: v for k, v in _TEXT.items() if k != "num_hidden_layers"},
+    "model_type": "nemotron_h",
+    "head_dim": 16,
+    "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
+    "ssm_state_size": 16,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "n_groups": 2,
+    "conv_kernel": 4,
+    "expand": 1,
+    "chunk_size": 8,
+    "mlp_hidden_act": "relu2",
+}
+#: The placeholder and framing ids of the families that frame images and videos with their own start / end ids.
+_FRAMED_IDS: dict[str, Any] = {
+    "image_token_id": IMAGE_ID,
+    "video_token_id": VIDEO_ID,
+    "image_start_token_id": 122,
+    "image_end_token_id": 123,
+    "video_start_token_id": 124,
+    "video_end_token_id": 125,
 }
 #: The placeholder and framing ids of the Qwen-VL families.
 _QWEN_IDS: dict[str, Any] = {

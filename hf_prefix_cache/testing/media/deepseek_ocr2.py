@@ -17,7 +17,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _SAM, _TEXT, vlm
 
 IMG = 120
 QUERIES = 144  # per view: the tower's small query table
@@ -26,18 +26,7 @@ QUERIES = 144  # per view: the tower's small query table
 @functools.cache
 def tiny_deepseek_ocr2() -> Any:
     """DeepSeek-OCR 2: a two-layer SAM encoder (64x64 global views, 32x32 crops), a one-layer query encoder."""
-    sam = {
-        "hidden_size": 32,
-        "output_channels": 16,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 64,
-        "patch_size": 8,
-        "window_size": 4,
-        "global_attn_indexes": [1],
-        "mlp_dim": 64,
-        "downsample_channels": [16, 32],
-    }
+    sam = {**_SAM, "downsample_channels": [16, 32]}
     encoder = {
         "hidden_size": 32,
         "intermediate_size": 64,

@@ -17,9 +17,9 @@ import torch
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _FRAMED_IDS, _TEXT, vlm
 
-IMAGE, VIDEO, IMAGE_START, IMAGE_END, VIDEO_START, VIDEO_END = 120, 121, 122, 123, 124, 125
+IMAGE, VIDEO, IMAGE_START, IMAGE_END, VIDEO_START, VIDEO_END = _FRAMED_IDS.values()
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
 VIDEO_GRIDS = [(2, 4, 4), (2, 4, 4), (4, 2, 2)]
 
@@ -43,12 +43,7 @@ def tiny_ernie4_5_vl() -> Any:
             "spatial_merge_size": 2,
             "temporal_merge_size": 2,
         },
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        image_start_token_id=IMAGE_START,
-        image_end_token_id=IMAGE_END,
-        video_start_token_id=VIDEO_START,
-        video_end_token_id=VIDEO_END,
+        **_FRAMED_IDS,
     )
 
 

@@ -18,7 +18,7 @@ import transformers
 from hf_prefix_cache.testing.media.generic_ids import IMG, VID
 from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, _build, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SAM, _SIGLIP, _TEXT, _TOWER, _build, vlm
 
 _PIXTRAL = {
     "model_type": "pixtral",
@@ -152,20 +152,6 @@ def tiny_janus() -> Any:
     return vlm(
         "Janus", text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
     )
-
-
-#: A SAM-style tower (windowed and global attention) on 64x64 images.
-_SAM = {
-    "hidden_size": 32,
-    "output_channels": 16,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "image_size": 64,
-    "patch_size": 8,
-    "window_size": 4,
-    "global_attn_indexes": [1],
-    "mlp_dim": 64,
-}
 
 
 def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:

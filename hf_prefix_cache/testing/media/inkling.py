@@ -10,7 +10,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
-from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_build import _INKLING_ATTENTION, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
@@ -25,11 +25,7 @@ _TEXT = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
-    "swa_num_attention_heads": 4,
-    "swa_num_key_value_heads": 2,
-    "swa_head_dim": 16,
-    "sliding_window_size": 8,
+    **_INKLING_ATTENTION,
     "layer_types": ["hybrid_sliding", "hybrid"],
     "mlp_layer_types": ["sparse", "sparse"],
     "intermediate_size": 128,

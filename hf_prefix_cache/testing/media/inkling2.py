@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_build import _INKLING_ATTENTION, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
 IMG, OPEN, CLOSE = 120, 110, 111
@@ -35,11 +35,7 @@ _TEXT: dict[str, Any] = {
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
-    "swa_num_attention_heads": 4,
-    "swa_num_key_value_heads": 2,
-    "swa_head_dim": 16,
-    "sliding_window_size": 8,
+    **_INKLING_ATTENTION,
     "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
     **_ROUTED_EXPERTS,
     "n_layers_per_attn_res_block": 2,

@@ -11,7 +11,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
 NEW = 4
@@ -28,20 +28,6 @@ PATCH_DIM = 3 * 4 * 4
 def tiny_nemotron_h_omni() -> Any:
     """Nemotron-H Omni: a RADIO tower on 4x4-pixel patch rows, a 2x2 pixel shuffle; a one-layer Parakeet
     encoder (8x subsampling) on 16 mel bins; Nemotron-H text [Mamba-2, attention, Mamba-2, MLP]."""
-    text_config = {
-        **{k: v for k, v in _TEXT.items() if k != "num_hidden_layers"},
-        "model_type": "nemotron_h",
-        "head_dim": 16,
-        "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
-        "ssm_state_size": 16,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 16,
-        "n_groups": 2,
-        "conv_kernel": 4,
-        "expand": 1,
-        "chunk_size": 8,
-        "mlp_hidden_act": "relu2",
-    }
     vision = {
         "hidden_size": 32,
         "num_hidden_layers": 2,
@@ -57,7 +43,7 @@ def tiny_nemotron_h_omni() -> Any:
         "video_temporal_patch_size": 2,
     }
     config = transformers.NemotronH_Omni_Reasoning_V3_Config(
-        text_config=text_config,
+        text_config=_NEMOTRON_H_TEXT,
         vision_config=vision,
         audio_config={
             "hidden_size": 32,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER_8PX, vlm
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
 PER_ROW = 4
@@ -32,12 +32,7 @@ def tiny_ovis2() -> Any:
     return vlm(
         "Ovis2",
         vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "image_size": 8,
-            "patch_size": 2,
+            **_TOWER_8PX,
             "vocab_size": 24,
             "hidden_stride": 2,
         },

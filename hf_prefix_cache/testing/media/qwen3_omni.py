@@ -21,7 +21,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_qwen_media import AUDIO_END_ID, AUDIO_START_ID, Media, image_tokens
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, AUDIO_ID, MEL_BINS, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, _WHISPER, AUDIO_ID, _build
 
 #: Frames of one audio chunk (``2 * n_window``); a shorter clip is padded to its call's longest chunk.
 CHUNK_FRAMES = 100
@@ -36,11 +36,7 @@ def tiny_qwen3_omni_thinker() -> Any:
         text_config={**text, **moe},
         vision_config={"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         audio_config={
-            "d_model": 32,
-            "encoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "encoder_ffn_dim": 64,
-            "num_mel_bins": MEL_BINS,
+            **_WHISPER,
             "max_source_positions": CHUNK_FRAMES,
             "n_window": CHUNK_FRAMES // 2,
             "n_window_infer": 2 * CHUNK_FRAMES,

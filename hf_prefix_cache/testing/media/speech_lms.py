@@ -36,7 +36,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TEXT, _WHISPER, _build, vlm
 
 AUDIO_BOS, AUDIO_EOS = 110, 111
 #: Granite Speech: encoder frames per projector window, and its outputs per window.
@@ -101,11 +101,7 @@ def tiny_granite_speech_plus() -> Any:
 def tiny_qwen3_asr() -> Any:
     """Qwen3-ASR: 100-frame chunks of 16 mel bins, attention windows of 13 outputs, a 2-layer Qwen3 text model."""
     audio = {
-        "num_mel_bins": 16,
-        "encoder_layers": 2,
-        "encoder_attention_heads": 4,
-        "encoder_ffn_dim": 64,
-        "d_model": 32,
+        **_WHISPER,
         "n_window": QWEN3_ASR_CHUNK // 2,
         "n_window_infer": QWEN3_ASR_CHUNK,
         "downsample_hidden_size": 8,
@@ -154,20 +150,6 @@ NEMO_AUDIO, NEMO_STACK = _TEXT["vocab_size"], 8
 def tiny_nemo_speechlm() -> Any:
     """Nemotron 3.5 Transcribe: one-layer speech and diarization encoders (chunks of 4 encoder frames, one of
     context each side; a speaker cache of 8), Nemotron-H text [Mamba-2, attention, Mamba-2, MLP]."""
-    text_config = {
-        **{k: v for k, v in _TEXT.items() if k != "num_hidden_layers"},
-        "model_type": "nemotron_h",
-        "head_dim": 16,
-        "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
-        "ssm_state_size": 16,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 16,
-        "n_groups": 2,
-        "conv_kernel": 4,
-        "expand": 1,
-        "chunk_size": 8,
-        "mlp_hidden_act": "relu2",
-    }
     encoder = {
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -197,7 +179,7 @@ def tiny_nemo_speechlm() -> Any:
     }
     return vlm(
         "Nemotron3_5Transcribe",
-        text_config=text_config,
+        text_config=_NEMOTRON_H_TEXT,
         audio_config={"asr_config": encoder, "diarization_config": diarization},
         word_timestamp_config=timestamps,
         audio_token_id=NEMO_AUDIO,
