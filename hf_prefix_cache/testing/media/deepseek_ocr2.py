@@ -17,7 +17,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
-from hf_prefix_cache.testing.tiny_vlm_parts import _SAM, _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _SAM, _TEXT, _TOWER, vlm
 
 IMG = 120
 QUERIES = 144  # per view: the tower's small query table
@@ -27,13 +27,7 @@ QUERIES = 144  # per view: the tower's small query table
 def tiny_deepseek_ocr2() -> Any:
     """DeepSeek-OCR 2: a two-layer SAM encoder (64x64 global views, 32x32 crops), a one-layer query encoder."""
     sam = {**_SAM, "downsample_channels": [16, 32]}
-    encoder = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    }
+    encoder = {**_TOWER, "num_hidden_layers": 1, "num_key_value_heads": 2}
     text = {
         **_TEXT,
         "max_position_embeddings": 2048,

@@ -46,10 +46,8 @@ def tiny_dots3_note() -> Any:
         "per_layer_config": {},
     }
     audio = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "num_hidden_layers": 1,
-        "num_attention_heads": 4,
         "num_key_value_heads": 4,
         "head_dim": 8,
         "adapter_input_size": 32,

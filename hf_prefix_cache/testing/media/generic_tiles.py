@@ -89,9 +89,7 @@ def tiny_llama4() -> Any:
         "rope_parameters": rope,
     }
     vision = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "intermediate_size": 128,
         "vision_output_dim": 64,
         "image_size": 32,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, vlm
 
 IMG, START, END, BOS = 120, 110, 111, 0
 QUERIES, PATCHES = 4, 16
@@ -40,12 +40,10 @@ def tiny_kosmos2_5() -> Any:
             "eos_token_id": None,
         },
         vision_config={
-            "hidden_size": 32,
+            **_TOWER,
             "patch_embed_hidden_size": 12,
-            "intermediate_size": 64,
             "head_dim": 8,
             "num_hidden_layers": 1,
-            "num_attention_heads": 4,
             "max_num_patches": PATCHES,
         },
         latent_query_num=QUERIES,

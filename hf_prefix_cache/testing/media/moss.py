@@ -18,7 +18,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
 FRAMES, MELS, MERGE = 40, 16, 2
@@ -34,14 +34,7 @@ def tiny_moss() -> Any:
     """MOSS Transcribe-Diarize: a one-layer Whisper-style tower (40-frame windows), merge 2, a Qwen3 text model."""
     return vlm(
         "MossTranscribeDiarize",
-        audio_config={
-            "num_mel_bins": MELS,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "intermediate_size": 64,
-            "hidden_size": 32,
-            "max_source_positions": FRAMES // 2,
-        },
+        audio_config={**_TOWER, "num_mel_bins": MELS, "num_hidden_layers": 1, "max_source_positions": FRAMES // 2},
         text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
         audio_token_id=AUD,
         audio_merge_size=MERGE,

@@ -11,7 +11,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
-from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TOWER, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
 NEW = 4
@@ -46,11 +46,9 @@ def tiny_nemotron_h_omni() -> Any:
         text_config=_NEMOTRON_H_TEXT,
         vision_config=vision,
         audio_config={
-            "hidden_size": 32,
+            **_TOWER,
             "num_hidden_layers": 1,
-            "num_attention_heads": 4,
             "num_key_value_heads": 4,
-            "intermediate_size": 64,
             "conv_kernel_size": 3,
             "subsampling_conv_channels": 8,
             "num_mel_bins": MEL_BINS,

@@ -36,7 +36,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TEXT, _WHISPER, _build, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TEXT, _TOWER, _WHISPER, _build, vlm
 
 AUDIO_BOS, AUDIO_EOS = 110, 111
 #: Granite Speech: encoder frames per projector window, and its outputs per window.
@@ -47,11 +47,9 @@ QWEN3_ASR_CHUNK = 100
 
 def _granite_config(config_cls: type, encoder: dict[str, Any]) -> Any:
     projector = {
+        **_TOWER,
         "model_type": "blip_2_qformer",
-        "hidden_size": 32,
         "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "intermediate_size": 64,
         "encoder_hidden_size": encoder["hidden_dim"] * (len(encoder.get("cat_hidden_layers") or []) + 1),
         "cross_attention_frequency": 1,
         "vocab_size": 128,
@@ -116,11 +114,9 @@ def tiny_qwen3_asr() -> Any:
 def tiny_fun_asr_nano() -> Any:
     """Fun-ASR-Nano: a 3-layer SAN-M encoder (FSMN kernel 3) on 8-value frames, a 1-layer adaptor, Qwen3 text."""
     audio = {
+        **_TOWER,
         "num_mel_bins": 4,
         "num_stacked_frames": 2,
-        "hidden_size": 32,
-        "num_attention_heads": 4,
-        "intermediate_size": 64,
         "num_hidden_layers": 3,
         "num_timestamp_prediction_layers": 1,
         "fsmn_kernel_size": 3,
@@ -150,14 +146,7 @@ NEMO_AUDIO, NEMO_STACK = _TEXT["vocab_size"], 8
 def tiny_nemo_speechlm() -> Any:
     """Nemotron 3.5 Transcribe: one-layer speech and diarization encoders (chunks of 4 encoder frames, one of
     context each side; a speaker cache of 8), Nemotron-H text [Mamba-2, attention, Mamba-2, MLP]."""
-    encoder = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_mel_bins": 16,
-        "subsampling_factor": NEMO_STACK,
-    }
+    encoder = {**_TOWER, "num_hidden_layers": 1, "num_mel_bins": 16, "subsampling_factor": NEMO_STACK}
     speakers = {"num_speakers": 4, "subsampling_factor": NEMO_STACK}
     diarization = {
         "audio_config": dict(encoder),
@@ -169,14 +158,7 @@ def tiny_nemo_speechlm() -> Any:
         "fifo_length": 4,
         "speaker_cache_update_period": 4,
     }
-    timestamps = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "vocab_size": 10,
-        "blank_token_id": 9,
-    }
+    timestamps = {**_TOWER, "num_hidden_layers": 1, "vocab_size": 10, "blank_token_id": 9}
     return vlm(
         "Nemotron3_5Transcribe",
         text_config=_NEMOTRON_H_TEXT,
