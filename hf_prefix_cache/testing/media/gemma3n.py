@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_build import _finalize
+from hf_prefix_cache.testing.tiny_build import _ATTN, _finalize
 
 BOI, EOI, IMG = 110, 128, 129  # end-of-image and image ids open the vision vocabulary (offset 128), as in Gemma 3n
 BOA, EOA, AUD = 112, 144, 145  # end-of-audio and audio ids open the audio vocabulary (offset 144)
@@ -36,22 +36,18 @@ FRAMES, MELS = 48, 16  # every clip: 48 mel frames (its valid part, then zero pa
 def tiny_gemma3n() -> Any:
     """A tiny random-weight Gemma 3n (float32, eager, seed 0) with the real timm encoder, shrunk."""
     text_config = {
+        **_ATTN,
         "vocab_size": 160,
         "vocab_size_per_layer_input": 128,
-        "hidden_size": 64,
         "hidden_size_per_layer_input": 8,
-        "intermediate_size": 128,
         "num_hidden_layers": 4,
         "num_kv_shared_layers": 2,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         "sliding_window": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "head_dim": 16,
         "altup_num_inputs": 2,
         "laurel_rank": 8,
         "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
-        "max_position_embeddings": 512,
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": None,
