@@ -17,6 +17,7 @@ from typing import Any
 import transformers
 
 from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_IDS,
     _QWEN_IDS,
     _QWEN_TOWER,
     _TEXT,
@@ -52,8 +53,7 @@ def tiny_qwen2_vl() -> Any:
             "in_channels": 3,
             "mlp_ratio": 2,
         },
-        image_token_id=IMAGE_ID,
-        video_token_id=VIDEO_ID,
+        **_MEDIA_IDS,
         vision_start_token_id=VISION_START_ID,
         vision_end_token_id=VISION_END_ID,
     )
@@ -68,12 +68,7 @@ def tiny_qwen2_5_vl() -> Any:
             "model_type": "qwen2_5_vl_text",
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
         },
-        vision_config={
-            "depth": 1,
-            **_QWEN_TOWER,
-            "window_size": 8,
-            "fullatt_block_indexes": [0],
-        },
+        vision_config={"depth": 1, **_QWEN_TOWER, "window_size": 8, "fullatt_block_indexes": [0]},
         **_QWEN_IDS,
     )
 
@@ -93,12 +88,7 @@ def tiny_qwen3_vl() -> Any:
                 "mrope_interleaved": True,
             },
         },
-        vision_config={
-            "depth": 2,
-            **_QWEN_TOWER,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
-        },
+        vision_config={"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         **_QWEN_IDS,
     )
 
@@ -158,12 +148,8 @@ def tiny_paddleocr_vl() -> Any:
     return vlm(
         "PaddleOCRVL",
         text_config={**_TEXT, "model_type": "paddleocr_vl_text", "head_dim": 16, "rope_parameters": _MROPE_TEXT},
-        vision_config={
-            **_TOWER_8PX,
-            "spatial_merge_size": 2,
-        },
-        image_token_id=IMAGE_ID,
-        video_token_id=VIDEO_ID,
+        vision_config={**_TOWER_8PX, "spatial_merge_size": 2},
+        **_MEDIA_IDS,
         vision_start_token_id=VISION_START_ID,
         vision_end_token_id=VISION_END_ID,
     )

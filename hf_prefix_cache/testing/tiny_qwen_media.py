@@ -24,6 +24,7 @@ import transformers
 
 from hf_prefix_cache.testing.tiny_vlm_media import audio_tokens, run
 from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_INDEX,
     _QWEN_TOWER,
     _TEXT,
     _WHISPER,
@@ -61,8 +62,7 @@ def tiny_qwen2_5_omni_thinker() -> Any:
             "output_dim": 64,
         },
         audio_token_index=AUDIO_ID,
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         audio_start_token_id=AUDIO_START_ID,
         audio_end_token_id=AUDIO_END_ID,
         vision_start_token_id=VISION_START_ID,

@@ -103,6 +103,9 @@ _FRAMED_IDS: dict[str, Any] = {
     "video_start_token_id": 124,
     "video_end_token_id": 125,
 }
+#: The image and video placeholder ids under the config keys most families use, and under the LLaVA-style keys.
+_MEDIA_IDS: dict[str, Any] = {"image_token_id": IMAGE_ID, "video_token_id": VIDEO_ID}
+_MEDIA_INDEX: dict[str, Any] = {"image_token_index": IMAGE_ID, "video_token_index": VIDEO_ID}
 #: The placeholder and framing ids of the Qwen-VL families.
 _QWEN_IDS: dict[str, Any] = {
     "image_token_id": IMAGE_ID,

@@ -30,6 +30,7 @@ from hf_prefix_cache.testing.tiny_mrope_vlms import (
 )
 from hf_prefix_cache.testing.tiny_vlm_parts import (
     _CLIP,
+    _MEDIA_INDEX,
     _SIGLIP,
     _TEXT,
     _WHISPER,
@@ -39,8 +40,8 @@ from hf_prefix_cache.testing.tiny_vlm_parts import (
     IMAGE_ID,
     MEL_FRAMES,
     PINPOINTS,
-    VIDEO_ID,
     _build,
+    text_config,
     vlm,
 )
 
@@ -49,7 +50,7 @@ def tiny_llava() -> Any:
     """LLaVA with a Llama text model: 16 placeholders per 32x32 image."""
     return vlm(
         "Llava",
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
@@ -60,7 +61,7 @@ def tiny_llava_next() -> Any:
     """LLaVA-NeXT (anyres) with a Llama text model."""
     return vlm(
         "LlavaNext",
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
@@ -72,10 +73,9 @@ def tiny_llava_next_video() -> Any:
     """LLaVA-NeXT-Video: LLaVA-NeXT images; each 32x32 video frame is 4 placeholders (2x2 pooling)."""
     return vlm(
         "LlavaNextVideo",
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config=_CLIP,
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
         spatial_pool_stride=2,
@@ -86,10 +86,9 @@ def tiny_llava_onevision() -> Any:
     """LLaVA-OneVision (anyres, SigLIP tower, Qwen2 text), the config's default `vision_aspect_ratio`."""
     return vlm(
         "LlavaOnevision",
-        text_config={**_TEXT, "model_type": "qwen2"},
+        text_config=text_config("qwen2"),
         vision_config={**_CLIP, "model_type": "siglip_vision_model"},
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
     )
@@ -121,7 +120,7 @@ def tiny_paligemma() -> Any:
     """PaliGemma (prefix-LM): 16 placeholders per image at the start of the prompt."""
     return vlm(
         "PaliGemma",
-        text_config={**_TEXT, "model_type": "gemma", "head_dim": 16},
+        text_config=text_config("gemma", head_dim=16),
         vision_config={**_SIGLIP, "projection_dim": 64},
         image_token_index=IMAGE_ID,
         projection_dim=64,
@@ -132,19 +131,15 @@ def tiny_qwen2_audio() -> Any:
     """Qwen2-Audio: clips of 100 mel frames (16 bins); a clip of `f` valid frames has `((f-1)//2+1-2)//2+1` placeholders."""
     return vlm(
         "Qwen2Audio",
-        text_config={**_TEXT, "model_type": "qwen2"},
-        audio_config={
-            "model_type": "qwen2_audio_encoder",
-            **_WHISPER,
-            "max_source_positions": MEL_FRAMES // 2,
-        },
+        text_config=text_config("qwen2"),
+        audio_config={"model_type": "qwen2_audio_encoder", **_WHISPER, "max_source_positions": MEL_FRAMES // 2},
         audio_token_index=AUDIO_ID,
     )
 
 
 def _idefics3_config(config_cls: type, vision_type: str) -> Any:
     return config_cls(
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config={**_CLIP, "model_type": vision_type},
         scale_factor=2,
         image_token_id=IMAGE_ID,
@@ -177,7 +172,7 @@ def tiny_idefics2() -> Any:
     }
     return vlm(
         "Idefics2",
-        text_config={**_TEXT, "model_type": "mistral"},
+        text_config=text_config("mistral"),
         vision_config={**_CLIP, "model_type": "idefics2_vision"},
         perceiver_config=perceiver,
         image_token_id=IMAGE_ID,

@@ -25,12 +25,7 @@ def tiny_cosmos3_edge() -> Any:
     return vlm(
         "Cosmos3Edge",
         text_config={**_TEXT, "head_dim": 16, "rope_parameters": rope},
-        vision_config={
-            **_TOWER,
-            "patch_size": 2,
-            "num_patches": 16,
-            "spatial_merge_size": 2,
-        },
+        vision_config={**_TOWER, "patch_size": 2, "num_patches": 16, "spatial_merge_size": 2},
         projector_hidden_size=64,
         **_QWEN_IDS,
     )

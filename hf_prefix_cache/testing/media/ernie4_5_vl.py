@@ -37,12 +37,7 @@ def tiny_ernie4_5_vl() -> Any:
             **experts,
             "mlp_layer_types": ["dense", "sparse"],
         },
-        vision_config={
-            **_DEPTH_TOWER,
-            "patch_size": 2,
-            "spatial_merge_size": 2,
-            "temporal_merge_size": 2,
-        },
+        vision_config={**_DEPTH_TOWER, "patch_size": 2, "spatial_merge_size": 2, "temporal_merge_size": 2},
         **_FRAMED_IDS,
     )
 

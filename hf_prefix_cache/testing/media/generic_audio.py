@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, text_config, vlm
 
 
 def tiny_voxtral() -> Any:
     """Voxtral: 40-frame chunks of 16 mel bins, 5 placeholders per chunk."""
     audio = {**_TOWER, "intermediate_size": 128, "num_mel_bins": 16, "max_source_positions": 20, "vocab_size": 128}
-    return vlm("Voxtral", text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD)
+    return vlm("Voxtral", text_config=text_config("llama"), audio_config=audio, audio_token_id=AUD)
 
 
 def tiny_glmasr() -> Any:
@@ -26,7 +26,7 @@ def tiny_glmasr() -> Any:
         "num_mel_bins": 16,
         "max_position_embeddings": 64,
     }
-    return vlm("GlmAsr", text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD)
+    return vlm("GlmAsr", text_config=text_config("llama"), audio_config=audio, audio_token_id=AUD)
 
 
 def tiny_omniasr() -> Any:
@@ -44,4 +44,4 @@ def tiny_omniasr() -> Any:
         "layerdrop": 0.0,
         "activation_dropout": 0.0,
     }
-    return vlm("OmniASR", text_config={**_TEXT, "model_type": "llama"}, audio_config=audio, audio_token_id=AUD)
+    return vlm("OmniASR", text_config=text_config("llama"), audio_config=audio, audio_token_id=AUD)

@@ -15,10 +15,20 @@ from typing import Any, Literal
 
 import transformers
 
-from hf_prefix_cache.testing.media.generic_ids import IMG, VID
+from hf_prefix_cache.testing.media.generic_ids import IMG
 from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SAM, _SIGLIP, _TEXT, _TOWER, _build, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _CLIP,
+    _MEDIA_INDEX,
+    _SAM,
+    _SIGLIP,
+    _TEXT,
+    _TOWER,
+    _build,
+    text_config,
+    vlm,
+)
 
 _PIXTRAL = {
     "model_type": "pixtral",
@@ -33,7 +43,7 @@ def tiny_mistral3() -> Any:
     """Mistral 3: Pixtral tower, 2x2 patch merger: one placeholder per 16x16 pixels."""
     return vlm(
         "Mistral3",
-        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+        text_config=text_config("mistral", head_dim=16),
         vision_config=_PIXTRAL,
         image_token_index=IMG,
         spatial_merge_size=2,
@@ -44,7 +54,7 @@ def tiny_llava_pixtral(strategy: Literal["default", "full"] = "full") -> Any:
     """LLaVA with a Pixtral tower: one placeholder per 8x8 patch."""
     return vlm(
         "Llava",
-        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+        text_config=text_config("mistral", head_dim=16),
         vision_config=_PIXTRAL,
         image_token_index=IMG,
         vision_feature_layer=-1,
@@ -54,12 +64,7 @@ def tiny_llava_pixtral(strategy: Literal["default", "full"] = "full") -> Any:
 
 def tiny_lighton_ocr() -> Any:
     """LightOnOCR: Mistral 3's Pixtral tower and 2x2 patch merger, Qwen 3 text."""
-    return vlm(
-        "LightOnOcr",
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
-        vision_config=_PIXTRAL,
-        image_token_id=IMG,
-    )
+    return vlm("LightOnOcr", text_config=text_config("qwen3", head_dim=16), vision_config=_PIXTRAL, image_token_id=IMG)
 
 
 def tiny_mistral_large4() -> Any:
@@ -101,19 +106,14 @@ def pixtral_processor(spatial_merge_size: int) -> Any:
 def tiny_video_llava() -> Any:
     """Video-LLaVA: CLIP towers; 16 placeholders per image (CLS dropped), 17 per video frame."""
     return vlm(
-        "VideoLlava",
-        text_config={**_TEXT, "model_type": "llama"},
-        vision_config=_CLIP,
-        image_token_index=IMG,
-        video_token_index=VID,
-        vision_feature_layer=-1,
+        "VideoLlava", text_config=text_config("llama"), vision_config=_CLIP, **_MEDIA_INDEX, vision_feature_layer=-1
     )
 
 
 def tiny_vipllava() -> Any:
     """VipLLaVA (LLaVA with multi-layer vision features): 16 placeholders per 32x32 image (CLS dropped)."""
     config = transformers.VipLlavaConfig(  # type: ignore[call-arg]
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config=_CLIP,
         image_token_index=IMG,
         vision_feature_layers=[-2, -1],
@@ -123,7 +123,7 @@ def tiny_vipllava() -> Any:
 
 def tiny_deepseek_vl() -> Any:
     """DeepSeek-VL: SigLIP tower, 16 placeholders per 32x32 image."""
-    return vlm("DeepseekVL", text_config={**_TEXT, "model_type": "llama"}, vision_config=_SIGLIP, image_token_id=IMG)
+    return vlm("DeepseekVL", text_config=text_config("llama"), vision_config=_SIGLIP, image_token_id=IMG)
 
 
 def tiny_janus() -> Any:
@@ -149,9 +149,7 @@ def tiny_janus() -> Any:
         "projection_dim": 64,
         "image_token_embed_dim": 64,
     }
-    return vlm(
-        "Janus", text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
-    )
+    return vlm("Janus", text_config=text_config("llama"), vision_config=vision, vq_config=vq, image_token_id=IMG)
 
 
 def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
@@ -159,7 +157,7 @@ def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
 
     `config_cls` PPChart2TableConfig builds PP-Chart2Table (GOT-OCR 2's class, its own model type).
     """
-    config = config_cls(text_config={**_TEXT, "model_type": "qwen2"}, vision_config=_SAM, image_token_index=IMG)
+    config = config_cls(text_config=text_config("qwen2"), vision_config=_SAM, image_token_index=IMG)
     return _build(transformers.GotOcr2ForConditionalGeneration, config)
 
 
@@ -168,7 +166,7 @@ def tiny_deepseek_vl_hybrid() -> Any:
     placeholders per image."""
     return vlm(
         "DeepseekVLHybrid",
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config=_SIGLIP,
         high_res_vision_config=_SAM,
         image_token_id=IMG,
@@ -178,7 +176,7 @@ def tiny_deepseek_vl_hybrid() -> Any:
 def tiny_fuyu() -> Any:
     """Fuyu: 4x4-pixel patches (48 values) embedded one by one; Persimmon text."""
     config = transformers.FuyuConfig(
-        text_config={**_TEXT, "model_type": "persimmon"},
+        text_config=text_config("persimmon"),
         patch_size=4,
         num_channels=3,
         image_token_id=IMG,

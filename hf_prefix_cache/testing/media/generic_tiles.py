@@ -13,7 +13,7 @@ import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG
 from hf_prefix_cache.testing.tiny_build import _finalize
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, text_config, vlm
 
 
 def tiny_internvl() -> Any:
@@ -24,11 +24,7 @@ def tiny_internvl() -> Any:
         "patch_size": [8, 8],
     }
     return vlm(
-        "InternVL",
-        text_config={**_TEXT, "model_type": "qwen2"},
-        vision_config=vision,
-        image_token_id=IMG,
-        image_seq_length=4,
+        "InternVL", text_config=text_config("qwen2"), vision_config=vision, image_token_id=IMG, image_seq_length=4
     )
 
 
@@ -41,7 +37,7 @@ def tiny_qianfan_ocr() -> Any:
     }
     return vlm(
         "QianfanOCR",
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+        text_config=text_config("qwen3", head_dim=16),
         vision_config=vision,
         image_token_id=IMG,
         image_seq_length=4,

@@ -35,7 +35,7 @@ from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs
 from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS
-from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _TEXT, _TOWER, _build, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _MEDIA_IDS, _TEXT, _TOWER, _build, text_config, vlm
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = (
@@ -135,13 +135,7 @@ def tiny_video_llama_3() -> Any:
         **_TOWER,
         "patch_size": 4,
     }
-    return vlm(
-        "VideoLlama3",
-        text_config={**_TEXT, "model_type": "qwen2"},
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
-    )
+    return vlm("VideoLlama3", text_config=text_config("qwen2"), vision_config=vision, **_MEDIA_IDS)
 
 
 def tiny_exaone4_5() -> Any:
@@ -175,11 +169,7 @@ def tiny_hyperclovax_vision_v2() -> Any:
         "fullatt_block_indexes": [1],
     }
     return vlm(
-        "HyperCLOVAXVisionV2",
-        text_config={**_TEXT, "model_type": "hyperclovax", "head_dim": 16},
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
+        "HyperCLOVAXVisionV2", text_config=text_config("hyperclovax", head_dim=16), vision_config=vision, **_MEDIA_IDS
     )
 
 
@@ -198,8 +188,7 @@ def tiny_muse_glimmer() -> Any:
         "MuseGlimmer",
         text_config=text,
         vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
+        **_MEDIA_IDS,
         out_hidden_size=128,
         projector_hidden_size=64,
     )
@@ -214,9 +203,7 @@ def tiny_llava_onevision1_5() -> Any:
         "spatial_merge_size": 2,
         "out_hidden_size": 64,
     }
-    return vlm(
-        "LlavaOnevision15", text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=vision, **_IDS
-    )
+    return vlm("LlavaOnevision15", text_config=text_config("qwen3", head_dim=16), vision_config=vision, **_IDS)
 
 
 _BUILDERS = {

@@ -18,7 +18,7 @@ from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, _TOWER, vlm
 
 IMAGE, VIDEO, OPEN, CLOSE = 120, 121, 122, 123
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
@@ -50,8 +50,7 @@ def tiny_hy_v4_vl() -> Any:
             "out_hidden_size": 64,
             "max_image_size": 16,
         },
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
+        **_MEDIA_IDS,
     )
 
 

@@ -18,7 +18,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, text_config, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
 FRAMES, MELS, MERGE = 40, 16, 2
@@ -35,7 +35,7 @@ def tiny_moss() -> Any:
     return vlm(
         "MossTranscribeDiarize",
         audio_config={**_TOWER, "num_mel_bins": MELS, "num_hidden_layers": 1, "max_source_positions": FRAMES // 2},
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+        text_config=text_config("qwen3", head_dim=16),
         audio_token_id=AUD,
         audio_merge_size=MERGE,
     )

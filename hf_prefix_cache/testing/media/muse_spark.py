@@ -20,7 +20,7 @@ import torch
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.media.thw import grid_kwargs
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, _TOWER, vlm
 
 IMG, VID, AUD = 120, 121, 126
 OPEN, CLOSE, AUDIO_OPEN, AUDIO_CLOSE = 110, 111, 112, 113
@@ -62,8 +62,7 @@ def tiny_muse_spark() -> Any:
         text_config=text,
         vision_config=vision,
         audio_config={**audio, "out_hidden_size": _TEXT["hidden_size"]},
-        image_token_id=IMG,
-        video_token_id=VID,
+        **_MEDIA_IDS,
         audio_token_id=AUD,
         out_hidden_size=128,
         projector_hidden_size=64,

@@ -11,7 +11,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
-from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TOWER, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _NEMOTRON_H_TEXT, _TOWER, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
 NEW = 4
@@ -61,8 +61,7 @@ def tiny_nemotron_h_omni() -> Any:
         },
         vision_hidden_size=32,
         projector_hidden_size=64,
-        image_token_id=IMG,
-        video_token_id=VID,
+        **_MEDIA_IDS,
         audio_token_id=AUD,
     )
     return _build(transformers.NemotronH_Omni_Reasoning_V3, config)

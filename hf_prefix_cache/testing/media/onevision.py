@@ -19,7 +19,15 @@ from hf_prefix_cache.testing.compare import assert_same_as_cold
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
 from hf_prefix_cache.testing.tiny_vlm_media import pil_image, run
-from hf_prefix_cache.testing.tiny_vlm_parts import _SIGLIP, _TEXT, IMAGE_ID, PINPOINTS, VIDEO_ID, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_INDEX,
+    _SIGLIP,
+    IMAGE_ID,
+    PINPOINTS,
+    VIDEO_ID,
+    text_config,
+    vlm,
+)
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))
@@ -32,10 +40,9 @@ def tiny_onevision() -> Any:
     """LLaVA-OneVision (SigLIP tower, Qwen2 text) whose anyres feature maps shrink above one patch's worth."""
     return vlm(
         "LlavaOnevision",
-        text_config={**_TEXT, "model_type": "qwen2"},
+        text_config=text_config("qwen2"),
         vision_config=_SIGLIP,
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
         vision_aspect_ratio="anyres_max_1",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER_8PX, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER_8PX, text_config, vlm
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
 PER_ROW = 4
@@ -31,12 +31,8 @@ def tiny_ovis2() -> Any:
     """Ovis2: a one-layer tower on 8x8 rows (2x2 patches, 2x2 merge) into 24 visual tokens (5 indicators)."""
     return vlm(
         "Ovis2",
-        vision_config={
-            **_TOWER_8PX,
-            "vocab_size": 24,
-            "hidden_stride": 2,
-        },
-        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config={**_TOWER_8PX, "vocab_size": 24, "hidden_stride": 2},
+        text_config=text_config("qwen2"),
         image_token_id=IMG,
         visual_indicator_token_ids=[START, GRID, COL, ROW, END],
         vocab_size=_TEXT["vocab_size"],

@@ -36,7 +36,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TEXT, _TOWER, _WHISPER, _build, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TEXT, _TOWER, _WHISPER, _build, text_config, vlm
 
 AUDIO_BOS, AUDIO_EOS = 110, 111
 #: Granite Speech: encoder frames per projector window, and its outputs per window.
@@ -55,7 +55,7 @@ def _granite_config(config_cls: type, encoder: dict[str, Any]) -> Any:
         "vocab_size": 128,
     }
     return config_cls(
-        text_config={**_TEXT, "model_type": "granite"},
+        text_config=text_config("granite"),
         encoder_config=encoder,
         projector_config=projector,
         audio_token_id=AUD,
@@ -105,9 +105,7 @@ def tiny_qwen3_asr() -> Any:
         "downsample_hidden_size": 8,
         "output_dim": _TEXT["hidden_size"],
     }
-    return vlm(
-        "Qwen3ASR", text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, audio_config=audio, audio_token_id=AUD
-    )
+    return vlm("Qwen3ASR", text_config=text_config("qwen3", head_dim=16), audio_config=audio, audio_token_id=AUD)
 
 
 @functools.cache
@@ -131,7 +129,7 @@ def tiny_fun_asr_nano() -> Any:
     }
     return vlm(
         "FunAsrNano",
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+        text_config=text_config("qwen3", head_dim=16),
         audio_config=audio,
         adaptor_config=adaptor,
         audio_token_id=AUD,

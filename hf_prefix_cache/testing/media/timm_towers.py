@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, text_config, vlm
 
 IMG, VID = 120, 121
 PER_TILE = 4  # placeholders per image, tile or frame in both families
@@ -35,7 +35,7 @@ def tiny_fast_vlm() -> Any:
         "hidden_size": 768,
         "model_args": {"inference_mode": True},
     }
-    return vlm("FastVlm", text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_index=IMG)
+    return vlm("FastVlm", text_config=text_config("qwen2"), vision_config=vision, image_token_index=IMG)
 
 
 @functools.cache
@@ -45,13 +45,7 @@ def tiny_perception_lm() -> Any:
         "architecture": "vit_pe_core_tiny_patch16_384",
         "model_args": {"embed_dim": 64, "depth": 2, "num_heads": 4, "img_size": 32},
     }
-    return vlm(
-        "PerceptionLM",
-        text_config={**_TEXT, "model_type": "llama"},
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
-    )
+    return vlm("PerceptionLM", text_config=text_config("llama"), vision_config=vision, **_MEDIA_IDS)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import text_config, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
 HOP = 4
@@ -40,7 +40,7 @@ def tiny_vibevoice_asr() -> Any:
     """VibeVoice ASR: tiny acoustic and semantic tokenizers (hop 4) over a 2-layer Qwen2 text model."""
     return vlm(
         "VibeVoiceAsr",
-        text_config={**_TEXT, "model_type": "qwen2"},
+        text_config=text_config("qwen2"),
         acoustic_tokenizer_encoder_config=dict(_TOKENIZER),
         semantic_tokenizer_encoder_config=dict(_TOKENIZER),
         audio_token_id=AUD,
