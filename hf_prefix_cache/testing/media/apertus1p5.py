@@ -12,7 +12,6 @@ other content; seed 2 another (a 16x24 or 8x16 image, a clip of 40 or 26 samples
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, padded_images, seeded_rand
+from hf_prefix_cache.testing.media.pool import PoolMedium, partial
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, AUD, EOL, BOI, EOI, BOA, EOA = 120, 126, 117, 118, 119, 110, 111
@@ -63,18 +63,11 @@ def tiny_apertus1p5() -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Medium:
-    kind: str
-    seed: int
+class Medium(PoolMedium):
+    """An image (its size by seed, `SIZES`) or an audio clip (its valid samples by seed, `SAMPLES`)."""
 
 
-def image(seed: int) -> Medium:
-    return Medium("image", seed)
-
-
-def clip(seed: int) -> Medium:
-    return Medium("audio", seed)
+image, clip = partial(Medium, "image"), partial(Medium, "audio")
 
 
 def placeholders(medium: Medium) -> torch.Tensor:
@@ -106,9 +99,8 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
 registry.register_mixed(
     "apertus1p5",
     tiny_apertus1p5,
-    {"image": image, "audio": clip},
-    ("image", "audio", "image"),
     placeholders,
     media_kwargs,
+    {"image": image, "audio": clip},
     suite=hasattr(transformers, "Apertus1p5Config"),
 )

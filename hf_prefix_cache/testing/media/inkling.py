@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.media.pool import PoolMedium, partial
 from hf_prefix_cache.testing.tiny_build import _INKLING_ATTENTION, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
@@ -52,23 +52,14 @@ def tiny_inkling() -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Medium:
-    kind: str
-    seed: int
-
+class Medium(PoolMedium):
     @property
     def size(self) -> int:
         """Its placeholders: patches of an image, valid frames of a clip."""
         return (PATCHES if self.kind == "image" else FRAMES)[self.seed % 3]
 
 
-def image(seed: int) -> Medium:
-    return Medium("image", seed)
-
-
-def clip(seed: int) -> Medium:
-    return Medium("audio", seed)
+image, clip = partial(Medium, "image"), partial(Medium, "audio")
 
 
 def placeholders(medium: Medium) -> torch.Tensor:
@@ -95,11 +86,5 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
 
 
 registry.register_mixed(
-    "inkling_mm_model",
-    tiny_inkling,
-    {"image": image, "audio": clip},
-    ("image", "audio", "image"),
-    placeholders,
-    media_kwargs,
-    states=True,
+    "inkling_mm_model", tiny_inkling, placeholders, media_kwargs, {"image": image, "audio": clip}, states=True
 )

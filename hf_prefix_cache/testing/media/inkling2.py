@@ -96,10 +96,10 @@ for _model_type in ("inkling2", "inkling2_loop"):
     registry.register_mixed(
         _model_type,
         partial(tiny_inkling2, _model_type),
-        {"image": image},
-        ("image", "image", "image"),
         placeholders,
         media_kwargs,
+        {"image": image},
+        ("image", "image", "image"),
         states=True,
         suite=_model_type in FAMILIES,
     )

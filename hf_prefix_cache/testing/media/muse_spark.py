@@ -12,13 +12,13 @@ extractor pads a prompt's clips to one length. An image or video is ``110 [place
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.media.pool import PoolMedium, partial
 from hf_prefix_cache.testing.media.thw import grid_kwargs
 from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, _TOWER, vlm
 
@@ -69,12 +69,8 @@ def tiny_muse_spark() -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Medium:
+class Medium(PoolMedium):
     """One image, video or clip: its kind and seed."""
-
-    kind: str
-    seed: int
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -89,16 +85,7 @@ class Medium:
         return t * h * w // 4
 
 
-def image(seed: int) -> Medium:
-    return Medium("image", seed)
-
-
-def video(seed: int) -> Medium:
-    return Medium("video", seed)
-
-
-def clip(seed: int) -> Medium:
-    return Medium("audio", seed)
+image, video, clip = partial(Medium, "image"), partial(Medium, "video"), partial(Medium, "audio")
 
 
 def placeholders(medium: Medium) -> torch.Tensor:
@@ -125,8 +112,8 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
 registry.register_mixed(
     "muse_spark",
     tiny_muse_spark,
-    {"image": image, "video": video, "audio": clip},
-    ("image", "audio", "video"),
     placeholders,
     media_kwargs,
+    {"image": image, "video": video, "audio": clip},
+    ("image", "audio", "video"),
 )

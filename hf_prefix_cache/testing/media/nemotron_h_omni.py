@@ -109,11 +109,5 @@ def media_kwargs(media: list[Any]) -> dict[str, Any]:
 
 
 registry.register_mixed(
-    "nemotron_h_omni",
-    tiny_nemotron_h_omni,
-    {"image": image, "audio": clip},
-    ("image", "audio", "image"),
-    placeholders,
-    media_kwargs,
-    states=True,
+    "nemotron_h_omni", tiny_nemotron_h_omni, placeholders, media_kwargs, {"image": image, "audio": clip}, states=True
 )

@@ -12,7 +12,7 @@ keeps as floats.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -78,18 +78,22 @@ def clip_tokens(frames: int) -> torch.Tensor:
     return torch.cat([run(AUDIO_START_ID, 1), run(AUDIO_ID, audio_tokens(frames)), run(AUDIO_END_ID, 1)], dim=1)
 
 
-def _sweep() -> registry.SweepCase:
-    """Medium A a clip (after an audio-start id), C an image."""
-    frames, grid = 140, (1, 4, 6)
+def omni_sweep(model: Any, clip_tokens: Callable[[int], torch.Tensor], frames: int, **media: Any) -> registry.SweepCase:
+    """An Omni thinker's support-matrix scenario: media A and B a clip of `frames` valid mel frames (after an
+    audio-start id, `clip_tokens`), C an image; `media` the `Media` options of its kwargs."""
+    grid = (1, 4, 6)
     seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
     tokens = {"a": clip_tokens(frames), "b": clip_tokens(frames), "c": image_tokens(grid)}
 
     def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
         clips = [(seeds[n], frames) for n in names if n in seeds]
         images = [(registry.SEED_C, grid)] if "c" in names else []
-        return Media(images=images, clips=clips, clip_padding=2 * CHUNK_FRAMES).kwargs(ids)
+        return Media(images=images, clips=clips, **media).kwargs(ids)
 
-    return registry.SweepCase(cached_qwen3_omni(), tokens, kwargs, first=1)
+    return registry.SweepCase(model, tokens, kwargs, first=1)
 
 
-registry.register_sweep("qwen3_omni_moe_thinker", _sweep)
+registry.register_sweep(
+    "qwen3_omni_moe_thinker",
+    lambda: omni_sweep(cached_qwen3_omni(), clip_tokens, 140, clip_padding=2 * CHUNK_FRAMES),
+)

@@ -118,15 +118,16 @@ def register_single(
 def register_mixed(
     key: str,
     model: Callable[[], Any],
-    kinds: dict[str, Callable[[int], Any]],
-    scenario: tuple[str, str, str],
     placeholders: Callable[[Any], torch.Tensor],
     media_kwargs: Callable[[list[Any]], dict[str, Any]],
+    kinds: dict[str, Callable[[int], Any]],
+    scenario: tuple[str, str, str] = ("image", "audio", "image"),
     states: bool = False,
     suite: bool = True,
 ) -> None:
-    """Register the sweep case (`mixed` media of the `scenario` kinds) and, where `suite`, the suite row (a builder
-    per kind of `kinds`) of a family whose kwargs are built from the media alone.
+    """Register the sweep case (`mixed` media of the `scenario` kinds: by default A an image; C a clip, text, then
+    an image) and, where `suite`, the suite row (a builder per kind of `kinds`) of a family whose kwargs are built
+    from the media alone.
 
     Raises:
         ValueError: when `key` already has either.
