@@ -160,21 +160,24 @@ def tiny_smolvlm() -> Any:
     )
 
 
+#: Idefics2's perceiver resampler: 4 latents per crop.
+_IDEFICS2_PERCEIVER: dict[str, Any] = {
+    "hidden_size": 64,
+    "resampler_n_latents": 4,
+    "resampler_depth": 1,
+    "resampler_n_heads": 4,
+    "resampler_head_dim": 16,
+    "num_key_value_heads": 2,
+}
+
+
 def tiny_idefics2() -> Any:
     """Idefics2: each 32x32 crop is 4 placeholders (a perceiver resampler of 4 latents), framed by fake-image ids."""
-    perceiver = {
-        "hidden_size": 64,
-        "resampler_n_latents": 4,
-        "resampler_depth": 1,
-        "resampler_n_heads": 4,
-        "resampler_head_dim": 16,
-        "num_key_value_heads": 2,
-    }
     return vlm(
         "Idefics2",
         text_config=text_config("mistral"),
         vision_config={**_CLIP, "model_type": "idefics2_vision"},
-        perceiver_config=perceiver,
+        perceiver_config=_IDEFICS2_PERCEIVER,
         image_token_id=IMAGE_ID,
     )
 

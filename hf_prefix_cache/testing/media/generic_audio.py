@@ -10,22 +10,19 @@ from typing import Any
 from hf_prefix_cache.testing.media.generic_ids import AUD
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, text_config, vlm
 
+#: The audio tower Voxtral and GLM-ASR share: the tiny tower with an MLP of 128, on 16 mel bins.
+_AUDIO: dict[str, Any] = {**_TOWER, "intermediate_size": 128, "num_mel_bins": 16}
+
 
 def tiny_voxtral() -> Any:
     """Voxtral: 40-frame chunks of 16 mel bins, 5 placeholders per chunk."""
-    audio = {**_TOWER, "intermediate_size": 128, "num_mel_bins": 16, "max_source_positions": 20, "vocab_size": 128}
+    audio = {**_AUDIO, "max_source_positions": 20, "vocab_size": 128}
     return vlm("Voxtral", text_config=text_config("llama"), audio_config=audio, audio_token_id=AUD)
 
 
 def tiny_glmasr() -> Any:
     """GLM-ASR: clips of 16 mel bins padded to 40 frames; 40 valid frames give 5 placeholders, 24 give 3."""
-    audio = {
-        **_TOWER,
-        "intermediate_size": 128,
-        "num_key_value_heads": 4,
-        "num_mel_bins": 16,
-        "max_position_embeddings": 64,
-    }
+    audio = {**_AUDIO, "num_key_value_heads": 4, "max_position_embeddings": 64}
     return vlm("GlmAsr", text_config=text_config("llama"), audio_config=audio, audio_token_id=AUD)
 
 

@@ -18,19 +18,22 @@ from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 _CHAMELEON_CODES = {f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(code))}Z": 100 + code for code in range(8)}
 
 
+#: Chameleon's VQ-VAE: 4 resolutions, 8 codes.
+_CHAMELEON_VQ: dict[str, Any] = {
+    "embed_dim": 8,
+    "num_embeddings": 8,
+    "latent_channels": 8,
+    "resolution": 32,
+    "base_channels": 32,
+    "channel_multiplier": [1, 1, 1, 1],
+    "num_res_blocks": 1,
+    "attn_resolutions": [],
+}
+
+
 def tiny_chameleon() -> Any:
     """Chameleon: a VQ-VAE (4 resolutions, 8 codes) gives each 32x32 image 16 code ids, its placeholders."""
-    vq = {
-        "embed_dim": 8,
-        "num_embeddings": 8,
-        "latent_channels": 8,
-        "resolution": 32,
-        "base_channels": 32,
-        "channel_multiplier": [1, 1, 1, 1],
-        "num_res_blocks": 1,
-        "attn_resolutions": [],
-    }
-    return vlm("Chameleon", **_TEXT, vq_config=vq, vocabulary_map={"<image>": IMG, **_CHAMELEON_CODES})
+    return vlm("Chameleon", **_TEXT, vq_config=_CHAMELEON_VQ, vocabulary_map={"<image>": IMG, **_CHAMELEON_CODES})
 
 
 def tiny_step3p7() -> Any:

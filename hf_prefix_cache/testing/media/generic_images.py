@@ -126,30 +126,37 @@ def tiny_deepseek_vl() -> Any:
     return vlm("DeepseekVL", text_config=text_config("llama"), vision_config=_SIGLIP, image_token_id=IMG)
 
 
+#: Janus's SigLIP-style tower on 32x32 images (16 placeholders each).
+_JANUS_VISION: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 32,
+    "patch_size": 8,
+    "projection_dim": 64,
+    "num_image_tokens": 16,
+    "mlp_ratio": 2,
+}
+
+#: Janus's VQ-VAE (its image-generation head).
+_JANUS_VQ: dict[str, Any] = {
+    "embed_dim": 8,
+    "num_embeddings": 32,
+    "latent_channels": 32,
+    "base_channels": 32,
+    "channel_multiplier": [1, 1],
+    "num_res_blocks": 1,
+    "num_patches": 4,
+    "projection_dim": 64,
+    "image_token_embed_dim": 64,
+}
+
+
 def tiny_janus() -> Any:
     """Janus: SigLIP-style tower on 32x32 images, 16 placeholders each; a tiny VQ-VAE for its image-generation head."""
-    vision = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 32,
-        "patch_size": 8,
-        "projection_dim": 64,
-        "num_image_tokens": 16,
-        "mlp_ratio": 2,
-    }
-    vq = {
-        "embed_dim": 8,
-        "num_embeddings": 32,
-        "latent_channels": 32,
-        "base_channels": 32,
-        "channel_multiplier": [1, 1],
-        "num_res_blocks": 1,
-        "num_patches": 4,
-        "projection_dim": 64,
-        "image_token_embed_dim": 64,
-    }
-    return vlm("Janus", text_config=text_config("llama"), vision_config=vision, vq_config=vq, image_token_id=IMG)
+    return vlm(
+        "Janus", text_config=text_config("llama"), vision_config=_JANUS_VISION, vq_config=_JANUS_VQ, image_token_id=IMG
+    )
 
 
 def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:

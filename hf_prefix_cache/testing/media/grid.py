@@ -66,17 +66,22 @@ _MLA_MOE: dict[str, Any] = {
 }
 
 
+#: Kimi-K2.5's tower: 4x4-pixel patches, 2x2 merge kernel.
+_KIMI_VISION: dict[str, Any] = {
+    **_TOWER,
+    "patch_size": 4,
+    "pos_emb_height": 8,
+    "pos_emb_width": 8,
+    "pos_emb_time": 4,
+    "merge_kernel_size": [2, 2],
+}
+
+
 def tiny_kimi_k25() -> Any:
     """Kimi-K2.5: 4x4-pixel patches, 2x2 merge kernel; a video's frames are averaged into one frame's placeholders."""
-    vision = {
-        "patch_size": 4,
-        "pos_emb_height": 8,
-        "pos_emb_width": 8,
-        "pos_emb_time": 4,
-        **_TOWER,
-        "merge_kernel_size": [2, 2],
-    }
-    return vlm("Kimi_K25", text_config={**_TEXT, **_MLA_MOE}, vision_config=vision, projection_hidden_size=32, **_IDS)
+    return vlm(
+        "Kimi_K25", text_config={**_TEXT, **_MLA_MOE}, vision_config=_KIMI_VISION, projection_hidden_size=32, **_IDS
+    )
 
 
 def tiny_minimax_m3_vl() -> Any:

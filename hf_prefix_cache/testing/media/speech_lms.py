@@ -108,30 +108,35 @@ def tiny_qwen3_asr() -> Any:
     return vlm("Qwen3ASR", text_config=text_config("qwen3", head_dim=16), audio_config=audio, audio_token_id=AUD)
 
 
+#: Fun-ASR-Nano's 3-layer SAN-M encoder (FSMN kernel 3) on 8-value frames.
+_FUN_ASR_AUDIO: dict[str, Any] = {
+    **_TOWER,
+    "num_mel_bins": 4,
+    "num_stacked_frames": 2,
+    "num_hidden_layers": 3,
+    "num_timestamp_prediction_layers": 1,
+    "fsmn_kernel_size": 3,
+    "max_position_embeddings": 64,
+}
+
+#: Its 1-layer adaptor.
+_FUN_ASR_ADAPTOR: dict[str, Any] = {
+    "hidden_size": _TEXT["hidden_size"],
+    "num_attention_heads": 4,
+    "intermediate_size": _TEXT["hidden_size"] // 4,
+    "num_hidden_layers": 1,
+    "projector_hidden_size": 32,
+}
+
+
 @functools.cache
 def tiny_fun_asr_nano() -> Any:
     """Fun-ASR-Nano: a 3-layer SAN-M encoder (FSMN kernel 3) on 8-value frames, a 1-layer adaptor, Qwen3 text."""
-    audio = {
-        **_TOWER,
-        "num_mel_bins": 4,
-        "num_stacked_frames": 2,
-        "num_hidden_layers": 3,
-        "num_timestamp_prediction_layers": 1,
-        "fsmn_kernel_size": 3,
-        "max_position_embeddings": 64,
-    }
-    adaptor = {
-        "hidden_size": _TEXT["hidden_size"],
-        "num_attention_heads": 4,
-        "intermediate_size": _TEXT["hidden_size"] // 4,
-        "num_hidden_layers": 1,
-        "projector_hidden_size": 32,
-    }
     return vlm(
         "FunAsrNano",
         text_config=text_config("qwen3", head_dim=16),
-        audio_config=audio,
-        adaptor_config=adaptor,
+        audio_config=_FUN_ASR_AUDIO,
+        adaptor_config=_FUN_ASR_ADAPTOR,
         audio_token_id=AUD,
     )
 
