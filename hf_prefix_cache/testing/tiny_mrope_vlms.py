@@ -29,19 +29,19 @@ from hf_prefix_cache.testing.tiny_vlm_parts import (
     VISION_END_ID,
     VISION_START_ID,
     _build,
+    text_config,
     vlm,
 )
+
+#: The text layers' M-RoPE: sections of 2, 3 and 3 rotary pairs (temporal, height, width).
+_MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
 
 
 def tiny_qwen2_vl() -> Any:
     """Qwen2-VL (M-RoPE, 2x2 merge)."""
     return vlm(
         "Qwen2VL",
-        text_config={
-            **_TEXT,
-            "model_type": "qwen2_vl_text",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
-        },
+        text_config=text_config("qwen2_vl_text", rope_parameters=_MROPE_TEXT),
         vision_config={
             "depth": 2,
             "embed_dim": 32,
@@ -63,11 +63,7 @@ def tiny_qwen2_5_vl() -> Any:
     """Qwen2.5-VL (M-RoPE, windowed vision attention), same patch layout as Qwen2-VL."""
     return vlm(
         "Qwen2_5_VL",
-        text_config={
-            **_TEXT,
-            "model_type": "qwen2_5_vl_text",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
-        },
+        text_config=text_config("qwen2_5_vl_text", rope_parameters=_MROPE_TEXT),
         vision_config={"depth": 1, **_QWEN_TOWER, "window_size": 8, "fullatt_block_indexes": [0]},
         **_QWEN_IDS,
     )
@@ -93,7 +89,6 @@ def tiny_qwen3_vl() -> Any:
     )
 
 
-_MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
 _GLM_VISION: dict[str, Any] = {"depth": 1, **_QWEN_TOWER, "image_size": 8}
 _GLM_IDS = {
     "image_token_id": IMAGE_ID,

@@ -7,6 +7,7 @@ attention whose generation never stops early (`_build`, through ``tiny_build._fi
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -134,10 +135,13 @@ def text_config(model_type: str, **extra: Any) -> dict[str, Any]:
 def vlm(name: str, **config: Any) -> Any:
     """transformers' ``{name}ForConditionalGeneration``, built as `_build` does from ``{name}Config(**config)``.
 
+    The config gets a deep copy of `config`: the shared parts (`_TOWER`, `_SAM`, ...) stay as written
+    whatever a config class does to the dicts it is given.
+
     Example:
         >>> model = vlm("Llava", text_config=text_config("llama"), vision_config=_CLIP, image_token_index=IMAGE_ID)
         >>> type(model).__name__
         'LlavaForConditionalGeneration'
     """
     config_cls = getattr(transformers, f"{name}Config")
-    return _build(getattr(transformers, f"{name}ForConditionalGeneration"), config_cls(**config))
+    return _build(getattr(transformers, f"{name}ForConditionalGeneration"), config_cls(**copy.deepcopy(config)))

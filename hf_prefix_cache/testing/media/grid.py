@@ -35,7 +35,16 @@ from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs
 from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS
-from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _MEDIA_IDS, _TEXT, _TOWER, _build, text_config, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _DEPTH_TOWER,
+    _MEDIA_IDS,
+    _QWEN_TOWER,
+    _TEXT,
+    _TOWER,
+    _build,
+    text_config,
+    vlm,
+)
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = (
@@ -143,39 +152,24 @@ def tiny_video_llama_3() -> Any:
     return vlm("VideoLlama3", text_config=text_config("qwen2"), vision_config=vision, **_MEDIA_IDS)
 
 
+#: EXAONE 4.5's and HyperCLOVA X Vision V2's Qwen2.5-VL-style tower: window blocks, then a full one.
+_QWEN2_5_TOWER: dict[str, Any] = {"depth": 2, **_QWEN_TOWER, "window_size": 8, "fullatt_block_indexes": [1]}
+
+
 def tiny_exaone4_5() -> Any:
     """EXAONE 4.5: a Qwen2.5-VL-style tower (window + full blocks) on flattened 2x2x2 patch rows, 2x2 merge;
     EXAONE 4 text [sliding, full] with 1D positions."""
     text = {**_TEXT, "model_type": "exaone4", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
-    vision = {
-        **_DEPTH_TOWER,
-        "num_key_value_heads": 4,
-        "patch_size": 2,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 8,
-        "out_hidden_size": 64,
-        "fullatt_block_indexes": [1],
-    }
+    vision = {**_QWEN2_5_TOWER, "num_key_value_heads": 4}
     return vlm("Exaone4_5_", text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID)
 
 
 def tiny_hyperclovax_vision_v2() -> Any:
     """HyperCLOVA X Vision V2: EXAONE 4.5's Qwen2.5-VL-style tower and rows, 2x2 merge; HyperCLOVA X text,
     1D positions (its generate drops position ids)."""
-    vision = {
-        **_DEPTH_TOWER,
-        "patch_size": 2,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 8,
-        "out_hidden_size": 64,
-        "fullatt_block_indexes": [1],
-    }
-    return vlm(
-        "HyperCLOVAXVisionV2", text_config=text_config("hyperclovax", head_dim=16), vision_config=vision, **_MEDIA_IDS
-    )
+    text = text_config("hyperclovax", head_dim=16)
+    return vlm("HyperCLOVAXVisionV2", text_config=text, vision_config=_QWEN2_5_TOWER, **_MEDIA_IDS)
 
 
 def tiny_muse_glimmer() -> Any:
