@@ -12,6 +12,8 @@ config, so ``generate(..., max_new_tokens=n)`` always yields exactly ``n`` new t
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -151,6 +153,17 @@ def seeded(model_cls: Any, config: Any) -> Any:
     model = model_cls(config).float().eval()
     _set(model.generation_config, _GREEDY)
     return model
+
+
+@functools.cache
+def one_model(build: Callable[[], Any]) -> Any:
+    """The model `build` makes, built once per session: the tests share each tiny model.
+
+    Example:
+        >>> one_model(object) is one_model(object)
+        True
+    """
+    return build()
 
 
 def _make(config_cls: type[PreTrainedConfig], model_cls_name: str, **kwargs: object) -> PreTrainedModel:

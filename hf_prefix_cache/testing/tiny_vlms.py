@@ -12,11 +12,11 @@ processors in `tiny_processors`, and the M-RoPE families (Qwen2-VL on, GLM-4V, P
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import transformers
 
+from hf_prefix_cache.testing.tiny_build import one_model
 from hf_prefix_cache.testing.tiny_mrope_vlms import (
     tiny_glm4v,
     tiny_glm4v_moe,
@@ -206,7 +206,6 @@ TINY_VLMS = {
 }
 
 
-@functools.cache
 def cached_vlm(name: str) -> Any:
     """One instance per name per session."""
-    return TINY_VLMS[name]()
+    return one_model(TINY_VLMS[name])

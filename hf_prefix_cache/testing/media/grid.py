@@ -22,7 +22,6 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 
 from __future__ import annotations
 
-import functools
 from functools import partial
 from typing import Any
 
@@ -34,7 +33,7 @@ from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs
-from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS, one_model
 from hf_prefix_cache.testing.tiny_vlm_parts import (
     _DEPTH_TOWER,
     _MEDIA_IDS,
@@ -251,9 +250,9 @@ VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
 _ONE_FRAME = {"kimi_k25"} if Version(transformers.__version__) < Version("5.24") else set()
 
 
-@functools.cache
 def cached_grid(name: str) -> Any:
-    return _BUILDERS[name]()
+    """One model of family `name` per session."""
+    return one_model(_BUILDERS[name])
 
 
 class GridFamily(ThwFamily):

@@ -12,7 +12,6 @@ Cosmos 3 Omni is Qwen3-VL under its own config. Ids as `tiny_vlms`: images
 
 from __future__ import annotations
 
-import functools
 from functools import partial
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, Qwen3StyleFamily
-from hf_prefix_cache.testing.tiny_build import _GATED_DELTA
+from hf_prefix_cache.testing.tiny_build import _GATED_DELTA, one_model
 from hf_prefix_cache.testing.tiny_qwen_media import patches
 from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, vlm
 
@@ -92,9 +91,9 @@ _BUILDERS = {
 }
 
 
-@functools.cache
 def cached_qwen3(name: str) -> Any:
-    return _BUILDERS[name]()
+    """One model of family `name` per session."""
+    return one_model(_BUILDERS[name])
 
 
 class Qwen3Family(Qwen3StyleFamily):

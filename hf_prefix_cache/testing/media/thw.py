@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.tiny_build import one_model
 from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, qwen3_video_tokens
 from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID
 
@@ -55,12 +55,6 @@ def grid_kwargs(media: Sequence[Any], rows: Callable[[Any], torch.Tensor]) -> di
             out[data] = torch.cat([rows(m) for m in mine])
             out[grid] = torch.tensor([list(m.grid) for m in mine])
     return out
-
-
-@functools.cache
-def one_model(build: Callable[[], Any]) -> Any:
-    """The model `build` makes, built once per session."""
-    return build()
 
 
 class ThwFamily:
