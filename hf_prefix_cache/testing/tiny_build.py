@@ -166,6 +166,20 @@ def one_model(build: Callable[[], Any]) -> Any:
     return build()
 
 
+class ModelTable(dict[str, Callable[[], Any]]):
+    """Tiny model builders by name, and the one model of each a session shares (`one`).
+
+    Example:
+        >>> table = ModelTable(plain=object)
+        >>> table.one("plain") is table.one("plain")
+        True
+    """
+
+    def one(self, name: str) -> Any:
+        """The model `name` builds, built once per session."""
+        return one_model(self[name])
+
+
 def _make(config_cls: type[PreTrainedConfig], model_cls_name: str, **kwargs: object) -> PreTrainedModel:
     """Seed, build ``model_cls_name`` from ``config_cls(**_COMMON, **kwargs)`` and finalize it."""
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from typing import Any
 
 import transformers
 
-from hf_prefix_cache.testing.tiny_build import one_model
+from hf_prefix_cache.testing.tiny_build import ModelTable
 from hf_prefix_cache.testing.tiny_mrope_vlms import (
     tiny_glm4v,
     tiny_glm4v_moe,
@@ -182,30 +182,31 @@ def tiny_idefics2() -> Any:
     )
 
 
-TINY_VLMS = {
-    "idefics2": tiny_idefics2,
-    "llava_next_video": tiny_llava_next_video,
-    "idefics3": tiny_idefics3,
-    "smolvlm": tiny_smolvlm,
-    "qwen3_vl": tiny_qwen3_vl,
-    "glm4v": tiny_glm4v,
-    "glm4v_moe": tiny_glm4v_moe,
-    "glm46v": tiny_glm46v,
-    "glmga": tiny_glmga,
-    "glm_ocr": tiny_glm_ocr,
-    "paddleocr_vl": tiny_paddleocr_vl,
-    "qwen2_audio": tiny_qwen2_audio,
-    "gemma3": tiny_gemma3,
-    "shieldgemma2": lambda: tiny_gemma3(transformers.ShieldGemma2Config),
-    "paligemma": tiny_paligemma,
-    "llava": tiny_llava,
-    "llava_next": tiny_llava_next,
-    "qwen2_vl": tiny_qwen2_vl,
-    "llava_onevision": tiny_llava_onevision,
-    "qwen2_5_vl": tiny_qwen2_5_vl,
-}
+TINY_VLMS = ModelTable(
+    {
+        "idefics2": tiny_idefics2,
+        "llava_next_video": tiny_llava_next_video,
+        "idefics3": tiny_idefics3,
+        "smolvlm": tiny_smolvlm,
+        "qwen3_vl": tiny_qwen3_vl,
+        "glm4v": tiny_glm4v,
+        "glm4v_moe": tiny_glm4v_moe,
+        "glm46v": tiny_glm46v,
+        "glmga": tiny_glmga,
+        "glm_ocr": tiny_glm_ocr,
+        "paddleocr_vl": tiny_paddleocr_vl,
+        "qwen2_audio": tiny_qwen2_audio,
+        "gemma3": tiny_gemma3,
+        "shieldgemma2": lambda: tiny_gemma3(transformers.ShieldGemma2Config),
+        "paligemma": tiny_paligemma,
+        "llava": tiny_llava,
+        "llava_next": tiny_llava_next,
+        "qwen2_vl": tiny_qwen2_vl,
+        "llava_onevision": tiny_llava_onevision,
+        "qwen2_5_vl": tiny_qwen2_5_vl,
+    }
+)
 
 
-def cached_vlm(name: str) -> Any:
-    """One instance per name per session."""
-    return one_model(TINY_VLMS[name])
+#: One model per family per session.
+cached_vlm = TINY_VLMS.one

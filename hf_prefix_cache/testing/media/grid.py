@@ -33,7 +33,7 @@ from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs
-from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS, one_model
+from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS, ModelTable
 from hf_prefix_cache.testing.tiny_vlm_parts import (
     _DEPTH_TOWER,
     _MEDIA_IDS,
@@ -204,17 +204,19 @@ def tiny_llava_onevision1_5() -> Any:
     return vlm("LlavaOnevision15", text_config=text_config("qwen3", head_dim=16), vision_config=vision, **_IDS)
 
 
-_BUILDERS = {
-    "llava_onevision1_5": tiny_llava_onevision1_5,
-    "exaone4_5": tiny_exaone4_5,
-    "hyperclovax_vision_v2": tiny_hyperclovax_vision_v2,
-    "muse_glimmer": tiny_muse_glimmer,
-    "kimi_k25": tiny_kimi_k25,
-    "minimax_m3_vl": tiny_minimax_m3_vl,
-    "lfm3_vl": tiny_lfm3_vl,
-    "video_llama_3": tiny_video_llama_3,
-    "dots3_note": tiny_dots3_note,
-}
+_BUILDERS = ModelTable(
+    {
+        "llava_onevision1_5": tiny_llava_onevision1_5,
+        "exaone4_5": tiny_exaone4_5,
+        "hyperclovax_vision_v2": tiny_hyperclovax_vision_v2,
+        "muse_glimmer": tiny_muse_glimmer,
+        "kimi_k25": tiny_kimi_k25,
+        "minimax_m3_vl": tiny_minimax_m3_vl,
+        "lfm3_vl": tiny_lfm3_vl,
+        "video_llama_3": tiny_video_llama_3,
+        "dots3_note": tiny_dots3_note,
+    }
+)
 #: Per family: the shape of one patch row.
 _ROW = {
     "kimi_k25": (3, 4, 4),
@@ -250,9 +252,8 @@ VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
 _ONE_FRAME = {"kimi_k25"} if Version(transformers.__version__) < Version("5.24") else set()
 
 
-def cached_grid(name: str) -> Any:
-    """One model of family `name` per session."""
-    return one_model(_BUILDERS[name])
+#: One model per family per session.
+cached_grid = _BUILDERS.one
 
 
 class GridFamily(ThwFamily):

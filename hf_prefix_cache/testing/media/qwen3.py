@@ -19,7 +19,7 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, Qwen3StyleFamily
-from hf_prefix_cache.testing.tiny_build import _GATED_DELTA, one_model
+from hf_prefix_cache.testing.tiny_build import _GATED_DELTA, ModelTable
 from hf_prefix_cache.testing.tiny_qwen_media import patches
 from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, vlm
 
@@ -82,18 +82,19 @@ def tiny_cosmos3_omni() -> Any:
     return vlm("Cosmos3Omni", text_config=text, vision_config=vision, **_IDS)
 
 
-_BUILDERS = {
-    "qwen3_5": tiny_qwen3_5,
-    "qwen3_5_moe": tiny_qwen3_5_moe,
-    "qwen3_vl_moe": tiny_qwen3_vl_moe,
-    "cohere_compass": tiny_cohere_compass,
-    "cosmos3_omni": tiny_cosmos3_omni,
-}
+_BUILDERS = ModelTable(
+    {
+        "qwen3_5": tiny_qwen3_5,
+        "qwen3_5_moe": tiny_qwen3_5_moe,
+        "qwen3_vl_moe": tiny_qwen3_vl_moe,
+        "cohere_compass": tiny_cohere_compass,
+        "cosmos3_omni": tiny_cosmos3_omni,
+    }
+)
 
 
-def cached_qwen3(name: str) -> Any:
-    """One model of family `name` per session."""
-    return one_model(_BUILDERS[name])
+#: One model per family per session.
+cached_qwen3 = _BUILDERS.one
 
 
 class Qwen3Family(Qwen3StyleFamily):
