@@ -190,3 +190,13 @@ def _make(config_cls: type[PreTrainedConfig], model_cls_name: str, **kwargs: obj
     if type(model).__name__ != model_cls_name:
         raise TypeError(f"expected {model_cls_name}, AutoModelForCausalLM built {type(model).__name__}")
     return _finalize(model)
+
+
+def lm(name: str, model: str | None = None, **kwargs: object) -> PreTrainedModel:
+    """`_make` by name: transformers' ``{name}Config``, its causal LM class `model` (``{name}ForCausalLM`` unless given).
+
+    Example:
+        >>> lm("Llama", num_hidden_layers=1, **_ATTN).config.model_type
+        'llama'
+    """
+    return _make(getattr(transformers, f"{name}Config"), model or f"{name}ForCausalLM", **kwargs)

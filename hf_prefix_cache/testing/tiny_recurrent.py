@@ -17,7 +17,6 @@ Known transformers quirks these models expose (5.x, pure-torch paths):
 
 from __future__ import annotations
 
-import transformers
 from transformers import PreTrainedModel
 
 from hf_prefix_cache.testing.tiny_build import (
@@ -29,7 +28,7 @@ from hf_prefix_cache.testing.tiny_build import (
     _MAMBA2,
     _ROUTED_EXPERTS,
     WINDOW,
-    _make,
+    lm,
 )
 
 # --------------------------------------------------------------------------- hybrid (linear + attention)
@@ -37,9 +36,8 @@ from hf_prefix_cache.testing.tiny_build import (
 
 def tiny_jamba() -> PreTrainedModel:
     """Jamba, 4 layers [mamba, attn, mamba, attn]; MoE (2 experts) on odd layers."""
-    return _make(
-        transformers.JambaConfig,
-        "JambaForCausalLM",
+    return lm(
+        "Jamba",
         num_hidden_layers=4,
         attn_layer_period=2,
         attn_layer_offset=1,
@@ -56,21 +54,13 @@ def tiny_jamba() -> PreTrainedModel:
 
 def tiny_bamba() -> PreTrainedModel:
     """Bamba, 3 layers [mamba2, attn, mamba2]."""
-    return _make(
-        transformers.BambaConfig,
-        "BambaForCausalLM",
-        num_hidden_layers=3,
-        attn_layer_indices=[1],
-        **_MAMBA2,
-        **_ATTN,
-    )
+    return lm("Bamba", num_hidden_layers=3, attn_layer_indices=[1], **_MAMBA2, **_ATTN)
 
 
 def tiny_zamba() -> PreTrainedModel:
     """Zamba, 6 layers: mamba, with a shared attention block on layers 1 and 4 (hybrid layers)."""
-    return _make(
-        transformers.ZambaConfig,
-        "ZambaForCausalLM",
+    return lm(
+        "Zamba",
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=6,
@@ -92,9 +82,8 @@ def tiny_zamba() -> PreTrainedModel:
 
 def tiny_qwen3_next() -> PreTrainedModel:
     """Qwen3-Next, 4 layers [gated-delta-net x3, full attn]; sparse MoE with 4 experts (top-2)."""
-    return _make(
-        transformers.Qwen3NextConfig,
-        "Qwen3NextForCausalLM",
+    return lm(
+        "Qwen3Next",
         num_hidden_layers=4,
         head_dim=16,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
@@ -109,21 +98,13 @@ def tiny_qwen3_next() -> PreTrainedModel:
 
 def tiny_falcon_h1() -> PreTrainedModel:
     """Falcon-H1, 2 layers, each a parallel mamba2 + full-attention ("hybrid") block."""
-    return _make(
-        transformers.FalconH1Config,
-        "FalconH1ForCausalLM",
-        num_hidden_layers=2,
-        mamba_d_ssm=128,
-        **_MAMBA2,
-        **_ATTN,
-    )
+    return lm("FalconH1", num_hidden_layers=2, mamba_d_ssm=128, **_MAMBA2, **_ATTN)
 
 
 def tiny_lfm2() -> PreTrainedModel:
     """LFM2, 4 layers [conv, attn, conv, attn] (short gated convolutions + full attention)."""
-    return _make(
-        transformers.Lfm2Config,
-        "Lfm2ForCausalLM",
+    return lm(
+        "Lfm2",
         num_hidden_layers=4,
         layer_types=["conv", "full_attention", "conv", "full_attention"],
         conv_L_cache=3,
@@ -135,8 +116,8 @@ def tiny_lfm2() -> PreTrainedModel:
 def tiny_inkling() -> PreTrainedModel:
     """Inkling, 4 layers [hybrid sliding, hybrid, hybrid sliding, hybrid]: each a short conv plus attention
     (`LinearAttentionAndSlidingWindowAttentionLayer` with a window of 8, then `LinearAttentionAndFullAttentionLayer`)."""
-    return _make(
-        transformers.InklingTextConfig,
+    return lm(
+        "InklingText",
         "InklingForCausalLM",
         num_hidden_layers=4,
         layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
@@ -152,27 +133,18 @@ def tiny_inkling() -> PreTrainedModel:
 
 def tiny_mamba() -> PreTrainedModel:
     """Mamba (v1), 2 layers, pure-torch selective scan."""
-    return _make(
-        transformers.MambaConfig,
-        "MambaForCausalLM",
-        **_MAMBA1,
-    )
+    return lm("Mamba", **_MAMBA1)
 
 
 def tiny_falcon_mamba() -> PreTrainedModel:
     """Falcon-Mamba, 2 layers, pure-torch selective scan."""
-    return _make(
-        transformers.FalconMambaConfig,
-        "FalconMambaForCausalLM",
-        **_MAMBA1,
-    )
+    return lm("FalconMamba", **_MAMBA1)
 
 
 def tiny_mamba2() -> PreTrainedModel:
     """Mamba2, 2 layers, pure-torch chunked SSD (chunk 16)."""
-    return _make(
-        transformers.Mamba2Config,
-        "Mamba2ForCausalLM",
+    return lm(
+        "Mamba2",
         hidden_size=64,
         num_heads=8,
         head_dim=16,
@@ -190,9 +162,8 @@ def tiny_mamba2() -> PreTrainedModel:
 
 def tiny_recurrent_gemma() -> PreTrainedModel:
     """RecurrentGemma, layers [recurrent, recurrent, local attn (window 8)]; RG-LRU state is module state."""
-    return _make(
-        transformers.RecurrentGemmaConfig,
-        "RecurrentGemmaForCausalLM",
+    return lm(
+        "RecurrentGemma",
         num_hidden_layers=3,
         hidden_size=64,
         intermediate_size=128,

@@ -65,7 +65,7 @@ def _rand(seed: int, *shape: int) -> torch.Tensor:
     return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
 
 
-#: The families whose clips are one padded row each: its rows (1 of raw samples, 16 mel bins), padded length,
+#: The families whose clips are one padded row each: its rows (1 of raw samples, 16 of mel bins), padded length,
 #: valid length per pool shape, and placeholders per valid length.
 _PADDED_CLIPS: dict[str, tuple[int, int, list[int], dict[int, int]]] = {
     "omniasr": (1, 100, [100, 100, 60], {100: 9, 60: 5}),
@@ -128,9 +128,9 @@ class GenericFamily:
         if name in _PADDED_CLIPS:
             # One clip (raw samples or mel frames) padded with zeros past its valid part, its mask; framed by
             # begin/end-audio ids.
-            rows, padded, valids, counts = _PADDED_CLIPS[name]
+            bins, padded, valids, counts = _PADDED_CLIPS[name]
             valid = valids[shape]
-            clip, mask = _rand(seed, rows, padded), torch.zeros(padded, dtype=torch.long)
+            clip, mask = _rand(seed, bins, padded), torch.zeros(padded, dtype=torch.long)
             clip[:, valid:], mask[:valid] = 0, 1
             return Medium("audio", (clip, mask), (110, *[AUD] * counts[valid], 111), ((1, 1 + counts[valid]),))
         count = 2 if shape == 2 else 1  # tiles, chunks or frames
