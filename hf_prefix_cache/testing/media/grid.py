@@ -171,21 +171,24 @@ def tiny_hyperclovax_vision_v2() -> Any:
     return vlm("HyperCLOVAXVisionV2", text_config=text, vision_config=_QWEN2_5_TOWER, **_MEDIA_IDS)
 
 
+#: Muse Glimmer's windowed tower (Muse Spark's too): 4x4-pixel patches, a 4x4 position table, 2x2 pixel shuffle.
+MUSE_GLIMMER_VISION: dict[str, Any] = {
+    **_TOWER,
+    "patch_size": 4,
+    "pos_emb_height": 4,
+    "pos_emb_width": 4,
+    "merge_size": 2,
+}
+
+
 def tiny_muse_glimmer() -> Any:
     """Muse Glimmer: a windowed tower (16-pixel windows within each item) on flattened 2-frame 4x4-pixel patch
     rows, 2x2 pixel shuffle; text [sliding x 3, full] with NoPE full layers."""
-    vision = {
-        "patch_size": 4,
-        "pos_emb_height": 4,
-        "pos_emb_width": 4,
-        **_TOWER,
-        "merge_size": 2,
-    }
     text = {**_TEXT, "model_type": "muse_glimmer_text", "head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4}
     return vlm(
         "MuseGlimmer",
         text_config=text,
-        vision_config=vision,
+        vision_config=MUSE_GLIMMER_VISION,
         **_MEDIA_IDS,
         out_hidden_size=128,
         projector_hidden_size=64,

@@ -18,9 +18,10 @@ import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.media.grid import MUSE_GLIMMER_VISION
 from hf_prefix_cache.testing.media.pool import PoolMedium, partial
 from hf_prefix_cache.testing.media.thw import grid_kwargs
-from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, vlm
 
 IMG, VID, AUD = 120, 121, 126
 OPEN, CLOSE, AUDIO_OPEN, AUDIO_CLOSE = 110, 111, 112, 113
@@ -35,14 +36,7 @@ ROW = 2 * 3 * 4 * 4
 def tiny_muse_spark() -> Any:
     """Muse Spark: Muse Glimmer's windowed tower on 2-frame 4x4-pixel patch rows, a causal-conv audio tower
     (8 samples per placeholder); text [sliding, full] with NoPE full layers and an expert MLP."""
-    vision = {
-        "patch_size": 4,
-        "pos_emb_height": 4,
-        "pos_emb_width": 4,
-        **_TOWER,
-        "merge_size": 2,
-        "layer_types": ["window_attention", "full_attention"],
-    }
+    vision = {**MUSE_GLIMMER_VISION, "layer_types": ["window_attention", "full_attention"]}
     text = {
         **_TEXT,
         "model_type": "muse_spark_text",
