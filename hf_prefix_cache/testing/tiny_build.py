@@ -57,6 +57,9 @@ _MAMBA2: dict[str, Any] = {
     "mamba_chunk_size": 16,
 }
 
+# The Mamba (v1) mixer of the hybrids that take one (Jamba, Zamba): state 8, conv 4, d_inner = 2 * hidden.
+_MAMBA_MIXER: dict[str, Any] = {"mamba_d_state": 8, "mamba_d_conv": 4, "mamba_expand": 2}
+
 # Mamba (v1) sizes: d_inner = 2 * 64, state 8, a pure-torch selective scan.
 _MAMBA1: dict[str, Any] = {
     "hidden_size": 64,
