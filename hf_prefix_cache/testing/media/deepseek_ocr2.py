@@ -10,12 +10,12 @@ other pixels; seed 2 two crops; seed 3 none.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.pool import Seeded
 from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _SAM, _TEXT, _TOWER, vlm
 
@@ -43,11 +43,8 @@ def tiny_deepseek_ocr2() -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Page:
+class Page(Seeded):
     """A page of pool seed `seed`: its 64x64 global view and its 32x32 crops (1, 2 or none by seed)."""
-
-    seed: int
 
     def views(self) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed)

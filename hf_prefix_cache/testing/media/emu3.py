@@ -11,13 +11,13 @@ their valid sizes. Pool seeds 1 and 13 give one size, other pixels.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded_images, seeded_rand
+from hf_prefix_cache.testing.media.pool import Seeded
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, BOI, WRAPPER, EOF, EOL, EOI = 120, 110, 112, 113, 114, 115
@@ -46,10 +46,7 @@ def tiny_emu3() -> Any:
     return vlm("Emu3", vq_config=_VQ, text_config=dict(_TEXT), vocabulary_map=_VOCAB)
 
 
-@dataclass(frozen=True)
-class Image:
-    seed: int
-
+class Image(Seeded):
     @property
     def size(self) -> tuple[int, int]:
         return SIZES[self.seed % 3]

@@ -10,7 +10,6 @@ Inkling 2 Loop (transformers 5.25 on) runs its last two layers twice. An image i
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.pool import Seeded
 from hf_prefix_cache.testing.tiny_build import _INKLING_ATTENTION, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
@@ -64,10 +64,7 @@ def tiny_inkling2(model_type: str) -> Any:
     return _build(getattr(transformers, f"{name}ForConditionalGeneration"), config)
 
 
-@dataclass(frozen=True)
-class Medium:
-    seed: int
-
+class Medium(Seeded):
     @property
     def grid(self) -> tuple[int, int, int]:
         return GRIDS[self.seed % 3]

@@ -11,13 +11,13 @@ other features; seed 2 a clip of two windows.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.arrays import padded
+from hf_prefix_cache.testing.media.pool import Seeded
 from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, text_config, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
@@ -41,10 +41,7 @@ def tiny_moss() -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Clip:
-    seed: int
-
+class Clip(Seeded):
     @property
     def windows(self) -> list[int]:
         return WINDOWS[self.seed % 3]

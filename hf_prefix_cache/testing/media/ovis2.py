@@ -10,12 +10,12 @@ Pool seeds 1 and 13 give one tiling, other pixels; seed 2 a 1x2 tiling.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hf_prefix_cache.testing.media import registry
+from hf_prefix_cache.testing.media.pool import Seeded
 from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER_8PX, text_config, vlm
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
@@ -40,10 +40,7 @@ def tiny_ovis2() -> Any:
     )
 
 
-@dataclass(frozen=True)
-class Image:
-    seed: int
-
+class Image(Seeded):
     @property
     def grid(self) -> tuple[int, int]:
         return GRIDS[self.seed % 3]

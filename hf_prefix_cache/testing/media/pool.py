@@ -1,7 +1,8 @@
-"""A medium of the fixtures' pool named by its kind and seed, for the families whose media are nothing more.
+"""A medium of the fixtures' pool named by its seed (and kind), for the families whose media are nothing more.
 
 The seed picks the medium's shape from the family's tables (``seed % 3``: seeds 1 and 13 alike, seed 2
-another) and seeds its content; a family subclasses `PoolMedium` for what it derives from them.
+another) and seeds its content; a family subclasses `Seeded` (one kind of medium) or `PoolMedium` for what it
+derives from them.
 
 Example:
     >>> image = partial(PoolMedium, "image")
@@ -14,7 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-__all__ = ["PoolMedium", "partial"]
+__all__ = ["PoolMedium", "Seeded", "partial"]
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """One medium of a family of one kind: its seed alone."""
+
+    seed: int
 
 
 @dataclass(frozen=True)
