@@ -57,7 +57,6 @@ class ErnieFamily(ThwFamily):
     name = "ernie4_5_vl_moe"
     build = staticmethod(tiny_ernie4_5_vl)
     grids, video_grids = GRIDS, VIDEO_GRIDS
-    image_id, video_id = IMAGE, VIDEO
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid

@@ -263,6 +263,7 @@ class GridFamily(ThwFamily):
     """Builds one family's media, their placeholders and a prompt's media kwargs."""
 
     grids, video_grids = GRIDS, VIDEO_GRIDS
+    image_id = video_id = None  # no token types
     longer = repeat = False
 
     def __init__(self, name: str) -> None:

@@ -16,9 +16,9 @@ import torch
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, IMAGE_ID, VISION_END_ID, VISION_START_ID, vlm
 
-IMAGE, OPEN, CLOSE = 120, 122, 123
+IMAGE, OPEN, CLOSE = IMAGE_ID, VISION_START_ID, VISION_END_ID
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 
 
@@ -47,7 +47,7 @@ class HunYuanFamily(ThwFamily):
     name = "hunyuan_vl"
     build = staticmethod(tiny_hunyuan_vl)
     grids = GRIDS
-    image_id = IMAGE
+    video_id = None
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         _, h, w = medium.grid

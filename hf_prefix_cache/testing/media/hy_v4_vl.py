@@ -18,9 +18,18 @@ from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, _TOWER, vlm
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_IDS,
+    _TEXT,
+    _TOWER,
+    IMAGE_ID,
+    VIDEO_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+    vlm,
+)
 
-IMAGE, VIDEO, OPEN, CLOSE = 120, 121, 122, 123
+IMAGE, VIDEO, OPEN, CLOSE = IMAGE_ID, VIDEO_ID, VISION_START_ID, VISION_END_ID
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 VIDEO_GRIDS = [(2, 4, 4), (2, 4, 4), (3, 2, 4)]
 _TEXT_LAYERS: dict[str, Any] = {
@@ -60,7 +69,6 @@ class HYV4VLFamily(ThwFamily):
     name = "hy_v4_vl"
     build = staticmethod(tiny_hy_v4_vl)
     grids, video_grids = GRIDS, VIDEO_GRIDS
-    image_id, video_id = IMAGE, VIDEO
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid

@@ -71,9 +71,10 @@ class ThwFamily:
     #: The grid of an image / video per pool seed (``seed % 3``).
     grids: Sequence[tuple[int, int, int]] = ()
     video_grids: Sequence[tuple[int, int, int]] = ()
-    #: Placeholder ids the processor's `mm_token_type_ids` marks 1 (image) and 2 (video); None: no such kwarg.
-    image_id: int | None = None
-    video_id: int | None = None
+    #: Placeholder ids the processor's `mm_token_type_ids` marks 1 (image) and 2 (video), those of
+    #: `tiny_vlm_parts` unless the family says otherwise; None: no such kwarg (no such medium).
+    image_id: int | None = IMAGE_ID
+    video_id: int | None = VIDEO_ID
     #: Its suite row's flags (`MediaCase`).
     states = False
     longer = True
@@ -138,8 +139,6 @@ class ThwFamily:
 class Qwen3StyleFamily(ThwFamily):
     """A family that writes its media as Qwen3-VL does (`tiny_qwen_media`): an image framed by vision start and end,
     a video per frame its timestamp text, vision start, ``h*w/4`` placeholders, vision end."""
-
-    image_id, video_id = IMAGE_ID, VIDEO_ID
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         return image_tokens(medium.grid) if medium.kind == "image" else qwen3_video_tokens(medium.grid)
