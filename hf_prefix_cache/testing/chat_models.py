@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache.testing.tiny_build import _ATTN
 from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP
 
 
@@ -44,13 +45,10 @@ def _tokenizer(special: list[str]) -> Any:
 
 def _text_config(tokenizer: Any, model_type: str) -> dict[str, Any]:
     return {
+        **_ATTN,
         "model_type": model_type,
         "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "max_position_embeddings": 2048,
         "eos_token_id": tokenizer.eos_token_id,
     }

@@ -13,7 +13,8 @@ size-dependent path at 8B and 70B without allocating a byte of weights).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 import transformers
@@ -21,8 +22,29 @@ import transformers
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
-def _llama(factor: float, **shape: Any) -> Any:
-    rope = {**_LLAMA3_ROPE, "rope_theta": 500000.0, "factor": factor, "original_max_position_embeddings": 8192}
+class _Llama3(NamedTuple):
+    """What sets one Llama 3 checkpoint apart: its RoPE scaling factor, sizes and tied embeddings (8 KV heads each)."""
+
+    factor: float
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    tie_word_embeddings: bool
+    head_dim: int | None = None
+
+
+_LLAMA3 = {
+    "llama-3.2-1b": _Llama3(32.0, 2048, 8192, 16, 32, True, head_dim=64),
+    "llama-3.1-8b": _Llama3(8.0, 4096, 14336, 32, 32, False),
+    "llama-3.1-70b": _Llama3(8.0, 8192, 28672, 80, 64, False),
+}
+
+
+def _llama(name: str) -> Any:
+    shape = _LLAMA3[name]
+    rope = {**_LLAMA3_ROPE, "rope_theta": 500000.0, "factor": shape.factor, "original_max_position_embeddings": 8192}
+    sizes = {k: v for k, v in shape._asdict().items() if k != "factor" and v is not None}
     return transformers.LlamaConfig(
         vocab_size=128256,
         max_position_embeddings=131072,
@@ -30,44 +52,8 @@ def _llama(factor: float, **shape: Any) -> Any:
         bos_token_id=128000,
         eos_token_id=128001,
         rope_parameters=rope,
-        **shape,
-    )
-
-
-def llama_3_2_1b() -> Any:
-    return _llama(
-        32.0,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
         num_key_value_heads=8,
-        head_dim=64,
-        tie_word_embeddings=True,
-    )
-
-
-def llama_3_1_8b() -> Any:
-    return _llama(
-        8.0,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    )
-
-
-def llama_3_1_70b() -> Any:
-    return _llama(
-        8.0,
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
+        **sizes,
     )
 
 
@@ -141,12 +127,12 @@ def mamba_130m() -> Any:
 
 # name -> (config builder, model class name)
 REAL_CONFIGS: dict[str, tuple[Callable[[], Any], str]] = {
-    "llama-3.2-1b": (llama_3_2_1b, "LlamaForCausalLM"),
+    "llama-3.2-1b": (partial(_llama, "llama-3.2-1b"), "LlamaForCausalLM"),
     "qwen2.5-1.5b": (qwen2_5_1_5b, "Qwen2ForCausalLM"),
     "gemma-3-1b": (gemma_3_1b_text, "Gemma3ForCausalLM"),
     "mamba-130m": (mamba_130m, "MambaForCausalLM"),
-    "llama-3.1-8b": (llama_3_1_8b, "LlamaForCausalLM"),
-    "llama-3.1-70b": (llama_3_1_70b, "LlamaForCausalLM"),
+    "llama-3.1-8b": (partial(_llama, "llama-3.1-8b"), "LlamaForCausalLM"),
+    "llama-3.1-70b": (partial(_llama, "llama-3.1-70b"), "LlamaForCausalLM"),
 }
 
 

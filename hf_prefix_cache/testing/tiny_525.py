@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import transformers
 
-from hf_prefix_cache.testing.tiny_build import _ATTN, _make, seeded
+from hf_prefix_cache.testing.tiny_build import _ATTN, _EXPERTS, _ROUTED_EXPERTS, _make, seeded
+from hf_prefix_cache.testing.tiny_vlm_parts import _FRAMED_IDS, _TOWER
 
 #: Kolibri 1.1's indexers: top-k, local and sink tokens (a query seeing at most their sum keeps every key).
 KOLIBRI_TOP_K, KOLIBRI_LOCAL, KOLIBRI_SINK = 12, 4, 2
@@ -34,14 +35,7 @@ KOLIBRI_LAYERS = (
     "indexed_attention",
 )
 #: Ovis2.5's placeholder and framing ids in the tiny vocabulary.
-OVIS_IMAGE, OVIS_VIDEO, OVIS_IMAGE_START, OVIS_IMAGE_END, OVIS_VIDEO_START, OVIS_VIDEO_END = (
-    120,
-    121,
-    122,
-    123,
-    124,
-    125,
-)
+OVIS_IMAGE, OVIS_VIDEO, OVIS_IMAGE_START, OVIS_IMAGE_END, OVIS_VIDEO_START, OVIS_VIDEO_END = _FRAMED_IDS.values()
 
 
 def _class(name: str) -> Any:
@@ -74,9 +68,7 @@ def tiny_kolibri1_1(budget: int = KOLIBRI_TOP_K + KOLIBRI_LOCAL + KOLIBRI_SINK) 
         index_compression=4,
         mlp_only_layers=[0],
         mlp_only_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
+        **_EXPERTS,
         shared_expert_intermediate_size=32,
         sliding_window=8,
     )
@@ -96,22 +88,14 @@ def tiny_ovis2_5() -> Any:
             "eos_token_id": None,
         },
         vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
+            **_TOWER,
             "patch_size": 2,
             "image_size": 16,
             "window_size": 8,
             "spatial_merge_size": 2,
             "vocab_size": 64,
         },
-        image_token_id=OVIS_IMAGE,
-        video_token_id=OVIS_VIDEO,
-        image_start_token_id=OVIS_IMAGE_START,
-        image_end_token_id=OVIS_IMAGE_END,
-        video_start_token_id=OVIS_VIDEO_START,
-        video_end_token_id=OVIS_VIDEO_END,
+        **_FRAMED_IDS,
     )
     config._attn_implementation = "eager"
     return seeded(_class("Ovis2_5ForConditionalGeneration"), config)
@@ -136,10 +120,8 @@ def tiny_ergo() -> Any:
         sliding_window=8,
         first_dense_intermediate_size=128,
         num_dense_blocks=1,
-        moe_intermediate_size=32,
+        **_EXPERTS,
         shared_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
     )
 
 
@@ -152,9 +134,7 @@ def tiny_minicpm5_moe() -> Any:
         num_hidden_layers=2,
         head_dim=16,
         mlp_layer_types=["dense", "sparse"],
-        moe_intermediate_size=32,
-        num_experts_per_tok=2,
-        n_routed_experts=4,
+        **_ROUTED_EXPERTS,
     )
 
 
@@ -166,8 +146,6 @@ def tiny_param2moe() -> Any:
         **_ATTN,
         num_hidden_layers=2,
         head_dim=16,
-        moe_intermediate_size=32,
-        num_experts_per_tok=2,
-        n_routed_experts=4,
+        **_ROUTED_EXPERTS,
         n_shared_experts=1,
     )

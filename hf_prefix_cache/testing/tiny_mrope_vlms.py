@@ -17,9 +17,11 @@ from typing import Any
 import transformers
 
 from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_IDS,
     _QWEN_IDS,
     _QWEN_TOWER,
     _TEXT,
+    _TOWER_8PX,
     IMAGE_ID,
     VIDEO_END_ID,
     VIDEO_ID,
@@ -27,17 +29,19 @@ from hf_prefix_cache.testing.tiny_vlm_parts import (
     VISION_END_ID,
     VISION_START_ID,
     _build,
+    text_config,
+    vlm,
 )
+
+#: The text layers' M-RoPE: sections of 2, 3 and 3 rotary pairs (temporal, height, width).
+_MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
 
 
 def tiny_qwen2_vl() -> Any:
     """Qwen2-VL (M-RoPE, 2x2 merge)."""
-    config = transformers.Qwen2VLConfig(
-        text_config={
-            **_TEXT,
-            "model_type": "qwen2_vl_text",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
-        },
+    return vlm(
+        "Qwen2VL",
+        text_config=text_config("qwen2_vl_text", rope_parameters=_MROPE_TEXT),
         vision_config={
             "depth": 2,
             "embed_dim": 32,
@@ -49,36 +53,26 @@ def tiny_qwen2_vl() -> Any:
             "in_channels": 3,
             "mlp_ratio": 2,
         },
-        image_token_id=IMAGE_ID,
-        video_token_id=VIDEO_ID,
+        **_MEDIA_IDS,
         vision_start_token_id=VISION_START_ID,
         vision_end_token_id=VISION_END_ID,
     )
-    return _build(transformers.Qwen2VLForConditionalGeneration, config)
 
 
 def tiny_qwen2_5_vl() -> Any:
     """Qwen2.5-VL (M-RoPE, windowed vision attention), same patch layout as Qwen2-VL."""
-    config = transformers.Qwen2_5_VLConfig(
-        text_config={
-            **_TEXT,
-            "model_type": "qwen2_5_vl_text",
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
-        },
-        vision_config={
-            "depth": 1,
-            **_QWEN_TOWER,
-            "window_size": 8,
-            "fullatt_block_indexes": [0],
-        },
+    return vlm(
+        "Qwen2_5_VL",
+        text_config=text_config("qwen2_5_vl_text", rope_parameters=_MROPE_TEXT),
+        vision_config={"depth": 1, **_QWEN_TOWER, "window_size": 8, "fullatt_block_indexes": [0]},
         **_QWEN_IDS,
     )
-    return _build(transformers.Qwen2_5_VLForConditionalGeneration, config)
 
 
 def tiny_qwen3_vl() -> Any:
     """Qwen3-VL (interleaved M-RoPE, deepstack features), same patch layout as Qwen2-VL."""
-    config = transformers.Qwen3VLConfig(
+    return vlm(
+        "Qwen3VL",
         text_config={
             **_TEXT,
             "model_type": "qwen3_vl_text",
@@ -90,18 +84,11 @@ def tiny_qwen3_vl() -> Any:
                 "mrope_interleaved": True,
             },
         },
-        vision_config={
-            "depth": 2,
-            **_QWEN_TOWER,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
-        },
+        vision_config={"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         **_QWEN_IDS,
     )
-    return _build(transformers.Qwen3VLForConditionalGeneration, config)
 
 
-_MROPE_TEXT = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
 _GLM_VISION: dict[str, Any] = {"depth": 1, **_QWEN_TOWER, "image_size": 8}
 _GLM_IDS = {
     "image_token_id": IMAGE_ID,
@@ -153,20 +140,11 @@ def tiny_glm_ocr() -> Any:
 
 def tiny_paddleocr_vl() -> Any:
     """PaddleOCR-VL (images only): a SigLIP-style tower over ``[3, 2, 2]`` patches, 2x2 merge, M-RoPE text."""
-    config = transformers.PaddleOCRVLConfig(
+    return vlm(
+        "PaddleOCRVL",
         text_config={**_TEXT, "model_type": "paddleocr_vl_text", "head_dim": 16, "rope_parameters": _MROPE_TEXT},
-        vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "image_size": 8,
-            "patch_size": 2,
-            "spatial_merge_size": 2,
-        },
-        image_token_id=IMAGE_ID,
-        video_token_id=VIDEO_ID,
+        vision_config={**_TOWER_8PX, "spatial_merge_size": 2},
+        **_MEDIA_IDS,
         vision_start_token_id=VISION_START_ID,
         vision_end_token_id=VISION_END_ID,
     )
-    return _build(transformers.PaddleOCRVLForConditionalGeneration, config)

@@ -24,8 +24,10 @@ import transformers
 
 from hf_prefix_cache.testing.tiny_vlm_media import audio_tokens, run
 from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_INDEX,
     _QWEN_TOWER,
     _TEXT,
+    _WHISPER,
     AUDIO_ID,
     IMAGE_ID,
     MEL_BINS,
@@ -54,18 +56,13 @@ def tiny_qwen2_5_omni_thinker() -> Any:
             "fullatt_block_indexes": [0],
         },
         audio_config={
-            "d_model": 32,
-            "encoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "encoder_ffn_dim": 64,
-            "num_mel_bins": MEL_BINS,
+            **_WHISPER,
             "max_source_positions": MEL_FRAMES // 2,
             "n_window": 25,
             "output_dim": 64,
         },
         audio_token_index=AUDIO_ID,
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         audio_start_token_id=AUDIO_START_ID,
         audio_end_token_id=AUDIO_END_ID,
         vision_start_token_id=VISION_START_ID,

@@ -17,19 +17,28 @@ Known transformers quirks these models expose (5.x, pure-torch paths):
 
 from __future__ import annotations
 
-import transformers
 from transformers import PreTrainedModel
 
-from hf_prefix_cache.testing.tiny_build import _ATTN, _MAMBA2, WINDOW, _make
+from hf_prefix_cache.testing.tiny_build import (
+    _ATTN,
+    _EXPERTS,
+    _GATED_DELTA,
+    _INKLING_ATTENTION,
+    _MAMBA1,
+    _MAMBA2,
+    _MAMBA_MIXER,
+    _ROUTED_EXPERTS,
+    WINDOW,
+    lm,
+)
 
 # --------------------------------------------------------------------------- hybrid (linear + attention)
 
 
 def tiny_jamba() -> PreTrainedModel:
     """Jamba, 4 layers [mamba, attn, mamba, attn]; MoE (2 experts) on odd layers."""
-    return _make(
-        transformers.JambaConfig,
-        "JambaForCausalLM",
+    return lm(
+        "Jamba",
         num_hidden_layers=4,
         attn_layer_period=2,
         attn_layer_offset=1,
@@ -37,30 +46,20 @@ def tiny_jamba() -> PreTrainedModel:
         expert_layer_offset=1,
         num_experts=2,
         num_experts_per_tok=1,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
+        **_MAMBA_MIXER,
         **_ATTN,
     )
 
 
 def tiny_bamba() -> PreTrainedModel:
     """Bamba, 3 layers [mamba2, attn, mamba2]."""
-    return _make(
-        transformers.BambaConfig,
-        "BambaForCausalLM",
-        num_hidden_layers=3,
-        attn_layer_indices=[1],
-        **_MAMBA2,
-        **_ATTN,
-    )
+    return lm("Bamba", num_hidden_layers=3, attn_layer_indices=[1], **_MAMBA2, **_ATTN)
 
 
 def tiny_zamba() -> PreTrainedModel:
     """Zamba, 6 layers: mamba, with a shared attention block on layers 1 and 4 (hybrid layers)."""
-    return _make(
-        transformers.ZambaConfig,
-        "ZambaForCausalLM",
+    return lm(
+        "Zamba",
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=6,
@@ -68,9 +67,7 @@ def tiny_zamba() -> PreTrainedModel:
         num_key_value_heads=4,
         attention_hidden_size=128,
         attention_head_dim=32,
-        mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_expand=2,
+        **_MAMBA_MIXER,
         mamba_dt_rank=8,
         n_mamba_heads=2,
         attn_layer_period=3,
@@ -82,43 +79,29 @@ def tiny_zamba() -> PreTrainedModel:
 
 def tiny_qwen3_next() -> PreTrainedModel:
     """Qwen3-Next, 4 layers [gated-delta-net x3, full attn]; sparse MoE with 4 experts (top-2)."""
-    return _make(
-        transformers.Qwen3NextConfig,
-        "Qwen3NextForCausalLM",
+    return lm(
+        "Qwen3Next",
         num_hidden_layers=4,
         head_dim=16,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
         decoder_sparse_step=1,
+        **_GATED_DELTA,
+        **_EXPERTS,
         **_ATTN,
     )
 
 
 def tiny_falcon_h1() -> PreTrainedModel:
     """Falcon-H1, 2 layers, each a parallel mamba2 + full-attention ("hybrid") block."""
-    return _make(
-        transformers.FalconH1Config,
-        "FalconH1ForCausalLM",
-        num_hidden_layers=2,
-        mamba_d_ssm=128,
-        **_MAMBA2,
-        **_ATTN,
-    )
+    return lm("FalconH1", num_hidden_layers=2, mamba_d_ssm=128, **_MAMBA2, **_ATTN)
 
 
 def tiny_lfm2() -> PreTrainedModel:
     """LFM2, 4 layers [conv, attn, conv, attn] (short gated convolutions + full attention)."""
-    return _make(
-        transformers.Lfm2Config,
-        "Lfm2ForCausalLM",
+    return lm(
+        "Lfm2",
         num_hidden_layers=4,
         layer_types=["conv", "full_attention", "conv", "full_attention"],
         conv_L_cache=3,
@@ -130,20 +113,14 @@ def tiny_lfm2() -> PreTrainedModel:
 def tiny_inkling() -> PreTrainedModel:
     """Inkling, 4 layers [hybrid sliding, hybrid, hybrid sliding, hybrid]: each a short conv plus attention
     (`LinearAttentionAndSlidingWindowAttentionLayer` with a window of 8, then `LinearAttentionAndFullAttentionLayer`)."""
-    return _make(
-        transformers.InklingTextConfig,
+    return lm(
+        "InklingText",
         "InklingForCausalLM",
         num_hidden_layers=4,
         layer_types=["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
         mlp_layer_types=["sparse"] * 4,
-        head_dim=16,
-        swa_num_attention_heads=4,
-        swa_num_key_value_heads=2,
-        swa_head_dim=16,
-        sliding_window_size=8,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
+        **_INKLING_ATTENTION,
+        **_ROUTED_EXPERTS,
         **_ATTN,
     )
 
@@ -153,37 +130,18 @@ def tiny_inkling() -> PreTrainedModel:
 
 def tiny_mamba() -> PreTrainedModel:
     """Mamba (v1), 2 layers, pure-torch selective scan."""
-    return _make(
-        transformers.MambaConfig,
-        "MambaForCausalLM",
-        hidden_size=64,
-        state_size=8,
-        num_hidden_layers=2,
-        expand=2,
-        conv_kernel=4,
-        use_mambapy=False,
-    )
+    return lm("Mamba", **_MAMBA1)
 
 
 def tiny_falcon_mamba() -> PreTrainedModel:
     """Falcon-Mamba, 2 layers, pure-torch selective scan."""
-    return _make(
-        transformers.FalconMambaConfig,
-        "FalconMambaForCausalLM",
-        hidden_size=64,
-        state_size=8,
-        num_hidden_layers=2,
-        expand=2,
-        conv_kernel=4,
-        use_mambapy=False,
-    )
+    return lm("FalconMamba", **_MAMBA1)
 
 
 def tiny_mamba2() -> PreTrainedModel:
     """Mamba2, 2 layers, pure-torch chunked SSD (chunk 16)."""
-    return _make(
-        transformers.Mamba2Config,
-        "Mamba2ForCausalLM",
+    return lm(
+        "Mamba2",
         hidden_size=64,
         num_heads=8,
         head_dim=16,
@@ -201,9 +159,8 @@ def tiny_mamba2() -> PreTrainedModel:
 
 def tiny_recurrent_gemma() -> PreTrainedModel:
     """RecurrentGemma, layers [recurrent, recurrent, local attn (window 8)]; RG-LRU state is module state."""
-    return _make(
-        transformers.RecurrentGemmaConfig,
-        "RecurrentGemmaForCausalLM",
+    return lm(
+        "RecurrentGemma",
         num_hidden_layers=3,
         hidden_size=64,
         intermediate_size=128,

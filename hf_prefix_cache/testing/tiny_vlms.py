@@ -12,11 +12,11 @@ processors in `tiny_processors`, and the M-RoPE families (Qwen2-VL on, GLM-4V, P
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import transformers
 
+from hf_prefix_cache.testing.tiny_build import ModelTable
 from hf_prefix_cache.testing.tiny_mrope_vlms import (
     tiny_glm4v,
     tiny_glm4v_moe,
@@ -30,68 +30,68 @@ from hf_prefix_cache.testing.tiny_mrope_vlms import (
 )
 from hf_prefix_cache.testing.tiny_vlm_parts import (
     _CLIP,
+    _MEDIA_INDEX,
     _SIGLIP,
     _TEXT,
+    _WHISPER,
     AUDIO_ID,
     BOI_ID,
     EOI_ID,
     IMAGE_ID,
-    MEL_BINS,
     MEL_FRAMES,
     PINPOINTS,
-    VIDEO_ID,
     _build,
+    text_config,
+    vlm,
 )
 
 
 def tiny_llava() -> Any:
     """LLaVA with a Llama text model: 16 placeholders per 32x32 image."""
-    config = transformers.LlavaConfig(
-        text_config={**_TEXT, "model_type": "llama"},
+    return vlm(
+        "Llava",
+        text_config=text_config("llama"),
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
     )
-    return _build(transformers.LlavaForConditionalGeneration, config)
 
 
 def tiny_llava_next() -> Any:
     """LLaVA-NeXT (anyres) with a Llama text model."""
-    config = transformers.LlavaNextConfig(
-        text_config={**_TEXT, "model_type": "llama"},
+    return vlm(
+        "LlavaNext",
+        text_config=text_config("llama"),
         vision_config=_CLIP,
         image_token_index=IMAGE_ID,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
     )
-    return _build(transformers.LlavaNextForConditionalGeneration, config)
 
 
 def tiny_llava_next_video() -> Any:
     """LLaVA-NeXT-Video: LLaVA-NeXT images; each 32x32 video frame is 4 placeholders (2x2 pooling)."""
-    config = transformers.LlavaNextVideoConfig(
-        text_config={**_TEXT, "model_type": "llama"},
+    return vlm(
+        "LlavaNextVideo",
+        text_config=text_config("llama"),
         vision_config=_CLIP,
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
         spatial_pool_stride=2,
     )
-    return _build(transformers.LlavaNextVideoForConditionalGeneration, config)
 
 
 def tiny_llava_onevision() -> Any:
     """LLaVA-OneVision (anyres, SigLIP tower, Qwen2 text), the config's default `vision_aspect_ratio`."""
-    config = transformers.LlavaOnevisionConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
+    return vlm(
+        "LlavaOnevision",
+        text_config=text_config("qwen2"),
         vision_config={**_CLIP, "model_type": "siglip_vision_model"},
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
     )
-    return _build(transformers.LlavaOnevisionForConditionalGeneration, config)
 
 
 def tiny_gemma3(config_cls: Any = transformers.Gemma3Config) -> Any:
@@ -118,36 +118,28 @@ def tiny_gemma3(config_cls: Any = transformers.Gemma3Config) -> Any:
 
 def tiny_paligemma() -> Any:
     """PaliGemma (prefix-LM): 16 placeholders per image at the start of the prompt."""
-    config = transformers.PaliGemmaConfig(
-        text_config={**_TEXT, "model_type": "gemma", "head_dim": 16},
+    return vlm(
+        "PaliGemma",
+        text_config=text_config("gemma", head_dim=16),
         vision_config={**_SIGLIP, "projection_dim": 64},
         image_token_index=IMAGE_ID,
         projection_dim=64,
     )
-    return _build(transformers.PaliGemmaForConditionalGeneration, config)
 
 
 def tiny_qwen2_audio() -> Any:
     """Qwen2-Audio: clips of 100 mel frames (16 bins); a clip of `f` valid frames has `((f-1)//2+1-2)//2+1` placeholders."""
-    config = transformers.Qwen2AudioConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
-        audio_config={
-            "model_type": "qwen2_audio_encoder",
-            "d_model": 32,
-            "encoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "encoder_ffn_dim": 64,
-            "num_mel_bins": MEL_BINS,
-            "max_source_positions": MEL_FRAMES // 2,
-        },
+    return vlm(
+        "Qwen2Audio",
+        text_config=text_config("qwen2"),
+        audio_config={"model_type": "qwen2_audio_encoder", **_WHISPER, "max_source_positions": MEL_FRAMES // 2},
         audio_token_index=AUDIO_ID,
     )
-    return _build(transformers.Qwen2AudioForConditionalGeneration, config)
 
 
 def _idefics3_config(config_cls: type, vision_type: str) -> Any:
     return config_cls(
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config={**_CLIP, "model_type": vision_type},
         scale_factor=2,
         image_token_id=IMAGE_ID,
@@ -168,50 +160,53 @@ def tiny_smolvlm() -> Any:
     )
 
 
-def tiny_idefics2() -> Any:
-    """Idefics2: each 32x32 crop is 4 placeholders (a perceiver resampler of 4 latents), framed by fake-image ids."""
-    perceiver = {
-        "hidden_size": 64,
-        "resampler_n_latents": 4,
-        "resampler_depth": 1,
-        "resampler_n_heads": 4,
-        "resampler_head_dim": 16,
-        "num_key_value_heads": 2,
-    }
-    config = transformers.Idefics2Config(
-        text_config={**_TEXT, "model_type": "mistral"},
-        vision_config={**_CLIP, "model_type": "idefics2_vision"},
-        perceiver_config=perceiver,
-        image_token_id=IMAGE_ID,
-    )
-    return _build(transformers.Idefics2ForConditionalGeneration, config)
-
-
-TINY_VLMS = {
-    "idefics2": tiny_idefics2,
-    "llava_next_video": tiny_llava_next_video,
-    "idefics3": tiny_idefics3,
-    "smolvlm": tiny_smolvlm,
-    "qwen3_vl": tiny_qwen3_vl,
-    "glm4v": tiny_glm4v,
-    "glm4v_moe": tiny_glm4v_moe,
-    "glm46v": tiny_glm46v,
-    "glmga": tiny_glmga,
-    "glm_ocr": tiny_glm_ocr,
-    "paddleocr_vl": tiny_paddleocr_vl,
-    "qwen2_audio": tiny_qwen2_audio,
-    "gemma3": tiny_gemma3,
-    "shieldgemma2": lambda: tiny_gemma3(transformers.ShieldGemma2Config),
-    "paligemma": tiny_paligemma,
-    "llava": tiny_llava,
-    "llava_next": tiny_llava_next,
-    "qwen2_vl": tiny_qwen2_vl,
-    "llava_onevision": tiny_llava_onevision,
-    "qwen2_5_vl": tiny_qwen2_5_vl,
+#: Idefics2's perceiver resampler: 4 latents per crop.
+_IDEFICS2_PERCEIVER: dict[str, Any] = {
+    "hidden_size": 64,
+    "resampler_n_latents": 4,
+    "resampler_depth": 1,
+    "resampler_n_heads": 4,
+    "resampler_head_dim": 16,
+    "num_key_value_heads": 2,
 }
 
 
-@functools.cache
-def cached_vlm(name: str) -> Any:
-    """One instance per name per session."""
-    return TINY_VLMS[name]()
+def tiny_idefics2() -> Any:
+    """Idefics2: each 32x32 crop is 4 placeholders (a perceiver resampler of 4 latents), framed by fake-image ids."""
+    return vlm(
+        "Idefics2",
+        text_config=text_config("mistral"),
+        vision_config={**_CLIP, "model_type": "idefics2_vision"},
+        perceiver_config=_IDEFICS2_PERCEIVER,
+        image_token_id=IMAGE_ID,
+    )
+
+
+TINY_VLMS = ModelTable(
+    {
+        "idefics2": tiny_idefics2,
+        "llava_next_video": tiny_llava_next_video,
+        "idefics3": tiny_idefics3,
+        "smolvlm": tiny_smolvlm,
+        "qwen3_vl": tiny_qwen3_vl,
+        "glm4v": tiny_glm4v,
+        "glm4v_moe": tiny_glm4v_moe,
+        "glm46v": tiny_glm46v,
+        "glmga": tiny_glmga,
+        "glm_ocr": tiny_glm_ocr,
+        "paddleocr_vl": tiny_paddleocr_vl,
+        "qwen2_audio": tiny_qwen2_audio,
+        "gemma3": tiny_gemma3,
+        "shieldgemma2": lambda: tiny_gemma3(transformers.ShieldGemma2Config),
+        "paligemma": tiny_paligemma,
+        "llava": tiny_llava,
+        "llava_next": tiny_llava_next,
+        "qwen2_vl": tiny_qwen2_vl,
+        "llava_onevision": tiny_llava_onevision,
+        "qwen2_5_vl": tiny_qwen2_5_vl,
+    }
+)
+
+
+#: One model per family per session.
+cached_vlm = TINY_VLMS.one

@@ -12,15 +12,15 @@ other content; seed 2 another (a 16x24 or 8x16 image, a clip of 40 or 26 samples
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.arrays import padded, padded_images, seeded_rand
+from hf_prefix_cache.testing.media.pool import PoolMedium, partial
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, AUD, EOL, BOI, EOI, BOA, EOA = 120, 126, 117, 118, 119, 110, 111
 IMAGE_CODES, AUDIO_CODES = 100, 108  # the code ids' offsets: 8 image codes, then 8 audio codes
@@ -51,7 +51,8 @@ def tiny_apertus1p5() -> Any:
         "codebook_dim": 16,
         "num_lstm_layers": 1,
     }
-    config = transformers.Apertus1p5Config(
+    return vlm(
+        "Apertus1p5",
         text_config={**_TEXT, "model_type": "apertus1p5_text", "head_dim": 16, "max_position_embeddings": 8192},
         vision_config=vision,
         audio_config=audio,
@@ -60,21 +61,13 @@ def tiny_apertus1p5() -> Any:
         image_token_offset=IMAGE_CODES,
         audio_token_offset=AUDIO_CODES,
     )
-    return _build(transformers.Apertus1p5ForConditionalGeneration, config)
 
 
-@dataclass(frozen=True)
-class Medium:
-    kind: str
-    seed: int
+class Medium(PoolMedium):
+    """An image (its size by seed, `SIZES`) or an audio clip (its valid samples by seed, `SAMPLES`)."""
 
 
-def image(seed: int) -> Medium:
-    return Medium("image", seed)
-
-
-def clip(seed: int) -> Medium:
-    return Medium("audio", seed)
+image, clip = partial(Medium, "image"), partial(Medium, "audio")
 
 
 def placeholders(medium: Medium) -> torch.Tensor:
@@ -92,40 +85,22 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     images = [m for m in media if m.kind == "image"]
     if images:
         sizes = [SIZES[m.seed % 3] for m in images]
-        pixels = torch.zeros(len(images), 3, max(h for h, _ in sizes), max(w for _, w in sizes))
-        for i, (m, (height, width)) in enumerate(zip(images, sizes, strict=True)):
-            pixels[i, :, :height, :width] = torch.rand(
-                3, height, width, generator=torch.Generator().manual_seed(m.seed)
-            )
+        pixels = padded_images([seeded_rand(3, *size, seed=m.seed) for m, size in zip(images, sizes, strict=True)])
         out["pixel_values"], out["image_sizes"] = pixels * 2 - 1, torch.tensor(sizes)
     clips = [m for m in media if m.kind == "audio"]
     if clips:
-        values = torch.zeros(len(clips), 1, PADDED)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
-        for i, m in enumerate(clips):
-            valid = SAMPLES[m.seed % 3]
-            values[i, 0, :valid] = torch.rand(valid, generator=torch.Generator().manual_seed(m.seed)) * 2 - 1
-            mask[i, :valid] = 1
-        out["input_values"], out["padding_mask"] = values, mask
+        rows = [seeded_rand(SAMPLES[m.seed % 3], seed=m.seed) * 2 - 1 for m in clips]
+        values, mask = padded(rows, PADDED, torch.int32)
+        out["input_values"], out["padding_mask"] = values[:, None], mask
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Apertus 1.5 in the support matrix's scenario: A an image; C an audio clip, text, then an image of another size."""
-    media = registry.mixed(image, clip, image)
-    return registry.mixed_sweep(tiny_apertus1p5(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
 # Registered on 5.23 too (the support matrix there does not sweep the type); its suite row needs 5.25.
-registry.register_sweep("apertus1p5", _sweep)
-if hasattr(transformers, "Apertus1p5Config"):
-    registry.register_suite(
-        "apertus1p5",
-        lambda: MediaCase(
-            "apertus1p5",
-            tiny_apertus1p5(),
-            {"image": image, "audio": clip},
-            placeholders,
-            lambda _ids, m: media_kwargs(m),
-        ),
-    )
+registry.register_mixed(
+    "apertus1p5",
+    tiny_apertus1p5,
+    placeholders,
+    media_kwargs,
+    {"image": image, "audio": clip},
+    suite=hasattr(transformers, "Apertus1p5Config"),
+)

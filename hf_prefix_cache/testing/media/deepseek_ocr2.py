@@ -10,15 +10,14 @@ other pixels; seed 2 two crops; seed 3 none.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.pool import Seeded
+from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_vlm_parts import _SAM, _TEXT, _TOWER, vlm
 
 IMG = 120
 QUERIES = 144  # per view: the tower's small query table
@@ -27,45 +26,25 @@ QUERIES = 144  # per view: the tower's small query table
 @functools.cache
 def tiny_deepseek_ocr2() -> Any:
     """DeepSeek-OCR 2: a two-layer SAM encoder (64x64 global views, 32x32 crops), a one-layer query encoder."""
-    sam = {
-        "hidden_size": 32,
-        "output_channels": 16,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 64,
-        "patch_size": 8,
-        "window_size": 4,
-        "global_attn_indexes": [1],
-        "mlp_dim": 64,
-        "downsample_channels": [16, 32],
-    }
-    encoder = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    }
+    sam = {**_SAM, "downsample_channels": [16, 32]}
+    encoder = {**_TOWER, "num_hidden_layers": 1, "num_key_value_heads": 2}
     text = {
         **_TEXT,
         "max_position_embeddings": 2048,
         "mlp_layer_types": ["dense", "sparse"],
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
+        **_ROUTED_EXPERTS,
         "n_shared_experts": 1,
     }
-    config = transformers.DeepseekOcr2Config(
-        text_config=text, vision_config={"sam_config": sam, "encoder_config": encoder}, image_token_id=IMG
+    return vlm(
+        "DeepseekOcr2",
+        text_config=text,
+        vision_config={"sam_config": sam, "encoder_config": encoder},
+        image_token_id=IMG,
     )
-    return _build(transformers.DeepseekOcr2ForConditionalGeneration, config)
 
 
-@dataclass(frozen=True)
-class Page:
+class Page(Seeded):
     """A page of pool seed `seed`: its 64x64 global view and its 32x32 crops (1, 2 or none by seed)."""
-
-    seed: int
 
     def views(self) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed)
@@ -91,15 +70,4 @@ def media_kwargs(pages: list[Page]) -> dict[str, Any]:
     }
 
 
-def _sweep() -> registry.SweepCase:
-    """DeepSeek-OCR 2 in the support matrix's scenario: A a page of one crop, C a page of two."""
-    media = registry.three(Page)
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_deepseek_ocr2(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]))
-
-
-registry.register_sweep("deepseek_ocr2", _sweep)
-registry.register_suite(
-    "deepseek_ocr2",
-    lambda: single("deepseek_ocr2", tiny_deepseek_ocr2(), "image", Page, placeholders, media_kwargs, framing=0),
-)
+registry.register_single("deepseek_ocr2", tiny_deepseek_ocr2, "image", Page, placeholders, media_kwargs, framing=0)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import transformers
-
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 
 def tiny_dots3_note() -> Any:
@@ -38,10 +36,7 @@ def tiny_dots3_note() -> Any:
     }
     vision = {
         **experts,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "patch_size": 2,
         "spatial_merge_size": 2,
         "num_local_experts": 4,
@@ -51,10 +46,8 @@ def tiny_dots3_note() -> Any:
         "per_layer_config": {},
     }
     audio = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "num_hidden_layers": 1,
-        "num_attention_heads": 4,
         "num_key_value_heads": 4,
         "head_dim": 8,
         "adapter_input_size": 32,
@@ -63,7 +56,6 @@ def tiny_dots3_note() -> Any:
         "feature_size": 16,
         "conv_output_size": 64,
     }
-    config = transformers.Dots3NoteConfig(
-        text_config=text, vision_config=vision, audio_config=audio, image_token_id=120, video_token_id=121
+    return vlm(
+        "Dots3Note", text_config=text, vision_config=vision, audio_config=audio, image_token_id=120, video_token_id=121
     )
-    return _build(transformers.Dots3NoteForConditionalGeneration, config)

@@ -11,15 +11,14 @@ their valid sizes. Pool seeds 1 and 13 give one size, other pixels.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.arrays import padded_images, seeded_rand
+from hf_prefix_cache.testing.media.pool import Seeded
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, vlm
 
 IMG, BOI, WRAPPER, EOF, EOL, EOI = 120, 110, 112, 113, 114, 115
 FACTOR = 2
@@ -44,20 +43,16 @@ _VQ = {
 @functools.cache
 def tiny_emu3() -> Any:
     """Emu3: a two-level VQ-VAE (attention at its second level) and a 2-layer text model."""
-    config = transformers.Emu3Config(vq_config=_VQ, text_config=dict(_TEXT), vocabulary_map=_VOCAB)
-    return _build(transformers.Emu3ForConditionalGeneration, config)
+    return vlm("Emu3", vq_config=_VQ, text_config=dict(_TEXT), vocabulary_map=_VOCAB)
 
 
-@dataclass(frozen=True)
-class Image:
-    seed: int
-
+class Image(Seeded):
     @property
     def size(self) -> tuple[int, int]:
         return SIZES[self.seed % 3]
 
     def pixels(self) -> torch.Tensor:
-        return torch.rand(3, *self.size, generator=torch.Generator().manual_seed(self.seed)) * 2 - 1
+        return seeded_rand(3, *self.size, seed=self.seed) * 2 - 1
 
 
 def placeholders(image: Image) -> torch.Tensor:
@@ -70,23 +65,10 @@ def media_kwargs(images: list[Image]) -> dict[str, Any]:
     """What the processor hands `generate`: the images padded (bottom, right) to the largest, their sizes."""
     if not images:
         return {}
-    height, width = max(i.size[0] for i in images), max(i.size[1] for i in images)
-    pixels = torch.zeros(len(images), 3, height, width)
-    for k, image in enumerate(images):
-        pixels[k, :, : image.size[0], : image.size[1]] = image.pixels()
+    pixels = padded_images([i.pixels() for i in images])
     return {"pixel_values": pixels, "image_sizes": torch.tensor([list(i.size) for i in images])}
 
 
-def _sweep() -> registry.SweepCase:
-    """Emu3 in the support matrix's scenario: A an image, C another of A's size (so A keeps its padding)."""
-    media = {"a": Image(registry.SEED_A), "b": Image(registry.SEED_B), "c": Image(registry.SEED_A + 3)}
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_emu3(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 2)
-
-
-registry.register_sweep("emu3", _sweep)
-
-
-registry.register_suite(
-    "emu3", lambda: single("emu3", tiny_emu3(), "image", Image, placeholders, media_kwargs, framing=2)
-)
+# The sweep's C is another image of A's size, so A keeps its padding.
+_SWEEP_MEDIA = {"a": Image(registry.SEED_A), "b": Image(registry.SEED_B), "c": Image(registry.SEED_A + 3)}
+registry.register_single("emu3", tiny_emu3, "image", Image, placeholders, media_kwargs, framing=2, media=_SWEEP_MEDIA)

@@ -10,19 +10,16 @@ and 13 give one layout, other content.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.media.grid import Medium
+from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _DEPTH_TOWER, _FRAMED_IDS, _TEXT, vlm
 
-IMAGE, VIDEO, IMAGE_START, IMAGE_END, VIDEO_START, VIDEO_END = 120, 121, 122, 123, 124, 125
+IMAGE, VIDEO, IMAGE_START, IMAGE_END, VIDEO_START, VIDEO_END = _FRAMED_IDS.values()
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 2, 4)]
 VIDEO_GRIDS = [(2, 4, 4), (2, 4, 4), (4, 2, 2)]
 
@@ -31,7 +28,8 @@ def tiny_ernie4_5_vl() -> Any:
     """Ernie 4.5 VL: a 2-layer vision tower, the resampler, and [dense, text + vision experts] text layers."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
     experts = {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": [32, 16], "moe_num_shared_experts": 1}
-    config = transformers.Ernie4_5_VLMoeConfig(
+    return vlm(
+        "Ernie4_5_VLMoe",
         text_config={
             **_TEXT,
             "head_dim": 16,
@@ -39,35 +37,9 @@ def tiny_ernie4_5_vl() -> Any:
             **experts,
             "mlp_layer_types": ["dense", "sparse"],
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 4,
-            "patch_size": 2,
-            "spatial_merge_size": 2,
-            "temporal_merge_size": 2,
-        },
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        image_start_token_id=IMAGE_START,
-        image_end_token_id=IMAGE_END,
-        video_start_token_id=VIDEO_START,
-        video_end_token_id=VIDEO_END,
+        vision_config={**_DEPTH_TOWER, "patch_size": 2, "spatial_merge_size": 2, "temporal_merge_size": 2},
+        **_FRAMED_IDS,
     )
-    return _build(transformers.Ernie4_5_VLMoeForConditionalGeneration, config)
-
-
-@functools.cache
-def cached_ernie4_5_vl() -> Any:
-    """One Ernie 4.5 VL per session."""
-    return tiny_ernie4_5_vl()
-
-
-def patches(seed: int, grid: tuple[int, int, int]) -> torch.Tensor:
-    """``t*h*w`` flattened patch rows (``3*2*2`` values each) of an image or video of `grid`."""
-    t, h, w = grid
-    return torch.rand(t * h * w, 3 * 2 * 2, generator=torch.Generator().manual_seed(seed))
 
 
 def expert_marks(ids: torch.Tensor) -> torch.Tensor:
@@ -79,19 +51,12 @@ def expert_marks(ids: torch.Tensor) -> torch.Tensor:
     return marks
 
 
-class ErnieFamily:
+class ErnieFamily(ThwFamily):
     """Ernie 4.5 VL's media, their placeholders and a prompt's media kwargs."""
 
     name = "ernie4_5_vl_moe"
-
-    def __init__(self) -> None:
-        self.model = cached_ernie4_5_vl()
-
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
-
-    def video(self, seed: int) -> Medium:
-        return Medium("video", seed, VIDEO_GRIDS[seed % 3])
+    build = staticmethod(tiny_ernie4_5_vl)
+    grids, video_grids = GRIDS, VIDEO_GRIDS
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid
@@ -99,35 +64,9 @@ class ErnieFamily:
             return torch.cat([run(IMAGE_START, 1), run(IMAGE, t * h * w // 4), run(IMAGE_END, 1)], dim=1)
         return torch.cat([run(VIDEO_START, 1), run(VIDEO, t * h * w // 8), run(VIDEO_END, 1)], dim=1)
 
-    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `ids` holding `media` in prompt order."""
-        out: dict[str, Any] = {
-            "mm_token_type_ids": (ids == IMAGE).int() + 2 * (ids == VIDEO).int(),
-            "moe_mm_token_type_ids": expert_marks(ids),
-        }
-        for kind, pixels, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-        return out
+    def token_kwargs(self, ids: torch.Tensor) -> dict[str, Any]:
+        """Its token types, and which tokens take the vision experts (`moe_mm_token_type_ids`)."""
+        return {**super().token_kwargs(ids), "moe_mm_token_type_ids": expert_marks(ids)}
 
 
-def _sweep() -> registry.SweepCase:
-    """A an image; C an image, text, then a video."""
-    fam = ErnieFamily()
-    media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.mixed_sweep(fam.model, fam.placeholders, media, fam.kwargs, first=1)
-
-
-def _suite() -> MediaCase:
-    fam = ErnieFamily()
-    media = {"image": fam.image, "video": fam.video}
-    return MediaCase(fam.name, fam.model, media, fam.placeholders, fam.kwargs, longer=True, repeat=True)
-
-
-registry.register_sweep(ErnieFamily.name, _sweep)
-registry.register_suite(ErnieFamily.name, _suite)
+registry.register_family(ErnieFamily.name, ErnieFamily)

@@ -179,18 +179,10 @@ def _paligemma() -> registry.SweepCase:
 
 def _omni() -> registry.SweepCase:
     """Qwen2.5-Omni thinker: medium A an audio clip (after an audio-start id), C an image."""
-    from hf_prefix_cache.testing.tiny_qwen_media import Media, cached_omni, image_tokens, omni_audio_tokens
+    from hf_prefix_cache.testing.media.qwen3_omni import omni_sweep
+    from hf_prefix_cache.testing.tiny_qwen_media import cached_omni, omni_audio_tokens
 
-    frames, grid = 60, (1, 4, 6)
-    seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
-    tokens = {"a": omni_audio_tokens(frames), "b": omni_audio_tokens(frames), "c": image_tokens(grid)}
-
-    def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
-        clips = [(seeds[n], frames) for n in names if n in seeds]
-        images = [(registry.SEED_C, grid)] if "c" in names else []
-        return Media(images=images, clips=clips).kwargs(ids)
-
-    return registry.SweepCase(cached_omni(), tokens, kwargs, first=1)
+    return omni_sweep(cached_omni(), omni_audio_tokens, 60)
 
 
 for _name in (*FAMILIES, *GLM, "paddleocr_vl"):

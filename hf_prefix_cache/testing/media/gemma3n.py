@@ -21,13 +21,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_build import _finalize
+from hf_prefix_cache.testing.tiny_build import _ATTN
+from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
 BOI, EOI, IMG = 110, 128, 129  # end-of-image and image ids open the vision vocabulary (offset 128), as in Gemma 3n
 BOA, EOA, AUD = 112, 144, 145  # end-of-audio and audio ids open the audio vocabulary (offset 144)
+#: The framing and placeholder ids under their config keys.
+_IDS: dict[str, Any] = {
+    "boi_token_id": BOI,
+    "eoi_token_id": EOI,
+    "image_token_id": IMG,
+    "boa_token_id": BOA,
+    "eoa_token_id": EOA,
+    "audio_token_id": AUD,
+}
 SPECIAL_IDS = list(range(100, 160))  # answers stay in text ids below 100
 FRAMES, MELS = 48, 16  # every clip: 48 mel frames (its valid part, then zero padding) of 16 bins
 
@@ -36,22 +45,18 @@ FRAMES, MELS = 48, 16  # every clip: 48 mel frames (its valid part, then zero pa
 def tiny_gemma3n() -> Any:
     """A tiny random-weight Gemma 3n (float32, eager, seed 0) with the real timm encoder, shrunk."""
     text_config = {
+        **_ATTN,
         "vocab_size": 160,
         "vocab_size_per_layer_input": 128,
-        "hidden_size": 64,
         "hidden_size_per_layer_input": 8,
-        "intermediate_size": 128,
         "num_hidden_layers": 4,
         "num_kv_shared_layers": 2,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
         "sliding_window": 8,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "head_dim": 16,
         "altup_num_inputs": 2,
         "laurel_rank": 8,
         "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
-        "max_position_embeddings": 512,
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": None,
@@ -75,22 +80,8 @@ def tiny_gemma3n() -> Any:
         "conf_attention_chunk_size": 4,
         "conf_attention_context_left": 5,
     }
-    config = transformers.Gemma3nConfig(
-        text_config=text_config,
-        vision_config=vision,
-        audio_config=audio,
-        vision_soft_tokens_per_image=4,
-        audio_soft_tokens_per_image=4,
-        boi_token_id=BOI,
-        eoi_token_id=EOI,
-        image_token_id=IMG,
-        boa_token_id=BOA,
-        eoa_token_id=EOA,
-        audio_token_id=AUD,
-    )
-    torch.manual_seed(0)
-    config._attn_implementation = "eager"
-    return _finalize(transformers.Gemma3nForConditionalGeneration(config))
+    soft_tokens = {"vision_soft_tokens_per_image": 4, "audio_soft_tokens_per_image": 4}
+    return vlm("Gemma3n", text_config=text_config, vision_config=vision, audio_config=audio, **soft_tokens, **_IDS)
 
 
 def _rand(seed: int, *shape: int) -> torch.Tensor:

@@ -17,10 +17,9 @@ from functools import partial
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMG, VID, AUD = 120, 121, 126
 BOI, EOI, BOA, EOA = 110, 111, 112, 113
@@ -52,10 +51,7 @@ def tiny_gemma4() -> Any:
     """Gemma 4: sliding (vision blocks both ways) + full text layers with per-layer inputs; vision and audio towers."""
     text = {**_GEMMA4_TEXT, "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 8}
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "num_key_value_heads": 4,
         "head_dim": 8,
         "patch_size": PATCH,
@@ -71,8 +67,7 @@ def tiny_gemma4() -> Any:
         "attention_chunk_size": 4,
         "attention_context_left": 5,
     }
-    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=audio, **_IDS)
-    return _build(transformers.Gemma4ForConditionalGeneration, config)
+    return vlm("Gemma4", text_config=text, vision_config=vision, audio_config=audio, **_IDS)
 
 
 def tiny_gemma4_unified() -> Any:
@@ -80,10 +75,7 @@ def tiny_gemma4_unified() -> Any:
     vision = {"patch_size": PATCH // KERNEL, "pooling_kernel_size": KERNEL, "mm_embed_dim": 32, "mm_posemb_size": 64}
     vision["output_proj_dims"] = 32
     audio = {"audio_embed_dim": MEL}
-    config = transformers.Gemma4UnifiedConfig(
-        text_config=_GEMMA4_TEXT, vision_config=vision, audio_config=audio, **_IDS
-    )
-    return _build(transformers.Gemma4UnifiedForConditionalGeneration, config)
+    return vlm("Gemma4Unified", text_config=_GEMMA4_TEXT, vision_config=vision, audio_config=audio, **_IDS)
 
 
 @functools.cache

@@ -65,6 +65,14 @@ def _rand(seed: int, *shape: int) -> torch.Tensor:
     return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
 
 
+#: The families whose clips are one padded row each: its rows (1 of raw samples, 16 of mel bins), padded length,
+#: valid length per pool shape, and placeholders per valid length.
+_PADDED_CLIPS: dict[str, tuple[int, int, list[int], dict[int, int]]] = {
+    "omniasr": (1, 100, [100, 100, 60], {100: 9, 60: 5}),
+    "glmasr": (16, 40, [40, 40, 24], {40: 5, 24: 3}),
+}
+
+
 @dataclass(frozen=True)
 class Medium:
     """One medium: its kind, its rows (one per keyed item), its placeholder tokens and each row's span in them."""
@@ -117,20 +125,14 @@ class GenericFamily:
             tokens = [t for _ in range(lines) for t in (*[IMG] * cols, 111)]
             spans = tuple((r * (cols + 1) + c, r * (cols + 1) + c + 1) for r in range(lines) for c in range(cols))
             return Medium("image", patches, tuple(tokens), spans)
-        if name == "omniasr":
-            # One clip of raw samples padded to 100 (zeros past its valid samples), its mask; framed by ids.
-            valid = [100, 100, 60][shape]
-            samples, mask = _rand(seed, 1, 100), torch.zeros(100, dtype=torch.long)
-            samples[:, valid:], mask[:valid] = 0, 1
-            count = {100: 9, 60: 5}[valid]
-            return Medium("audio", (samples, mask), (110, *[AUD] * count, 111), ((1, 1 + count),))
-        if name == "glmasr":
-            # One clip padded to 40 frames (zeros past its valid frames), its mask; framed by begin/end-audio ids.
-            valid = [40, 40, 24][shape]
-            clip, mask = _rand(seed, 16, 40), torch.zeros(40, dtype=torch.long)
+        if name in _PADDED_CLIPS:
+            # One clip (raw samples or mel frames) padded with zeros past its valid part, its mask; framed by
+            # begin/end-audio ids.
+            bins, padded, valids, counts = _PADDED_CLIPS[name]
+            valid = valids[shape]
+            clip, mask = _rand(seed, bins, padded), torch.zeros(padded, dtype=torch.long)
             clip[:, valid:], mask[:valid] = 0, 1
-            count = {40: 5, 24: 3}[valid]
-            return Medium("audio", (clip, mask), (110, *[AUD] * count, 111), ((1, 1 + count),))
+            return Medium("audio", (clip, mask), (110, *[AUD] * counts[valid], 111), ((1, 1 + counts[valid]),))
         count = 2 if shape == 2 else 1  # tiles, chunks or frames
         if name == "voxtral":
             rows = tuple(_rand(seed * 7 + i, 16, 40) for i in range(count))

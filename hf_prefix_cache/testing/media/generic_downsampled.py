@@ -10,29 +10,30 @@ from __future__ import annotations
 
 from typing import Any
 
-import transformers
-
 from hf_prefix_cache.testing.media.generic_ids import IMG
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_build import _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 #: Chameleon's VQ codes 0-7 as its vocabulary map names them (``IMGIMG`` + the code's digits as letters + ``Z``).
 _CHAMELEON_CODES = {f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(code))}Z": 100 + code for code in range(8)}
 
 
+#: Chameleon's VQ-VAE: 4 resolutions, 8 codes.
+_CHAMELEON_VQ: dict[str, Any] = {
+    "embed_dim": 8,
+    "num_embeddings": 8,
+    "latent_channels": 8,
+    "resolution": 32,
+    "base_channels": 32,
+    "channel_multiplier": [1, 1, 1, 1],
+    "num_res_blocks": 1,
+    "attn_resolutions": [],
+}
+
+
 def tiny_chameleon() -> Any:
     """Chameleon: a VQ-VAE (4 resolutions, 8 codes) gives each 32x32 image 16 code ids, its placeholders."""
-    vq = {
-        "embed_dim": 8,
-        "num_embeddings": 8,
-        "latent_channels": 8,
-        "resolution": 32,
-        "base_channels": 32,
-        "channel_multiplier": [1, 1, 1, 1],
-        "num_res_blocks": 1,
-        "attn_resolutions": [],
-    }
-    config = transformers.ChameleonConfig(**_TEXT, vq_config=vq, vocabulary_map={"<image>": IMG, **_CHAMELEON_CODES})
-    return _build(transformers.ChameleonForConditionalGeneration, config)
+    return vlm("Chameleon", **_TEXT, vq_config=_CHAMELEON_VQ, vocabulary_map={"<image>": IMG, **_CHAMELEON_CODES})
 
 
 def tiny_step3p7() -> Any:
@@ -45,20 +46,14 @@ def tiny_step3p7() -> Any:
         "layer_types": ["sliding_attention", "full_attention"],
         "sliding_window": 8,
         "mlp_layer_types": ["dense", "sparse"],
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
+        **_ROUTED_EXPERTS,
         "share_expert_dim": 32,
         "num_sliding_attention_heads": 4,
         "num_nextn_predict_layers": 0,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": 32,
         "patch_size": 2,
     }
-    config = transformers.Step3p7Config(text_config=text, vision_config=vision, image_token_id=IMG)
-    return _build(transformers.Step3p7ForConditionalGeneration, config)
+    return vlm("Step3p7", text_config=text, vision_config=vision, image_token_id=IMG)

@@ -15,16 +15,24 @@ from typing import Any, Literal
 
 import transformers
 
-from hf_prefix_cache.testing.media.generic_ids import IMG, VID
+from hf_prefix_cache.testing.media.generic_ids import IMG
+from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _CLIP,
+    _MEDIA_INDEX,
+    _SAM,
+    _SIGLIP,
+    _TEXT,
+    _TOWER,
+    _build,
+    text_config,
+    vlm,
+)
 
 _PIXTRAL = {
     "model_type": "pixtral",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    **_TOWER,
     "head_dim": 8,
     "image_size": 64,
     "patch_size": 8,
@@ -33,33 +41,30 @@ _PIXTRAL = {
 
 def tiny_mistral3() -> Any:
     """Mistral 3: Pixtral tower, 2x2 patch merger: one placeholder per 16x16 pixels."""
-    config = transformers.Mistral3Config(
-        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+    return vlm(
+        "Mistral3",
+        text_config=text_config("mistral", head_dim=16),
         vision_config=_PIXTRAL,
         image_token_index=IMG,
         spatial_merge_size=2,
     )
-    return _build(transformers.Mistral3ForConditionalGeneration, config)
 
 
 def tiny_llava_pixtral(strategy: Literal["default", "full"] = "full") -> Any:
     """LLaVA with a Pixtral tower: one placeholder per 8x8 patch."""
-    config = transformers.LlavaConfig(
-        text_config={**_TEXT, "model_type": "mistral", "head_dim": 16},
+    return vlm(
+        "Llava",
+        text_config=text_config("mistral", head_dim=16),
         vision_config=_PIXTRAL,
         image_token_index=IMG,
         vision_feature_layer=-1,
         vision_feature_select_strategy=strategy,
     )
-    return _build(transformers.LlavaForConditionalGeneration, config)
 
 
 def tiny_lighton_ocr() -> Any:
     """LightOnOCR: Mistral 3's Pixtral tower and 2x2 patch merger, Qwen 3 text."""
-    config = transformers.LightOnOcrConfig(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=_PIXTRAL, image_token_id=IMG
-    )
-    return _build(transformers.LightOnOcrForConditionalGeneration, config)
+    return vlm("LightOnOcr", text_config=text_config("qwen3", head_dim=16), vision_config=_PIXTRAL, image_token_id=IMG)
 
 
 def tiny_mistral_large4() -> Any:
@@ -67,24 +72,12 @@ def tiny_mistral_large4() -> Any:
     text = {
         **_TEXT,
         "model_type": "mistral_large4_text",
-        "num_key_value_heads": 4,
-        "moe_intermediate_size": 32,
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_rope_head_dim": 8,
-        "qk_nope_head_dim": 8,
-        "v_head_dim": 16,
-        "head_dim": 8,
-        "index_topk": 256,  # every key of the media prompts: past it a store runs cold (`indexer_top_k`)
-        "index_n_heads": 8,
-        "index_head_dim": 16,
+        **_MLA,
+        **_ROUTED_EXPERTS,
+        **_INDEXER,
+        # every key of the media prompts: past it a store runs cold (`indexer_top_k`)
     }
-    config = transformers.MistralLarge4Config(
-        text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2
-    )
-    return _build(transformers.MistralLarge4ForConditionalGeneration, config)
+    return vlm("MistralLarge4", text_config=text, vision_config=_PIXTRAL, image_token_index=IMG, spatial_merge_size=2)
 
 
 @functools.cache
@@ -112,20 +105,15 @@ def pixtral_processor(spatial_merge_size: int) -> Any:
 
 def tiny_video_llava() -> Any:
     """Video-LLaVA: CLIP towers; 16 placeholders per image (CLS dropped), 17 per video frame."""
-    config = transformers.VideoLlavaConfig(
-        text_config={**_TEXT, "model_type": "llama"},
-        vision_config=_CLIP,
-        image_token_index=IMG,
-        video_token_index=VID,
-        vision_feature_layer=-1,
+    return vlm(
+        "VideoLlava", text_config=text_config("llama"), vision_config=_CLIP, **_MEDIA_INDEX, vision_feature_layer=-1
     )
-    return _build(transformers.VideoLlavaForConditionalGeneration, config)
 
 
 def tiny_vipllava() -> Any:
     """VipLLaVA (LLaVA with multi-layer vision features): 16 placeholders per 32x32 image (CLS dropped)."""
     config = transformers.VipLlavaConfig(  # type: ignore[call-arg]
-        text_config={**_TEXT, "model_type": "llama"},
+        text_config=text_config("llama"),
         vision_config=_CLIP,
         image_token_index=IMG,
         vision_feature_layers=[-2, -1],
@@ -135,53 +123,40 @@ def tiny_vipllava() -> Any:
 
 def tiny_deepseek_vl() -> Any:
     """DeepSeek-VL: SigLIP tower, 16 placeholders per 32x32 image."""
-    config = transformers.DeepseekVLConfig(
-        text_config={**_TEXT, "model_type": "llama"}, vision_config=_SIGLIP, image_token_id=IMG
-    )
-    return _build(transformers.DeepseekVLForConditionalGeneration, config)
+    return vlm("DeepseekVL", text_config=text_config("llama"), vision_config=_SIGLIP, image_token_id=IMG)
+
+
+#: Janus's SigLIP-style tower on 32x32 images (16 placeholders each).
+_JANUS_VISION: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 32,
+    "patch_size": 8,
+    "projection_dim": 64,
+    "num_image_tokens": 16,
+    "mlp_ratio": 2,
+}
+
+#: Janus's VQ-VAE (its image-generation head).
+_JANUS_VQ: dict[str, Any] = {
+    "embed_dim": 8,
+    "num_embeddings": 32,
+    "latent_channels": 32,
+    "base_channels": 32,
+    "channel_multiplier": [1, 1],
+    "num_res_blocks": 1,
+    "num_patches": 4,
+    "projection_dim": 64,
+    "image_token_embed_dim": 64,
+}
 
 
 def tiny_janus() -> Any:
     """Janus: SigLIP-style tower on 32x32 images, 16 placeholders each; a tiny VQ-VAE for its image-generation head."""
-    vision = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 32,
-        "patch_size": 8,
-        "projection_dim": 64,
-        "num_image_tokens": 16,
-        "mlp_ratio": 2,
-    }
-    vq = {
-        "embed_dim": 8,
-        "num_embeddings": 32,
-        "latent_channels": 32,
-        "base_channels": 32,
-        "channel_multiplier": [1, 1],
-        "num_res_blocks": 1,
-        "num_patches": 4,
-        "projection_dim": 64,
-        "image_token_embed_dim": 64,
-    }
-    config = transformers.JanusConfig(
-        text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, vq_config=vq, image_token_id=IMG
+    return vlm(
+        "Janus", text_config=text_config("llama"), vision_config=_JANUS_VISION, vq_config=_JANUS_VQ, image_token_id=IMG
     )
-    return _build(transformers.JanusForConditionalGeneration, config)
-
-
-#: A SAM-style tower (windowed and global attention) on 64x64 images.
-_SAM = {
-    "hidden_size": 32,
-    "output_channels": 16,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "image_size": 64,
-    "patch_size": 8,
-    "window_size": 4,
-    "global_attn_indexes": [1],
-    "mlp_dim": 64,
-}
 
 
 def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
@@ -189,26 +164,26 @@ def tiny_got_ocr2(config_cls: Any = transformers.GotOcr2Config) -> Any:
 
     `config_cls` PPChart2TableConfig builds PP-Chart2Table (GOT-OCR 2's class, its own model type).
     """
-    config = config_cls(text_config={**_TEXT, "model_type": "qwen2"}, vision_config=_SAM, image_token_index=IMG)
+    config = config_cls(text_config=text_config("qwen2"), vision_config=_SAM, image_token_index=IMG)
     return _build(transformers.GotOcr2ForConditionalGeneration, config)
 
 
 def tiny_deepseek_vl_hybrid() -> Any:
     """DeepSeek-VL hybrid: a SigLIP tower on 32x32 images and a SAM-style tower on their 64x64 versions, 16
     placeholders per image."""
-    config = transformers.DeepseekVLHybridConfig(
-        text_config={**_TEXT, "model_type": "llama"},
+    return vlm(
+        "DeepseekVLHybrid",
+        text_config=text_config("llama"),
         vision_config=_SIGLIP,
         high_res_vision_config=_SAM,
         image_token_id=IMG,
     )
-    return _build(transformers.DeepseekVLHybridForConditionalGeneration, config)
 
 
 def tiny_fuyu() -> Any:
     """Fuyu: 4x4-pixel patches (48 values) embedded one by one; Persimmon text."""
     config = transformers.FuyuConfig(
-        text_config={**_TEXT, "model_type": "persimmon"},
+        text_config=text_config("persimmon"),
         patch_size=4,
         num_channels=3,
         image_token_id=IMG,
@@ -227,15 +202,16 @@ def tiny_lfm2_vl() -> Any:
     text["layer_types"] = ["conv", "full_attention", "conv", "full_attention"]
     vision = {
         "model_type": "siglip2_vision_model",
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "patch_size": LFM2_PATCH,
         "num_patches": 16,
         "vision_use_head": False,
     }
-    config = transformers.Lfm2VlConfig(
-        text_config=text, vision_config=vision, image_token_id=IMG, downsample_factor=2, projector_hidden_size=64
+    return vlm(
+        "Lfm2Vl",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMG,
+        downsample_factor=2,
+        projector_hidden_size=64,
     )
-    return _build(transformers.Lfm2VlForConditionalGeneration, config)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import transformers
@@ -31,6 +30,7 @@ from hf_prefix_cache.testing.media.generic_tiles import (
     tiny_llama4,
     tiny_qianfan_ocr,
 )
+from hf_prefix_cache.testing.tiny_build import one_model
 from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
 _BUILDERS = {
@@ -66,7 +66,6 @@ STATE_FAMILIES = ("lfm2_vl",)
 GENERIC_FAMILIES = (*(name for name in _BUILDERS if name not in STATE_FAMILIES), "smolvlm_video")
 
 
-@functools.cache
 def cached_generic(name: str) -> Any:
     """One model per family per session."""
-    return cached_vlm("smolvlm") if name == "smolvlm_video" else _BUILDERS[name]()
+    return cached_vlm("smolvlm") if name == "smolvlm_video" else one_model(_BUILDERS[name])

@@ -13,62 +13,51 @@ import transformers
 
 from hf_prefix_cache.testing.media.generic_ids import IMG
 from hf_prefix_cache.testing.tiny_build import _finalize
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _SIGLIP, _TEXT, _TOWER, text_config, vlm
 
 
 def tiny_internvl() -> Any:
     """InternVL: 32x32 tiles, pixel shuffle 0.5: 4 placeholders per tile."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": [32, 32],
         "patch_size": [8, 8],
     }
-    config = transformers.InternVLConfig(
-        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_id=IMG, image_seq_length=4
+    return vlm(
+        "InternVL", text_config=text_config("qwen2"), vision_config=vision, image_token_id=IMG, image_seq_length=4
     )
-    return _build(transformers.InternVLForConditionalGeneration, config)
 
 
 def tiny_qianfan_ocr() -> Any:
     """Qianfan-OCR: InternVL's layout, Qwen 3 text: 4 placeholders per tile."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": [32, 32],
         "patch_size": [8, 8],
     }
-    config = transformers.QianfanOCRConfig(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+    return vlm(
+        "QianfanOCR",
+        text_config=text_config("qwen3", head_dim=16),
         vision_config=vision,
         image_token_id=IMG,
         image_seq_length=4,
     )
-    return _build(transformers.QianfanOCRForConditionalGeneration, config)
 
 
 def tiny_cohere2_vision() -> Any:
     """Cohere 2 Vision: SigLIP on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile."""
     text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
-    config = transformers.Cohere2VisionConfig(
-        text_config=text, vision_config=_SIGLIP, image_token_id=IMG, alignment_intermediate_size=64
+    return vlm(
+        "Cohere2Vision", text_config=text, vision_config=_SIGLIP, image_token_id=IMG, alignment_intermediate_size=64
     )
-    return _build(transformers.Cohere2VisionForConditionalGeneration, config)
 
 
 def tiny_aya_vision() -> Any:
     """Aya Vision: SigLIP tower on 32x32 tiles, 2x2 downsampling: 4 placeholders per tile; Cohere 2 text (sliding + full)."""
     text = {**_TEXT, "model_type": "cohere2", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
-    config = transformers.AyaVisionConfig(
-        text_config=text, vision_config=_SIGLIP, image_token_index=IMG, downsample_factor=2
-    )
-    return _build(transformers.AyaVisionForConditionalGeneration, config)
+    return vlm("AyaVision", text_config=text, vision_config=_SIGLIP, image_token_index=IMG, downsample_factor=2)
 
 
 def tiny_aria() -> Any:
@@ -76,10 +65,9 @@ def tiny_aria() -> Any:
     vision = {**_CLIP, "model_type": "idefics3_vision"}
     text = {**_TEXT, "model_type": "aria_text", "head_dim": 16}
     text.update(moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1)
-    config = transformers.AriaConfig(
-        vision_config=vision, text_config=text, image_token_index=IMG, projector_patch_to_query_dict={16: 4}
+    return vlm(
+        "Aria", vision_config=vision, text_config=text, image_token_index=IMG, projector_patch_to_query_dict={16: 4}
     )
-    return _build(transformers.AriaForConditionalGeneration, config)
 
 
 def tiny_llama4() -> Any:
@@ -97,9 +85,7 @@ def tiny_llama4() -> Any:
         "rope_parameters": rope,
     }
     vision = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "intermediate_size": 128,
         "vision_output_dim": 64,
         "image_size": 32,

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _TEXT, PINPOINTS, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _CLIP, _TEXT, PINPOINTS, vlm
 
 IMG = 120
 #: Image sizes (height, width) per pool seed (seeds 1 and 13 alike).
@@ -29,7 +28,8 @@ SIZES = [(64, 20), (30, 60), (50, 40)]
 @functools.cache
 def tiny_granite4_vision() -> Any:
     """Granite 4 Vision: a CLIP tower (width 64: one Q-Former head), Window Q-Former projectors at rate 1/2."""
-    config = transformers.Granite4VisionConfig(
+    return vlm(
+        "Granite4Vision",
         text_config=_TEXT,
         vision_config={**_CLIP, "hidden_size": 64},
         qformer_config={"intermediate_size": 64},
@@ -41,7 +41,6 @@ def tiny_granite4_vision() -> Any:
         deepstack_layer_map=[[-1, 0]],
         spatial_target_layers=[1],
     )
-    return _build(transformers.Granite4VisionForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

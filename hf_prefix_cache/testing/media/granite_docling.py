@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, vlm
 
 IMG, FAKE, MARK = 120, 110, 111
 #: Placeholders per tile: the coarse path (pixel shuffle 2), the fine path (four times as many).
@@ -30,20 +29,20 @@ COARSE, FINE = 4, 16
 def tiny_granite_docling() -> Any:
     """GraniteDocling: a two-layer tower on 32x32 tiles (8x8 patches), both layers' DeepStack features, Granite text."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": 32,
         "patch_size": 8,
         "out_hidden_size": _TEXT["hidden_size"],
         "scale_factor": 2,
         "deepstack_visual_indexes": [0, 1],
     }
-    config = transformers.GraniteDoclingConfig(
-        text_config=_TEXT, vision_config=vision, image_token_id=IMG, pad_token_id=_TEXT["pad_token_id"]
+    return vlm(
+        "GraniteDocling",
+        text_config=_TEXT,
+        vision_config=vision,
+        image_token_id=IMG,
+        pad_token_id=_TEXT["pad_token_id"],
     )
-    return _build(transformers.GraniteDoclingForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)

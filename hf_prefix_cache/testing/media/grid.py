@@ -22,8 +22,6 @@ Pool seeds 1 and 13 give one layout, other content; seed 2 another layout.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -32,9 +30,20 @@ import transformers
 from packaging.version import Version
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.media.arrays import seeded_rand
 from hf_prefix_cache.testing.media.dots3_note import tiny_dots3_note
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.thw import Medium, ThwFamily, grid_kwargs
+from hf_prefix_cache.testing.tiny_build import _MLA, _ROUTED_EXPERTS, ModelTable
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _DEPTH_TOWER,
+    _MEDIA_IDS,
+    _QWEN_TOWER,
+    _TEXT,
+    _TOWER,
+    _build,
+    text_config,
+    vlm,
+)
 
 IMG, VID, OPEN, CLOSE = 120, 121, 110, 111
 FAMILIES = (
@@ -56,16 +65,8 @@ _IDS: dict[str, Any] = {
 }
 _MLA_MOE: dict[str, Any] = {
     "model_type": "deepseek_v3",
-    "num_key_value_heads": 4,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8,
-    "v_head_dim": 16,
-    "head_dim": 8,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
+    **_MLA,
+    **_ROUTED_EXPERTS,
     "n_shared_experts": 1,
     "first_k_dense_replace": 1,
     "n_group": 1,
@@ -73,23 +74,22 @@ _MLA_MOE: dict[str, Any] = {
 }
 
 
+#: Kimi-K2.5's tower: 4x4-pixel patches, 2x2 merge kernel.
+_KIMI_VISION: dict[str, Any] = {
+    **_TOWER,
+    "patch_size": 4,
+    "pos_emb_height": 8,
+    "pos_emb_width": 8,
+    "pos_emb_time": 4,
+    "merge_kernel_size": [2, 2],
+}
+
+
 def tiny_kimi_k25() -> Any:
     """Kimi-K2.5: 4x4-pixel patches, 2x2 merge kernel; a video's frames are averaged into one frame's placeholders."""
-    vision = {
-        "patch_size": 4,
-        "pos_emb_height": 8,
-        "pos_emb_width": 8,
-        "pos_emb_time": 4,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "merge_kernel_size": [2, 2],
-    }
-    config = transformers.Kimi_K25Config(
-        text_config={**_TEXT, **_MLA_MOE}, vision_config=vision, projection_hidden_size=32, **_IDS
+    return vlm(
+        "Kimi_K25", text_config={**_TEXT, **_MLA_MOE}, vision_config=_KIMI_VISION, projection_hidden_size=32, **_IDS
     )
-    return _build(transformers.Kimi_K25ForConditionalGeneration, config)
 
 
 def tiny_minimax_m3_vl() -> Any:
@@ -107,10 +107,7 @@ def tiny_minimax_m3_vl() -> Any:
         "index_head_dim": 16,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": 32,
         "patch_size": 4,
         "temporal_patch_size": 2,
@@ -135,36 +132,27 @@ def tiny_lfm3_vl() -> Any:
         "conv_L_cache": 3,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
+        **_TOWER,
         "patch_size": 4,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "layer_types": ["conv", "full_attention"],
     }
-    config = transformers.Lfm3VlConfig(text_config=text, vision_config=vision, projector_hidden_size=64, **_IDS)
-    return _build(transformers.Lfm3VlForConditionalGeneration, config)
+    return vlm("Lfm3Vl", text_config=text, vision_config=vision, projector_hidden_size=64, **_IDS)
 
 
 def tiny_video_llama_3() -> Any:
     """Video-LLaMA 3: a SigLIP-style tower on flattened 4x4-pixel patch rows; images merge 2x2, videos 2x2 too here."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "patch_size": 4,
     }
-    config = transformers.VideoLlama3Config(
-        text_config={**_TEXT, "model_type": "qwen2"},
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
-    )
-    return _build(transformers.VideoLlama3ForConditionalGeneration, config)
+    return vlm("VideoLlama3", text_config=text_config("qwen2"), vision_config=vision, **_MEDIA_IDS)
+
+
+#: EXAONE 4.5's and HyperCLOVA X Vision V2's Qwen2.5-VL-style tower: window blocks, then a full one.
+_QWEN2_5_TOWER: dict[str, Any] = {"depth": 2, **_QWEN_TOWER, "window_size": 8, "fullatt_block_indexes": [1]}
 
 
 def tiny_exaone4_5() -> Any:
@@ -172,103 +160,66 @@ def tiny_exaone4_5() -> Any:
     EXAONE 4 text [sliding, full] with 1D positions."""
     text = {**_TEXT, "model_type": "exaone4", "head_dim": 16, "sliding_window": 8}
     text["layer_types"] = ["sliding_attention", "full_attention"]
-    vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 4,
-        "num_key_value_heads": 4,
-        "patch_size": 2,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 8,
-        "out_hidden_size": 64,
-        "fullatt_block_indexes": [1],
-    }
-    config = transformers.Exaone4_5_Config(
-        text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID
-    )
-    return _build(transformers.Exaone4_5_ForConditionalGeneration, config)
+    vision = {**_QWEN2_5_TOWER, "num_key_value_heads": 4}
+    return vlm("Exaone4_5_", text_config=text, vision_config=vision, image_token_id=IMG, video_token_id=VID)
 
 
 def tiny_hyperclovax_vision_v2() -> Any:
     """HyperCLOVA X Vision V2: EXAONE 4.5's Qwen2.5-VL-style tower and rows, 2x2 merge; HyperCLOVA X text,
     1D positions (its generate drops position ids)."""
-    vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 4,
-        "patch_size": 2,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 8,
-        "out_hidden_size": 64,
-        "fullatt_block_indexes": [1],
-    }
-    config = transformers.HyperCLOVAXVisionV2Config(
-        text_config={**_TEXT, "model_type": "hyperclovax", "head_dim": 16},
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
-    )
-    return _build(transformers.HyperCLOVAXVisionV2ForConditionalGeneration, config)
+    text = text_config("hyperclovax", head_dim=16)
+    return vlm("HyperCLOVAXVisionV2", text_config=text, vision_config=_QWEN2_5_TOWER, **_MEDIA_IDS)
+
+
+#: Muse Glimmer's windowed tower (Muse Spark's too): 4x4-pixel patches, a 4x4 position table, 2x2 pixel shuffle.
+MUSE_GLIMMER_VISION: dict[str, Any] = {
+    **_TOWER,
+    "patch_size": 4,
+    "pos_emb_height": 4,
+    "pos_emb_width": 4,
+    "merge_size": 2,
+}
 
 
 def tiny_muse_glimmer() -> Any:
     """Muse Glimmer: a windowed tower (16-pixel windows within each item) on flattened 2-frame 4x4-pixel patch
     rows, 2x2 pixel shuffle; text [sliding x 3, full] with NoPE full layers."""
-    vision = {
-        "patch_size": 4,
-        "pos_emb_height": 4,
-        "pos_emb_width": 4,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "merge_size": 2,
-    }
     text = {**_TEXT, "model_type": "muse_glimmer_text", "head_dim": 16, "sliding_window": 8, "num_hidden_layers": 4}
-    config = transformers.MuseGlimmerConfig(
+    return vlm(
+        "MuseGlimmer",
         text_config=text,
-        vision_config=vision,
-        image_token_id=IMG,
-        video_token_id=VID,
+        vision_config=MUSE_GLIMMER_VISION,
+        **_MEDIA_IDS,
         out_hidden_size=128,
         projector_hidden_size=64,
     )
-    return _build(transformers.MuseGlimmerForConditionalGeneration, config)
 
 
 def tiny_llava_onevision1_5() -> Any:
     """LLaVA-OneVision-1.5: a RICE-ViT tower (a class token per frame, attention within it) on flattened 2x2 patch
     rows, 2x2 merge; Qwen3 text with 1D positions."""
     vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 4,
+        **_DEPTH_TOWER,
         "patch_size": 2,
         "spatial_merge_size": 2,
         "out_hidden_size": 64,
     }
-    config = transformers.LlavaOnevision15Config(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, vision_config=vision, **_IDS
-    )
-    return _build(transformers.LlavaOnevision15ForConditionalGeneration, config)
+    return vlm("LlavaOnevision15", text_config=text_config("qwen3", head_dim=16), vision_config=vision, **_IDS)
 
 
-_BUILDERS = {
-    "llava_onevision1_5": tiny_llava_onevision1_5,
-    "exaone4_5": tiny_exaone4_5,
-    "hyperclovax_vision_v2": tiny_hyperclovax_vision_v2,
-    "muse_glimmer": tiny_muse_glimmer,
-    "kimi_k25": tiny_kimi_k25,
-    "minimax_m3_vl": tiny_minimax_m3_vl,
-    "lfm3_vl": tiny_lfm3_vl,
-    "video_llama_3": tiny_video_llama_3,
-    "dots3_note": tiny_dots3_note,
-}
+_BUILDERS = ModelTable(
+    {
+        "llava_onevision1_5": tiny_llava_onevision1_5,
+        "exaone4_5": tiny_exaone4_5,
+        "hyperclovax_vision_v2": tiny_hyperclovax_vision_v2,
+        "muse_glimmer": tiny_muse_glimmer,
+        "kimi_k25": tiny_kimi_k25,
+        "minimax_m3_vl": tiny_minimax_m3_vl,
+        "lfm3_vl": tiny_lfm3_vl,
+        "video_llama_3": tiny_video_llama_3,
+        "dots3_note": tiny_dots3_note,
+    }
+)
 #: Per family: the shape of one patch row.
 _ROW = {
     "kimi_k25": (3, 4, 4),
@@ -304,29 +255,21 @@ VIDEO_GRIDS = [(2, 2, 4), (2, 2, 4), (4, 2, 2)]
 _ONE_FRAME = {"kimi_k25"} if Version(transformers.__version__) < Version("5.24") else set()
 
 
-@functools.cache
-def cached_grid(name: str) -> Any:
-    return _BUILDERS[name]()
+#: One model per family per session.
+cached_grid = _BUILDERS.one
 
 
-@dataclass(frozen=True)
-class Medium:
-    """One image or video: its kind, seed and ``(t, h, w)`` grid."""
-
-    kind: str
-    seed: int
-    grid: tuple[int, int, int]
-
-
-class GridFamily:
+class GridFamily(ThwFamily):
     """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    grids, video_grids = GRIDS, VIDEO_GRIDS
+    image_id = video_id = None  # no token types
+    longer = repeat = False
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.model = cached_grid(name)
-
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
+        self.states = name in STATE_FAMILIES
 
     def video(self, seed: int) -> Medium:
         t, h, w = VIDEO_GRIDS[seed % 3]
@@ -343,49 +286,21 @@ class GridFamily:
 
     def rows(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid
-        return torch.rand(t * h * w, *_ROW[self.name], generator=torch.Generator().manual_seed(medium.seed))
+        return seeded_rand(t * h * w, *_ROW[self.name], seed=medium.seed)
 
     def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `media` in prompt order."""
-        out: dict[str, Any] = {}
-        for kind, data, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[data] = torch.cat([self.rows(m) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-                if self.name in _OWN_MERGES:
+        """What the processor hands `generate` for `media` in prompt order (with each item's merge size where the
+        family takes it)."""
+        out = grid_kwargs(media, self.rows)
+        if self.name in _OWN_MERGES:
+            for kind in ("image", "video"):
+                mine = [m for m in media if m.kind == kind]
+                if mine:
                     out[f"{kind}_merge_sizes"] = torch.tensor([2] * len(mine))
         return out
-
-
-def _sweep(name: str) -> registry.SweepCase:
-    """A ``"thw"`` table family in the support matrix's scenario: A an image; C an image, text, then a video."""
-    fam = GridFamily(name)
-    return registry.mixed_sweep(
-        fam.model, fam.placeholders, registry.mixed(fam.image, fam.image, fam.video), fam.kwargs
-    )
 
 
 # The sweep case of a type newer than this release is registered too (built only when the support matrix,
 # which sweeps the release's own types, runs it), as every family the media registry serves has one.
 for _name in dict.fromkeys((*FAMILIES, "llava_onevision1_5")):
-    registry.register_sweep(_name, partial(_sweep, _name))
-
-
-def _suite(name: str) -> MediaCase:
-    fam = GridFamily(name)
-    return MediaCase(
-        name,
-        fam.model,
-        {"image": fam.image, "video": fam.video},
-        fam.placeholders,
-        fam.kwargs,
-        states=name in STATE_FAMILIES,
-    )
-
-
-for _name in FAMILIES:
-    registry.register_suite(_name, partial(_suite, _name))
+    registry.register_family(_name, partial(GridFamily, _name), suite=_name in FAMILIES)

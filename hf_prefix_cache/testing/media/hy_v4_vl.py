@@ -9,40 +9,37 @@ give one layout, other content.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.media.ernie4_5_vl import patches
-from hf_prefix_cache.testing.media.grid import Medium
+from hf_prefix_cache.testing.media.thw import Medium, ThwFamily
+from hf_prefix_cache.testing.tiny_build import _INDEXER, _MLA, _ROUTED_EXPERTS
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_IDS,
+    _TEXT,
+    _TOWER,
+    IMAGE_ID,
+    VIDEO_ID,
+    VISION_END_ID,
+    VISION_START_ID,
+    vlm,
+)
 
-IMAGE, VIDEO, OPEN, CLOSE = 120, 121, 122, 123
+IMAGE, VIDEO, OPEN, CLOSE = IMAGE_ID, VIDEO_ID, VISION_START_ID, VISION_END_ID
 GRIDS = [(1, 4, 6), (1, 4, 6), (1, 4, 4)]
 VIDEO_GRIDS = [(2, 4, 4), (2, 4, 4), (3, 2, 4)]
 _TEXT_LAYERS: dict[str, Any] = {
     **_TEXT,
-    "num_key_value_heads": 4,
-    "head_dim": 8,
-    "moe_intermediate_size": 32,
-    "n_routed_experts": 4,
+    **_MLA,
+    **_ROUTED_EXPERTS,
     "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_nope_head_dim": 8,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
     "mlp_layer_types": ["dense", "sparse"],
     "layer_types": ["indexed_attention", "indexed_attention"],
-    "index_topk": 256,
-    "index_head_dim": 16,
-    "index_n_heads": 8,
+    **_INDEXER,
     "indexer_types": ["full", "full"],
     "hc_mult": 4,
     "rope_parameters": {"rope_theta": 1e4, "rope_type": "default", "mrope_section": [1, 1, 2]},
@@ -51,80 +48,35 @@ _TEXT_LAYERS: dict[str, Any] = {
 
 def tiny_hy_v4_vl() -> Any:
     """HY V4 VL: a 2-layer vision tower with its merger, HY V4 text layers with M-RoPE."""
-    config = transformers.HYV4VLConfig(
+    return vlm(
+        "HYV4VL",
         text_config=_TEXT_LAYERS,
         vision_config={
-            "num_hidden_layers": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_attention_heads": 4,
+            **_TOWER,
             "num_key_value_heads": 4,
             "patch_size": 2,
             "spatial_merge_size": 2,
             "out_hidden_size": 64,
             "max_image_size": 16,
         },
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
+        **_MEDIA_IDS,
     )
-    return _build(transformers.HYV4VLForConditionalGeneration, config)
 
 
-@functools.cache
-def cached_hy_v4_vl() -> Any:
-    """One HY V4 VL per session."""
-    return tiny_hy_v4_vl()
-
-
-class HYV4VLFamily:
+class HYV4VLFamily(ThwFamily):
     """HY V4 VL's media, their placeholders and a prompt's media kwargs."""
 
     name = "hy_v4_vl"
-
-    def __init__(self) -> None:
-        self.model = cached_hy_v4_vl()
-
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
-
-    def video(self, seed: int) -> Medium:
-        return Medium("video", seed, VIDEO_GRIDS[seed % 3])
+    build = staticmethod(tiny_hy_v4_vl)
+    grids, video_grids = GRIDS, VIDEO_GRIDS
 
     def placeholders(self, medium: Medium) -> torch.Tensor:
         t, h, w = medium.grid
         token = IMAGE if medium.kind == "image" else VIDEO
         return torch.cat([run(OPEN, 1), run(token, t * (h // 2) * (w // 2 + 1)), run(CLOSE, 1)], dim=1)
 
-    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `ids` holding `media` in prompt order."""
-        out: dict[str, Any] = {"mm_token_type_ids": (ids == IMAGE).int() + 2 * (ids == VIDEO).int()}
-        for kind, pixels, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-        return out
-
-
-def _sweep() -> registry.SweepCase:
-    """A an image; C an image, text, then a video."""
-    fam = HYV4VLFamily()
-    media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.mixed_sweep(fam.model, fam.placeholders, media, fam.kwargs, first=1)
-
-
-def _suite() -> MediaCase:
-    fam = HYV4VLFamily()
-    media = {"image": fam.image, "video": fam.video}
-    return MediaCase(fam.name, fam.model, media, fam.placeholders, fam.kwargs, longer=True, repeat=True)
-
 
 #: Whether this transformers release has the family (5.25 on).
 AVAILABLE = hasattr(transformers, "HYV4VLConfig")
 # Registered on 5.23 too (the support matrix there does not sweep the type); its suite row needs 5.25.
-registry.register_sweep(HYV4VLFamily.name, _sweep)
-if AVAILABLE:
-    registry.register_suite(HYV4VLFamily.name, _suite)
+registry.register_family(HYV4VLFamily.name, HYV4VLFamily, suite=AVAILABLE)

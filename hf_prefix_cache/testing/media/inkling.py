@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
-from hf_prefix_cache.testing.tiny_vlm_parts import _build
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.media.pool import PoolMedium, partial
+from hf_prefix_cache.testing.tiny_build import _INKLING_ATTENTION, _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_vlm_parts import vlm
 
 IMG, AUD, IMAGE_BOS, AUDIO_BOS = 120, 126, 110, 111
 NEW = 4
@@ -25,17 +25,11 @@ _TEXT = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
-    "swa_num_attention_heads": 4,
-    "swa_num_key_value_heads": 2,
-    "swa_head_dim": 16,
-    "sliding_window_size": 8,
+    **_INKLING_ATTENTION,
     "layer_types": ["hybrid_sliding", "hybrid"],
     "mlp_layer_types": ["sparse", "sparse"],
     "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
+    **_ROUTED_EXPERTS,
     "n_shared_experts": 1,
     "pad_token_id": 0,
     "eos_token_id": None,
@@ -46,7 +40,8 @@ _TEXT = {
 def tiny_inkling() -> Any:
     """Inkling: a patch-wise vision tower on 2 x 4x4-pixel patches, dMel audio (8 bins of 16 values); hybrid
     [sliding, full] text layers with conv states and experts."""
-    config = transformers.InklingConfig(
+    return vlm(
+        "Inkling",
         text_config=_TEXT,
         vision_config={"patch_size": 4, "hidden_size": 32, "n_layers": 2, "num_attention_heads": 4},
         audio_config={"n_mel_bins": MEL_BINS, "mel_vocab_size": MEL_VOCAB},
@@ -55,26 +50,16 @@ def tiny_inkling() -> Any:
         image_bos_token_id=IMAGE_BOS,
         audio_bos_token_id=AUDIO_BOS,
     )
-    return _build(transformers.InklingForConditionalGeneration, config)
 
 
-@dataclass(frozen=True)
-class Medium:
-    kind: str
-    seed: int
-
+class Medium(PoolMedium):
     @property
     def size(self) -> int:
         """Its placeholders: patches of an image, valid frames of a clip."""
         return (PATCHES if self.kind == "image" else FRAMES)[self.seed % 3]
 
 
-def image(seed: int) -> Medium:
-    return Medium("image", seed)
-
-
-def clip(seed: int) -> Medium:
-    return Medium("audio", seed)
+image, clip = partial(Medium, "image"), partial(Medium, "audio")
 
 
 def placeholders(medium: Medium) -> torch.Tensor:
@@ -87,39 +72,19 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     images = [m for m in media if m.kind == "image"]
     if images:
-        out["pixel_values"] = torch.cat(
-            [torch.rand(m.size, 2, 4, 4, 3, generator=torch.Generator().manual_seed(m.seed)) for m in images]
-        )
+        out["pixel_values"] = torch.cat([seeded_rand(m.size, 2, 4, 4, 3, seed=m.seed) for m in images])
     clips = [m for m in media if m.kind == "audio"]
     if clips:
-        ids = torch.zeros(len(clips), PADDED, MEL_BINS, dtype=torch.int32)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
-        for i, m in enumerate(clips):
-            gen = torch.Generator().manual_seed(m.seed)
-            ids[i, : m.size] = torch.randint(0, MEL_VOCAB, (m.size, MEL_BINS), generator=gen, dtype=torch.int32)
-            mask[i, : m.size] = 1
-        out["audio_input_ids"], out["audio_input_ids_mask"] = ids, mask
+        rows = [
+            torch.randint(
+                0, MEL_VOCAB, (m.size, MEL_BINS), generator=torch.Generator().manual_seed(m.seed), dtype=torch.int32
+            )
+            for m in clips
+        ]
+        out["audio_input_ids"], out["audio_input_ids_mask"] = padded(rows, PADDED, torch.int32)
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Inkling in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
-    media = registry.mixed(image, clip, image)
-    return registry.mixed_sweep(tiny_inkling(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-registry.register_sweep("inkling_mm_model", _sweep)
-
-
-def _suite() -> MediaCase:
-    return MediaCase(
-        "inkling_mm_model",
-        tiny_inkling(),
-        {"image": image, "audio": clip},
-        placeholders,
-        ignore_ids(media_kwargs),
-        states=True,
-    )
-
-
-registry.register_suite("inkling_mm_model", _suite)
+registry.register_mixed(
+    "inkling_mm_model", tiny_inkling, placeholders, media_kwargs, {"image": image, "audio": clip}, states=True
+)

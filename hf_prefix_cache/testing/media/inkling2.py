@@ -10,7 +10,6 @@ Inkling 2 Loop (transformers 5.25 on) runs its last two layers twice. An image i
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -18,8 +17,9 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _build
+from hf_prefix_cache.testing.media.pool import Seeded
+from hf_prefix_cache.testing.tiny_build import _INKLING_ATTENTION, _ROUTED_EXPERTS
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
 IMG, OPEN, CLOSE = 120, 110, 111
 GRIDS = [(1, 2, 3), (1, 2, 3), (1, 2, 2)]
@@ -35,15 +35,9 @@ _TEXT: dict[str, Any] = {
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
-    "swa_num_attention_heads": 4,
-    "swa_num_key_value_heads": 2,
-    "swa_head_dim": 16,
-    "sliding_window_size": 8,
+    **_INKLING_ATTENTION,
     "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding", "hybrid"],
-    "moe_intermediate_size": 32,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
+    **_ROUTED_EXPERTS,
     "n_layers_per_attn_res_block": 2,
     "rel_extent": 64,
     "d_rel": 8,
@@ -51,10 +45,7 @@ _TEXT: dict[str, Any] = {
     "eos_token_id": None,
 }
 _VISION = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    **_TOWER,
     "patch_size": 2,
     "spatial_merge_size": 2,
     "posemb_grid_size": 4,
@@ -73,10 +64,7 @@ def tiny_inkling2(model_type: str) -> Any:
     return _build(getattr(transformers, f"{name}ForConditionalGeneration"), config)
 
 
-@dataclass(frozen=True)
-class Medium:
-    seed: int
-
+class Medium(Seeded):
     @property
     def grid(self) -> tuple[int, int, int]:
         return GRIDS[self.seed % 3]
@@ -100,25 +88,15 @@ def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     return {"pixel_values": torch.cat(rows), "image_grid_thw": torch.tensor([list(m.grid) for m in media])}
 
 
-def _sweep(model_type: str) -> registry.SweepCase:
-    """An Inkling 2 family in the support matrix's scenario: A an image; C an image of another grid, text, then A's."""
-    media = registry.mixed(image, image, image)
-    return registry.mixed_sweep(tiny_inkling2(model_type), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-def _suite(model_type: str) -> MediaCase:
-    return MediaCase(
-        model_type,
-        tiny_inkling2(model_type),
-        {"image": image},
-        placeholders,
-        lambda _ids, m: media_kwargs(m),
-        states=True,
-    )
-
-
 # Inkling 2 Loop's sweep case is registered on 5.23 too (the support matrix there does not sweep the type).
 for _model_type in ("inkling2", "inkling2_loop"):
-    registry.register_sweep(_model_type, partial(_sweep, _model_type))
-for _model_type in FAMILIES:
-    registry.register_suite(_model_type, partial(_suite, _model_type))
+    registry.register_mixed(
+        _model_type,
+        partial(tiny_inkling2, _model_type),
+        placeholders,
+        media_kwargs,
+        {"image": image},
+        ("image", "image", "image"),
+        states=True,
+        suite=_model_type in FAMILIES,
+    )

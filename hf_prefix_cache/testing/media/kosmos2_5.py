@@ -13,10 +13,9 @@ import functools
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, vlm
 
 IMG, START, END, BOS = 120, 110, 111, 0
 QUERIES, PATCHES = 4, 16
@@ -27,7 +26,8 @@ SPECIAL_IDS = list(range(100, 128))
 @functools.cache
 def tiny_kosmos2_5() -> Any:
     """Kosmos-2.5: a one-layer Pix2Struct-style tower (16 patches), 4 latent queries, a 2-layer text model."""
-    config = transformers.Kosmos2_5Config(
+    return vlm(
+        "Kosmos2_5",
         text_config={
             "vocab_size": 128,
             "embed_dim": 64,
@@ -40,17 +40,14 @@ def tiny_kosmos2_5() -> Any:
             "eos_token_id": None,
         },
         vision_config={
-            "hidden_size": 32,
+            **_TOWER,
             "patch_embed_hidden_size": 12,
-            "intermediate_size": 64,
             "head_dim": 8,
             "num_hidden_layers": 1,
-            "num_attention_heads": 4,
             "max_num_patches": PATCHES,
         },
         latent_query_num=QUERIES,
     )
-    return _build(transformers.Kosmos2_5ForConditionalGeneration, config)
 
 
 def head() -> torch.Tensor:

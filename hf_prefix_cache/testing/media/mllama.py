@@ -20,7 +20,7 @@ from transformers.models.mllama.processing_mllama import (
 )
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_build import _finalize
+from hf_prefix_cache.testing.tiny_build import _ATTN, _finalize
 from hf_prefix_cache.testing.tiny_models import random_prompt
 
 IMAGE_ID = 120
@@ -49,14 +49,10 @@ def tiny_mllama() -> Any:
             "supported_aspect_ratios": [[1, 1], [1, 2], [2, 1]],
         },
         text_config={
+            **_ATTN,
             "vocab_size": 128,
-            "hidden_size": 64,
-            "intermediate_size": 128,
             "num_hidden_layers": 3,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
             "cross_attention_layers": [1],
-            "max_position_embeddings": 512,
             "pad_token_id": 0,
             "bos_token_id": 1,
             "eos_token_id": None,

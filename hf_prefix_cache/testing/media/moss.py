@@ -11,15 +11,14 @@ other features; seed 2 a clip of two windows.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.arrays import padded
+from hf_prefix_cache.testing.media.pool import Seeded
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, text_config, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
 FRAMES, MELS, MERGE = 40, 16, 2
@@ -33,26 +32,16 @@ WINDOWS = [[40], [40], [40, 25]]
 @functools.cache
 def tiny_moss() -> Any:
     """MOSS Transcribe-Diarize: a one-layer Whisper-style tower (40-frame windows), merge 2, a Qwen3 text model."""
-    config = transformers.MossTranscribeDiarizeConfig(
-        audio_config={
-            "num_mel_bins": MELS,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "intermediate_size": 64,
-            "hidden_size": 32,
-            "max_source_positions": FRAMES // 2,
-        },
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
+    return vlm(
+        "MossTranscribeDiarize",
+        audio_config={**_TOWER, "num_mel_bins": MELS, "num_hidden_layers": 1, "max_source_positions": FRAMES // 2},
+        text_config=text_config("qwen3", head_dim=16),
         audio_token_id=AUD,
         audio_merge_size=MERGE,
     )
-    return _build(transformers.MossTranscribeDiarizeForConditionalGeneration, config)
 
 
-@dataclass(frozen=True)
-class Clip:
-    seed: int
-
+class Clip(Seeded):
     @property
     def windows(self) -> list[int]:
         return WINDOWS[self.seed % 3]
@@ -64,12 +53,9 @@ class Clip:
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Its windows' feature rows (zeros past the valid frames) and mask rows."""
         gen = torch.Generator().manual_seed(self.seed)
-        features = torch.zeros(len(self.windows), MELS, FRAMES)
-        mask = torch.zeros(len(self.windows), FRAMES, dtype=torch.long)
-        for i, valid in enumerate(self.windows):
-            features[i, :, :valid] = torch.rand(MELS, valid, generator=gen) * 2 - 1
-            mask[i, :valid] = 1
-        return features, mask
+        windows = [(torch.rand(MELS, valid, generator=gen) * 2 - 1).T for valid in self.windows]
+        features, mask = padded(windows, FRAMES)
+        return features.transpose(1, 2).contiguous(), mask
 
 
 def placeholders(clip: Clip) -> torch.Tensor:
@@ -98,17 +84,5 @@ def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
     }
 
 
-def _sweep() -> registry.SweepCase:
-    """MOSS Transcribe-Diarize in the support matrix's scenario: A a clip, C a clip of two windows; time markers inside."""
-    media = registry.three(Clip)
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_moss(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1)
-
-
-registry.register_sweep("moss_transcribe_diarize", _sweep)
-
-
-registry.register_suite(
-    "moss_transcribe_diarize",
-    lambda: single("moss_transcribe_diarize", tiny_moss(), "audio", Clip, placeholders, media_kwargs, framing=1),
-)
+# The sweep's C is a clip of two windows; time markers inside.
+registry.register_single("moss_transcribe_diarize", tiny_moss, "audio", Clip, placeholders, media_kwargs, framing=1)

@@ -12,15 +12,16 @@ extractor pads a prompt's clips to one length. An image or video is ``110 [place
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.media.grid import MUSE_GLIMMER_VISION
+from hf_prefix_cache.testing.media.pool import PoolMedium, partial
+from hf_prefix_cache.testing.media.thw import grid_kwargs
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _TEXT, vlm
 
 IMG, VID, AUD = 120, 121, 126
 OPEN, CLOSE, AUDIO_OPEN, AUDIO_CLOSE = 110, 111, 112, 113
@@ -35,17 +36,7 @@ ROW = 2 * 3 * 4 * 4
 def tiny_muse_spark() -> Any:
     """Muse Spark: Muse Glimmer's windowed tower on 2-frame 4x4-pixel patch rows, a causal-conv audio tower
     (8 samples per placeholder); text [sliding, full] with NoPE full layers and an expert MLP."""
-    vision = {
-        "patch_size": 4,
-        "pos_emb_height": 4,
-        "pos_emb_width": 4,
-        "num_attention_heads": 4,
-        "num_hidden_layers": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "merge_size": 2,
-        "layer_types": ["window_attention", "full_attention"],
-    }
+    vision = {**MUSE_GLIMMER_VISION, "layer_types": ["window_attention", "full_attention"]}
     text = {
         **_TEXT,
         "model_type": "muse_spark_text",
@@ -60,25 +51,20 @@ def tiny_muse_spark() -> Any:
         "moe_hidden_size": 32,
     }
     audio = {"patch_sizes": [4, 2], "hidden_sizes": [16, 32], "depths": [1, 1], "num_hidden_layers": 2}
-    config = transformers.MuseSparkConfig(
+    return vlm(
+        "MuseSpark",
         text_config=text,
         vision_config=vision,
         audio_config={**audio, "out_hidden_size": _TEXT["hidden_size"]},
-        image_token_id=IMG,
-        video_token_id=VID,
+        **_MEDIA_IDS,
         audio_token_id=AUD,
         out_hidden_size=128,
         projector_hidden_size=64,
     )
-    return _build(transformers.MuseSparkForConditionalGeneration, config)
 
 
-@dataclass(frozen=True)
-class Medium:
+class Medium(PoolMedium):
     """One image, video or clip: its kind and seed."""
-
-    kind: str
-    seed: int
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -93,16 +79,7 @@ class Medium:
         return t * h * w // 4
 
 
-def image(seed: int) -> Medium:
-    return Medium("image", seed)
-
-
-def video(seed: int) -> Medium:
-    return Medium("video", seed)
-
-
-def clip(seed: int) -> Medium:
-    return Medium("audio", seed)
+image, video, clip = partial(Medium, "image"), partial(Medium, "video"), partial(Medium, "audio")
 
 
 def placeholders(medium: Medium) -> torch.Tensor:
@@ -113,49 +90,24 @@ def placeholders(medium: Medium) -> torch.Tensor:
 
 def _rows(medium: Medium) -> torch.Tensor:
     t, h, w = medium.grid
-    return torch.rand(t * h * w, ROW, generator=torch.Generator().manual_seed(medium.seed))
+    return seeded_rand(t * h * w, ROW, seed=medium.seed)
 
 
 def media_kwargs(media: list[Medium]) -> dict[str, Any]:
     """What the processor hands `generate` for `media` in prompt order."""
-    out: dict[str, Any] = {}
-    for kind, data, grid in (
-        ("image", "pixel_values", "image_grid_thw"),
-        ("video", "pixel_values_videos", "video_grid_thw"),
-    ):
-        mine = [m for m in media if m.kind == kind]
-        if mine:
-            out[data] = torch.cat([_rows(m) for m in mine])
-            out[grid] = torch.tensor([list(m.grid) for m in mine])
+    out = grid_kwargs(media, _rows)
     clips = [m for m in media if m.kind == "audio"]
     if clips:
-        values = torch.zeros(len(clips), PADDED)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.int32)
-        for i, m in enumerate(clips):
-            valid = SAMPLES[m.seed % 3]
-            values[i, :valid] = torch.rand(valid, generator=torch.Generator().manual_seed(m.seed)) * 2 - 1
-            mask[i, :valid] = 1
-        out["input_values"], out["input_values_mask"] = values, mask
+        rows = [seeded_rand(SAMPLES[m.seed % 3], seed=m.seed) * 2 - 1 for m in clips]
+        out["input_values"], out["input_values_mask"] = padded(rows, PADDED, torch.int32)
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Muse Spark in the support matrix's scenario: A an image; C an audio clip, text, then a video."""
-    media = registry.mixed(image, clip, video)
-    return registry.mixed_sweep(tiny_muse_spark(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-registry.register_sweep("muse_spark", _sweep)
-
-
-def _suite() -> MediaCase:
-    return MediaCase(
-        "muse_spark",
-        tiny_muse_spark(),
-        {"image": image, "video": video, "audio": clip},
-        placeholders,
-        lambda _ids, media: media_kwargs(media),
-    )
-
-
-registry.register_suite("muse_spark", _suite)
+registry.register_mixed(
+    "muse_spark",
+    tiny_muse_spark,
+    placeholders,
+    media_kwargs,
+    {"image": image, "video": video, "audio": clip},
+    ("image", "audio", "video"),
+)

@@ -10,8 +10,8 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, _NEMOTRON_H_TEXT, _TOWER, _build
 
 IMG, VID, AUD, OPEN, CLOSE = 120, 121, 126, 110, 111
 NEW = 4
@@ -28,20 +28,6 @@ PATCH_DIM = 3 * 4 * 4
 def tiny_nemotron_h_omni() -> Any:
     """Nemotron-H Omni: a RADIO tower on 4x4-pixel patch rows, a 2x2 pixel shuffle; a one-layer Parakeet
     encoder (8x subsampling) on 16 mel bins; Nemotron-H text [Mamba-2, attention, Mamba-2, MLP]."""
-    text_config = {
-        **{k: v for k, v in _TEXT.items() if k != "num_hidden_layers"},
-        "model_type": "nemotron_h",
-        "head_dim": 16,
-        "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
-        "ssm_state_size": 16,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 16,
-        "n_groups": 2,
-        "conv_kernel": 4,
-        "expand": 1,
-        "chunk_size": 8,
-        "mlp_hidden_act": "relu2",
-    }
     vision = {
         "hidden_size": 32,
         "num_hidden_layers": 2,
@@ -57,14 +43,12 @@ def tiny_nemotron_h_omni() -> Any:
         "video_temporal_patch_size": 2,
     }
     config = transformers.NemotronH_Omni_Reasoning_V3_Config(
-        text_config=text_config,
+        text_config=_NEMOTRON_H_TEXT,
         vision_config=vision,
         audio_config={
-            "hidden_size": 32,
+            **_TOWER,
             "num_hidden_layers": 1,
-            "num_attention_heads": 4,
             "num_key_value_heads": 4,
-            "intermediate_size": 64,
             "conv_kernel_size": 3,
             "subsampling_conv_channels": 8,
             "num_mel_bins": MEL_BINS,
@@ -77,8 +61,7 @@ def tiny_nemotron_h_omni() -> Any:
         },
         vision_hidden_size=32,
         projector_hidden_size=64,
-        image_token_id=IMG,
-        video_token_id=VID,
+        **_MEDIA_IDS,
         audio_token_id=AUD,
     )
     return _build(transformers.NemotronH_Omni_Reasoning_V3, config)
@@ -116,35 +99,15 @@ def media_kwargs(media: list[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     images = [m for m in media if isinstance(m, Image)]
     if images:
-        rows = [
-            torch.rand(i.grid[0] * i.grid[1], PATCH_DIM, generator=torch.Generator().manual_seed(i.seed))
-            for i in images
-        ]
+        rows = [seeded_rand(i.grid[0] * i.grid[1], PATCH_DIM, seed=i.seed) for i in images]
         out.update(pixel_values=torch.cat(rows), image_grid_hw=torch.tensor([list(i.grid) for i in images]))
     clips = [m for m in media if isinstance(m, Clip)]
     if clips:
-        features = torch.zeros(len(clips), PADDED, MEL_BINS)
-        mask = torch.zeros(len(clips), PADDED, dtype=torch.long)
-        for k, c in enumerate(clips):
-            features[k, : c.frames] = torch.rand(c.frames, MEL_BINS, generator=torch.Generator().manual_seed(c.seed))
-            mask[k, : c.frames] = 1
+        features, mask = padded([seeded_rand(c.frames, MEL_BINS, seed=c.seed) for c in clips], PADDED)
         out.update(input_features=features, input_features_mask=mask)
     return out
 
 
-def _sweep() -> registry.SweepCase:
-    """Nemotron-H Omni in the support matrix's scenario: A an image; C an audio clip, text, then an image."""
-    media = registry.mixed(image, clip, image)
-    return registry.mixed_sweep(tiny_nemotron_h_omni(), placeholders, media, lambda _ids, held: media_kwargs(held))
-
-
-registry.register_sweep("nemotron_h_omni", _sweep)
-
-
-def _suite() -> MediaCase:
-    media = {"image": image, "audio": clip}
-    model = tiny_nemotron_h_omni()
-    return MediaCase("nemotron_h_omni", model, media, placeholders, ignore_ids(media_kwargs), states=True)
-
-
-registry.register_suite("nemotron_h_omni", _suite)
+registry.register_mixed(
+    "nemotron_h_omni", tiny_nemotron_h_omni, placeholders, media_kwargs, {"image": image, "audio": clip}, states=True
+)

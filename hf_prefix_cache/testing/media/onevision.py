@@ -19,7 +19,15 @@ from hf_prefix_cache.testing.compare import assert_same_as_cold
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_processors import tiny_tokenizer
 from hf_prefix_cache.testing.tiny_vlm_media import pil_image, run
-from hf_prefix_cache.testing.tiny_vlm_parts import _SIGLIP, _TEXT, IMAGE_ID, PINPOINTS, VIDEO_ID, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import (
+    _MEDIA_INDEX,
+    _SIGLIP,
+    IMAGE_ID,
+    PINPOINTS,
+    VIDEO_ID,
+    text_config,
+    vlm,
+)
 
 NEW = 5
 SPECIAL_IDS = list(range(100, 128))
@@ -30,16 +38,15 @@ SIZES = [(30, 60), (50, 40), (32, 32), (64, 20), (64, 64), (20, 90)]
 @functools.cache
 def tiny_onevision() -> Any:
     """LLaVA-OneVision (SigLIP tower, Qwen2 text) whose anyres feature maps shrink above one patch's worth."""
-    config = transformers.LlavaOnevisionConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
+    return vlm(
+        "LlavaOnevision",
+        text_config=text_config("qwen2"),
         vision_config=_SIGLIP,
-        image_token_index=IMAGE_ID,
-        video_token_index=VIDEO_ID,
+        **_MEDIA_INDEX,
         vision_feature_layer=-1,
         image_grid_pinpoints=PINPOINTS,
         vision_aspect_ratio="anyres_max_1",
     )
-    return _build(transformers.LlavaOnevisionForConditionalGeneration, config)
 
 
 @functools.cache

@@ -10,15 +10,13 @@ Pool seeds 1 and 13 give one tiling, other pixels; seed 2 a 1x2 tiling.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.media.pool import Seeded
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER_8PX, text_config, vlm
 
 IMG, START, GRID, COL, ROW, END = 120, 110, 111, 112, 113, 114
 PER_ROW = 4
@@ -31,30 +29,18 @@ GRIDS = [(1, 1), (1, 1), (1, 2)]
 @functools.cache
 def tiny_ovis2() -> Any:
     """Ovis2: a one-layer tower on 8x8 rows (2x2 patches, 2x2 merge) into 24 visual tokens (5 indicators)."""
-    config = transformers.Ovis2Config(
-        vision_config={
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "image_size": 8,
-            "patch_size": 2,
-            "vocab_size": 24,
-            "hidden_stride": 2,
-        },
-        text_config={**_TEXT, "model_type": "qwen2"},
+    return vlm(
+        "Ovis2",
+        vision_config={**_TOWER_8PX, "vocab_size": 24, "hidden_stride": 2},
+        text_config=text_config("qwen2"),
         image_token_id=IMG,
         visual_indicator_token_ids=[START, GRID, COL, ROW, END],
         vocab_size=_TEXT["vocab_size"],
         hidden_size=_TEXT["hidden_size"],
     )
-    return _build(transformers.Ovis2ForConditionalGeneration, config)
 
 
-@dataclass(frozen=True)
-class Image:
-    seed: int
-
+class Image(Seeded):
     @property
     def grid(self) -> tuple[int, int]:
         return GRIDS[self.seed % 3]
@@ -82,16 +68,4 @@ def media_kwargs(images: list[Image]) -> dict[str, Any]:
     return {"pixel_values": torch.cat([i.rows() for i in images])} if images else {}
 
 
-def _sweep() -> registry.SweepCase:
-    """Ovis2 in the support matrix's scenario: A an image (its global view), C a tiled one; items span their indicators."""
-    media = registry.three(Image)
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(tiny_ovis2(), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]))
-
-
-registry.register_sweep("ovis2", _sweep)
-
-
-registry.register_suite(
-    "ovis2", lambda: single("ovis2", tiny_ovis2(), "image", Image, placeholders, media_kwargs, framing=0)
-)
+registry.register_single("ovis2", tiny_ovis2, "image", Image, placeholders, media_kwargs, framing=0)

@@ -18,7 +18,8 @@ import transformers
 from hf_prefix_cache.testing import tiny_525
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.media.grid import GridFamily, Medium
+from hf_prefix_cache.testing.media.grid import GridFamily
+from hf_prefix_cache.testing.media.thw import Medium
 
 #: The family, where this transformers release has it.
 FAMILIES = ("ovis2_5",) if hasattr(transformers, "Ovis2_5Config") else ()

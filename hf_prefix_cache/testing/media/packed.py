@@ -24,16 +24,13 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids
 from hf_prefix_cache.testing.media.qwen3 import _HYBRID_TEXT
-from hf_prefix_cache.testing.tiny_vlm_parts import _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TOWER, _build
 
 IMG, OPEN, CLOSE = 120, 110, 111
 PATCH = 4
 FAMILIES = ("minicpm_ocr",)
 _VISION = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
+    **_TOWER,
     "image_size": 32,
     "patch_size": PATCH,
     "insert_layer_id": 0,

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _TOWER, _build
 
 IMG, AUD = 120, 126
 CROP, MEL, CLIP_FRAMES, BASE = 32, 16, 64, 2
@@ -25,10 +25,7 @@ CROP, MEL, CLIP_FRAMES, BASE = 32, 16, 64, 2
 def tiny_phi4_multimodal() -> Any:
     """Phi-4-multimodal: SigLIP-style crops of 32x32 pixels (2x2 features each after pooling), a conformer on audio."""
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **_TOWER,
         "image_size": CROP,
         "patch_size": 8,
         "crop_size": CROP,

@@ -12,18 +12,16 @@ Cosmos 3 Omni is Qwen3-VL under its own config. Ids as `tiny_vlms`: images
 
 from __future__ import annotations
 
-import functools
 from functools import partial
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase
-from hf_prefix_cache.testing.media.grid import Medium
-from hf_prefix_cache.testing.tiny_qwen_media import image_tokens, patches, qwen3_video_tokens
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, IMAGE_ID, VIDEO_ID, _build
+from hf_prefix_cache.testing.media.thw import Medium, Qwen3StyleFamily
+from hf_prefix_cache.testing.tiny_build import _GATED_DELTA, ModelTable
+from hf_prefix_cache.testing.tiny_qwen_media import patches
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, vlm
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe", "cohere_compass", "cosmos3_omni")
 #: Families whose text layers hold recurrent states.
@@ -41,24 +39,19 @@ _HYBRID_TEXT: dict[str, Any] = {
     "num_hidden_layers": 4,
     "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
     "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
+    **_GATED_DELTA,
 }
 _MOE = {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
 
 
 def tiny_qwen3_5() -> Any:
     """Qwen3.5: [gated delta-net, full attention] x 2 text layers, Qwen3-VL-style tower without deepstack."""
-    config = transformers.Qwen3_5Config(text_config=_HYBRID_TEXT, vision_config=_VISION, **_IDS)
-    return _build(transformers.Qwen3_5ForConditionalGeneration, config)
+    return vlm("Qwen3_5", text_config=_HYBRID_TEXT, vision_config=_VISION, **_IDS)
 
 
 def tiny_qwen3_5_moe() -> Any:
     """Qwen3.5-MoE: Qwen3.5 with expert MLPs."""
-    config = transformers.Qwen3_5MoeConfig(text_config={**_HYBRID_TEXT, **_MOE}, vision_config=_VISION, **_IDS)
-    return _build(transformers.Qwen3_5MoeForConditionalGeneration, config)
+    return vlm("Qwen3_5Moe", text_config={**_HYBRID_TEXT, **_MOE}, vision_config=_VISION, **_IDS)
 
 
 def tiny_qwen3_vl_moe() -> Any:
@@ -66,8 +59,7 @@ def tiny_qwen3_vl_moe() -> Any:
     text = {**_TEXT, "head_dim": 16, "rope_parameters": _ROPE, **_MOE, "decoder_sparse_step": 1}
     text.pop("shared_expert_intermediate_size")
     vision = {**_VISION, "deepstack_visual_indexes": [0]}
-    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision, **_IDS)
-    return _build(transformers.Qwen3VLMoeForConditionalGeneration, config)
+    return vlm("Qwen3VLMoe", text_config=text, vision_config=vision, **_IDS)
 
 
 def tiny_cohere_compass() -> Any:
@@ -80,92 +72,44 @@ def tiny_cohere_compass() -> Any:
         "rope_parameters": {"sliding_attention": _ROPE, "full_attention": None},
     }
     vision = {**_VISION, "deepstack_visual_indexes": [0]}
-    config = transformers.CohereCompassConfig(text_config=text, vision_config=vision, **_IDS)
-    return _build(transformers.CohereCompassForConditionalGeneration, config)
+    return vlm("CohereCompass", text_config=text, vision_config=vision, **_IDS)
 
 
 def tiny_cosmos3_omni() -> Any:
     """Cosmos 3 Omni (its reasoner): Qwen3-VL's architecture under its own config."""
     text = {**_TEXT, "head_dim": 16, "rope_parameters": _ROPE}
     vision = {**_VISION, "deepstack_visual_indexes": [0]}
-    config = transformers.Cosmos3OmniConfig(text_config=text, vision_config=vision, **_IDS)
-    return _build(transformers.Cosmos3OmniForConditionalGeneration, config)
+    return vlm("Cosmos3Omni", text_config=text, vision_config=vision, **_IDS)
 
 
-_BUILDERS = {
-    "qwen3_5": tiny_qwen3_5,
-    "qwen3_5_moe": tiny_qwen3_5_moe,
-    "qwen3_vl_moe": tiny_qwen3_vl_moe,
-    "cohere_compass": tiny_cohere_compass,
-    "cosmos3_omni": tiny_cosmos3_omni,
-}
+_BUILDERS = ModelTable(
+    {
+        "qwen3_5": tiny_qwen3_5,
+        "qwen3_5_moe": tiny_qwen3_5_moe,
+        "qwen3_vl_moe": tiny_qwen3_vl_moe,
+        "cohere_compass": tiny_cohere_compass,
+        "cosmos3_omni": tiny_cosmos3_omni,
+    }
+)
 
 
-@functools.cache
-def cached_qwen3(name: str) -> Any:
-    return _BUILDERS[name]()
+#: One model per family per session.
+cached_qwen3 = _BUILDERS.one
 
 
-class Qwen3Family:
+class Qwen3Family(Qwen3StyleFamily):
     """Builds one family's media, their placeholders and a prompt's media kwargs."""
+
+    grids, video_grids = GRIDS, VIDEO_GRIDS
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.model = cached_qwen3(name)
+        self.states = name in HYBRID
 
-    def image(self, seed: int) -> Medium:
-        return Medium("image", seed, GRIDS[seed % 3])
-
-    def video(self, seed: int) -> Medium:
-        return Medium("video", seed, VIDEO_GRIDS[seed % 3])
-
-    def placeholders(self, medium: Medium) -> torch.Tensor:
-        return image_tokens(medium.grid) if medium.kind == "image" else qwen3_video_tokens(medium.grid)
-
-    def first(self, medium: Medium) -> int:
-        """Offset of the medium's first placeholder in its tokens."""
-        return int((self.placeholders(medium)[0] == (IMAGE_ID if medium.kind == "image" else VIDEO_ID)).nonzero()[0])
-
-    def kwargs(self, ids: torch.Tensor, media: list[Medium]) -> dict[str, Any]:
-        """What the processor hands `generate` for `ids` holding `media` in prompt order."""
-        out: dict[str, Any] = {"mm_token_type_ids": (ids == IMAGE_ID).int() + 2 * (ids == VIDEO_ID).int()}
-        for kind, pixels, grid in (
-            ("image", "pixel_values", "image_grid_thw"),
-            ("video", "pixel_values_videos", "video_grid_thw"),
-        ):
-            mine = [m for m in media if m.kind == kind]
-            if mine:
-                out[pixels] = torch.cat([patches(m.seed, m.grid) for m in mine])
-                out[grid] = torch.tensor([list(m.grid) for m in mine])
-        return out
-
-
-def _sweep(name: str) -> registry.SweepCase:
-    """A family of this table in the support matrix's scenario: A an image; C an image, text, then a video."""
-    fam = Qwen3Family(name)
-    media = registry.mixed(fam.image, fam.image, fam.video)
-    return registry.mixed_sweep(fam.model, fam.placeholders, media, fam.kwargs, first=fam.first(media["a"][0]))
+    def rows(self, medium: Medium) -> torch.Tensor:
+        return patches(medium.seed, medium.grid)
 
 
 for _name in FAMILIES:
-    registry.register_sweep(_name, partial(_sweep, _name))
-
-
-def _suite(name: str) -> MediaCase:
-    fam = Qwen3Family(name)
-    media = {"image": fam.image, "video": fam.video}
-    return MediaCase(
-        name,
-        fam.model,
-        media,
-        fam.placeholders,
-        fam.kwargs,
-        HYBRID.count(name) > 0,
-        fam.first,
-        longer=True,
-        repeat=True,
-    )
-
-
-for _name in FAMILIES:
-    registry.register_suite(_name, partial(_suite, _name))
+    registry.register_family(_name, partial(Qwen3Family, _name))

@@ -12,7 +12,7 @@ keeps as floats.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ import transformers
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.tiny_qwen_media import AUDIO_END_ID, AUDIO_START_ID, Media, image_tokens
 from hf_prefix_cache.testing.tiny_vlm_media import run
-from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, AUDIO_ID, MEL_BINS, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _QWEN_IDS, _QWEN_TOWER, _TEXT, _WHISPER, AUDIO_ID, _build
 
 #: Frames of one audio chunk (``2 * n_window``); a shorter clip is padded to its call's longest chunk.
 CHUNK_FRAMES = 100
@@ -36,11 +36,7 @@ def tiny_qwen3_omni_thinker() -> Any:
         text_config={**text, **moe},
         vision_config={"depth": 2, **_QWEN_TOWER, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
         audio_config={
-            "d_model": 32,
-            "encoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "encoder_ffn_dim": 64,
-            "num_mel_bins": MEL_BINS,
+            **_WHISPER,
             "max_source_positions": CHUNK_FRAMES,
             "n_window": CHUNK_FRAMES // 2,
             "n_window_infer": 2 * CHUNK_FRAMES,
@@ -82,18 +78,22 @@ def clip_tokens(frames: int) -> torch.Tensor:
     return torch.cat([run(AUDIO_START_ID, 1), run(AUDIO_ID, audio_tokens(frames)), run(AUDIO_END_ID, 1)], dim=1)
 
 
-def _sweep() -> registry.SweepCase:
-    """Medium A a clip (after an audio-start id), C an image."""
-    frames, grid = 140, (1, 4, 6)
+def omni_sweep(model: Any, clip_tokens: Callable[[int], torch.Tensor], frames: int, **media: Any) -> registry.SweepCase:
+    """An Omni thinker's support-matrix scenario: media A and B a clip of `frames` valid mel frames (after an
+    audio-start id, `clip_tokens`), C an image; `media` the `Media` options of its kwargs."""
+    grid = (1, 4, 6)
     seeds = {"a": registry.SEED_A, "b": registry.SEED_B}
     tokens = {"a": clip_tokens(frames), "b": clip_tokens(frames), "c": image_tokens(grid)}
 
     def kwargs(ids: Any, names: Sequence[str]) -> dict[str, Any]:
         clips = [(seeds[n], frames) for n in names if n in seeds]
         images = [(registry.SEED_C, grid)] if "c" in names else []
-        return Media(images=images, clips=clips, clip_padding=2 * CHUNK_FRAMES).kwargs(ids)
+        return Media(images=images, clips=clips, **media).kwargs(ids)
 
-    return registry.SweepCase(cached_qwen3_omni(), tokens, kwargs, first=1)
+    return registry.SweepCase(model, tokens, kwargs, first=1)
 
 
-registry.register_sweep("qwen3_omni_moe_thinker", _sweep)
+registry.register_sweep(
+    "qwen3_omni_moe_thinker",
+    lambda: omni_sweep(cached_qwen3_omni(), clip_tokens, 140, clip_padding=2 * CHUNK_FRAMES),
+)

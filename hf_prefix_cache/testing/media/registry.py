@@ -15,16 +15,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from hf_prefix_cache.testing.media.cases import MediaCase
+from hf_prefix_cache.testing.media.cases import MediaCase, ignore_ids, single
 
 #: Medium A's and B's seeds: the fixtures give seeds 1 and 13 the same shape, other content; C's seed.
 SEED_A, SEED_B, SEED_C = 1, 13, 2
@@ -73,6 +73,91 @@ def register_suite(key: str, build: Callable[[], MediaCase]) -> None:
         ValueError: when `key` already has one.
     """
     _add(_SUITE, key, build)
+
+
+def media_sweep(
+    model: Any,
+    placeholders: Callable[[Any], torch.Tensor],
+    media: dict[str, Any],
+    media_kwargs: Callable[[list[Any]], dict[str, Any]],
+    first: int = 0,
+) -> SweepCase:
+    """The support-matrix scenario of one medium per name (`three`'s), its kwargs built from the named media alone."""
+    tokens = {k: placeholders(m) for k, m in media.items()}
+    return SweepCase(model, tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), first)
+
+
+def register_single(
+    key: str,
+    model: Callable[[], Any],
+    kind: str,
+    build: Callable[[int], Any],
+    placeholders: Callable[[Any], torch.Tensor],
+    media_kwargs: Callable[[list[Any]], dict[str, Any]],
+    framing: int,
+    states: bool = False,
+    media: dict[str, Any] | None = None,
+) -> None:
+    """Register the sweep case and suite row of a family of one kind of medium (`cases.single`), its kwargs built
+    from the media alone: the sweep's media `media` (`three(build)` by default), its first placeholder at
+    `framing` in each medium's tokens.
+
+    Raises:
+        ValueError: when `key` already has either.
+    """
+
+    def row() -> MediaCase:
+        return dataclasses.replace(
+            single(key, model(), kind, build, placeholders, media_kwargs, framing), states=states
+        )
+
+    register_sweep(key, lambda: media_sweep(model(), placeholders, media or three(build), media_kwargs, framing))
+    register_suite(key, row)
+
+
+def register_mixed(
+    key: str,
+    model: Callable[[], Any],
+    placeholders: Callable[[Any], torch.Tensor],
+    media_kwargs: Callable[[list[Any]], dict[str, Any]],
+    kinds: dict[str, Callable[[int], Any]],
+    scenario: tuple[str, str, str] = ("image", "audio", "image"),
+    states: bool = False,
+    suite: bool = True,
+) -> None:
+    """Register the sweep case (`mixed` media of the `scenario` kinds: by default A an image; C a clip, text, then
+    an image) and, where `suite`, the suite row (a builder per kind of `kinds`) of a family whose kwargs are built
+    from the media alone.
+
+    Raises:
+        ValueError: when `key` already has either.
+    """
+    first, second, third = (kinds[kind] for kind in scenario)
+    register_sweep(
+        key,
+        lambda: mixed_sweep(model(), placeholders, mixed(first, second, third), lambda _ids, held: media_kwargs(held)),
+    )
+    if suite:
+        register_suite(key, lambda: MediaCase(key, model(), kinds, placeholders, ignore_ids(media_kwargs), states))
+
+
+class Family(Protocol):
+    """A family's fixture builder that makes both its sweep case and its suite row."""
+
+    def sweep(self) -> SweepCase: ...
+
+    def suite(self) -> MediaCase: ...
+
+
+def register_family(key: str, family: Callable[[], Family], suite: bool = True) -> None:
+    """Register the sweep case of `family()` for `key` and, where `suite`, its suite row.
+
+    Raises:
+        ValueError: when `key` already has one.
+    """
+    register_sweep(key, lambda: family().sweep())
+    if suite:
+        register_suite(key, lambda: family().suite())
 
 
 def _load() -> None:

@@ -24,7 +24,6 @@ content; seed 2 another length:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +34,9 @@ import torch
 import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.media.cases import MediaCase, single
+from hf_prefix_cache.testing.media.arrays import padded, seeded_rand
 from hf_prefix_cache.testing.media.generic_ids import AUD
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _NEMOTRON_H_TEXT, _TEXT, _TOWER, _WHISPER, _build, text_config, vlm
 
 AUDIO_BOS, AUDIO_EOS = 110, 111
 #: Granite Speech: encoder frames per projector window, and its outputs per window.
@@ -48,17 +47,15 @@ QWEN3_ASR_CHUNK = 100
 
 def _granite_config(config_cls: type, encoder: dict[str, Any]) -> Any:
     projector = {
+        **_TOWER,
         "model_type": "blip_2_qformer",
-        "hidden_size": 32,
         "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "intermediate_size": 64,
         "encoder_hidden_size": encoder["hidden_dim"] * (len(encoder.get("cat_hidden_layers") or []) + 1),
         "cross_attention_frequency": 1,
         "vocab_size": 128,
     }
     return config_cls(
-        text_config={**_TEXT, "model_type": "granite"},
+        text_config=text_config("granite"),
         encoder_config=encoder,
         projector_config=projector,
         audio_token_id=AUD,
@@ -102,50 +99,46 @@ def tiny_granite_speech_plus() -> Any:
 def tiny_qwen3_asr() -> Any:
     """Qwen3-ASR: 100-frame chunks of 16 mel bins, attention windows of 13 outputs, a 2-layer Qwen3 text model."""
     audio = {
-        "num_mel_bins": 16,
-        "encoder_layers": 2,
-        "encoder_attention_heads": 4,
-        "encoder_ffn_dim": 64,
-        "d_model": 32,
+        **_WHISPER,
         "n_window": QWEN3_ASR_CHUNK // 2,
         "n_window_infer": QWEN3_ASR_CHUNK,
         "downsample_hidden_size": 8,
         "output_dim": _TEXT["hidden_size"],
     }
-    config = transformers.Qwen3ASRConfig(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16}, audio_config=audio, audio_token_id=AUD
-    )
-    return _build(transformers.Qwen3ASRForConditionalGeneration, config)
+    return vlm("Qwen3ASR", text_config=text_config("qwen3", head_dim=16), audio_config=audio, audio_token_id=AUD)
+
+
+#: Fun-ASR-Nano's 3-layer SAN-M encoder (FSMN kernel 3) on 8-value frames.
+_FUN_ASR_AUDIO: dict[str, Any] = {
+    **_TOWER,
+    "num_mel_bins": 4,
+    "num_stacked_frames": 2,
+    "num_hidden_layers": 3,
+    "num_timestamp_prediction_layers": 1,
+    "fsmn_kernel_size": 3,
+    "max_position_embeddings": 64,
+}
+
+#: Its 1-layer adaptor.
+_FUN_ASR_ADAPTOR: dict[str, Any] = {
+    "hidden_size": _TEXT["hidden_size"],
+    "num_attention_heads": 4,
+    "intermediate_size": _TEXT["hidden_size"] // 4,
+    "num_hidden_layers": 1,
+    "projector_hidden_size": 32,
+}
 
 
 @functools.cache
 def tiny_fun_asr_nano() -> Any:
     """Fun-ASR-Nano: a 3-layer SAN-M encoder (FSMN kernel 3) on 8-value frames, a 1-layer adaptor, Qwen3 text."""
-    audio = {
-        "num_mel_bins": 4,
-        "num_stacked_frames": 2,
-        "hidden_size": 32,
-        "num_attention_heads": 4,
-        "intermediate_size": 64,
-        "num_hidden_layers": 3,
-        "num_timestamp_prediction_layers": 1,
-        "fsmn_kernel_size": 3,
-        "max_position_embeddings": 64,
-    }
-    adaptor = {
-        "hidden_size": _TEXT["hidden_size"],
-        "num_attention_heads": 4,
-        "intermediate_size": _TEXT["hidden_size"] // 4,
-        "num_hidden_layers": 1,
-        "projector_hidden_size": 32,
-    }
-    config = transformers.FunAsrNanoConfig(
-        text_config={**_TEXT, "model_type": "qwen3", "head_dim": 16},
-        audio_config=audio,
-        adaptor_config=adaptor,
+    return vlm(
+        "FunAsrNano",
+        text_config=text_config("qwen3", head_dim=16),
+        audio_config=_FUN_ASR_AUDIO,
+        adaptor_config=_FUN_ASR_ADAPTOR,
         audio_token_id=AUD,
     )
-    return _build(transformers.FunAsrNanoForConditionalGeneration, config)
 
 
 #: Nemotron 3.5 Transcribe: its audio placeholder id (the text vocabulary's size) and mel frames per encoder frame.
@@ -156,28 +149,7 @@ NEMO_AUDIO, NEMO_STACK = _TEXT["vocab_size"], 8
 def tiny_nemo_speechlm() -> Any:
     """Nemotron 3.5 Transcribe: one-layer speech and diarization encoders (chunks of 4 encoder frames, one of
     context each side; a speaker cache of 8), Nemotron-H text [Mamba-2, attention, Mamba-2, MLP]."""
-    text_config = {
-        **{k: v for k, v in _TEXT.items() if k != "num_hidden_layers"},
-        "model_type": "nemotron_h",
-        "head_dim": 16,
-        "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
-        "ssm_state_size": 16,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 16,
-        "n_groups": 2,
-        "conv_kernel": 4,
-        "expand": 1,
-        "chunk_size": 8,
-        "mlp_hidden_act": "relu2",
-    }
-    encoder = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_mel_bins": 16,
-        "subsampling_factor": NEMO_STACK,
-    }
+    encoder = {**_TOWER, "num_hidden_layers": 1, "num_mel_bins": 16, "subsampling_factor": NEMO_STACK}
     speakers = {"num_speakers": 4, "subsampling_factor": NEMO_STACK}
     diarization = {
         "audio_config": dict(encoder),
@@ -189,21 +161,14 @@ def tiny_nemo_speechlm() -> Any:
         "fifo_length": 4,
         "speaker_cache_update_period": 4,
     }
-    timestamps = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "vocab_size": 10,
-        "blank_token_id": 9,
-    }
-    config = transformers.Nemotron3_5TranscribeConfig(
-        text_config=text_config,
+    timestamps = {**_TOWER, "num_hidden_layers": 1, "vocab_size": 10, "blank_token_id": 9}
+    return vlm(
+        "Nemotron3_5Transcribe",
+        text_config=_NEMOTRON_H_TEXT,
         audio_config={"asr_config": encoder, "diarization_config": diarization},
         word_timestamp_config=timestamps,
         audio_token_id=NEMO_AUDIO,
     )
-    return _build(transformers.Nemotron3_5TranscribeForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)
@@ -231,7 +196,7 @@ class Clip:
     def values(self) -> torch.Tensor:
         """Its valid frames, `[frames, values]`."""
         width = {"qwen3_asr": 16, "fun_asr_nano": 8}.get(self.family, 16)
-        return torch.rand(self.frames, width, generator=torch.Generator().manual_seed(self.seed)) * 2 - 1
+        return seeded_rand(self.frames, width, seed=self.seed) * 2 - 1
 
 
 #: Valid frames per pool seed (`seed % 3`): seeds 1 and 13 alike, seed 2 another length.
@@ -264,10 +229,7 @@ def media_kwargs(clips: list[Clip]) -> dict[str, Any]:
     if family in ("qwen3_asr", "nemo_speechlm"):
         unit = QWEN3_ASR_CHUNK if family == "qwen3_asr" else NEMO_STACK
         longest = -(-longest // unit) * unit
-    rows = torch.zeros(len(clips), longest, clips[0].values().shape[1])
-    frames_mask = torch.zeros(len(clips), longest, dtype=torch.long)
-    for i, c in enumerate(clips):
-        rows[i, : c.frames], frames_mask[i, : c.frames] = c.values(), 1
+    rows, frames_mask = padded([c.values() for c in clips], longest)
     if family == "qwen3_asr":
         return {"input_features": rows.transpose(1, 2).contiguous(), "input_features_mask": frames_mask}
     if family in ("fun_asr_nano", "nemo_speechlm"):
@@ -289,18 +251,15 @@ BUILDERS: dict[str, Callable[[], Any]] = {
 STATE_FAMILIES = ("nemo_speechlm",)
 
 
-def _sweep(name: str) -> registry.SweepCase:
-    """A speech LM in the support matrix's scenario: A a clip, C another (shorter for Granite Speech)."""
-    media = registry.three(partial(Clip, name))
-    tokens = {k: placeholders(m) for k, m in media.items()}
-    return registry.SweepCase(BUILDERS[name](), tokens, lambda _ids, names: media_kwargs([media[n] for n in names]), 1)
-
-
-def _suite(name: str) -> MediaCase:
-    case = single(name, BUILDERS[name](), "audio", partial(Clip, name), placeholders, media_kwargs, framing=1)
-    return dataclasses.replace(case, states=name in STATE_FAMILIES)
-
-
-for _name in BUILDERS:
-    registry.register_sweep(_name, partial(_sweep, _name))
-    registry.register_suite(_name, partial(_suite, _name))
+# The sweep's A is a clip, C another (shorter for Granite Speech).
+for _name, _build_model in BUILDERS.items():
+    registry.register_single(
+        _name,
+        _build_model,
+        "audio",
+        partial(Clip, _name),
+        placeholders,
+        media_kwargs,
+        framing=1,
+        states=_name in STATE_FAMILIES,
+    )

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import _MEDIA_IDS, text_config, vlm
 
 IMG, VID = 120, 121
 PER_TILE = 4  # placeholders per image, tile or frame in both families
@@ -36,10 +35,7 @@ def tiny_fast_vlm() -> Any:
         "hidden_size": 768,
         "model_args": {"inference_mode": True},
     }
-    config = transformers.FastVlmConfig(
-        text_config={**_TEXT, "model_type": "qwen2"}, vision_config=vision, image_token_index=IMG
-    )
-    return _build(transformers.FastVlmForConditionalGeneration, config)
+    return vlm("FastVlm", text_config=text_config("qwen2"), vision_config=vision, image_token_index=IMG)
 
 
 @functools.cache
@@ -49,10 +45,7 @@ def tiny_perception_lm() -> Any:
         "architecture": "vit_pe_core_tiny_patch16_384",
         "model_args": {"embed_dim": 64, "depth": 2, "num_heads": 4, "img_size": 32},
     }
-    config = transformers.PerceptionLMConfig(
-        text_config={**_TEXT, "model_type": "llama"}, vision_config=vision, image_token_id=IMG, video_token_id=VID
-    )
-    return _build(transformers.PerceptionLMForConditionalGeneration, config)
+    return vlm("PerceptionLM", text_config=text_config("llama"), vision_config=vision, **_MEDIA_IDS)
 
 
 @dataclass(frozen=True)

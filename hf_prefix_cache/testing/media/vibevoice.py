@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 
 from hf_prefix_cache.testing.media import registry
 from hf_prefix_cache.testing.media.cases import single
-from hf_prefix_cache.testing.tiny_vlm_parts import _TEXT, _build
+from hf_prefix_cache.testing.tiny_vlm_parts import text_config, vlm
 
 AUD, AUDIO_BOS, AUDIO_EOS = 120, 110, 111
 HOP = 4
@@ -39,8 +38,9 @@ _TOKENIZER = {
 @functools.cache
 def tiny_vibevoice_asr() -> Any:
     """VibeVoice ASR: tiny acoustic and semantic tokenizers (hop 4) over a 2-layer Qwen2 text model."""
-    config = transformers.VibeVoiceAsrConfig(
-        text_config={**_TEXT, "model_type": "qwen2"},
+    return vlm(
+        "VibeVoiceAsr",
+        text_config=text_config("qwen2"),
         acoustic_tokenizer_encoder_config=dict(_TOKENIZER),
         semantic_tokenizer_encoder_config=dict(_TOKENIZER),
         audio_token_id=AUD,
@@ -48,7 +48,6 @@ def tiny_vibevoice_asr() -> Any:
         audio_eos_token_id=AUDIO_EOS,
         acoustic_tokenizer_chunk_size=512 * HOP,
     )
-    return _build(transformers.VibeVoiceAsrForConditionalGeneration, config)
 
 
 @dataclass(frozen=True)
