@@ -141,3 +141,18 @@ class TokenIds(Sequence[int]):
 
 def _from_bytes(packed: bytes) -> TokenIds:
     return TokenIds.from_bytes(packed)
+
+
+def eos_ids(eos_token_id: Any) -> frozenset[int]:
+    """The end-of-sequence ids of a generation setting (an id, a list of them, a tensor, or None).
+
+    >>> sorted(eos_ids([2, 7])), eos_ids(None), eos_ids(3)
+    ([2, 7], frozenset(), frozenset({3}))
+    """
+    if eos_token_id is None:
+        return frozenset()
+    if hasattr(eos_token_id, "tolist"):  # a tensor
+        eos_token_id = eos_token_id.tolist()
+    if isinstance(eos_token_id, int):
+        return frozenset((eos_token_id,))
+    return frozenset(int(i) for i in eos_token_id)

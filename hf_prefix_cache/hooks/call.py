@@ -21,7 +21,6 @@ import torch
 from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
 from hf_prefix_cache.hooks.checks import GenerationSettings, check_call
-from hf_prefix_cache.hooks.end_states import eos_ids
 from hf_prefix_cache.hooks.pipeline import Cold, guard_failed
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
@@ -29,7 +28,7 @@ from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal.media import MediaLayout
 from hf_prefix_cache.store.contract import Store
 from hf_prefix_cache.store.sessions import Session
-from hf_prefix_cache.token_ids import TokenIds
+from hf_prefix_cache.token_ids import TokenIds, eos_ids
 
 logger = logging.getLogger("hf_prefix_cache")
 

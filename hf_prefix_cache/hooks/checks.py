@@ -280,7 +280,7 @@ def check_call(
     """
     if profile.unsupported is not None:
         return _refused(profile.unsupported)
-    if refusals.is_drafting(arguments.get("generation_config"), kwargs):
+    if is_drafting(arguments.get("generation_config"), kwargs):
         return _refused(reasons.ASSISTANT_DRAFTING)
     if not (_REFUSED_NAMES.isdisjoint(kwargs) and _REFUSED_NAMES.isdisjoint(arguments)):
         problem = refusals.refused_argument({**kwargs, **arguments}, modes=refusals.serving_modes(profile))
@@ -326,3 +326,17 @@ def _ids_problem(profile: ModelProfile, input_ids: Any) -> str | None:
         # Positions and prompt-wide namespaces are computed for one row.
         return reasons.MROPE_BATCH if media.has_positions else reasons.PREFIX_LM_BATCH
     return None
+
+
+def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call is an assistant model's drafting inside an assisted `generate` of the main model: transformers
+    marks the config it passes (`is_assistant`). The assistant's cache then passes from one drafting call to the next
+    within the main call, and most of what it drafts is cropped off again.
+
+    >>> from transformers import GenerationConfig
+    >>> is_drafting(GenerationConfig(is_assistant=True), {}), is_drafting(None, {})
+    (True, False)
+    """
+    if kwargs.get("is_assistant"):
+        return True
+    return bool(getattr(generation_config, "is_assistant", False))

@@ -34,21 +34,6 @@ from hf_prefix_cache.model.working_cache import WorkingCache
 _LOGITS_PROCESSOR_POSITION = 2
 
 
-def eos_ids(eos_token_id: Any) -> frozenset[int]:
-    """The end-of-sequence ids of a setting (an id, a list of them, a tensor, or None).
-
-    >>> sorted(eos_ids([2, 7])), eos_ids(None)
-    ([2, 7], frozenset())
-    """
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.tolist()
-    if isinstance(eos_token_id, int):
-        return frozenset((eos_token_id,))
-    return frozenset(int(i) for i in eos_token_id)
-
-
 class EndStates(LogitsProcessor):
     """A logits processor that changes no score: it clones a row's recurrent states when the row has just fed its
     first generated EOS (at `prompt_len` or later), keyed by the row's index in the batch.

@@ -96,19 +96,6 @@ def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, mode
     return None
 
 
-def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
-    """Whether a call is an assistant model's drafting inside an assisted `generate` of the main model: transformers
-    marks the config it passes (`is_assistant`). The assistant's cache then passes from one drafting call to the next
-    within the main call, and most of what it drafts is cropped off again.
-
-    >>> is_drafting(GenerationConfig(is_assistant=True), {}), is_drafting(None, {})
-    (True, False)
-    """
-    if kwargs.get("is_assistant"):
-        return True
-    return bool(getattr(generation_config, "is_assistant", False))
-
-
 def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str | None:
     """Why these decoding settings cannot run on a restored cache (beams, several sequences, no cache,
     assisted decoding) with the hook's `modes`, or None."""
