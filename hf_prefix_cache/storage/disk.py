@@ -34,7 +34,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.codec import (
     CorruptFileError,
     Layout,
@@ -77,7 +78,7 @@ class DiskTier:
 
     Example:
         >>> import tempfile
-        >>> from hf_prefix_cache.model.states import Run
+        >>> from hf_prefix_cache.model.runs import Run
         >>> from hf_prefix_cache.storage.segments import Segment
         >>> from hf_prefix_cache.storage.tier import Standalone
         >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)

@@ -2,17 +2,20 @@
 
 Both keep a segment as a run of its own, copied by a `Mover` (`tiers.py`: batched copies, on
 CUDA page-locked and on a side stream), and give back a segment's share of its run on `drop`.
+States computed after a segment was kept (snapshots and media item states a new path brings)
+join it on its tier through `add_states`.
 
 Knows segments and devices; nothing about the tree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from hf_prefix_cache.storage.mover import Mover, segment_to_device, segment_to_host
+from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.storage.mover import Mover, segment_to_device, segment_to_host, snapshot_to_host
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tier import Place
 
@@ -21,7 +24,7 @@ class DeviceTier:
     """The model's devices: where restores read from; `state_device(layer)` is where a stateful layer's states go.
 
     Example:
-        >>> from hf_prefix_cache.model.states import Run
+        >>> from hf_prefix_cache.model.runs import Run
         >>> from hf_prefix_cache.storage.tier import Standalone
         >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
         >>> host = HostTier(Mover()).put(Segment(run, 0, 4, run.nbytes_per_token), Standalone("ns", (1, 2, 3, 4)))
@@ -46,6 +49,15 @@ class DeviceTier:
     def drop(self, seg: Segment) -> None:
         _give_back(seg)
 
+    def add_states(self, seg: Segment, snapshots: Sequence[Snapshot], items: Sequence[ItemState]) -> None:
+        """Give `seg` (one this tier keeps) device `snapshots` and media `items` as they are."""
+        _add_states(seg, snapshots, items)
+
+    def holds_as_is(self, seg: Segment) -> bool:
+        """Whether in-memory `seg` already lies where this tier keeps it: every layer it holds lives on the CPU."""
+        targets = [*(seg.run.devices if seg.run is not None else []), *self.state_devices(seg).values()]
+        return all(d is None or d.type == "cpu" for d in targets)
+
     def state_devices(self, seg: Segment) -> dict[int, torch.device | None]:
         """The device of each layer whose states `seg`'s snapshots and item states hold."""
         held = [*seg.snapshots.values(), *seg.items.values()]
@@ -69,6 +81,19 @@ class HostTier:
 
     def drop(self, seg: Segment) -> None:
         _give_back(seg)
+
+    def add_states(self, seg: Segment, snapshots: Sequence[Snapshot], items: Sequence[ItemState]) -> None:
+        """Give `seg` (one this tier keeps) copies of device `snapshots` and media `items` in host memory."""
+        mover = self.mover
+        _add_states(seg, [snapshot_to_host(s, mover) for s in snapshots], [snapshot_to_host(s, mover) for s in items])
+
+
+def _add_states(seg: Segment, snapshots: Sequence[Snapshot], items: Sequence[ItemState]) -> None:
+    """`seg` takes each of `snapshots` and `items` at its length (the caller picked ones it holds none at)."""
+    for snap in snapshots:
+        seg.snapshots[snap.length] = snap
+    for state in items:
+        seg.items[state.length] = state
 
 
 def _give_back(seg: Segment) -> None:

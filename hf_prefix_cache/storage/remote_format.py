@@ -34,7 +34,8 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.codec import (
     CorruptFileError,
     Layout,

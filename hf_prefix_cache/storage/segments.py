@@ -5,8 +5,9 @@ every layer that has keys. Nodes refer to sub-ranges of a run by absolute positi
 prefix that lies in one run restores as a view with no copy, and a node split is free.
 
 Invariant (checked by `store/integrity.py`): the segments that refer to a run cover
-`[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
-drops a segment compacts its run (`Run.compact`) when the referenced range shrinks.
+`[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. A segment
+dropped gives its range back (`Run.give_back`, which compacts a run still read by others); a new
+one shares its run with the stored prefix or keeps its own range alone (`share_run`).
 
 A segment may also hold *item states*: tensors computed from one media item alone (Mllama:
 an image's cross-attention keys/values), kept under the position after the item's
@@ -29,7 +30,8 @@ import torch
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import ItemState, Snapshot
 
 
 @dataclass(slots=True)
@@ -89,6 +91,61 @@ class Segment:
         if self.disk is not None:
             self.disk.num_refs += 1
         return head, tail
+
+
+def share_run(leaf: Segment, before: Sequence[Segment] | None, tail: Run | None = None) -> None:
+    """Make `leaf`'s run (positions `[0, leaf.end)`) back it without holding a second copy of the prefix.
+
+    `before` are the segments of the stored prefix `[0, leaf.start)` where they may move (all on
+    the device, and the insert is of one whole sequence), else None. They move onto the run when
+    their runs back nothing else (a chat continuing): restores along the path stay one view and
+    the old tensors are freed. Otherwise the run keeps only the leaf's own positions, copied out so
+    the prefix copy can be freed (`tail`: a copy of exactly those positions, made already).
+
+    >>> run = Run([torch.arange(8.0).view(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
+    >>> leaf = Segment(run, 3, 4, run.nbytes_per_token)
+    >>> share_run(leaf, None)  # no prefix may move: the run keeps position 3 alone
+    >>> (run.lo, run.hi, run.num_refs)
+    (3, 4, 1)
+    """
+    run = leaf.run
+    if run is None:
+        return
+    run.take()
+    if before is not None and _runs_back_only(before):
+        for seg in before:
+            seg.run = run
+            run.take()
+    else:
+        run.compact(leaf.start, leaf.end, copy=tail)
+
+
+def _runs_back_only(segments: Sequence[Segment]) -> bool:
+    """Whether every segment has a run and those runs are read by these segments and no other."""
+    counts: dict[int, int] = {}
+    for seg in segments:
+        if seg.run is None:
+            return False
+        counts[id(seg.run)] = counts.get(id(seg.run), 0) + 1
+    for seg in segments:  # noqa: SIM110 - runs on every insert: a loop, not a generator's call per segment
+        if seg.run is not None and seg.run.num_refs != counts[id(seg.run)]:
+            return False  # another segment still reads this run
+    return True
+
+
+def tail_from(seg: Segment, at: int) -> Segment:
+    """The part of `seg` (read by no other segment) from position `at` on, its run cut down to that part.
+
+    >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
+    >>> part = tail_from(Segment(run, 0, 4, run.nbytes_per_token), 1)
+    >>> (part.start, part.end, run.lo, run.hi)
+    (1, 4, 1, 4)
+    """
+    if seg.run is not None:
+        seg.run.compact(at, seg.end)
+    snapshots = {n: s for n, s in seg.snapshots.items() if n > at}
+    items = {n: s for n, s in seg.items.items() if n > at}
+    return Segment(seg.run, at, seg.end, seg.nbytes_per_token, snapshots, items=items)
 
 
 KVPieces = list[tuple[list[torch.Tensor | None], list[torch.Tensor | None]]]

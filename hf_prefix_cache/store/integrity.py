@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.storage.host_pool import size_class
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DISK, HOST, TIER_NAMES

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.storage.codec import Layout
 from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.mover import Mover
