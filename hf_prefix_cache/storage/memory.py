@@ -20,7 +20,22 @@ from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tier import Place
 
 
-class DeviceTier:
+class _InMemory:
+    """What both memory tiers do alike: a segment kept in memory is read as it is and gives its run back."""
+
+    def get(self, seg: Segment, place: Place) -> Segment:
+        return seg
+
+    def drop(self, seg: Segment) -> None:
+        """`seg` no longer reads its run: the run is cut down to what other segments still read."""
+        if seg.run is not None:
+            seg.run.give_back(seg.start, seg.end)
+
+    def flush(self) -> None:
+        """Nothing was left for later: copies are made by `put` itself."""
+
+
+class DeviceTier(_InMemory):
     """The model's devices: where restores read from; `state_device(layer)` is where a stateful layer's states go.
 
     Example:
@@ -43,12 +58,6 @@ class DeviceTier:
         """A copy of host segment `seg` on the devices its layers belong to."""
         return segment_to_device(seg, self.mover, self.state_devices(seg))
 
-    def get(self, seg: Segment) -> Segment:
-        return seg
-
-    def drop(self, seg: Segment) -> None:
-        _give_back(seg)
-
     def add_states(self, seg: Segment, snapshots: Sequence[Snapshot], items: Sequence[ItemState]) -> None:
         """Give `seg` (one this tier keeps) device `snapshots` and media `items` as they are."""
         _add_states(seg, snapshots, items)
@@ -64,7 +73,7 @@ class DeviceTier:
         return {layer: self.state_device(layer) for snap in held for layer in snap.states}
 
 
-class HostTier:
+class HostTier(_InMemory):
     """CPU memory (page-locked with a pinning `Mover`); a segment here comes back to the device by layer."""
 
     name = "host"
@@ -75,12 +84,6 @@ class HostTier:
     def put(self, seg: Segment, place: Place) -> Segment:
         """A copy of in-memory `seg` in host memory."""
         return segment_to_host(seg, self.mover)
-
-    def get(self, seg: Segment) -> Segment:
-        return seg
-
-    def drop(self, seg: Segment) -> None:
-        _give_back(seg)
 
     def add_states(self, seg: Segment, snapshots: Sequence[Snapshot], items: Sequence[ItemState]) -> None:
         """Give `seg` (one this tier keeps) copies of device `snapshots` and media `items` in host memory."""
@@ -94,9 +97,3 @@ def _add_states(seg: Segment, snapshots: Sequence[Snapshot], items: Sequence[Ite
         seg.snapshots[snap.length] = snap
     for state in items:
         seg.items[state.length] = state
-
-
-def _give_back(seg: Segment) -> None:
-    """`seg` no longer reads its run: the run is cut down to what other segments still read."""
-    if seg.run is not None:
-        seg.run.give_back(seg.start, seg.end)

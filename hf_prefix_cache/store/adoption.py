@@ -1,6 +1,6 @@
 """Adopting remote chunks: a prefix loaded from the remote tier joins the local tree on the device.
 
-The store fetches chunks outside its lock (`RemoteTier.fetch`), then, under it, `adopt` adds
+The store loads chunks outside its lock (`RemoteTier.get`), then, under it, `adopt` adds
 the part past the local match as a new leaf on the device; `Placement.adopt` then keeps tiers
 monotone (`settle`) and budgets (`enforce`). Writing to the remote tier is `Placement.write_remote`.
 """
@@ -35,7 +35,7 @@ def adopt(
     prefix it continues) meanwhile, or the part is larger than `largest_budget`.
 
     Example:
-        >>> hit = remote.fetch("ns", symbols, 0, 4, False).segment  # doctest: +SKIP
+        >>> hit = remote.get(Segment(None, 0, 1024, 0), Standalone("ns", symbols))  # doctest: +SKIP
         >>> adopt(tree, device, 1 << 30, "ns", symbols, hit)  # doctest: +SKIP
         InsertResult(matched_len=0, ...)
     """

@@ -221,7 +221,7 @@ class Placement:
         self.drop(bad)
 
     def write_remote(self, node: Node[Segment]) -> None:
-        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (sent by `RemoteTier.flush`)."""
+        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (`put`; sent by its `flush`)."""
         if self.remote is not None and not node.is_root:
             assert node.value is not None
             self.remote.put(node.value, NodePlace(self.tree, self.tiers, node))
@@ -245,8 +245,8 @@ class Placement:
             if node.start >= length or node.tier == DEVICE:
                 out.append(seg)
                 continue
-            in_memory = self.tiers[node.tier].get(seg)
-            device_seg = self.device.put(in_memory, NodePlace(self.tree, self.tiers, node))
+            place = NodePlace(self.tree, self.tiers, node)
+            device_seg = self.device.put(self.tiers[node.tier].get(seg, place), place)
             self.counters.reloads += 1
             logger.debug("brought tokens [%d, %d) back to the device", node.start, node.end)
             promote = promote and self.make_room(DEVICE, node.nbytes)

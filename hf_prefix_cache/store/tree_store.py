@@ -88,9 +88,7 @@ class TreeStore:
         self._requests = RequestCounters(self._lock.raw, PrefillCost.of(model, len(self.profile.kv_layers)))
         # A request scope's salt (`scope.py`), keyed by the counters the scope counts into.
         self._namespaces = Namespaces(model, options.salt, ACTIVE_SCOPES, functools.partial(salt_of, self._requests))
-        self._upkeep = Upkeep(
-            self._tree, self._placement, self._lock, self._requests, resolved.ttl, self.profile.has_state
-        )
+        self._upkeep = Upkeep(self._tree, self._placement, self._lock, self._requests, resolved.ttl)
         self._prefixes = Prefixes(
             profile, tree=self._tree, placement=self._placement, lock=self._lock, upkeep=self._upkeep
         )
