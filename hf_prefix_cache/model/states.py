@@ -40,6 +40,15 @@ class Snapshot:
         if self.nbytes < 0:
             self.nbytes = sum(s.nbytes for s in self.states.values())
 
+    def devices(self) -> dict[int, torch.device]:
+        """The device of each layer's states (a layer holding no tensor is left out)."""
+        out: dict[int, torch.device] = {}
+        for layer, state in self.states.items():
+            first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
+            if first is not None:
+                out[layer] = first.device
+        return out
+
 
 @dataclass(slots=True)
 class ItemState(Snapshot):

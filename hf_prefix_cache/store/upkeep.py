@@ -35,12 +35,8 @@ class StateDevices:
         self._devices: dict[int, torch.device] = {}
 
     def remember(self, snap: Snapshot) -> None:
-        if len(self._devices) == len(snap.states):
-            return
-        for layer, state in snap.states.items():
-            first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
-            if first is not None:
-                self._devices[layer] = first.device
+        if len(self._devices) != len(snap.states):
+            self._devices.update(snap.devices())
 
     def get(self, layer: int) -> torch.device | None:
         return self._devices.get(layer, self._default)
