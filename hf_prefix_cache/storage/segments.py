@@ -4,7 +4,7 @@ A `Run` owns the key/value tensors of consecutive positions `[lo, hi)` of one se
 every layer that has keys. Nodes refer to sub-ranges of a run by absolute position, so a
 prefix that lies in one run restores as a view with no copy, and a node split is free.
 
-Invariant (checked by `store/integrity.py`): the segments that refer to a run cover
+Invariant (`check_runs`, run by `store/integrity.py`): the segments that refer to a run cover
 `[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. A segment
 dropped gives its range back (`Run.give_back`, which compacts a run still read by others); a new
 one shares its run with the stored prefix or keeps its own range alone (`share_run`).
@@ -22,7 +22,7 @@ Knows nothing about the tree or about models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing
 from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.storage.host_pool import size_class
 
 
 @dataclass(slots=True)
@@ -247,3 +248,50 @@ def stored_item_states(
             return start, found
         found.append(state)
     return limit, found
+
+
+def in_host_memory(seg: Segment) -> bool:
+    """Whether every key tensor of `seg`'s run lies in CPU memory (what a segment on the host tier holds)."""
+    return seg.run is None or all(t is None or t.device.type == "cpu" for t in seg.run.keys)
+
+
+def check_runs(segments: Iterable[Segment], pooled: Callable[[torch.Tensor], bool] | None = None) -> None:
+    """Raise `RuntimeError` where the runs that `segments` read break the module's invariant.
+
+    The segments reading a run must cover its range exactly, as many as it counts references,
+    and its tensors' storages must hold no bytes beyond theirs (a buffer of the host tier's pool,
+    where `pooled` says a tensor views one, holds its size class: `host_pool.size_class`).
+    """
+    covered: dict[int, tuple[Run, list[tuple[int, int]]]] = {}
+    for seg in segments:
+        if seg.run is not None:
+            covered.setdefault(id(seg.run), (seg.run, []))[1].append((seg.start, seg.end))
+    for run, spans in covered.values():
+        # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
+        storages: dict[tuple[str, int], list[torch.Tensor]] = {}
+        for t in [*run.keys, *run.values]:
+            if t is not None:
+                storages.setdefault(_storage_key(t), []).append(t)
+        for members in storages.values():
+            held, needed = members[0].untyped_storage().nbytes(), sum(t.nbytes for t in members)
+            allowed = size_class(needed) if pooled is not None and pooled(members[0]) else needed
+            if held != allowed:
+                raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
+        spans.sort()
+        if run.num_refs != len(spans):
+            raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")
+        if (
+            spans[0][0] != run.lo
+            or spans[-1][1] != run.hi
+            or any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1))
+        ):
+            raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans}")
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    """What tells tensors' storages apart: their address; meta tensors have none (every one reads 0), so they are
+    keyed by the tensor they view (views of one packed copy share its storage, others have their own)."""
+    ptr = tensor.untyped_storage().data_ptr()
+    if ptr:
+        return (tensor.device.type, ptr)
+    return ("no address", id(tensor._base if tensor._base is not None else tensor))
