@@ -25,7 +25,8 @@ from hf_prefix_cache.model.layers import LayerAdapter, LayerState
 from hf_prefix_cache.model.layers.recurrent import clone_states
 from hf_prefix_cache.model.own_caches import bridged
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot, pack, stack_one
+from hf_prefix_cache.model.runs import Run, all_finite, pack, stack_one
+from hf_prefix_cache.model.states import Captured, ItemState, Snapshot, merge_windows, state_tensors
 
 
 class WorkingCache(DynamicCache):
@@ -330,32 +331,40 @@ class WorkingCache(DynamicCache):
         states.update(zip(recurrent, clone_states(list(recurrent.values())), strict=True))
         return Snapshot(length, dict(sorted(states.items())))
 
-    def merge_windows(self, snapshots: Sequence[Snapshot]) -> list[Snapshot]:
-        """Window-only snapshots whose windows touch become one extended snapshot (fewer bytes than two).
+    def captured(
+        self,
+        length: int,
+        *,
+        row: int | None = None,
+        snapshots: Sequence[Snapshot] = (),
+        items: Sequence[ItemState] = (),
+        computed_from: int = 0,
+    ) -> Captured | None:
+        """What the store keeps of `[0, length)` (one `row` of a batch): its run, earlier `snapshots`, one at `length`.
 
-        Only for models whose every state layer is a window (sliding layers in window mode): the
-        merged snapshot sits at the later length and restores any length back to the earlier one.
+        Positions from `computed_from` on, `snapshots` and `items` were computed by this request; None
+        when any of them holds NaN or infinity (the store then keeps nothing). After a restored prefix the
+        store likely keeps just the new positions: they are copied out once (one stack), and the check
+        reads that copy.
         """
-        if self.profile.has_recurrence or not self.profile.has_state:
-            return list(snapshots)
-        out: list[Snapshot] = []
-        for snap in sorted(snapshots, key=lambda s: s.length):
-            if out and snap.length > out[-1].length:
-                merged = self._extend(out[-1], snap)
-                if merged is not None:
-                    out[-1] = merged
-                    continue
-            out.append(snap)
-        return out
-
-    def _extend(self, earlier: Snapshot, later: Snapshot) -> Snapshot | None:
-        states = {}
-        for i, state in later.states.items():
-            extended = self.profile.adapters[i].extend(earlier.states[i], state)
-            if extended is None:
-                return None
-            states[i] = extended
-        return Snapshot(later.length, states, reach=later.length - earlier.length + earlier.reach)
+        start = min(computed_from, length)
+        run, tail = self.capture(length, row, start if start > 0 else None) if self.profile.has_kv else (None, None)
+        kept = list(snapshots)
+        if self.profile.has_state:
+            kept.append(self.snapshot(length))
+            if not self.profile.has_recurrence:  # window mode: touching windows held once
+                kept = merge_windows(kept, self.profile.adapters)
+        if tail is not None:
+            fresh: list[torch.Tensor | None] = list(tail.buffers)
+        elif run is not None:  # nothing restored: every position is new, and the run holds exactly those
+            fresh = [*run.keys, *run.values]
+        else:
+            fresh = []
+        if kept or items:
+            fresh += [*state_tensors(kept), *state_tensors(items)]
+        if not all_finite(fresh):
+            return None
+        return Captured(run, tail, kept, run.nbytes_per_token if run is not None else 0)
 
     def kv_length(self) -> int | None:
         """Positions held by the attention layers, or None when the model has none."""

@@ -1,15 +1,16 @@
 """How stored states become safetensors tensors plus JSON metadata, and back: shared by the disk and remote tiers.
 
-Snapshots and item states are written as tensors named ``<prefix>.<length>.<layer>.<attr>.<index>``
-with their layout in JSON; `checksum` covers the metadata and every tensor, so a file or a
-server value that was changed or truncated is refused (`CorruptFileError`). Nothing is ever
-unpickled.
+A file or chunk holds each layer's keys and values as tensors ``k.<layer>`` and ``v.<layer>``,
+and snapshots and item states as tensors named ``<prefix>.<length>.<layer>.<attr>.<index>`` with
+their layout in JSON (`encode`; read back by `decode`); `checksum` covers the metadata and every
+tensor, so a file or a server value that was changed or truncated is refused (`verified`,
+`CorruptFileError`). Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,7 +18,7 @@ import torch
 import xxhash
 
 from hf_prefix_cache.model.layers import LayerState
-from hf_prefix_cache.model.states import Snapshot
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.segments import Segment
 
 S = TypeVar("S", bound=Snapshot)
@@ -35,6 +36,52 @@ class Layout:
     kv_layers: tuple[int, ...]
     state_layers: tuple[int, ...]
     item_layers: tuple[int, ...] = ()
+
+
+def encode(
+    keys: Sequence[torch.Tensor | None],
+    values: Sequence[torch.Tensor | None],
+    snapshots: Mapping[int, Snapshot],
+    items: Mapping[int, ItemState],
+    meta: dict[str, Any],
+) -> dict[str, torch.Tensor]:
+    """The tensors of a file or chunk: each layer's keys and values (on the CPU), then `snapshots` and `items`.
+
+    `meta` (the file's or chunk's own fields) gains the layout of the states and, last, the
+    checksum that covers it all.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if k is not None and v is not None:
+            tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
+            tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
+    meta["snapshots"] = states_to_file("s", snapshots, tensors)
+    meta["items"] = states_to_file("i", items, tensors)
+    meta["checksum"] = checksum(tensors, meta)
+    return tensors
+
+
+def verified(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bool:
+    """Whether `meta`'s checksum is that of `tensors` and the rest of `meta`: nothing changed since `encode`."""
+    return bool(meta.get("checksum") == checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}))
+
+
+def decode(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any], layout: Layout, stub: Segment
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], dict[int, Snapshot], dict[int, ItemState]]:
+    """Each layer's keys and values (None for layers without), and the snapshots and item states of `stub`'s range.
+
+    Raises:
+        CorruptFileError: keys, states or item states for other layers than `layout`'s.
+    """
+    assert stub.disk is not None
+    keys: list[torch.Tensor | None] = [tensors.get(f"k.{i}") for i in range(layout.num_layers)]
+    values: list[torch.Tensor | None] = [tensors.get(f"v.{i}") for i in range(layout.num_layers)]
+    if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
+        raise CorruptFileError(f"{stub.disk.path} has keys for other layers than the model's {layout.kv_layers}")
+    snapshots = states_from_file("s", meta.get("snapshots", {}), tensors, stub, layout.state_layers, Snapshot)
+    items = states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers, ItemState)
+    return keys, values, snapshots, items
 
 
 def states_to_file(prefix: str, at: Mapping[int, Snapshot], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -13,8 +13,9 @@ unpickled: tensors go through safetensors, metadata through JSON. A file that ca
 is truncated, fails its checksum or belongs to another model is skipped with a warning.
 
 `DiskTier` is a `Tier` (`tier.py`): `put` writes a file, `get` reads one back, `drop` lets go of
-one; what the disk tier needs besides: `scan` and `stub_for` (a new process finds the files),
-`add_snapshots` (a file gains snapshots), and `empty_trash` (deletions, run outside the store's lock).
+one and `flush` deletes the files let go of (outside the store's lock); what the disk tier needs
+besides: `scan` and `stub_for` (a new process finds the files) and `add_snapshots` (a file gains
+snapshots).
 
 Knows segments and files; nothing about the tree.
 """
@@ -28,21 +29,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
-from hf_prefix_cache.storage.codec import (
-    CorruptFileError,
-    Layout,
-    checksum,
-    states_from_file,
-    states_to_file,
-    stored_devices,
-)
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.storage.codec import CorruptFileError, Layout, decode, encode, stored_devices, verified
 from hf_prefix_cache.storage.segments import DiskRef, Segment
 from hf_prefix_cache.storage.tier import Place
 
@@ -77,7 +73,7 @@ class DiskTier:
 
     Example:
         >>> import tempfile
-        >>> from hf_prefix_cache.model.states import Run
+        >>> from hf_prefix_cache.model.runs import Run
         >>> from hf_prefix_cache.storage.segments import Segment
         >>> from hf_prefix_cache.storage.tier import Standalone
         >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
@@ -85,7 +81,7 @@ class DiskTier:
         >>> stub = tier.put(Segment(run, 0, 4, run.nbytes_per_token), Standalone("ns", (5, 6, 7, 8)))
         >>> stub.run is None, stub.disk.hi
         (True, 4)
-        >>> tier.get(stub).run.keys[0].sum().item()
+        >>> tier.get(stub, Standalone("ns", (5, 6, 7, 8))).run.keys[0].sum().item()
         8.0
     """
 
@@ -112,20 +108,13 @@ class DiskTier:
             raise TypeError("only integer symbols can be written to disk")
         if len(symbols) != seg.end:
             raise InconsistentStateError(f"{len(symbols)} symbols for a segment ending at {seg.end}")
-        tensors: dict[str, torch.Tensor] = {}
-        devices: list[str | None]
+        keys: list[torch.Tensor | None] = []
+        values: list[torch.Tensor | None] = []
+        devices: list[str | None] = [None] * self.layout.num_layers
         if seg.run is not None:
             keys, values = seg.run.slice(seg.start, seg.end)
-            for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-                if k is not None and v is not None:
-                    tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
-                    tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
             devices = [str(d) if d is not None else None for d in seg.run.devices]
-        else:
-            devices = [None] * self.layout.num_layers
-        snapshots = states_to_file("s", seg.snapshots, tensors)
-        items = states_to_file("i", seg.items, tensors)
-        meta = {
+        meta: dict[str, Any] = {
             "format": FORMAT,
             "namespace": namespace,
             "symbols": list(symbols),
@@ -133,10 +122,8 @@ class DiskTier:
             "hi": seg.end,
             "nbytes_per_token": seg.nbytes_per_token,
             "devices": devices,
-            "snapshots": snapshots,
-            "items": items,
         }
-        meta["checksum"] = checksum(tensors, meta)
+        tensors = encode(keys, values, seg.snapshots, seg.items, meta)
         folder = self.folder(namespace)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{uuid.uuid4().hex}.safetensors"
@@ -186,7 +173,7 @@ class DiskTier:
         for part in parts:
             whole.snapshots.update(part.snapshots)
             whole.items.update(part.items)
-        loaded = self.get(whole)
+        loaded = self.get(whole, place)
         loaded.snapshots.update({s.length: s for s in snapshots})
         written = self.put(loaded, place)
         new_ref = written.disk
@@ -213,15 +200,15 @@ class DiskTier:
             self.delete(ref.path)
 
     def delete(self, path: Path) -> None:
-        """Schedule `path` for deletion by the next `empty_trash` (the store calls it outside its lock).
+        """Schedule `path` for deletion by the next `flush` (the store calls it outside its lock).
 
         Unlinking a file whose pages were just read costs milliseconds (the kernel frees its
         page cache), which would otherwise stall every thread waiting on the store.
         """
         self._trash.append(path)
 
-    def empty_trash(self) -> None:
-        """Delete the files scheduled by `delete`."""
+    def flush(self) -> None:
+        """Delete the files scheduled by `delete` (and so by `drop`)."""
         while self._trash:
             path = self._trash.pop()
             try:
@@ -266,7 +253,7 @@ class DiskTier:
             entry.snapshot_reach,
         )
 
-    def get(self, stub: Segment) -> Segment:
+    def get(self, stub: Segment, place: Place) -> Segment:
         """Read disk stub `stub` into a host-memory segment, checking the file's checksum.
 
         Raises:
@@ -280,27 +267,21 @@ class DiskTier:
             tensors = load_file(str(path))
         except Exception as exc:
             raise CorruptFileError(f"cannot read {path}: {exc}") from exc
-        if meta.get("checksum") != checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
+        if not verified(tensors, meta):
             raise CorruptFileError(f"{path} fails its checksum: its contents or header changed after it was written")
         if (meta.get("lo"), meta.get("hi")) != (run_lo, run_hi):
             raise CorruptFileError(f"{path} holds [{meta.get('lo')}, {meta.get('hi')}), expected [{run_lo}, {run_hi})")
-        layout = self.layout
-        keys: list[torch.Tensor | None] = [tensors.get(f"k.{i}") for i in range(layout.num_layers)]
-        values: list[torch.Tensor | None] = [tensors.get(f"v.{i}") for i in range(layout.num_layers)]
-        if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
-            raise CorruptFileError(f"{path} has keys for other layers than the model's {layout.kv_layers}")
+        keys, values, snapshots, items = decode(tensors, meta, self.layout, stub)
         run = None
-        if layout.kv_layers:
+        if self.layout.kv_layers:
             run = Run(keys, values, run_lo, run_hi, devices=list(stub.disk.devices))
             run.take()
             if run.nbytes_per_token != stub.nbytes_per_token:
                 raise CorruptFileError(
                     f"{path} holds {run.nbytes_per_token} bytes per token, expected {stub.nbytes_per_token}"
                 )
-        snapshots = states_from_file("s", meta["snapshots"], tensors, stub, layout.state_layers, Snapshot)
         if sorted(snapshots) != sorted(stub.snapshots):
             raise CorruptFileError(f"{path} holds snapshots at {sorted(snapshots)}, expected {sorted(stub.snapshots)}")
-        items = states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers, ItemState)
         if sorted(items) != sorted(stub.items):
             raise CorruptFileError(f"{path} holds item states at {sorted(items)}, expected {sorted(stub.items)}")
         if run is not None and (stub.start, stub.end) != (run_lo, run_hi):

@@ -22,7 +22,8 @@ import torch
 
 from hf_prefix_cache.model.landing import DeferredCopies, Landing, StreamEvents, combine
 from hf_prefix_cache.model.layers import LayerState
-from hf_prefix_cache.model.states import Run, Snapshot
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.storage.host_pool import HostPool
 from hf_prefix_cache.storage.segments import Segment
 

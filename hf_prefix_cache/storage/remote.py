@@ -13,12 +13,13 @@ load makes the hit shorter. A server that is down, slow or full never fails a re
 bounded by `timeout`, after a connection error the tier is skipped for a growing back-off (1 s
 up to 30 s) and the client reconnects by itself; the caller counts the reason.
 
-`RemoteTier` is a `Tier` (`tier.py`): `put(seg, place)` queues the whole chunks of the place's
-sequence that the server lacks (one pipelined `EXISTS` round trip; chunks made by
-`remote_chunks.py`), sent by `flush` (one pipelined `SET` round trip, called outside the store's
-lock); the caller holds nothing for them. What the remote tier needs besides: `fetch(namespace,
-symbols, first, last, need_snapshot)` -> `RemoteHit` (one pipelined `EXISTS`, then one `MGET`),
-whose host segment `get` hands back as it is; `drop` has nothing to give back (the server evicts).
+`RemoteTier` is a `Tier` (`tier.py`) and its work is the protocol's verbs. `put(seg, place)`
+queues the whole chunks of the place's sequence that the server lacks (one pipelined `EXISTS`
+round trip; chunks made by `remote_chunks.py`); `flush` sends them (one pipelined `SET` round
+trip), called outside the store's lock; the caller holds nothing for them. `get(seg, place)` loads
+the longest run of stored chunks of the range `seg` names (one pipelined `EXISTS`, then one
+`MGET`) as one host segment, and `drop` gives back such a segment when the caller keeps none of
+it (the server's copy stays: the server evicts).
 
 Knows segments and the server; nothing about the tree.
 """
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from hf_prefix_cache import reasons
 from hf_prefix_cache.storage.codec import CorruptFileError, Layout
 from hf_prefix_cache.storage.remote_chunks import gather_chunks
 from hf_prefix_cache.storage.remote_format import BadChunkError, ChunkWrite, chunk_keys, decode_chunk, join_chunks
@@ -68,15 +68,8 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, parts.fragment))
 
 
-@dataclass(slots=True)
-class RemoteHit:
-    """Chunks loaded for positions `[lo, hi)`, joined into one host segment of that range (None: nothing loaded).
-
-    `error` names why the server could not be asked (``"remote_unavailable"``), else None.
-    """
-
-    segment: Segment | None = None
-    error: str | None = None
+class RemoteUnavailableError(Exception):
+    """The server could not be asked (down, slow, refused, or backing off after such an error)."""
 
 
 @dataclass(slots=True)
@@ -108,7 +101,7 @@ class RemoteTier:
 
     Example:
         >>> tier = RemoteTier("redis://localhost:6379/0", layout)  # doctest: +SKIP
-        >>> tier.fetch(namespace, symbols, 0, 4, need_snapshot=False).hi  # doctest: +SKIP
+        >>> tier.get(Segment(None, 0, 1024, 0), Standalone(namespace, symbols[:1024])).end  # doctest: +SKIP
         1024
     """
 
@@ -230,7 +223,7 @@ class RemoteTier:
         if num_chunks == 0 or any(type(s) is not int for s in symbols):
             return None
         namespace = place.namespace
-        missing = self.missing(namespace, symbols, num_chunks)
+        missing = self._missing(namespace, symbols, num_chunks)
         if not missing:
             return None
         chain = chunk_keys(namespace, symbols, self.chunk_len, num_chunks)
@@ -239,18 +232,56 @@ class RemoteTier:
         except CorruptFileError as exc:
             logger.warning("not writing a prefix to the remote tier: %s", exc)
             return None
-        self.queue(writes)
+        self._queue(writes)
         return None
 
-    def get(self, seg: Segment) -> Segment:
-        """A segment `fetch` loaded: already in host memory."""
-        return seg
+    def get(self, seg: Segment, place: Place) -> Segment:
+        """The longest run of stored chunks of `place`'s sequence from `seg.start` on, up to `seg.end`, joined.
+
+        `seg` names the range wanted (its ends on chunk boundaries; it holds nothing). One pipelined
+        `EXISTS` finds how many chunks are stored, one `MGET` loads them, joined into one host
+        segment. A chunk that is missing, vanished since, belongs to another sequence or is corrupt
+        ends it there (corrupt ones are deleted). For a model with state layers it ends at the last
+        chunk that carries the snapshot at its end. Nothing stored: an empty segment at `seg.start`.
+
+        Raises:
+            RemoteUnavailableError: the server could not be asked (the tier backs off before asking again).
+        """
+        first, last = seg.start // self.chunk_len, seg.end // self.chunk_len
+        if last <= first:
+            return Segment(None, seg.start, seg.start, 0)
+        if not self.available:
+            raise RemoteUnavailableError(f"{self.url} is backing off")
+        namespace, symbols = place.namespace, place.symbols()
+        keys = chunk_keys(namespace, symbols, self.chunk_len, last)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys[first:]:
+                pipe.exists(key)
+            found = pipe.execute()
+            stored = next((i for i, n in enumerate(found) if not n), len(found))
+            blobs = self._load(keys[first : first + stored]) if stored else []
+        except self._errors as exc:
+            self._failed(exc)
+            raise RemoteUnavailableError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+        self._succeeded()
+        chunks = self._decode(namespace, symbols, keys, first, blobs)
+        if self.layout.state_layers:  # a restore needs the snapshot at the hit's end
+            while chunks and chunks[-1].end not in chunks[-1].snapshots:
+                chunks.pop()
+        if chunks:
+            with self._lock:
+                self.counters.hits += 1
+                self.counters.hit_tokens += len(chunks) * self.chunk_len
+        return join_chunks(chunks) if chunks else Segment(None, seg.start, seg.start, 0)
 
     def drop(self, seg: Segment) -> None:
-        """Nothing to give back: the server evicts what it holds."""
+        """Give back a segment `get` loaded that the caller keeps none of (its run); the server's copy stays."""
+        if seg.run is not None:
+            seg.run.give_back(seg.start, seg.end)
 
-    # ------------------------------------------------------------ writing
-    def missing(self, namespace: str, symbols: Sequence[Hashable], num_chunks: int) -> list[int]:
+    # ------------------------------------------------------------ what put and flush do
+    def _missing(self, namespace: str, symbols: Sequence[Hashable], num_chunks: int) -> list[int]:
         """Indices of the first `num_chunks` chunks of `symbols` the server lacks (none while it is down)."""
         if num_chunks <= 0 or not self.available:
             return []
@@ -266,7 +297,7 @@ class RemoteTier:
         self._succeeded()
         return [i for i, n in enumerate(found) if not n]
 
-    def queue(self, writes: Sequence[ChunkWrite]) -> None:
+    def _queue(self, writes: Sequence[ChunkWrite]) -> None:
         """Hold `writes` for the next `flush`, unless together they exceed `max_write_bytes` (then counted, skipped)."""
         total = sum(w.nbytes for w in writes)
         with self._lock:
@@ -277,7 +308,8 @@ class RemoteTier:
             self._pending.extend(writes)
 
     def flush(self) -> None:
-        """Send the queued chunks in one pipelined round trip; a full server skips (and counts) them."""
+        """Send the chunks `put` queued in one pipelined round trip (outside the store's lock); a full server skips
+        (and counts) them."""
         with self._lock:
             writes, self._pending = self._pending, []
         if not writes:
@@ -308,32 +340,10 @@ class RemoteTier:
             logger.info("remote tier refused %d of %d chunks: %s", len(refused), len(writes), refused[0])
 
     # ------------------------------------------------------------ reading
-    def fetch(
-        self, namespace: str, symbols: Sequence[Hashable], first: int, last: int, need_snapshot: bool
-    ) -> RemoteHit:
-        """Load the longest run of stored chunks `first, first + 1, ... < last` of `symbols`, joined.
-
-        One pipelined `EXISTS` finds how many are stored, one `MGET` loads them. A chunk that is
-        missing, vanished since, belongs to another sequence or is corrupt ends the hit there
-        (corrupt ones are deleted). With `need_snapshot` (recurrent models) the hit ends at the
-        last chunk that carries the snapshot at its end.
-        """
-        if last <= first:
-            return RemoteHit()
-        if not self.available:
-            return RemoteHit(error=reasons.REMOTE_UNAVAILABLE)
-        keys = chunk_keys(namespace, symbols, self.chunk_len, last)
-        try:
-            pipe = self._client.pipeline(transaction=False)
-            for key in keys[first:]:
-                pipe.exists(key)
-            found = pipe.execute()
-            stored = next((i for i, n in enumerate(found) if not n), len(found))
-            blobs = self._load(keys[first : first + stored]) if stored else []
-        except self._errors as exc:
-            self._failed(exc)
-            return RemoteHit(error=reasons.REMOTE_UNAVAILABLE)
-        self._succeeded()
+    def _decode(
+        self, namespace: str, symbols: Sequence[Hashable], keys: Sequence[str], first: int, blobs: Sequence[Any]
+    ) -> list[Segment]:
+        """The chunks `first, first + 1, ...` loaded as `blobs`, up to the first that is gone, foreign or corrupt."""
         chunks: list[Segment] = []
         nbytes = 0
         for offset, blob in enumerate(blobs):
@@ -351,15 +361,9 @@ class RemoteTier:
                     self.counters.errors += 1
                 break
             chunks.append(chunk)
-        if need_snapshot:
-            while chunks and chunks[-1].end not in chunks[-1].snapshots:
-                chunks.pop()
         with self._lock:
             self.counters.bytes_read += nbytes
-            if chunks:
-                self.counters.hits += 1
-                self.counters.hit_tokens += len(chunks) * self.chunk_len
-        return RemoteHit(join_chunks(chunks) if chunks else None)
+        return chunks
 
     def _load(self, keys: Sequence[str]) -> list[Any]:
         """The values of `keys`: one `MGET` on a single server; on a cluster one pipelined batch of `GET`s per master

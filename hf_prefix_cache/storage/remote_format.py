@@ -34,15 +34,9 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
-from hf_prefix_cache.storage.codec import (
-    CorruptFileError,
-    Layout,
-    checksum,
-    states_from_file,
-    states_to_file,
-    stored_devices,
-)
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.storage.codec import CorruptFileError, Layout, decode, encode, stored_devices, verified
 from hf_prefix_cache.storage.segments import DiskRef, Segment
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -124,14 +118,7 @@ def encode_chunk(
     """
     lo, hi = index * chunk_len, (index + 1) * chunk_len
     prev = _chain_of(chain[index - 1]) if index else _seed(namespace, chunk_len)
-    tensors: dict[str, torch.Tensor] = {}
-    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-        if k is not None and v is not None:
-            tensors[f"k.{i}"] = k.detach().to("cpu").contiguous()
-            tensors[f"v.{i}"] = v.detach().to("cpu").contiguous()
-    snapshots = states_to_file("s", {hi: snapshot} if snapshot is not None else {}, tensors)
-    item_meta = states_to_file("i", items, tensors)
-    meta = {
+    meta: dict[str, Any] = {
         "format": FORMAT,
         "namespace": namespace,
         "prev": prev,
@@ -140,10 +127,8 @@ def encode_chunk(
         "symbols": [int(s) for s in symbols[lo:hi]],  # type: ignore[call-overload]
         "layout": _layout_json(layout),
         "devices": [str(d) if d is not None else None for d in devices],
-        "snapshots": snapshots,
-        "items": item_meta,
     }
-    meta["checksum"] = checksum(tensors, meta)  # covers the metadata too, as on disk
+    tensors = encode(keys, values, {hi: snapshot} if snapshot is not None else {}, items, meta)
     return ChunkWrite(chain[index], tensors, meta)
 
 
@@ -170,7 +155,7 @@ def decode_chunk(
         raise BadChunkError(f"unreadable value ({type(exc).__name__}: {exc})") from exc
     if meta.get("format") != FORMAT:
         raise BadChunkError(f"unknown format {meta.get('format')!r}")
-    if meta.get("checksum") != checksum(tensors, {k: v for k, v in meta.items() if k != "checksum"}):
+    if not verified(tensors, meta):
         raise BadChunkError("fails its checksum")
     expected_prev = _chain_of(chain[index - 1]) if index else _seed(namespace, chunk_len)
     same = (
@@ -184,24 +169,19 @@ def decode_chunk(
         return None
     if meta.get("layout") != _layout_json(layout):
         raise BadChunkError(f"layout {meta.get('layout')} does not fit the model's {_layout_json(layout)}")
-    keys: list[torch.Tensor | None] = [tensors.get(f"k.{i}") for i in range(layout.num_layers)]
-    values: list[torch.Tensor | None] = [tensors.get(f"v.{i}") for i in range(layout.num_layers)]
+    devices = [torch.device(d) if d is not None else None for d in stored_devices(meta, layout.num_layers)]
+    stub = Segment(None, lo, hi, 0, disk=DiskRef(Path(key), lo, hi, devices))
+    try:
+        keys, values, snapshots, items = decode(tensors, meta, layout, stub)
+    except (CorruptFileError, KeyError, ValueError, TypeError) as exc:
+        raise BadChunkError(f"bad keys or states: {exc}") from exc
     for k, v in zip(keys, values, strict=True):
         if (k is None) != (v is None) or (k is not None and v is not None and k.shape[-2] != hi - lo):
             raise BadChunkError(f"keys/values do not cover {hi - lo} positions")
-    if [i for i, k in enumerate(keys) if k is not None] != list(layout.kv_layers):
-        raise BadChunkError(f"keys for other layers than the model's {layout.kv_layers}")
-    devices = [torch.device(d) if d is not None else None for d in stored_devices(meta, layout.num_layers)]
     run = None
     if layout.kv_layers:
         run = Run(keys, values, lo, hi, devices=devices)
         run.take()
-    stub = Segment(None, lo, hi, 0, disk=DiskRef(Path(key), lo, hi, devices))
-    try:
-        snapshots = states_from_file("s", meta.get("snapshots", {}), tensors, stub, layout.state_layers, Snapshot)
-        items = states_from_file("i", meta.get("items", {}), tensors, stub, layout.item_layers, ItemState)
-    except (CorruptFileError, KeyError, ValueError, TypeError) as exc:
-        raise BadChunkError(f"bad states: {exc}") from exc
     if any(n != hi for n in snapshots):
         raise BadChunkError(f"snapshots at {sorted(snapshots)}, a chunk carries only the one at {hi}")
     nbytes_per_token = run.nbytes_per_token if run is not None else 0

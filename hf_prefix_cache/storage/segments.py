@@ -4,9 +4,10 @@ A `Run` owns the key/value tensors of consecutive positions `[lo, hi)` of one se
 every layer that has keys. Nodes refer to sub-ranges of a run by absolute position, so a
 prefix that lies in one run restores as a view with no copy, and a node split is free.
 
-Invariant (checked by `store/integrity.py`): the segments that refer to a run cover
-`[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. Whoever
-drops a segment compacts its run (`Run.compact`) when the referenced range shrinks.
+Invariant (`check_runs`, run by `store/integrity.py`): the segments that refer to a run cover
+`[lo, hi)` exactly, so the bytes of all segments add up to the bytes actually held. A segment
+dropped gives its range back (`Run.give_back`, which compacts a run still read by others); a new
+one shares its run with the stored prefix or keeps its own range alone (`share_run`).
 
 A segment may also hold *item states*: tensors computed from one media item alone (Mllama:
 an image's cross-attention keys/values), kept under the position after the item's
@@ -21,7 +22,7 @@ Knows nothing about the tree or about models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,9 @@ import torch
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.landing import Landing
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.model.states import ItemState, Snapshot
+from hf_prefix_cache.storage.host_pool import size_class
 
 
 @dataclass(slots=True)
@@ -89,6 +92,61 @@ class Segment:
         if self.disk is not None:
             self.disk.num_refs += 1
         return head, tail
+
+
+def share_run(leaf: Segment, before: Sequence[Segment] | None, tail: Run | None = None) -> None:
+    """Make `leaf`'s run (positions `[0, leaf.end)`) back it without holding a second copy of the prefix.
+
+    `before` are the segments of the stored prefix `[0, leaf.start)` where they may move (all on
+    the device, and the insert is of one whole sequence), else None. They move onto the run when
+    their runs back nothing else (a chat continuing): restores along the path stay one view and
+    the old tensors are freed. Otherwise the run keeps only the leaf's own positions, copied out so
+    the prefix copy can be freed (`tail`: a copy of exactly those positions, made already).
+
+    >>> run = Run([torch.arange(8.0).view(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
+    >>> leaf = Segment(run, 3, 4, run.nbytes_per_token)
+    >>> share_run(leaf, None)  # no prefix may move: the run keeps position 3 alone
+    >>> (run.lo, run.hi, run.num_refs)
+    (3, 4, 1)
+    """
+    run = leaf.run
+    if run is None:
+        return
+    run.take()
+    if before is not None and _runs_back_only(before):
+        for seg in before:
+            seg.run = run
+            run.take()
+    else:
+        run.compact(leaf.start, leaf.end, copy=tail)
+
+
+def _runs_back_only(segments: Sequence[Segment]) -> bool:
+    """Whether every segment has a run and those runs are read by these segments and no other."""
+    counts: dict[int, int] = {}
+    for seg in segments:
+        if seg.run is None:
+            return False
+        counts[id(seg.run)] = counts.get(id(seg.run), 0) + 1
+    for seg in segments:  # noqa: SIM110 - runs on every insert: a loop, not a generator's call per segment
+        if seg.run is not None and seg.run.num_refs != counts[id(seg.run)]:
+            return False  # another segment still reads this run
+    return True
+
+
+def tail_from(seg: Segment, at: int) -> Segment:
+    """The part of `seg` (read by no other segment) from position `at` on, its run cut down to that part.
+
+    >>> run = Run([torch.ones(1, 1, 4, 2)], [torch.zeros(1, 1, 4, 2)], 0, 4)
+    >>> part = tail_from(Segment(run, 0, 4, run.nbytes_per_token), 1)
+    >>> (part.start, part.end, run.lo, run.hi)
+    (1, 4, 1, 4)
+    """
+    if seg.run is not None:
+        seg.run.compact(at, seg.end)
+    snapshots = {n: s for n, s in seg.snapshots.items() if n > at}
+    items = {n: s for n, s in seg.items.items() if n > at}
+    return Segment(seg.run, at, seg.end, seg.nbytes_per_token, snapshots, items=items)
 
 
 KVPieces = list[tuple[list[torch.Tensor | None], list[torch.Tensor | None]]]
@@ -190,3 +248,50 @@ def stored_item_states(
             return start, found
         found.append(state)
     return limit, found
+
+
+def in_host_memory(seg: Segment) -> bool:
+    """Whether every key tensor of `seg`'s run lies in CPU memory (what a segment on the host tier holds)."""
+    return seg.run is None or all(t is None or t.device.type == "cpu" for t in seg.run.keys)
+
+
+def check_runs(segments: Iterable[Segment], pooled: Callable[[torch.Tensor], bool] | None = None) -> None:
+    """Raise `RuntimeError` where the runs that `segments` read break the module's invariant.
+
+    The segments reading a run must cover its range exactly, as many as it counts references,
+    and its tensors' storages must hold no bytes beyond theirs (a buffer of the host tier's pool,
+    where `pooled` says a tensor views one, holds its size class: `host_pool.size_class`).
+    """
+    covered: dict[int, tuple[Run, list[tuple[int, int]]]] = {}
+    for seg in segments:
+        if seg.run is not None:
+            covered.setdefault(id(seg.run), (seg.run, []))[1].append((seg.start, seg.end))
+    for run, spans in covered.values():
+        # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
+        storages: dict[tuple[str, int], list[torch.Tensor]] = {}
+        for t in [*run.keys, *run.values]:
+            if t is not None:
+                storages.setdefault(_storage_key(t), []).append(t)
+        for members in storages.values():
+            held, needed = members[0].untyped_storage().nbytes(), sum(t.nbytes for t in members)
+            allowed = size_class(needed) if pooled is not None and pooled(members[0]) else needed
+            if held != allowed:
+                raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
+        spans.sort()
+        if run.num_refs != len(spans):
+            raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")
+        if (
+            spans[0][0] != run.lo
+            or spans[-1][1] != run.hi
+            or any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1))
+        ):
+            raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans}")
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    """What tells tensors' storages apart: their address; meta tensors have none (every one reads 0), so they are
+    keyed by the tensor they view (views of one packed copy share its storage, others have their own)."""
+    ptr = tensor.untyped_storage().data_ptr()
+    if ptr:
+        return (tensor.device.type, ptr)
+    return ("no address", id(tensor._base if tensor._base is not None else tensor))

@@ -1,9 +1,11 @@
 """Tier: the one protocol every place a stored segment can live speaks (device, host, disk, remote).
 
-A tier keeps copies of segments (`put`), hands back the one it keeps readable in memory (`get`)
-and gives back what a segment holds on it (`drop`). What a tier may need to know about where a
-segment sits among the stored sequences (its namespace, its whole symbol sequence, the segments
-before it) it asks of a `Place`, which the store answers from its tree; the tiers never see it.
+A tier keeps copies of segments (`put`), hands back the one it keeps readable in memory (`get`),
+gives back what a segment holds on it (`drop`), and finishes outside the store's lock what those
+left for later (`flush`: the disk tier's deletions, the remote tier's writes). What a tier may
+need to know about where a segment sits among the stored sequences (its namespace, its whole
+symbol sequence, the segments before it) it asks of a `Place`, which the store answers from its
+tree; the tiers never see it.
 
 Which tier a segment goes to, when and why is the store's placement policy
 (`store/placement.py`); a tier only does what it is told, and raises when it cannot (a full or
@@ -43,7 +45,7 @@ class Place(Protocol):
 
 
 class Tier(Protocol):
-    """One place stored segments live: `put` a copy there, `get` it back in memory, `drop` it.
+    """One place stored segments live: `put` a copy there, `get` it back in memory, `drop` it, `flush` after the lock.
 
     Every verb raises on failure (out of memory, a full disk, a corrupt file, symbols that
     cannot persist); the caller keeps the segment where it was.
@@ -60,16 +62,26 @@ class Tier(Protocol):
         """
         ...
 
-    def get(self, seg: Segment) -> Segment:
-        """`seg` (one this tier handed out) readable in memory: itself, or a copy loaded from where it lies.
+    def get(self, seg: Segment, place: Place) -> Segment:
+        """`seg` (one this tier handed out, at `place`) readable in memory: itself, or a copy loaded from where it lies.
+
+        A tier that hands out no segments (the remote server) reads `seg` as the range of `place`'s
+        sequence wanted, and returns the longest part of it from its start that it holds (empty
+        when none).
 
         Raises:
             CorruptFileError: what `seg` refers to is missing, unreadable or altered.
+            RemoteUnavailableError: the remote server could not be asked (`remote.py`).
         """
         ...
 
     def drop(self, seg: Segment) -> None:
         """Give back what `seg` holds on this tier (its share of a run, its file); `seg` is not used again."""
+        ...
+
+    def flush(self) -> None:
+        """Finish what `put` and `drop` left for later (file deletions, writes to a server): the store calls it
+        outside its lock. A tier that leaves nothing for later does nothing."""
         ...
 
 
@@ -86,11 +98,14 @@ class Off:
     def put(self, seg: Segment, place: Place) -> Segment | None:
         raise RuntimeError(f"the {self.name} tier is off")
 
-    def get(self, seg: Segment) -> Segment:
+    def get(self, seg: Segment, place: Place) -> Segment:
         raise RuntimeError(f"the {self.name} tier is off: it holds nothing")
 
     def drop(self, seg: Segment) -> None:
         raise RuntimeError(f"the {self.name} tier is off: it holds nothing")
+
+    def flush(self) -> None:
+        """Nothing was left for later."""
 
 
 @dataclass(frozen=True, slots=True)

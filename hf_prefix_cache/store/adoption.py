@@ -1,6 +1,6 @@
 """Adopting remote chunks: a prefix loaded from the remote tier joins the local tree on the device.
 
-The store fetches chunks outside its lock (`RemoteTier.fetch`), then, under it, `adopt` adds
+The store loads chunks outside its lock (`RemoteTier.get`), then, under it, `adopt` adds
 the part past the local match as a new leaf on the device; `Placement.adopt` then keeps tiers
 monotone (`settle`) and budgets (`enforce`). Writing to the remote tier is `Placement.write_remote`.
 """
@@ -12,7 +12,7 @@ from collections.abc import Hashable, Sequence
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.storage.memory import DeviceTier
-from hf_prefix_cache.storage.segments import Segment
+from hf_prefix_cache.storage.segments import Segment, tail_from
 from hf_prefix_cache.storage.tier import Standalone
 from hf_prefix_cache.storage.tiers import DEVICE
 from hf_prefix_cache.tree.radix import InsertResult, RadixTree
@@ -35,29 +35,21 @@ def adopt(
     prefix it continues) meanwhile, or the part is larger than `largest_budget`.
 
     Example:
-        >>> hit = remote.fetch("ns", symbols, 0, 4, False).segment  # doctest: +SKIP
+        >>> hit = remote.get(Segment(None, 0, 1024, 0), Standalone("ns", symbols))  # doctest: +SKIP
         >>> adopt(tree, device, 1 << 30, "ns", symbols, hit)  # doctest: +SKIP
         InsertResult(matched_len=0, ...)
     """
     have = tree.match(namespace, symbols[: hit.end]).matched_len
     if not hit.start <= have < hit.end:
         return None  # the local tree grew past it, or lost the prefix it continues meanwhile
-    part = hit
-    if have > hit.start:
-        if hit.run is not None:
-            hit.run.compact(have, hit.end)
-        snapshots = {n: s for n, s in hit.snapshots.items() if n > have}
-        items = {n: s for n, s in hit.items.items() if n > have}
-        part = Segment(hit.run, have, hit.end, hit.nbytes_per_token, snapshots, items=items)
+    part = tail_from(hit, have) if have > hit.start else hit
     if part.nbytes > largest_budget:
         logger.info("not adopting %d remote tokens: larger than every tier's budget", part.end - part.start)
         return None
-    states = device.state_devices(part)
-    targets = [*(part.run.devices if part.run is not None else []), *states.values()]
-    if all(d is None or d.type == "cpu" for d in targets):
-        device_seg = part  # a CPU model: the loaded host tensors are already where they are used
-    else:
-        device_seg = device.put(part, Standalone(namespace, tuple(symbols[: hit.end])))
+    # A CPU model: the loaded host tensors are already where they are used.
+    device_seg = (
+        part if device.holds_as_is(part) else device.put(part, Standalone(namespace, tuple(symbols[: hit.end])))
+    )
     result = tree.insert(namespace, symbols[: hit.end], lambda a, b: device_seg, tier=DEVICE)
     if result.new_node is None or result.matched_len != have:
         raise InconsistentStateError(f"adopted at {result.matched_len}, not {have}")

@@ -85,7 +85,8 @@ class DiskNodes:
             seg = walk.value
             if seg is not None and seg.disk is gone.disk:
                 try:
-                    new = self.disk.put(self.disk.get(seg), self._place(walk))
+                    place = self._place(walk)
+                    new = self.disk.put(self.disk.get(seg, place), place)
                 except Exception as exc:  # keep the old file; its extra bytes are not worth a crash
                     logger.warning("could not rewrite %s: %s", gone.disk.path, exc)
                     return

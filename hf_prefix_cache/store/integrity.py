@@ -11,9 +11,7 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache.model.states import Run
-from hf_prefix_cache.storage.host_pool import size_class
-from hf_prefix_cache.storage.segments import Segment
+from hf_prefix_cache.storage.segments import Segment, check_runs, in_host_memory
 from hf_prefix_cache.storage.tiers import DISK, HOST, TIER_NAMES
 from hf_prefix_cache.tree.radix import RadixTree
 
@@ -31,8 +29,7 @@ def check_integrity(
     the tree holds.
     """
     tree.check_integrity()
-    covered: dict[int, list[tuple[int, int]]] = {}
-    runs: dict[int, Run] = {}
+    segments: list[Segment] = []
     disk_refs: Counter[int] = Counter()
     refs: dict[int, Any] = {}
     num_snapshots = 0
@@ -55,43 +52,12 @@ def check_integrity(
             if seg.run is not None:
                 raise RuntimeError(f"{node} is on disk but holds a run")
         if seg.run is not None:
-            runs[id(seg.run)] = seg.run
-            covered.setdefault(id(seg.run), []).append((seg.start, seg.end))
-            want = "cpu" if node.tier == HOST else None
-            for t in seg.run.keys:
-                if t is not None and want is not None and t.device.type != want:
-                    raise RuntimeError(f"{node} is on the host tier but holds tensors on {t.device}")
+            segments.append(seg)
+            if node.tier == HOST and not in_host_memory(seg):
+                raise RuntimeError(f"{node} is on the host tier but holds tensors elsewhere")
     if num_snapshots != counted_snapshots:
         raise RuntimeError(f"counted {counted_snapshots} snapshots, the tree holds {num_snapshots}")
     for key, count in disk_refs.items():
         if refs[key].num_refs != count:
             raise RuntimeError(f"{refs[key].path} counts {refs[key].num_refs} refs, tree has {count}")
-    for key, run in runs.items():
-        # The storages a run's tensors view (one each, or one batched host copy for all) hold just their bytes.
-        tensors = [t for t in run.keys + run.values if t is not None]
-        # Keyed by address; meta tensors have none (every one reads 0), so they are keyed by the tensor they view.
-        storages: dict[tuple[str, int], list[torch.Tensor]] = {}
-        for t in tensors:
-            storages.setdefault(_storage_key(t), []).append(t)
-        for members in storages.values():
-            held, needed = members[0].untyped_storage().nbytes(), sum(t.nbytes for t in members)
-            allowed = size_class(needed) if pooled is not None and pooled(members[0]) else needed
-            if held != allowed:
-                raise RuntimeError(f"run [{run.lo}, {run.hi}) keeps {held} bytes for tensors of {needed}")
-        spans = sorted(covered[key])
-        if run.num_refs != len(spans):
-            raise RuntimeError(f"run [{run.lo}, {run.hi}) counts {run.num_refs} refs, tree has {len(spans)}")
-        if (
-            spans[0][0] != run.lo
-            or spans[-1][1] != run.hi
-            or any(spans[i][1] != spans[i + 1][0] for i in range(len(spans) - 1))
-        ):
-            raise RuntimeError(f"run [{run.lo}, {run.hi}) is covered by {spans}")
-
-
-def _storage_key(tensor: Any) -> tuple[str, int]:
-    ptr = tensor.untyped_storage().data_ptr()
-    if ptr:
-        return (tensor.device.type, ptr)
-    # Meta tensors have no address: views of one tensor (a packed copy's) share its storage, others their own.
-    return ("no address", id(tensor._base if tensor._base is not None else tensor))
+    check_runs(segments, pooled)

@@ -44,7 +44,9 @@ class StoreLock:
         self._pressure = pressure
         self._depth = 0  # `with lock():` blocks entered by the thread holding the lock
         self._calls: list[Any] = []  # pressure callbacks due once the lock is let go
-        self.quiet = placement.disk is None and placement.remote is None
+        # Tiers that leave work for after the lock (`Tier.flush`): the disk tier's deletions, the remote tier's writes.
+        self._flushed = [tier for tier in (placement.disk, placement.remote) if tier is not None]
+        self.quiet = not self._flushed
 
     @contextmanager
     def __call__(self, *, pressure: bool = False) -> Iterator[None]:
@@ -72,10 +74,8 @@ class StoreLock:
 
     def after_unlock(self) -> None:
         """File deletions, remote writes and queued pressure callbacks, outside the lock."""
-        if self._placement.disk is not None:
-            self._placement.disk.empty_trash()
-        if self._placement.remote is not None:
-            self._placement.remote.flush()
+        for tier in self._flushed:
+            tier.flush()
         if not self._calls:
             return
         with self.raw:

@@ -36,7 +36,7 @@ class NodePlace:
 
     def load(self, seg: Segment) -> Segment:
         node = next(n for n in self._path() if n.value is seg)
-        return self._tiers[node.tier].get(seg)
+        return self._tiers[node.tier].get(seg, NodePlace(self._tree, self._tiers, node))
 
     def _path(self) -> list[Node[Segment]]:
         """The nodes from the root's child down to this one."""

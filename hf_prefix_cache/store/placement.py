@@ -13,9 +13,9 @@ serves a temporary copy. With a remote tier, a node leaving the last local tier 
 chunks of its sequence that the server lacks queued for writing (`write_remote`).
 
 Composed of parts with one job each, given only what they need: `disk_nodes.py` (the disk
-tier's files as nodes: indexing a namespace, split files, new snapshots), `adoption.py`
-(chunks loaded from the remote tier joining the tree) and `new_entries.py` (the snapshots and
-item states a new path takes); `place_run` makes a new leaf's run the one copy of its prefix.
+tier's files as nodes: indexing a namespace, split files, new snapshots) and `adoption.py`
+(chunks loaded from the remote tier joining the tree). A new request's sequence joins the tree
+through `new_entries.py`, which asks this module to keep tiers monotone and budgets.
 
 Not thread-safe: the store calls it under its lock.
 """
@@ -23,17 +23,14 @@ Not thread-safe: the store calls it under its lock.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Hashable, Sequence
 
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot
 from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.memory import DeviceTier
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tier import Tier
 from hf_prefix_cache.storage.tiers import DEVICE, DISK
-from hf_prefix_cache.store import new_entries
 from hf_prefix_cache.store.adoption import adopt
 from hf_prefix_cache.store.disk_nodes import DiskNodes
 from hf_prefix_cache.store.node_place import NodePlace
@@ -224,7 +221,7 @@ class Placement:
         self.drop(bad)
 
     def write_remote(self, node: Node[Segment]) -> None:
-        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (sent by `RemoteTier.flush`)."""
+        """Queue the whole chunks of `node`'s sequence that the remote tier lacks (`put`; sent by its `flush`)."""
         if self.remote is not None and not node.is_root:
             assert node.value is not None
             self.remote.put(node.value, NodePlace(self.tree, self.tiers, node))
@@ -248,8 +245,8 @@ class Placement:
             if node.start >= length or node.tier == DEVICE:
                 out.append(seg)
                 continue
-            in_memory = self.tiers[node.tier].get(seg)
-            device_seg = self.device.put(in_memory, NodePlace(self.tree, self.tiers, node))
+            place = NodePlace(self.tree, self.tiers, node)
+            device_seg = self.device.put(self.tiers[node.tier].get(seg, place), place)
             self.counters.reloads += 1
             logger.debug("brought tokens [%d, %d) back to the device", node.start, node.end)
             promote = promote and self.make_room(DEVICE, node.nbytes)
@@ -286,14 +283,7 @@ class Placement:
             else:
                 self.tree.offer(leaf)
 
-    # ------------------------------------------------------------ new entries
-    def attach_states(
-        self, path: Sequence[Node[Segment]], snapshots: Sequence[Snapshot], items: Sequence[ItemState]
-    ) -> None:
-        """Give each snapshot and media item state to the node of `path` that holds it (see `new_entries`)."""
-        added = new_entries.attach_states(self.tree, self.mover, self.files, path, snapshots, items)
-        self.counters.num_snapshots += added
-
+    # ------------------------------------------------------------ remote chunks
     def adopt(self, namespace: str, symbols: Sequence[Hashable], hit: Segment) -> bool:
         """Add chunks loaded from the remote tier to the tree (see `adoption.adopt`); whether anything was added."""
         result = adopt(self.tree, self.device, max(self.budgets), namespace, symbols, hit)
@@ -350,45 +340,3 @@ class Placement:
         self.counters.reset()
         if self.remote is not None:
             self.remote.reset_counters()
-
-
-def place_run(
-    run: Run,
-    matched: Sequence[Node[Segment]],
-    matched_len: int,
-    length: int,
-    may_move: bool,
-    tail: Run | None = None,
-) -> None:
-    """Make `run` (positions `[0, length)`) back the new leaf without holding a second copy of the prefix.
-
-    When the matched nodes are on the device and their runs back nothing else, they move
-    onto `run` and their old tensors are freed: restores along this path stay one view.
-    Otherwise only the new tail `[matched_len, length)` is kept, copied out so the prefix
-    copy can be freed (`tail`, a copy of exactly those positions made already, is taken instead).
-    """
-    counts: Counter[int] = Counter()
-    old_runs: dict[int, Run] = {}
-    movable = may_move
-    for node in matched:
-        seg = node.value
-        assert seg is not None
-        if node.tier != DEVICE or seg.run is None:
-            movable = False
-            break
-        counts[id(seg.run)] += 1
-        old_runs[id(seg.run)] = seg.run
-    if movable:
-        for key, count in counts.items():
-            if old_runs[key].num_refs != count:
-                movable = False  # another node still reads one of the matched runs
-                break
-    if movable:
-        for node in matched:
-            assert node.value is not None
-            node.value.run = run
-            run.take()
-    elif tail is not None and (tail.lo, tail.hi) == (matched_len, length):
-        run.adopt(tail)
-    else:
-        run.compact(matched_len, length)

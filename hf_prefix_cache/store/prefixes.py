@@ -1,19 +1,18 @@
-"""Prefixes: the hot path of a store: `acquire`, `release` and `insert_sequence`, each as named steps.
+"""Prefixes: a store's leases, `acquire` and `release`, as named steps (the other hot verb is `new_entries.py`).
 
 `acquire`: fetch from the remote tier on a local miss, then (under the lock) match, pin the
 matched path, bring it to the device and plan what to restore, then (outside it) restore into
-the caller's working cache. `insert_sequence`: check what is worth storing, capture the states
-(outside the lock), then place them in the tree without a second copy of the prefix.
+the caller's working cache. `release` lets the pin go.
 
-Each verb holds the store's lock once per phase (`acquire` and `release` once, `insert_sequence`
-twice: before and after the capture, which runs outside it), holding `StoreLock.raw` directly and
-making the lock's two follow-up steps itself only when the store is not `quiet` (see
-`locking.py`). Steps with nothing to do are not called: upkeep only where there is a disk tier or a
-ttl, the remote fetch only with a remote tier, state attachment only with states to attach.
+Each verb holds the store's lock once, holding `StoreLock.raw` directly and making the lock's two
+follow-up steps itself only when the store is not `quiet` (see `locking.py`). Steps with nothing
+to do are not called: upkeep only where there is a disk tier or a ttl, the remote fetch only with
+a remote tier, bringing a path back only when a node of it is off the device (`on_device`).
 
 Composed, not inherited: `TreeStore` builds the tree, its placement, lock, pins, counters and
-upkeep, hands them to `Prefixes` in its constructor, and exposes these verbs as its own (they are
-the contract's, `contract.Store`: their signatures are written here and in the protocol only).
+upkeep, hands them to `Prefixes` and `NewEntries` in its constructor, and exposes their verbs as
+its own (they are the contract's, `contract.Store`: their signatures are written here, in
+`new_entries.py` and in the protocol only).
 """
 
 from __future__ import annotations
@@ -25,12 +24,11 @@ from typing import Any
 
 import torch
 
-from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import Landing, land_all
 from hf_prefix_cache.model.profile import ModelProfile
-from hf_prefix_cache.model.states import ItemState, Run, Snapshot, all_finite, state_tensors
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.multimodal.media import clamp_below_spans
 from hf_prefix_cache.storage.codec import CorruptFileError
@@ -44,14 +42,11 @@ from hf_prefix_cache.storage.segments import (
     landings,
     stored_item_states,
 )
-from hf_prefix_cache.store.contract import InsertOutcome, Lease
-from hf_prefix_cache.store.counters import RequestCounters
+from hf_prefix_cache.storage.tiers import DEVICE
+from hf_prefix_cache.store.contract import Lease
 from hf_prefix_cache.store.locking import StoreLock
-from hf_prefix_cache.store.options import Options
-from hf_prefix_cache.store.pins import Pins
-from hf_prefix_cache.store.placement import Placement, place_run
-from hf_prefix_cache.store.sessions import Session
-from hf_prefix_cache.store.upkeep import StateDevices, Upkeep
+from hf_prefix_cache.store.placement import Placement
+from hf_prefix_cache.store.upkeep import Upkeep
 from hf_prefix_cache.tree.radix import Node, RadixTree
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -80,55 +75,31 @@ class _Plan:
     landings: list[Landing]  # copies into `pieces` still on their way (a prefix brought back from host memory)
 
 
-@dataclass(slots=True)
-class _Capture:
-    """What `insert_sequence` captured from a working cache, outside the lock."""
-
-    run: Run | None
-    snapshots: list[Snapshot]
-    nbytes_per_token: int
-    tail: Run | None = None  # a packed copy of the positions this request computed, checked finite
-
-
 class Prefixes:
-    """A store's hot path over the parts it is handed: `acquire`, `release`, `insert_sequence`.
+    """A store's leases over the parts it is handed: `acquire`, `release` (and `relieve_device`).
 
     Args:
         profile: what the model's layers can do (the one profile the store and the hook share).
-        options: the store's settings; `min_store_len`, `max_entries` and `remote_write` are read here.
         tree: the store's radix tree of `Segment`s.
         placement: which tier each node sits on; the only caller of the tree's eviction verbs.
         lock: the store's one lock owner (`locking.py`).
-        pins: named pins and open sessions (an insert through a session moves its pin).
-        requests: the request counters (skipped inserts, warnings logged once).
         upkeep: disk indexing, TTL expiry and remote fetches around a match.
-        devices: where stateful layers' states live (learned from the snapshots captured here).
     """
 
     def __init__(
         self,
         profile: ModelProfile,
-        options: Options,
         *,
         tree: RadixTree[Segment],
         placement: Placement,
         lock: StoreLock,
-        pins: Pins,
-        requests: RequestCounters,
         upkeep: Upkeep,
-        devices: StateDevices,
     ) -> None:
         self.profile = profile
-        self.min_store_len = options.min_store_len
-        self.max_entries = options.max_entries
-        self.remote_write = options.remote_write
         self._tree = tree
         self._placement = placement
         self._lock = lock
-        self._pins = pins
-        self._requests = requests
         self._upkeep = upkeep
-        self._devices = devices
 
     def relieve_device(self) -> None:
         """Move every unpinned entry off the device (after an out-of-memory error)."""
@@ -210,7 +181,9 @@ class Prefixes:
         if pin.node is not None:
             self._tree.lock(pin.node)
         try:
-            segments = self._placement.bring_to_device(match.path, restore_len)
+            segments = on_device(match.path)
+            if segments is None:  # a node off the device: brought back (or copied for this request)
+                segments = self._placement.bring_to_device(match.path, restore_len)
         except CorruptFileError as exc:
             self._unpin(pin)
             self._placement.drop_corrupt(match.path, exc)
@@ -280,174 +253,12 @@ class Prefixes:
             if pin.node is not None:
                 self._tree.unlock(pin.node)
 
-    # ------------------------------------------------------------------ insert
-    def insert_sequence(
-        self,
-        key: PrefixKey,
-        cache: WorkingCache,
-        snapshots: Sequence[Snapshot] = (),
-        *,
-        row: int | None = None,
-        session: Session | None = None,
-        items: Sequence[ItemState] = (),
-        computed_from: int = 0,
-    ) -> InsertOutcome:
-        """Store the states in `cache` for the key's `symbols` (all of them), plus earlier `snapshots`.
 
-        Positions from `computed_from` on, `snapshots` and `items` were computed by this request:
-        if any of them holds NaN or infinity (a poisoned image, an adapter gone wrong), nothing
-        is stored, since later requests sharing the prefix would inherit it; the skip is counted
-        as `non_finite_states`.
-
-        `row` picks one row of a batched cache; its new tokens are then always copied out,
-        since the batch's tensors hold every row. `session`, when given, pins the stored entry.
-        `items` are media item states, each kept by the node holding its placeholder's end
-        (nodes that already hold one keep theirs).
-        """
-        namespace, tokens = key.namespace, key.symbols
-        length = len(tokens)
-        if length == 0:
-            return InsertOutcome(0)
-        if length < self.min_store_len:
-            return self._skip(reasons.ENTRY_BELOW_MIN_STORE_LEN)
-        if row is not None and self.profile.has_state:
-            raise InconsistentStateError("batched inserts are for attention-only models")
-        stored_len = self._stored_len(
-            namespace, tokens, length, session, touch=not self.profile.has_state and not items
-        )
-        if stored_len is None:
-            return InsertOutcome(0)  # an exact repeat: nothing new to capture
-        capture = self._capture(cache, length, row, snapshots, items, computed_from)
-        if capture is None:
-            return self._skip(reasons.NON_FINITE_STATES)
-        lock = self._lock
-        with lock.raw:
-            if self._upkeep.active:
-                self._upkeep.maintain(namespace)
-            too_large = self._too_large(length - stored_len, capture, items, stored_len)
-            matched_len = length if too_large else self._place(namespace, tokens, length, capture, items, row, session)
-            if not lock.quiet:
-                lock.check_pressure()
-        if not lock.quiet:
-            lock.after_unlock()
-        if too_large:
-            return self._skip(reasons.ENTRY_OVER_BUDGET)
-        if length > matched_len:
-            logger.info("prefix cache: stored %d new tokens (%d in all)", length - matched_len, length)
-        return InsertOutcome(length - matched_len)
-
-    def _capture(
-        self,
-        cache: WorkingCache,
-        length: int,
-        row: int | None,
-        snapshots: Sequence[Snapshot],
-        items: Sequence[ItemState],
-        computed_from: int,
-    ) -> _Capture | None:
-        """The cache's states of `[0, length)` (one `row` of a batch) and its snapshots; None if not finite."""
-        start = min(computed_from, length)
-        # After a restored prefix the tree likely keeps just the new positions: they are copied out once (one
-        # stack) and the check reads that copy; a chat turn whose prefix moves onto this run drops the copy.
-        run, tail = cache.capture(length, row, start if start > 0 else None) if self.profile.has_kv else (None, None)
-        all_snapshots = list(snapshots)
-        if self.profile.has_state:
-            all_snapshots.append(cache.snapshot(length))
-            self._devices.remember(all_snapshots[-1])
-            all_snapshots = cache.merge_windows(all_snapshots)  # window mode: touching windows held once
-        if items:
-            self._devices.remember(items[0])
-        if tail is not None:
-            fresh: list[torch.Tensor | None] = list(tail.buffers)
-        elif run is not None:  # nothing restored: every position is new, and the run holds exactly those
-            fresh = [*run.keys, *run.values]
-        else:
-            fresh = []
-        if not all_finite([*fresh, *state_tensors(all_snapshots), *state_tensors(items)]):
-            self._requests.log_once(
-                reasons.NON_FINITE_STATES,
-                "not storing %d tokens: their states hold NaN or infinity (check the inputs, e.g. pixel values)",
-                length,
-            )
+def on_device(nodes: Sequence[Node[Segment]]) -> list[Segment] | None:
+    """The segments of `nodes` when every one is on the device (nothing to bring back), else None."""
+    out: list[Segment] = []
+    for node in nodes:
+        if node.tier != DEVICE or node.value is None:
             return None
-        return _Capture(run, all_snapshots, run.nbytes_per_token if run is not None else 0, tail)
-
-    def _too_large(self, num_new: int, capture: _Capture, items: Sequence[ItemState], matched_len: int) -> bool:
-        """Whether `num_new` new tokens (after `matched_len` stored ones) are larger than every tier's budget.
-
-        `matched_len` is the match made before capturing (`_stored_len`), so the sequence is compared
-        with the tree once less: should the tree change in between, the estimate only decides whether
-        an oversized entry is refused here or dropped by the budgets right after it is placed.
-        """
-        new_nbytes = num_new * capture.nbytes_per_token
-        if capture.snapshots:
-            new_nbytes += sum(s.nbytes for s in capture.snapshots)
-        if items:
-            new_nbytes += sum(s.nbytes for s in items if s.length > matched_len)
-        largest = max(self._placement.budgets)  # it lands on the device, then moves to a tier that holds it
-        if new_nbytes <= largest:
-            return False
-        logger.info(
-            "not storing %d new tokens (%d bytes): larger than every tier's budget (at most %d)",
-            num_new,
-            new_nbytes,
-            largest,
-        )
-        return True
-
-    def _place(
-        self,
-        namespace: str,
-        tokens: Sequence[Any],
-        length: int,
-        capture: _Capture,
-        items: Sequence[ItemState],
-        row: int | None,
-        session: Session | None,
-    ) -> int:
-        """Insert the captured states into the tree and its tiers, then keep every budget (under the lock).
-
-        Returns:
-            How many leading tokens were stored already (the match the insert extended).
-        """
-        run, per_token = capture.run, capture.nbytes_per_token
-        result = self._tree.insert(namespace, tokens, lambda a, b: Segment(run, a, b, per_token))
-        if run is not None and result.new_node is not None:
-            run.take()
-            place_run(run, result.path[:-1], result.matched_len, length, may_move=row is None, tail=capture.tail)
-        if capture.snapshots or items:
-            self._placement.attach_states(result.path, capture.snapshots, items)
-        self._tree.touch(result.path)
-        if result.new_node is not None:
-            self._placement.settle(result.path)
-            if self.remote_write == "through":
-                self._placement.write_remote(result.path[-1])
-        if session is not None and result.path:
-            self._pins.hold(session, result.path[-1])
-        self._placement.enforce()
-        if self.max_entries is not None and self._tree.num_leaves > self.max_entries:
-            self._placement.drop_leaves(self._tree.num_leaves - self.max_entries)
-        return result.matched_len
-
-    def _stored_len(
-        self, namespace: str, tokens: Sequence[Any], length: int, session: Session | None, touch: bool
-    ) -> int | None:
-        """How many leading `tokens` (`length` of them) are stored; None when all are and `touch` marked them used
-        (held by `session`)."""
-        lock = self._lock
-        with lock.raw:
-            if self._upkeep.active:
-                self._upkeep.maintain(namespace)
-            match = self._tree.match(namespace, tokens)
-            repeat = touch and match.matched_len == length and match.path and match.path[-1].end == length
-            if repeat:
-                self._tree.touch(match.path)
-                if session is not None:
-                    self._pins.hold(session, match.path[-1])
-        if not lock.quiet:
-            lock.after_unlock()
-        return None if repeat else match.matched_len
-
-    def _skip(self, reason: str) -> InsertOutcome:
-        self._requests.event(reason)
-        return InsertOutcome(0, skipped=reason)
+        out.append(node.value)
+    return out

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST
 
@@ -88,54 +88,47 @@ class StoreStats:
 def collect_stats(
     requests: RequestCounters, tree: RadixTree[Segment], placement: Placement, encoder_outputs: EncoderOutputs
 ) -> StoreStats:
-    """A `StoreStats` of the `requests` counters, the tree's sizes and the placement's counters (under the lock)."""
+    """A `StoreStats` of the `requests` counters, the tree's sizes and the placement's counters (under the lock).
+
+    The counters `StoreStats` reports under their own names (the request counts, the placement's
+    events, the remote tier's as ``remote_<name>``) are read by name, so a new one is a field on
+    both sides.
+    """
     c = requests.counts
-    p = placement.counters
-    tier_nbytes = tree.tier_nbytes
+    tier_nbytes, budgets = tree.tier_nbytes, placement.budgets
+    values = {**_reported(c), **_reported(placement.counters)}
+    if placement.remote is not None:
+        values.update(_reported(placement.remote.counters, "remote_"))
+    values["fallbacks"] = dict(c.fallbacks)  # a copy: the stats are a snapshot
     return StoreStats(
-        requests=c.requests,
-        hit_requests=c.hit_requests,
-        prompt_tokens=c.prompt_tokens,
-        hit_tokens=c.hit_tokens,
-        computed_tokens=c.computed_tokens,
+        **values,
         entries=tree.num_leaves,
         nodes=tree.num_nodes,
         nbytes=tree.total_nbytes,
-        max_bytes=placement.budgets[DEVICE],
+        max_bytes=budgets[DEVICE],
         device_nbytes=tier_nbytes[DEVICE],
         host_nbytes=tier_nbytes[HOST],
         disk_nbytes=tier_nbytes[DISK],
-        max_host_bytes=placement.budgets[HOST],
-        max_disk_bytes=placement.budgets[DISK],
-        snapshots=p.num_snapshots,
-        evictions=p.evictions,
-        evicted_bytes=p.evicted_bytes,
-        offloads=p.offloads,
-        reloads=p.reloads,
-        expired=c.expired,
-        skipped_files=p.skipped_files,
-        failed_moves=p.failed_moves,
-        fallbacks=dict(c.fallbacks),
+        max_host_bytes=budgets[HOST],
+        max_disk_bytes=budgets[DISK],
+        snapshots=placement.counters.num_snapshots,
         encoder_entries=encoder_outputs.num_entries,
         encoder_nbytes=encoder_outputs.nbytes,
         max_encoder_bytes=encoder_outputs.max_bytes,
         encoder_hits=encoder_outputs.hits,
         hit_tokens_by_modality=requests.hit_by_modality(),
         saved_prefill_flops=requests.saved_prefill_flops(),
-        **_remote_stats(placement),
     )
 
 
-def _remote_stats(placement: Placement) -> dict[str, int]:
-    remote = placement.remote
-    if remote is None:
-        return {}
-    c = remote.counters
-    return {
-        "remote_hits": c.hits,
-        "remote_hit_tokens": c.hit_tokens,
-        "remote_bytes_read": c.bytes_read,
-        "remote_bytes_written": c.bytes_written,
-        "remote_errors": c.errors,
-        "remote_skipped_writes": c.skipped_writes,
-    }
+_REPORTED = frozenset(f.name for f in fields(StoreStats))
+
+
+def _reported(counters: Any, prefix: str = "") -> dict[str, Any]:
+    """The fields of the dataclass `counters` that `StoreStats` reports, by their names there (`prefix` + name).
+
+    >>> from hf_prefix_cache.store.placement_counters import PlacementCounters
+    >>> sorted(_reported(PlacementCounters(offloads=2)).items())[:3]  # `disk_writes` is not reported
+    [('evicted_bytes', 0), ('evictions', 0), ('failed_moves', 0)]
+    """
+    return {prefix + f.name: getattr(counters, f.name) for f in fields(counters) if prefix + f.name in _REPORTED}

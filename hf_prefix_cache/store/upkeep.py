@@ -16,8 +16,11 @@ from typing import Any
 
 import torch
 
+from hf_prefix_cache import reasons
 from hf_prefix_cache.model.states import Snapshot
+from hf_prefix_cache.storage.remote import RemoteUnavailableError
 from hf_prefix_cache.storage.segments import Segment
+from hf_prefix_cache.storage.tier import Standalone
 from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.locking import StoreLock
 from hf_prefix_cache.store.placement import Placement
@@ -32,12 +35,8 @@ class StateDevices:
         self._devices: dict[int, torch.device] = {}
 
     def remember(self, snap: Snapshot) -> None:
-        if len(self._devices) == len(snap.states):
-            return
-        for layer, state in snap.states.items():
-            first = next((t for per in state.tensors.values() for t in per.values() if t is not None), None)
-            if first is not None:
-                self._devices[layer] = first.device
+        if len(self._devices) != len(snap.states):
+            self._devices.update(snap.devices())
 
     def get(self, layer: int) -> torch.device | None:
         return self._devices.get(layer, self._default)
@@ -57,14 +56,12 @@ class Upkeep:
         lock: StoreLock,
         requests: RequestCounters,
         ttl: float | None,
-        has_state: bool,
     ) -> None:
         self._tree = tree
         self._placement = placement
         self._lock = lock
         self._requests = requests
         self.ttl = ttl
-        self._has_state = has_state
         self._next_expiry = 0.0
         self.active = placement.files is not None or ttl is not None
 
@@ -106,10 +103,15 @@ class Upkeep:
             have = self._tree.match(namespace, tokens).matched_len
         if have >= last * remote.chunk_len:
             return
-        hit = remote.fetch(namespace, tokens, have // remote.chunk_len, last, need_snapshot=self._has_state)
-        if hit.error is not None:
-            self._requests.event(hit.error)
-        if hit.segment is None or hit.segment.end <= have:
+        wanted = Segment(None, have // remote.chunk_len * remote.chunk_len, last * remote.chunk_len, 0)
+        try:
+            hit = remote.get(wanted, Standalone(namespace, tuple(tokens[: wanted.end])))
+        except RemoteUnavailableError:
+            self._requests.event(reasons.REMOTE_UNAVAILABLE)
+            return
+        if hit.end <= have:
+            remote.drop(hit)
             return
         with self._lock(pressure=True):
-            self._placement.adopt(namespace, tokens, hit.segment)
+            if not self._placement.adopt(namespace, tokens, hit):  # the tree grew past it meanwhile, or it fits no tier
+                remote.drop(hit)

@@ -198,7 +198,7 @@ def test_split_disk_entry_serves_both_halves_and_rewrites_on_drop(llama: Any, tm
         tail = store._store._tree.match(store._store.namespace(), ids[0].tolist()).path[-1]
         assert tail.tier == DISK
         store._store._placement.drop(tail)
-        store._store._placement.disk.empty_trash()
+        store._store._placement.disk.flush()
         store.check_integrity()
         assert store.stats().disk_nbytes == sum(_tensor_bytes(f) for f in _files(tmp_path))
         with store.lookup(ids) as hit:

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import DeferredCopies, Landing
-from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import Mover, _layer_blocks, segment_to_device, segment_to_host
 from hf_prefix_cache.storage.segments import Segment

@@ -25,7 +25,11 @@ from support.redis_server import RedisServer
 from support.remote_worker import CHUNK, FAMILIES, NEW, extra, first_prompt, model_of
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.storage.remote import chunk_keys, redact
+from hf_prefix_cache.model.runs import Run
+from hf_prefix_cache.storage.codec import Layout
+from hf_prefix_cache.storage.remote import RemoteTier, RemoteUnavailableError, chunk_keys, redact
+from hf_prefix_cache.storage.segments import Segment
+from hf_prefix_cache.storage.tier import Standalone
 from hf_prefix_cache.testing.tiny_models import build
 
 pytest.importorskip("redis")
@@ -473,3 +477,31 @@ def test_gpu_entries_travel_through_the_server(server: RedisServer, name: str) -
         reader.detach()
     finally:
         model.to("cpu")
+
+
+def test_the_remote_tier_speaks_the_tier_verbs(server: RedisServer) -> None:
+    """`put` then `flush` store a sequence's whole chunks; `get` loads the longest stored run of a range, equal."""
+    layout = Layout(num_layers=2, kv_layers=(0, 1), state_layers=())
+    tier = RemoteTier(server.url, layout, chunk_len=CHUNK)
+    gen = torch.Generator().manual_seed(0)
+    keys = [torch.randn(1, 2, 3 * CHUNK + 2, 4, generator=gen) for _ in range(2)]
+    values = [torch.randn(1, 2, 3 * CHUNK + 2, 4, generator=gen) for _ in range(2)]
+    run = Run(keys, values, 0, 3 * CHUNK + 2)
+    run.take()
+    seg = Segment(run, 0, 3 * CHUNK + 2, run.nbytes_per_token)
+    symbols = tuple(range(100, 100 + 3 * CHUNK + 2))
+    assert tier.put(seg, Standalone("ns", symbols, (seg,))) is None  # the caller holds nothing for it
+    assert _keys(server) == []  # queued: written by `flush`, outside the store's lock
+    tier.flush()
+    assert len(_keys(server)) == 3  # whole chunks only
+    hit = tier.get(Segment(None, CHUNK, 5 * CHUNK, 0), Standalone("ns", (*symbols, *range(2 * CHUNK - 2))))
+    assert (hit.start, hit.end) == (CHUNK, 3 * CHUNK) and hit.run is not None
+    for got, want in zip([*hit.run.keys, *hit.run.values], [*keys, *values], strict=True):
+        assert got is not None and torch.equal(got, want[..., CHUNK : 3 * CHUNK, :])
+    tier.drop(hit)
+    assert hit.run.num_refs == 0
+    other = tier.get(Segment(None, 0, 2 * CHUNK, 0), Standalone("ns", tuple(range(2 * CHUNK))))
+    assert (other.start, other.end, other.run) == (0, 0, None)  # nothing stored for these symbols
+    server.stop()
+    with pytest.raises(RemoteUnavailableError):
+        tier.get(Segment(None, 0, 2 * CHUNK, 0), Standalone("ns", symbols[: 2 * CHUNK]))

@@ -12,7 +12,7 @@ from conftest import assert_same_as_cold, cached_model, generate, kv_bytes_per_t
 
 import hf_prefix_cache
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.model.states import Run
+from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.storage.budgets import parse_nbytes
 
 
