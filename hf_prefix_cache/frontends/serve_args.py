@@ -27,6 +27,8 @@ ADMIN_KEY_ENV = "HF_PREFIX_CACHE_ADMIN_KEY"
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 DEFAULT_MAX_QUEUED = 64
 DEFAULT_REQUEST_TIMEOUT = 600.0
+#: Set to 1 (by ``--batch`` too) for the model's process to decode requests in flight together (spike, #46).
+BATCH_ENV = "HF_PREFIX_CACHE_BATCH"
 #: The longest ``cache_salt`` (field or header) a request may send.
 MAX_SALT_LEN = 256
 
@@ -110,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--policy", choices=("lru", "cost"), default="lru", help="eviction policy")
     store.add_argument("--ttl", help="drop entries unused this long (e.g. 30m)")
     store.add_argument("--no-store", action="store_true", help="serve without a store (for comparisons)")
+    store.add_argument(
+        "--batch",
+        action="store_true",
+        help=f"SPIKE (#46): decode the requests in flight together with the batching engine (or ${BATCH_ENV}=1)",
+    )
     return parser
 
 

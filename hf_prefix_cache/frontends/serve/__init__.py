@@ -21,11 +21,13 @@ check_serve()  # before importing transformers' server classes: a clear message 
 import argparse  # noqa: E402
 import ipaddress  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
 from hf_prefix_cache.frontends.serve.app import ServeOptions, build_app  # noqa: E402
 from hf_prefix_cache.frontends.serve_args import (  # noqa: E402
+    BATCH_ENV,
     DEFAULT_MODEL,
     admin_key,
     build_parser,
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     options = options_from(args)
+    if getattr(args, "batch", False):
+        os.environ[BATCH_ENV] = "1"  # the model's process (spawned) inherits it
     if not is_loopback(args.host) and not options.keys and options.admin_key is None:
         bar = "!" * 78
         print(

@@ -34,6 +34,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cli.serving.model_manager import ModelLoader
 
+from hf_prefix_cache.frontends.serve import batched
 from hf_prefix_cache.frontends.serve.metrics import Finished, JobMetrics, now
 
 if TYPE_CHECKING:
@@ -176,9 +177,27 @@ def run_job(
             return
         max_time = generation_kwargs.get("max_time")
         generation_kwargs = {**generation_kwargs, "max_time": left if max_time is None else min(left, max_time)}
+    if batched.batching_on():
+        batched.ensure_runner_threads(progress.runner)
+        if batched.can_batch(ENGINE.store, inputs):
+            timeout_s = None if ticket.deadline is None else ticket.deadline - started
+            row_request = batched.to_request(model, processor, inputs, generation_kwargs, ticket.salt, timeout_s)
+            progress.send(Started(started))
+            row = batched.run_batched(ENGINE.store, row_request, progress)
+            if row.error is not None:
+                raise row.error
+            _finish(ticket, inputs, progress, started, row.cached_tokens, list(row.tokens))
+            return
     progress.send(Started(started))
-    with _request(ticket.salt) as request:
+    with batched.TODAY_LOCK if batched.batching_on() else nullcontext(), _request(ticket.salt) as request:
         tokens = generate_tokens(model, processor, inputs, generation_kwargs, progress)
+    _finish(ticket, inputs, progress, started, 0 if request is None else request.cached_tokens, tokens)
+
+
+def _finish(
+    ticket: Ticket, inputs: dict[str, Any], progress: Progress, started: float, cached_tokens: int, tokens: list[int]
+) -> None:
+    """Record a generation job's numbers and send its end (with its tokens when it did not stream)."""
     finished = Finished(
         model=ticket.model_name,
         tenant=ticket.tenant,
@@ -187,7 +206,7 @@ def run_job(
         first_token_at=progress.first_token_at,
         ended=now(),
         prompt_tokens=int(inputs["input_ids"].shape[-1]),
-        cached_tokens=0 if request is None else request.cached_tokens,
+        cached_tokens=cached_tokens,
         generated_tokens=progress.num_tokens,
         cancelled=progress.was_cancelled,
     )
