@@ -21,13 +21,11 @@ check_serve()  # before importing transformers' server classes: a clear message 
 import argparse  # noqa: E402
 import ipaddress  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
 from hf_prefix_cache.frontends.serve.app import ServeOptions, build_app  # noqa: E402
 from hf_prefix_cache.frontends.serve_args import (  # noqa: E402
-    BATCH_ENV,
     DEFAULT_MODEL,
     admin_key,
     build_parser,
@@ -59,7 +57,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             value = getattr(args, name)
             if value is not None:
                 store[name] = value
-    for name in ("max_body_bytes", "max_queued", "api_server_count"):
+    for name in ("max_body_bytes", "max_queued", "api_server_count", "max_batch_rows"):
         if getattr(args, name) < 1:
             raise SystemExit(f"hf-prefix-cache serve: --{name.replace('_', '-')} must be at least 1")
     return ServeOptions(
@@ -76,6 +74,8 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         max_queued=args.max_queued,
         request_timeout=args.request_timeout if args.request_timeout > 0 else None,
         api_servers=args.api_server_count,
+        batch=args.batch,
+        max_batch_rows=args.max_batch_rows,
     )
 
 
@@ -99,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     options = options_from(args)
-    if getattr(args, "batch", False):
-        os.environ[BATCH_ENV] = "1"  # the model's process (spawned) inherits it
     if not is_loopback(args.host) and not options.keys and options.admin_key is None:
         bar = "!" * 78
         print(
@@ -114,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}/v1"
     print(
         f"serving {options.served_name or options.model or 'the models requests name'} at {where} "
-        f"({'no store' if options.store is None else 'prefix store attached'}; "
+        f"({'no store' if options.store is None else 'prefix store attached'}"
+        f"{'; requests decode together' if options.store is not None and options.batch else ''}; "
         f"{'API keys required' if options.keys or options.admin_key else 'no API keys'}"
         f"{f'; {options.api_servers} API servers' if options.api_servers > 1 else ''}); "
         f"cache stats at {where}/cache/stats",
