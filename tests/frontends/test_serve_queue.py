@@ -149,3 +149,100 @@ def test_the_context_refuses_an_explicit_length_and_clamps_a_default_one(tiny: t
     kwargs = {"max_new_tokens": 5000}
     fit_context(config, 61, kwargs, None)
     assert kwargs["max_new_tokens"] == 2048 - 61
+
+
+class ByRequest:
+    """What the runner sends, kept per request id (several requests in flight on one runner)."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, list[Any]] = {}
+        self.ended: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, ids: list[int], tokens: list[Any], finished: list[Any]) -> None:
+        with self.lock:
+            for request_id, token in zip(ids, tokens, strict=True):
+                self.items.setdefault(request_id, []).append(token)
+            for request_id, _ in finished:
+                self.ended.setdefault(request_id, threading.Event()).set()
+
+    def wait(self, request_id: int) -> Ended:
+        with self.lock:
+            event = self.ended.setdefault(request_id, threading.Event())
+        assert event.wait(120)
+        (ended,) = [item for item in self.items.get(request_id, []) if isinstance(item, Ended)]
+        return ended
+
+
+@pytest.fixture
+def batching(tiny: tuple[Any, Any]) -> Any:
+    """The model's process's state with a store and batching on, as `StoreLoader` sets it; the loop stopped after."""
+    from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.frontends.serve.batched import BatchOptions
+    from hf_prefix_cache.frontends.serve.engine import ENGINE
+
+    store = PrefixCache(tiny[0], attach="all")
+    ENGINE.store, ENGINE.batch = store, BatchOptions(max_rows=8, max_runner_threads=4)
+    try:
+        yield store
+    finally:
+        loop = ENGINE.batching()
+        assert loop is not None
+        loop.stop()
+        ENGINE.store, ENGINE.batch = None, None
+        store.detach()
+
+
+def test_batched_jobs_block_on_their_rows_on_threads_started_on_demand(tiny: tuple[Any, Any], batching: Any) -> None:
+    """Three jobs submitted at once to one runner run together (a thread each, and one idle: 4, the bound); each
+    answers as it does alone and cold, with its numbers right; the stats line counts the loop's rows."""
+    from hf_prefix_cache.frontends.serve.engine import ENGINE
+
+    model, tokenizer = tiny
+    prompts = [f"prompt number {i} " * (4 + 3 * i) for i in range(3)]
+    cold = []
+    for prompt in prompts:
+        sent = Sent()
+        ENGINE.batch, kept = None, ENGINE.batch  # one at a time, no store: the reference
+        ENGINE.store, store = None, ENGINE.store
+        _submit(GenerateRunner(model, tokenizer, sent), sent, tokenizer, prompt, None, 6, stream=False)
+        ENGINE.batch, ENGINE.store = kept, store
+        cold.append(sent.reports(Ended)[0].result)
+    sent_by = ByRequest()
+    runner = GenerateRunner(model, tokenizer, sent_by)
+    for request_id, prompt in enumerate(prompts, start=1):
+        inputs = dict(tokenizer(prompt, return_tensors="pt"))
+        ticket = Ticket(None, None, "tiny", now(), None, False)
+        runner.submit(request_id, run_job, (ticket, inputs, {"max_new_tokens": 6, "do_sample": False}), True)
+    ended = [sent_by.wait(request_id) for request_id in (1, 2, 3)]
+    assert [e.result for e in ended] == cold
+    for e in ended:
+        f = e.finished
+        assert f.generated_tokens == 6 and f.first_token_at is not None and f.started <= f.first_token_at <= f.ended
+    loop = ENGINE.batching()
+    assert loop is not None and loop.threads(runner) == 4
+    assert runner.state()[:2] == (0, 0) and loop.scheduler.load().row_steps > loop.scheduler.load().steps
+
+
+def test_a_batched_job_stops_at_its_deadline_and_a_cancelled_one_keeps_its_prompt(
+    tiny: tuple[Any, Any], batching: Any
+) -> None:
+    """The ticket's deadline is the row's timeout; a cancel ends the row at the next step, its prompt stored: the same
+    prompt again restores all of it, and no job ran alone."""
+    model, tokenizer = tiny
+    sent = Sent()
+    _submit(GenerateRunner(model, tokenizer, sent), sent, tokenizer, "a b c " * 20, now() + 0.3, 1900, stream=False)
+    (ended,) = sent.reports(Ended)
+    assert 0 < len(ended.result) < 1900 and ended.finished.generated_tokens == len(ended.result)
+    prompt = "the cancelled prompt " * 10
+    cancelled = Sent()
+    runner = GenerateRunner(model, tokenizer, cancelled)
+    cancelled.on_token = lambda: runner.cancel(1)
+    _submit(runner, cancelled, tokenizer, prompt, None, 1500, stream=True)
+    (stopped,) = cancelled.reports(Ended)
+    assert stopped.finished.cancelled and stopped.finished.generated_tokens < 1500
+    again = Sent()
+    _submit(GenerateRunner(model, tokenizer, again), again, tokenizer, prompt, None, 6, stream=False)
+    (hit,) = again.reports(Ended)
+    assert hit.finished.cached_tokens == hit.finished.prompt_tokens - 1
+    assert batching.stats().fallbacks == {} and batching.check_integrity() is None
