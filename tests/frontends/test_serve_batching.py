@@ -205,3 +205,20 @@ def test_tenants_stay_apart_when_their_rows_decode_together(servers: tuple[Serve
     assert firsts["salt-a"][2] == firsts["salt-b"][2] == 0 and firsts["salt-a"][0] == firsts["salt-b"][0]
     again = _ask(batching, messages, extra_body={"cache_salt": "salt-a"})
     assert again[2] == again[1] - 1 and again[0] == firsts["salt-a"][0]
+
+
+def test_the_options_cross_to_the_model_process_in_its_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve``'s flags become the loader's `BatchOptions` (threads: the admitted requests of every API server, plus
+    one); ``--no-batch`` none; ``HF_PREFIX_CACHE_BATCH=0`` in the model's process turns batching off there too."""
+    from hf_prefix_cache.frontends.serve import options_from
+    from hf_prefix_cache.frontends.serve.batched import BatchOptions, from_env
+    from hf_prefix_cache.frontends.serve_args import BATCH_ENV, build_parser
+
+    args = build_parser().parse_args(["none", "--max-batch-rows", "4", "--max-queued", "8", "--api-server-count", "2"])
+    loader = options_from(args).loader()
+    assert loader.batch == BatchOptions(max_rows=4, max_runner_threads=17)
+    assert options_from(build_parser().parse_args(["none", "--no-batch"])).loader().batch is None
+    monkeypatch.setenv(BATCH_ENV, "0")
+    assert from_env(loader.batch) is None
+    monkeypatch.setenv(BATCH_ENV, "1")
+    assert from_env(None) == BatchOptions()
