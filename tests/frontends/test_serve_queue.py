@@ -246,3 +246,33 @@ def test_a_batched_job_stops_at_its_deadline_and_a_cancelled_one_keeps_its_promp
     (hit,) = again.reports(Ended)
     assert hit.finished.cached_tokens == hit.finished.prompt_tokens - 1
     assert batching.stats().fallbacks == {} and batching.check_integrity() is None
+
+
+def test_a_request_cancelled_while_its_row_waits_still_stores_its_prompt(tiny: tuple[Any, Any], batching: Any) -> None:
+    """One row at a time: the second request, cancelled while it waits behind the first, is prefilled once the first
+    leaves and ends after one token, cancelled, its prompt stored (as the sequential path stops after one token)."""
+    from hf_prefix_cache.frontends.serve.batched import BatchOptions
+    from hf_prefix_cache.frontends.serve.engine import ENGINE
+
+    model, tokenizer = tiny
+    ENGINE.batch = BatchOptions(max_rows=1, max_runner_threads=4)
+    sent = ByRequest()
+    runner = GenerateRunner(model, tokenizer, sent)
+    prompts = ["the first, long request " * 6, "the waiting request " * 8]
+    for request_id, (prompt, new) in enumerate(zip(prompts, (1500, 6), strict=True), start=1):
+        inputs = dict(tokenizer(prompt, return_tensors="pt"))
+        ticket = Ticket(None, None, "tiny", now(), None, False)
+        runner.submit(request_id, run_job, (ticket, inputs, {"max_new_tokens": new, "do_sample": False}), True)
+    loop = ENGINE.batching()
+    assert loop is not None
+    while loop.scheduler.load().waiting == 0:  # the second row waits behind the first
+        threading.Event().wait(0.01)
+    runner.cancel(2)
+    threading.Event().wait(0.3)
+    runner.cancel(1)
+    first, second = sent.wait(1), sent.wait(2)
+    assert first.finished.cancelled and second.finished.cancelled and second.finished.generated_tokens == 1
+    again = Sent()
+    _submit(GenerateRunner(model, tokenizer, again), again, tokenizer, prompts[1], None, 6, stream=False)
+    (hit,) = again.reports(Ended)
+    assert hit.finished.cached_tokens == hit.finished.prompt_tokens - 1

@@ -7,8 +7,8 @@ process, whose thread alone drives the model, and:
 
 - a text request's job (`Batching.run_row`) turns the request into a `batching.rows.Request`
   (`to_request`), submits it, streams each token the loop chooses into the request's token stream (as
-  `engine.Progress.put` does), cancels the row when the API server cancels the request (the row ends at
-  the next step, what it computed stored) and blocks until the row ends; the runner then sends the
+  `engine.Progress.put` does), cancels the row at its first token after the API server cancels the
+  request (the row ends before the next step, what it computed stored) and blocks until the row ends; the runner then sends the
   request's end, as for any job;
 - every other job (media inputs, transcription, a function an API server submits) runs through
   `Scheduler.call` (`Batching.run_alone`): alone, between two steps, counted under its
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from hf_prefix_cache.batching.scheduler import Scheduler
     from hf_prefix_cache.frontends.serve.engine import Progress
 
-#: How often a waiting job looks at its request's cancellation (seconds).
-CANCEL_POLL_S = 0.05
 #: Keys of the model inputs a batched row may carry (anything else, such as pixel values, runs alone).
 TEXT_INPUTS = frozenset({"input_ids", "attention_mask"})
 #: Settings of `generation_kwargs` the row reads itself (the others go with it to ``generate``, alone).
@@ -148,7 +146,12 @@ class Batching:
         return load.rows + load.alone, load.waiting + runner.queue.qsize(), f", batch: {load.rows} rows"
 
     def run_row(self, request: Request, progress: Progress) -> Row:
-        """Submit `request`, stream its tokens into `progress`, cancel it with the request; the ended row."""
+        """Submit `request`, stream its tokens into `progress`, cancel it with the request; the ended row.
+
+        The row is cancelled at the first token chosen after the request is: a request cancelled while its row
+        still waits for the loop ends after its first token, as the sequential path stops its ``generate``, so its
+        prompt is prefilled and stored, never dropped.
+        """
         from hf_prefix_cache.frontends.serve.metrics import now
 
         def on_token(row: Row, token: int) -> None:
@@ -156,13 +159,13 @@ class Batching:
                 progress.first_token_at = now()
             progress.num_tokens += 1
             progress.runner.count_tokens(generated=1)
-            if progress.forward and not progress.is_cancelled:
+            if progress.is_cancelled:  # it ends before the next step (what it computed is stored)
+                row.cancel()
+            elif progress.forward:
                 progress.runner.send_results([progress.request_id], [token], [])
 
         row = self.scheduler.submit(request, on_token=on_token)
-        while not row.wait(CANCEL_POLL_S):
-            if progress.is_cancelled and not row.cancelled:
-                row.cancel()
+        row.wait()
         progress.was_cancelled = progress.is_cancelled or row.cancelled
         return row
 
