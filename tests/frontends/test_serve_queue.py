@@ -276,3 +276,49 @@ def test_a_request_cancelled_while_its_row_waits_still_stores_its_prompt(tiny: t
     _submit(GenerateRunner(model, tokenizer, again), again, tokenizer, prompts[1], None, 6, stream=False)
     (hit,) = again.reports(Ended)
     assert hit.finished.cached_tokens == hit.finished.prompt_tokens - 1
+
+
+def test_sigterm_stops_the_loop_then_saves_its_rows_work(
+    tiny: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (`save_and_exit`) with a row in flight: the row ends cancelled, what it computed is stored, then the
+    store is saved: a new store on the same disk folder restores the prompt and every token fed."""
+    import torch
+
+    from hf_prefix_cache import PrefixCache
+    from hf_prefix_cache.frontends.serve import engine
+    from hf_prefix_cache.frontends.serve.batched import BatchOptions
+
+    model, tokenizer = tiny
+    store = PrefixCache(model, attach="all", disk_dir=tmp_path, save_on_exit=False)
+    assert store.budgets.get("disk")
+    engine.ENGINE.store, engine.ENGINE.batch = store, BatchOptions()
+    exits: list[int] = []
+    monkeypatch.setattr(engine.os, "_exit", exits.append)
+    inputs = dict(tokenizer("the prompt of a server told to stop " * 5, return_tensors="pt"))
+    try:
+        sent = Sent()
+        streaming = threading.Event()
+        sent.on_token = streaming.set
+        ticket = Ticket(None, None, "tiny", now(), None, True)
+        GenerateRunner(model, tokenizer, sent).submit(
+            1, run_job, (ticket, inputs, {"max_new_tokens": 1500, "do_sample": False}), True
+        )
+        assert streaming.wait(120)
+        engine.ENGINE.save_and_exit()
+        assert exits == [0] and sent.ended.wait(120)
+        (ended,) = sent.reports(Ended)
+        made = [item for item in sent.items if isinstance(item, int)]
+        assert ended.finished.cancelled and 0 < len(made) == ended.finished.generated_tokens < 1500
+    finally:
+        engine.ENGINE.store, engine.ENGINE.batch = None, None
+        store.detach()
+    fresh = PrefixCache(model, disk_dir=tmp_path, save_on_exit=False)
+    try:
+        prompt = inputs["input_ids"][0].tolist()
+        ids = torch.tensor([[*prompt, *made, 7]])
+        with fresh.request() as scope:
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, cache=fresh)
+        assert scope.cached_tokens == len(prompt) + len(made) - 1
+    finally:
+        fresh.detach()
