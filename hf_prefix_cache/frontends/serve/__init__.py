@@ -5,7 +5,9 @@ transformers' own app (``/v1/chat/completions``, ``/v1/completions``, ``/v1/resp
 every model it loads, in the model's own process (`app.py`, `engine.py`). Responses report the
 prompt tokens a request reused in ``usage.prompt_tokens_details.cached_tokens`` (Responses API:
 ``input_tokens_details``); a ``cache_salt`` field or ``x-cache-salt`` header keeps tenants apart
-(`requests.py`). ``--api-server-count N`` runs N API servers on one model process (`supervisor.py`).
+(`requests.py`). The requests in flight decode together, each exactly as alone (`batched.py`;
+``--no-batch``: one at a time). ``--api-server-count N`` runs N API servers on one model process
+(`supervisor.py`).
 
 Needs transformers >= 5.25 and its serving extra: ``pip install -e '.[serve]'`` in a clone (or
 ``pip install 'transformers[serving]>=5.25' prometheus_client``). The default model
