@@ -94,11 +94,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ callers
     def submit(self, request: Request, on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> Row:
-        """Queue `request`; the returned row streams through `on_token`, ends through `on_end` (or `Row.wait`)."""
+        """Queue `request`; the returned row streams through `on_token`, ends through `on_end` (or `Row.wait`).
+
+        After `stop`, the row ends at once, cancelled and unrun.
+        """
         row = Row(request, on_token, on_end)
         with self._wake:
-            self._waiting.append(row)
-            self._wake.notify()
+            if not self._stopping:
+                self._waiting.append(row)
+                self._wake.notify()
+                return row
+        row.finish(EndReason.CANCELLED)  # the loop has stopped: nothing would run it
         return row
 
     def call(self, function: Callable[[], Any], reason: str | None = None) -> Future[Any]:
@@ -190,7 +196,11 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     return
-            self.cycle()
+            try:
+                self.cycle()
+            except Exception as exc:  # the loop goes on for the rows that come next; the rows in flight end
+                logger.exception("batching: the loop failed; its rows in flight end with the error")
+                self.batch.fail(exc)
 
     def _next_waiting(self) -> Row | None:
         with self._wake:

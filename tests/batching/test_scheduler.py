@@ -124,7 +124,8 @@ def test_a_callback_that_raises_ends_no_row() -> None:
 
 def test_a_call_runs_in_the_loop_between_two_steps_and_its_exception_fails_only_its_future() -> None:
     """`call` runs in the loop's thread while a row decodes, never inside a step (the row's tokens do not move
-    while it runs); one that raises fails its own future, and the row and the next call go on, the row exact."""
+    while it runs); one that raises fails its own future, and the row and the next call go on, the row exact.
+    Once the loop has stopped, a call is cancelled and a row ends unrun."""
     model = build("llama")
     store = PrefixCache(model)
     prompt = random_prompt(20, seed=9)[0].tolist()
@@ -159,4 +160,6 @@ def test_a_call_runs_in_the_loop_between_two_steps_and_its_exception_fails_only_
     late = scheduler.call(lambda: 1)  # the loop has stopped: nothing runs it
     with pytest.raises(CancelledError):
         late.result(timeout=1)
+    unrun = scheduler.submit(Request(prompt, max_new_tokens=3))  # nor a row: it ends at once, unrun
+    assert unrun.wait(timeout=1) and unrun.end_reason is EndReason.CANCELLED and unrun.tokens == []
     store.detach()
