@@ -6,6 +6,10 @@ their deadline (storing what they computed), then steps the batch once. Rows the
 (`eligibility.py`: the model's profile, a setting the engine does not implement, a prefill the store ran
 cold) run alone through `generate` in the loop, between two steps, counted under their reason.
 
+Any other work on the model (a request with media, a transcription) is handed to the loop with `call`:
+the loop runs it alone between two steps, so only the loop's thread ever drives the model, and its
+`Future` gives the caller its result or its exception (which fails only that call).
+
 The loop runs in a thread of its own (`start`; `torch.set_num_threads(num_threads)` there first when
 given) or in the caller's thread (`run_until_idle`): on CPU, where the loop runs changes how fast torch
 decodes (`docs/serving.md`, "Batching engine").
@@ -30,7 +34,9 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -39,6 +45,7 @@ from hf_prefix_cache.batching.alone import run_alone
 from hf_prefix_cache.batching.batch import RunningBatch
 from hf_prefix_cache.batching.eligibility import COLD, model_alone_reason, request_alone_reason
 from hf_prefix_cache.batching.rows import EndCallback, EndReason, Request, Row, TokenCallback
+from hf_prefix_cache.store.contract import ReducedReuse
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -46,6 +53,17 @@ if TYPE_CHECKING:
     from hf_prefix_cache.api.prefix_cache import PrefixCache
 
 logger = logging.getLogger("hf_prefix_cache")
+
+
+class Load(NamedTuple):
+    """What the loop holds now and has done so far (read from any thread; a snapshot, not a lock)."""
+
+    rows: int  # rows decoding together in the batch
+    alone: int  # a row or a call running alone now (0 or 1)
+    waiting: int  # rows and calls waiting for the loop
+    steps: int  # batched steps run so far
+    row_steps: int  # rows those steps decoded, summed (row_steps / steps: the mean batch size)
+    calls: int  # calls run so far
 
 
 class Scheduler:
@@ -66,18 +84,49 @@ class Scheduler:
         self._num_threads = num_threads
         self._model_reason = model_alone_reason(store_of(prefix_cache).profile)
         self._waiting: collections.deque[Row] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future[Any], str | None]] = collections.deque()
+        self._alone: Row | None = None  # the row running alone now, cancelled by `stop`
+        self._num_alone = 0
+        self.steps = self.row_steps = self.calls = 0
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ callers
     def submit(self, request: Request, on_token: TokenCallback | None = None, on_end: EndCallback | None = None) -> Row:
-        """Queue `request`; the returned row streams through `on_token`, ends through `on_end` (or `Row.wait`)."""
+        """Queue `request`; the returned row streams through `on_token`, ends through `on_end` (or `Row.wait`).
+
+        After `stop`, the row ends at once, cancelled and unrun.
+        """
         row = Row(request, on_token, on_end)
         with self._wake:
-            self._waiting.append(row)
-            self._wake.notify()
+            if not self._stopping:
+                self._waiting.append(row)
+                self._wake.notify()
+                return row
+        row.finish(EndReason.CANCELLED)  # the loop has stopped: nothing would run it
         return row
+
+    def call(self, function: Callable[[], Any], reason: str | None = None) -> Future[Any]:
+        """Run `function` in the loop, alone, between two steps; its future holds what it returned or raised.
+
+        `reason` (``batch_alone:<why>``), when given, is counted in the store's fallbacks as the call runs.
+        A call still waiting when the loop stops is cancelled (its future's `result` raises `CancelledError`).
+        """
+        future: Future[Any] = Future()
+        with self._wake:
+            if self._stopping:  # stopped (or stopping): nothing will run it
+                future.cancel()
+                return future
+            self._calls.append((function, future, reason))
+            self._wake.notify()
+        return future
+
+    def load(self) -> Load:
+        """The rows and calls in the loop now, and its counters (for a stats line or a gauge)."""
+        with self._wake:
+            waiting = len(self._waiting) + len(self._calls)
+        return Load(len(self.batch.rows), self._num_alone, waiting, self.steps, self.row_steps, self.calls)
 
     def start(self) -> None:
         """Run the loop in a thread of its own until `stop`."""
@@ -87,13 +136,27 @@ class Scheduler:
         self._thread = threading.Thread(target=self._serve, name="hf-prefix-cache-batching", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the loop's thread after its current step; rows still in flight or waiting end cancelled."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the loop's thread after its current step; rows still in flight or waiting end cancelled (what they
+        computed is stored), calls still waiting are cancelled.
+
+        A row running alone is asked to stop at its next token. `timeout`: wait at most this long for the loop's
+        thread (a call running alone cannot be interrupted); past it, the waiting rows and calls are cancelled and
+        the rows in flight left as they are.
+        """
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
+        alone = self._alone
+        if alone is not None:
+            alone.cancel()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                logger.warning("batching: the loop did not stop within %s s; its rows in flight are left", timeout)
+                self._cancel_waiting()
+                return
             self._thread = None
         self._cancel_all()
 
@@ -104,35 +167,65 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop
     def cycle(self) -> bool:
-        """Admit what waits, end flagged rows, step once; whether any row waits or decodes still."""
+        """Run the calls that wait, admit the rows that wait, end flagged rows, step once; whether any row or call
+        waits or decodes still."""
         batch = self.batch
+        while (waiting_call := self._next_call()) is not None:
+            self._run_call(*waiting_call)
         while len(batch.rows) < self.max_rows and (row := self._next_waiting()) is not None:
             self._admit(row)
         if batch.rows:
             batch.end_flagged()
         if batch.rows:
+            self.steps += 1
+            self.row_steps += len(batch.rows)
             try:
                 batch.step()
             except Exception as exc:
                 logger.exception("batching: a decoding step failed; its rows end with the error")
                 batch.fail(exc)
         with self._wake:
-            return bool(batch.rows or self._waiting)
+            return bool(batch.rows or self._waiting or self._calls)
 
     def _serve(self) -> None:
         if self._num_threads is not None:
             torch.set_num_threads(self._num_threads)
         while True:
             with self._wake:
-                while not (self._stopping or self._waiting or self.batch.rows):
+                while not (self._stopping or self._waiting or self._calls or self.batch.rows):
                     self._wake.wait()
                 if self._stopping:
                     return
-            self.cycle()
+            try:
+                self.cycle()
+            except Exception as exc:  # the loop goes on for the rows that come next; the rows in flight end
+                logger.exception("batching: the loop failed; its rows in flight end with the error")
+                self.batch.fail(exc)
 
     def _next_waiting(self) -> Row | None:
         with self._wake:
             return self._waiting.popleft() if self._waiting else None
+
+    def _next_call(self) -> tuple[Callable[[], Any], Future[Any], str | None] | None:
+        with self._wake:
+            return self._calls.popleft() if self._calls else None
+
+    def _run_call(self, function: Callable[[], Any], future: Future[Any], reason: str | None) -> None:
+        """Run one call alone; what it returns or raises goes to its future, never into the loop."""
+        if not future.set_running_or_notify_cancel():
+            return
+        if reason is not None:
+            store_of(self._front).record(ReducedReuse(reason))
+        self._num_alone = 1
+        try:
+            result = function()
+        except BaseException as exc:  # the call's failure is its caller's, not the loop's
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        finally:
+            self._num_alone = 0
+            self.calls += 1
 
     def _admit(self, row: Row) -> None:
         """Join `row` to the batch, or run it alone (counted), or end it unrun when cancelled or expired."""
@@ -143,19 +236,30 @@ class Scheduler:
         try:
             if reason is None and self.batch.admit(row):
                 return
+            self._alone, self._num_alone = row, 1
+            if self._stopping:
+                row.cancel()
             run_alone(self._front, row, reason or COLD)
         except Exception as exc:
             logger.exception("batching: a row's prefill failed; it ends with the error")
             row.finish(EndReason.ERROR, exc)
+        finally:
+            self._alone, self._num_alone = None, 0
 
     def _cancel_all(self) -> None:
         for row in self.batch.rows:
             row.cancel()
         self.batch.end_flagged()
+        self._cancel_waiting()
+
+    def _cancel_waiting(self) -> None:
         with self._wake:
             waiting, self._waiting = list(self._waiting), collections.deque()
+            calls, self._calls = list(self._calls), collections.deque()
         for row in waiting:
             row.finish(EndReason.CANCELLED)
+        for _, future, _ in calls:
+            future.cancel()
 
     def __enter__(self) -> Scheduler:
         self.start()

@@ -27,6 +27,10 @@ ADMIN_KEY_ENV = "HF_PREFIX_CACHE_ADMIN_KEY"
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 DEFAULT_MAX_QUEUED = 64
 DEFAULT_REQUEST_TIMEOUT = 600.0
+#: 0 turns batching off in the model's process, another value on (else ``--batch``/``--no-batch`` decides).
+BATCH_ENV = "HF_PREFIX_CACHE_BATCH"
+#: The most rows a model's process decodes together (``--max-batch-rows``).
+DEFAULT_MAX_BATCH_ROWS = 32
 #: The longest ``cache_salt`` (field or header) a request may send.
 MAX_SALT_LEN = 256
 
@@ -110,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--policy", choices=("lru", "cost"), default="lru", help="eviction policy")
     store.add_argument("--ttl", help="drop entries unused this long (e.g. 30m)")
     store.add_argument("--no-store", action="store_true", help="serve without a store (for comparisons)")
+    store.add_argument(
+        "--batch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode the requests in flight together, each reusing its stored prefix (default); --no-batch: one "
+        f"generate at a time, as transformers serve (or ${BATCH_ENV}=0)",
+    )
+    store.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=DEFAULT_MAX_BATCH_ROWS,
+        help=f"most requests decoding together; later ones wait for one to end (default {DEFAULT_MAX_BATCH_ROWS})",
+    )
     return parser
 
 

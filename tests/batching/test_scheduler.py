@@ -8,8 +8,11 @@ and answers exactly as that `generate` call does.
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import CancelledError
 from typing import Any
 
+import pytest
 import torch
 from conftest import CACHE_NAME, build, random_prompt
 
@@ -116,4 +119,47 @@ def test_a_callback_that_raises_ends_no_row() -> None:
     scheduler.run_until_idle()
     assert [row.end_reason for row in rows] == [EndReason.LENGTH, EndReason.LENGTH]
     assert [row.tokens for row in rows] == [alone(model, prompts[0], 4), alone(model, prompts[1], 6)]
+    store.detach()
+
+
+def test_a_call_runs_in_the_loop_between_two_steps_and_its_exception_fails_only_its_future() -> None:
+    """`call` runs in the loop's thread while a row decodes, never inside a step (the row's tokens do not move
+    while it runs); one that raises fails its own future, and the row and the next call go on, the row exact.
+    Once the loop has stopped, a call is cancelled and a row ends unrun."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompt = random_prompt(20, seed=9)[0].tolist()
+    second = threading.Event()
+
+    def on_token(row: Row, token: int) -> None:
+        if len(row.tokens) == 2:
+            second.set()
+
+    with Scheduler(store) as scheduler:
+        row = scheduler.submit(Request(prompt, max_new_tokens=30), on_token=on_token)
+        assert second.wait(timeout=120)
+
+        def look() -> tuple[str, int, int]:
+            before = len(row.tokens)
+            time.sleep(0.2)  # a step running beside it would add a token meanwhile
+            return threading.current_thread().name, before, len(row.tokens)
+
+        def broken() -> None:
+            raise ValueError("the call's own fault")
+
+        failed = scheduler.call(broken, reason="batch_alone:media")
+        looked = scheduler.call(look)
+        with pytest.raises(ValueError, match="own fault"):
+            failed.result(timeout=120)
+        name, before, after = looked.result(timeout=120)
+        assert name == "hf-prefix-cache-batching" and before == after and 2 <= before < 30
+        assert row.wait(timeout=120)
+        assert scheduler.load().calls == 2 and scheduler.load().steps >= 29
+    assert row.end_reason is EndReason.LENGTH and row.tokens == alone(model, prompt, 30)
+    assert store.stats().fallbacks["batch_alone:media"] == 1
+    late = scheduler.call(lambda: 1)  # the loop has stopped: nothing runs it
+    with pytest.raises(CancelledError):
+        late.result(timeout=1)
+    unrun = scheduler.submit(Request(prompt, max_new_tokens=3))  # nor a row: it ends at once, unrun
+    assert unrun.wait(timeout=1) and unrun.end_reason is EndReason.CANCELLED and unrun.tokens == []
     store.detach()

@@ -44,3 +44,10 @@ def test_keys_and_names(tmp_path: Path) -> None:
     assert served_model_name("none", None) is None
     args = build_parser().parse_args([])
     assert (args.max_body_bytes, args.max_queued, args.request_timeout) == (32 * 2**20, 64, 600.0)
+
+
+def test_batching_is_on_unless_no_batch() -> None:
+    """Requests decode together by default; ``--no-batch`` serves one at a time; ``--max-batch-rows`` bounds a batch."""
+    assert build_parser().parse_args([]).batch is True
+    args = build_parser().parse_args(["--no-batch", "--max-batch-rows", "4"])
+    assert args.batch is False and args.max_batch_rows == 4

@@ -5,7 +5,9 @@ transformers' own app (``/v1/chat/completions``, ``/v1/completions``, ``/v1/resp
 every model it loads, in the model's own process (`app.py`, `engine.py`). Responses report the
 prompt tokens a request reused in ``usage.prompt_tokens_details.cached_tokens`` (Responses API:
 ``input_tokens_details``); a ``cache_salt`` field or ``x-cache-salt`` header keeps tenants apart
-(`requests.py`). ``--api-server-count N`` runs N API servers on one model process (`supervisor.py`).
+(`requests.py`). The requests in flight decode together, each exactly as alone (`batched.py`;
+``--no-batch``: one at a time). ``--api-server-count N`` runs N API servers on one model process
+(`supervisor.py`).
 
 Needs transformers >= 5.25 and its serving extra: ``pip install -e '.[serve]'`` in a clone (or
 ``pip install 'transformers[serving]>=5.25' prometheus_client``). The default model
@@ -57,7 +59,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             value = getattr(args, name)
             if value is not None:
                 store[name] = value
-    for name in ("max_body_bytes", "max_queued", "api_server_count"):
+    for name in ("max_body_bytes", "max_queued", "api_server_count", "max_batch_rows"):
         if getattr(args, name) < 1:
             raise SystemExit(f"hf-prefix-cache serve: --{name.replace('_', '-')} must be at least 1")
     return ServeOptions(
@@ -74,6 +76,8 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         max_queued=args.max_queued,
         request_timeout=args.request_timeout if args.request_timeout > 0 else None,
         api_servers=args.api_server_count,
+        batch=args.batch,
+        max_batch_rows=args.max_batch_rows,
     )
 
 
@@ -110,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}/v1"
     print(
         f"serving {options.served_name or options.model or 'the models requests name'} at {where} "
-        f"({'no store' if options.store is None else 'prefix store attached'}; "
+        f"({'no store' if options.store is None else 'prefix store attached'}"
+        f"{'; requests decode together' if options.store is not None and options.batch else ''}; "
         f"{'API keys required' if options.keys or options.admin_key else 'no API keys'}"
         f"{f'; {options.api_servers} API servers' if options.api_servers > 1 else ''}); "
         f"cache stats at {where}/cache/stats",

@@ -43,6 +43,7 @@ from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import GenerationState, Modality
 
 from hf_prefix_cache.frontends.serve.access import Access, AccessMiddleware, current_caller
+from hf_prefix_cache.frontends.serve.batched import BatchOptions
 from hf_prefix_cache.frontends.serve.bodies import parse_off_loop
 from hf_prefix_cache.frontends.serve.client import StoreModelManager
 from hf_prefix_cache.frontends.serve.engine import StoreLoader
@@ -59,7 +60,12 @@ from hf_prefix_cache.frontends.serve.validate import (
     check_response,
     check_text,
 )
-from hf_prefix_cache.frontends.serve_args import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT
+from hf_prefix_cache.frontends.serve_args import (
+    DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_REQUEST_TIMEOUT,
+)
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -79,6 +85,9 @@ class ServeOptions:
         admin_key: the key of ``/metrics``, the full stats and the integrity check.
         max_body_bytes, max_queued, request_timeout: the limits (`limits.py`; timeout in seconds, None: none).
         api_servers: API server processes sharing the forced model's process (``--api-server-count``).
+        batch: decode the requests in flight together where the model's process has a store (`batched.py`);
+            False: one ``generate`` at a time, as transformers serve.
+        max_batch_rows: at most this many requests decode together.
     """
 
     model: str | None = None
@@ -94,10 +103,15 @@ class ServeOptions:
     max_queued: int = DEFAULT_MAX_QUEUED
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT
     api_servers: int = 1
+    batch: bool = True
+    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
 
     def loader(self) -> StoreLoader:
-        """The loader each model's process gets (its store's options; no query channel yet)."""
-        return StoreLoader(self.store, device=self.device, dtype=self.dtype)
+        """The loader each model's process gets (its store's and batching's options; no query channel yet)."""
+        batch = None
+        if self.batch:  # a runner thread for each request the API servers admit, and one to take the next
+            batch = BatchOptions(self.max_batch_rows, max_runner_threads=self.max_queued * self.api_servers + 1)
+        return StoreLoader(self.store, batch=batch, device=self.device, dtype=self.dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ This module is what runs there, without copying transformers' runner:
   answers the API servers' queries (stats, integrity, metrics: `Channel`) beside generation, and on
   SIGTERM (an unloaded model) saves a store with a disk tier first.
 - `run_job` is what the API servers submit for each request (`GenerateRunner.submit`, always as a
-  streaming request, so that it knows its request id): it runs the request's ``generate`` in a
+  streaming request, so that it knows its request id): with batching on (`batched.py`) its row joins
+  the one loop that decodes every request in flight; else it runs the request's ``generate`` in a
   ``with store.request(salt)`` block (its `Ticket` carries the tenant's salt across), gives it the time
   left before its deadline as ``max_time`` (a job still queued at its deadline never runs), stops
   it after the current token when the request is cancelled (normally: the store keeps what was
@@ -34,6 +35,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cli.serving.model_manager import ModelLoader
 
+from hf_prefix_cache.frontends.serve import batched
+from hf_prefix_cache.frontends.serve.batched import Batching, BatchOptions
 from hf_prefix_cache.frontends.serve.metrics import Finished, JobMetrics, now
 
 if TYPE_CHECKING:
@@ -166,19 +169,50 @@ def run_job(
     generation_kwargs: dict[str, Any],
     streamer: Any = None,
 ) -> None:
-    """What an API server submits for a generation request: `generate_tokens` in the request's scope (see above)."""
+    """What an API server submits for a generation request: `generate_tokens` in the request's scope (see above),
+    or, when the process batches, its row in the loop (`batched.py`)."""
     progress = Progress(streamer, forward=ticket.stream)
     started = now()
-    if ticket.deadline is not None:
-        left = ticket.deadline - started
-        if left <= 0:
-            progress.send(TimedOut(started - ticket.arrival))
-            return
-        max_time = generation_kwargs.get("max_time")
-        generation_kwargs = {**generation_kwargs, "max_time": left if max_time is None else min(left, max_time)}
+    if ticket.deadline is not None and ticket.deadline <= started:
+        progress.send(TimedOut(started - ticket.arrival))
+        return
     progress.send(Started(started))
-    with _request(ticket.salt) as request:
-        tokens = generate_tokens(model, processor, inputs, generation_kwargs, progress)
+
+    def alone() -> tuple[list[int], int]:  # where it runs in the loop, its deadline counts from then
+        with _request(ticket.salt) as request:
+            tokens = generate_tokens(model, processor, inputs, _with_deadline(generation_kwargs, ticket), progress)
+        return tokens, 0 if request is None else request.cached_tokens
+
+    batching = ENGINE.batching()
+    if batching is None:
+        tokens, cached_tokens = alone()
+    elif not batched.can_batch(inputs):
+        with batching.job(progress.runner):
+            tokens, cached_tokens = batching.run_alone(alone, batched.MEDIA)
+    else:
+        timeout_s = None if ticket.deadline is None else ticket.deadline - started
+        row_request = batched.to_request(model, processor, inputs, generation_kwargs, ticket.salt, timeout_s)
+        with batching.job(progress.runner):
+            row = batching.run_row(row_request, progress)
+        if row.error is not None:
+            raise row.error
+        tokens, cached_tokens = list(row.tokens), row.cached_tokens
+    _finish(ticket, inputs, progress, started, cached_tokens, tokens)
+
+
+def _with_deadline(generation_kwargs: dict[str, Any], ticket: Ticket) -> dict[str, Any]:
+    """`generation_kwargs` with the time left before the ticket's deadline as ``max_time`` (at least a moment)."""
+    if ticket.deadline is None:
+        return generation_kwargs
+    left = max(ticket.deadline - now(), 1e-3)
+    max_time = generation_kwargs.get("max_time")
+    return {**generation_kwargs, "max_time": left if max_time is None else min(left, max_time)}
+
+
+def _finish(
+    ticket: Ticket, inputs: dict[str, Any], progress: Progress, started: float, cached_tokens: int, tokens: list[int]
+) -> None:
+    """Record a generation job's numbers and send its end (with its tokens when it did not stream)."""
     finished = Finished(
         model=ticket.model_name,
         tenant=ticket.tenant,
@@ -187,7 +221,7 @@ def run_job(
         first_token_at=progress.first_token_at,
         ended=now(),
         prompt_tokens=int(inputs["input_ids"].shape[-1]),
-        cached_tokens=0 if request is None else request.cached_tokens,
+        cached_tokens=cached_tokens,
         generated_tokens=progress.num_tokens,
         cancelled=progress.was_cancelled,
     )
@@ -205,9 +239,18 @@ def run_call(
         progress.send(TimedOut(started - ticket.arrival))
         return
     progress.send(Started(started))
-    with _request(ticket.salt) as request:
-        result = function(model, processor, *args, **({"streamer": progress} if ticket.stream else {}))
-    cached_tokens = 0 if request is None else request.cached_tokens
+
+    def call() -> tuple[Any, int]:
+        with _request(ticket.salt) as request:
+            result = function(model, processor, *args, **({"streamer": progress} if ticket.stream else {}))
+        return result, 0 if request is None else request.cached_tokens
+
+    batching = ENGINE.batching()
+    if batching is None:
+        result, cached_tokens = call()
+    else:
+        with batching.job(progress.runner):
+            result, cached_tokens = batching.run_alone(call, batched.CALL)
     finished = Finished(
         ticket.model_name, ticket.tenant, ticket.arrival, started, None, now(), 0, cached_tokens, 0, False
     )
@@ -235,24 +278,48 @@ class Channel:
 
 
 class EngineState:
-    """The model's process's own: its model's name and store, the jobs' metrics."""
+    """The model's process's own: its model's name and store, its batching options and loop, the jobs' metrics."""
 
     def __init__(self) -> None:
         self.model_id = ""
         self.store: Any = None
+        self.batch: BatchOptions | None = None  # None: one generate at a time
         self.jobs = JobMetrics()
+        self._batching: Batching | None = None
+        self._lock = threading.Lock()
+
+    def batching(self) -> Batching | None:
+        """The loop the jobs hand their rows to (started on first use, over the store now attached), or None where
+        the process does not batch (``--no-batch``, or no store)."""
+        store, options = self.store, self.batch
+        if store is None or options is None:
+            return None
+        with self._lock:
+            current = self._batching
+            if current is None or current.store is not store or current.options != options:
+                if current is not None:
+                    current.stop()
+                current = self._batching = Batching(store, options)
+            return current
 
     def answer(self, kind: str, arg: Any) -> Any:
         """A query's answer: ``stats`` (arg: run the integrity check), ``tenant`` (arg: the tenant), ``metrics``."""
         from hf_prefix_cache.frontends.serve.stats import describe, store_metrics
 
+        batching = self._batching
         if kind == "stats":
-            return None if self.store is None else describe(self.model_id, self.store, bool(arg))
+            if self.store is None:
+                return None
+            described = describe(self.model_id, self.store, bool(arg))
+            if batching is not None:
+                described["batching"] = batching.describe()
+            return described
         if kind == "tenant":
             return self.jobs.tenant_view(arg)["models"]
         if kind == "metrics":
             stores = "" if self.store is None else store_metrics(self.model_id, self.store)
-            return stores + self.jobs.render()
+            loop = "" if batching is None else batching.metrics(self.model_id)
+            return stores + loop + self.jobs.render()
         raise ValueError(f"unknown query {kind!r}")
 
     def serve(self, channel: Channel) -> None:
@@ -267,15 +334,20 @@ class EngineState:
             channel.replies[api_server].put((query_id, reply))
 
     def save_and_exit(self, *_: Any) -> None:
-        """SIGTERM (transformers unloads the model): save a store with a disk tier, so a restart finds it, then exit."""
+        """SIGTERM (transformers unloads the model): stop the loop (its rows end cancelled, what they computed stored),
+        save a store with a disk tier, so a restart finds it, then exit."""
         store = self.store
         try:
+            if self._batching is not None:
+                self._batching.stop(timeout=STOP_TIMEOUT_S)
             if store is not None and store.budgets.get("disk"):
                 store.save()
         finally:
             os._exit(0)
 
 
+#: How long SIGTERM waits for the loop's current step (or a job running alone) before saving the store anyway.
+STOP_TIMEOUT_S = 30.0
 #: This process's state (set up in the model's process by `StoreLoader`; empty in an API server).
 ENGINE = EngineState()
 
@@ -286,13 +358,22 @@ class StoreLoader(ModelLoader):
     Args:
         store_options: `PrefixCache` keyword arguments (None: no store).
         channel: where the API servers' queries come from (None: none).
+        batch: how the process decodes the requests in flight together (None: one at a time; ``$HF_PREFIX_CACHE_BATCH``
+            overrides it there, `batched.from_env`).
         **kwargs: `ModelLoader`'s (device, dtype, ...).
     """
 
-    def __init__(self, store_options: dict[str, Any] | None, channel: Channel | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        store_options: dict[str, Any] | None,
+        channel: Channel | None = None,
+        batch: BatchOptions | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.store_options = store_options
         self.channel = channel
+        self.batch = batch
 
     def for_engine(self, api_servers: int = 1) -> StoreLoader:
         """A copy with a channel of its own, for one more model's process."""
@@ -303,6 +384,7 @@ class StoreLoader(ModelLoader):
     def load_model_and_processor(self, model_id: str, on_progress: Callable[..., Any] | None = None) -> Any:
         model, processor = super().load_model_and_processor(model_id, on_progress)
         ENGINE.model_id = model_id
+        ENGINE.batch = batched.from_env(self.batch)
         if self.store_options is not None:
             from hf_prefix_cache.api.prefix_cache import PrefixCache
 
