@@ -1,12 +1,12 @@
-"""Rows with their own images, and text-only rows, of vision-language models decode together exactly.
+"""Rows with their own media, and text-only rows, of vision-language models decode together exactly.
 
 Each row's tokens equal `model.generate` on its prompt and media alone (cold, and through a store run one
 request after another), its per-step logits within LOGIT_TOL of the cold run's; its cached tokens equal
 the sequential path's: a request with a stored image reuses it, one with another image stops before it,
-and the next turn reuses the whole stored answer. Tiny random-weight models of each kind that joins:
-LLaVA (positions count tokens) and Qwen2-VL (M-RoPE: every row's positions shifted off its cache length,
-the shifts unequal per axis where a prompt ends on its image).
-"""
+and the next turn reuses the whole stored answer. Tiny random-weight models of every family the engine
+joins: LLaVA, LLaVA-NeXT(-Video), Gemma 3, Idefics2/3, SmolVLM, Qwen2-Audio (positions count tokens), and
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL, the GLM-4V family and PaddleOCR-VL (M-RoPE: every row's positions shifted
+off its cache length, the shifts unequal per axis where a prompt ends on its image or video)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,24 @@ from conftest import CACHE_NAME, LOGIT_TOL
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.batching.batch import RunningBatch
-from hf_prefix_cache.batching.eligibility import model_alone_reason
+from hf_prefix_cache.batching.eligibility import JOINING_MEDIA_TYPES, model_alone_reason
 from hf_prefix_cache.batching.rows import EndReason, Request, Row
 from hf_prefix_cache.batching.sampling import Sampling
 from hf_prefix_cache.batching.scheduler import Scheduler
 from hf_prefix_cache.testing.media.families import FRAMED, SPECIAL_IDS, Family
-from hf_prefix_cache.testing.tiny_vlm_media import text
+from hf_prefix_cache.testing.tiny_qwen_media import cached_omni
+from hf_prefix_cache.testing.tiny_vlm_media import llava_pixels, qwen_pixels, run, text
+from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID
 from hf_prefix_cache.testing.tiny_vlms import cached_vlm
 
-FAMILIES = ("llava", "qwen2_vl")
+#: Every media family the engine joins (`JOINING_MEDIA_TYPES`), as `testing.media.families.Family` builds it.
+FAMILIES = (
+    # positions count tokens
+    "llava", "llava_next", "llava_next_video", "gemma3", "shieldgemma2", "idefics2", "idefics3", "smolvlm",
+    "qwen2_audio",
+    # M-RoPE
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "glm4v_moe", "glm46v", "glm_ocr", "glmga", "paddleocr_vl",
+)  # fmt: skip
 #: Answers never hold placeholder or framing ids (bias -1e9), so a later turn built from one is a valid prompt.
 NO_MEDIA_IDS = Sampling(logit_bias=dict.fromkeys(SPECIAL_IDS, -1e9))
 # (seed, image seed or None for a text-only row, ends on its image, max_new_tokens, steps run before it joins)
@@ -93,6 +102,7 @@ def test_rows_with_their_own_images_equal_each_request_alone(family: Family) -> 
     request's own `generate` (cold and through a store), logits within tolerance, cached tokens as sequential."""
     model = family.model
     batched, one_by_one = PrefixCache(model), PrefixCache(model)
+    assert model_alone_reason(store_of(batched).profile) is None  # the scheduler joins this family's rows
     prompts = [prompt(family, seed, image, ends) for seed, image, ends, _, _ in ROWS]
     rows = [
         Row(Request(ids, max_new_tokens=new, sampling=NO_MEDIA_IDS, keep_logits=True, inputs=inputs))
@@ -124,7 +134,10 @@ def test_a_stored_image_is_reused_and_another_is_not(family: Family) -> None:
     for (ids, inputs), row in zip(first, turn1, strict=True):
         assert sequential(model, one_by_one, ids, inputs, 6)[0].sequences[0, len(ids) :].tolist() == row.tokens
     same = first[0]
-    other = (first[0][0], family.kwargs(torch.tensor([first[0][0]]), [family.image(7)]))  # same ids, another image
+    other = (
+        first[0][0],
+        family.kwargs(torch.tensor([first[0][0]]), [family.image(13)]),
+    )  # same ids and size, another image
     ids = first[1][0] + turn1[1].tokens + text(5, 60)[0].tolist()
     turn2 = (ids, family.kwargs(torch.tensor([ids]), [family.image(2)]))  # the second row's image, its answer, more
     later = [same, other, turn2]
@@ -141,9 +154,37 @@ def test_a_stored_image_is_reused_and_another_is_not(family: Family) -> None:
         store.detach()
 
 
+def video_prompt(seed: int, ends_on_video: bool) -> tuple[list[int], dict[str, Any]]:
+    """A Qwen2-VL prompt of text and a two-frame video (its temporal axis moves), with its media inputs."""
+    pixels, grid = qwen_pixels(seed, (2, 4, 4))
+    placeholders = [run(VISION_START_ID, 1), run(VIDEO_ID, 8)]
+    ids = torch.cat([text(4 + seed, seed), *placeholders, *([] if ends_on_video else [run(VISION_END_ID, 1)])], dim=1)
+    if not ends_on_video:
+        ids = torch.cat([ids, text(3, seed + 50)], dim=1)
+    marks = (ids == IMAGE_ID).int() + 2 * (ids == VIDEO_ID).int()
+    return ids[0].tolist(), {"pixel_values_videos": pixels, "video_grid_thw": grid, "mm_token_type_ids": marks}
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_rows_join_beside_image_and_text_rows(name: str) -> None:
+    """Two video rows (one ending on its video) beside an image row and a text row equal each request alone."""
+    fam = Family(name)
+    store = PrefixCache(fam.model)
+    prompts = [video_prompt(5, False), prompt(fam, 1, 1), video_prompt(6, True), prompt(fam, 3, None)]
+    rows = [Row(Request(ids, 5, sampling=NO_MEDIA_IDS, keep_logits=True, inputs=inputs)) for ids, inputs in prompts]
+    run_staggered(RunningBatch(store), rows, [0, 1, 1, 2])
+    for (ids, inputs), row in zip(prompts, rows, strict=True):
+        cold = generate(fam.model, ids, inputs, 5)
+        assert row.tokens == cold.sequences[0, len(ids) :].tolist()
+        assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
+    store.check_integrity()
+    store.detach()
+
+
 def test_the_scheduler_joins_media_rows_and_keeps_unproven_families_alone() -> None:
     """Through the scheduler a Qwen2-VL image row and a text row join (no alone reason); a media model not
-    shown exact batched (Qwen2.5-VL, PaliGemma) runs each row alone, counted, with the same answer."""
+    shown exact batched runs each row alone with its media, counted (PaliGemma: `media`; the Qwen2.5-Omni
+    thinker: `mrope`), with `generate`'s answer."""
     fam = Family("qwen2_vl")
     store = PrefixCache(fam.model)
     requests = [prompt(fam, 1, 1), prompt(fam, 3, None)]
@@ -154,18 +195,24 @@ def test_the_scheduler_joins_media_rows_and_keeps_unproven_families_alone() -> N
         assert row.alone_reason is None
         assert row.tokens == generate(fam.model, ids, inputs, 4).sequences[0, len(ids) :].tolist()
     store.detach()
-    alone = PrefixCache(cached_vlm("qwen2_5_vl"))
-    assert model_alone_reason(store_of(alone).profile) == "batch_alone:mrope"
+    omni = PrefixCache(cached_omni())
+    assert model_alone_reason(store_of(omni).profile) == "batch_alone:mrope"
+    omni.detach()
+    model = cached_vlm("paligemma")
+    alone = PrefixCache(model)
+    ids = torch.cat([run(IMAGE_ID, 16), run(1, 1), text(6, 1)], dim=1)  # prefix-LM: the image leads the prompt
+    inputs = {"pixel_values": llava_pixels(1)[None], "token_type_ids": torch.zeros_like(ids)}
     scheduler = Scheduler(alone)
-    ids, inputs = prompt(Family("qwen2_5_vl"), 1, 1)
-    row = scheduler.submit(Request(ids, 4, sampling=NO_MEDIA_IDS, inputs=inputs))
+    row = scheduler.submit(Request(ids[0].tolist(), 4, sampling=NO_MEDIA_IDS, inputs=inputs))
     scheduler.run_until_idle()
-    assert row.alone_reason == "batch_alone:mrope" and alone.stats().fallbacks["batch_alone:mrope"] == 1
-    assert row.tokens == generate(alone.model, ids, inputs, 4).sequences[0, len(ids) :].tolist()
+    assert row.alone_reason == "batch_alone:media" and alone.stats().fallbacks["batch_alone:media"] == 1
+    assert row.tokens == generate(model, ids[0].tolist(), inputs, 4).sequences[0, ids.shape[1] :].tolist()
     alone.detach()
-    paligemma = PrefixCache(cached_vlm("paligemma"))
-    assert model_alone_reason(store_of(paligemma).profile) == "batch_alone:media"
-    paligemma.detach()
+
+
+def test_every_family_the_engine_joins_is_proven_here() -> None:
+    """`JOINING_MEDIA_TYPES` is exactly the families this file runs batched against their own `generate`."""
+    assert set(JOINING_MEDIA_TYPES) == set(FAMILIES)
 
 
 def test_inputs_must_not_repeat_the_ids() -> None:
