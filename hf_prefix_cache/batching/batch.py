@@ -111,11 +111,11 @@ class RunningBatch:
                 return_dict_in_generate=True,
                 **inputs,
             )
+            media = row_media(store_of(self._front), self.profile, ids, inputs)  # its key takes the row's salt
         cache = output["cache"] if "cache" in output else output["past_key_values"]
         if not isinstance(cache, WorkingCache) or cache.kv_length() != len(request.ids):
             return False
         if self.profile.media is not None:
-            media = row_media(self.profile, ids, inputs)
             if media is None:
                 return False
             self._media[id(row)] = media
@@ -220,7 +220,6 @@ class RunningBatch:
                 if media is None:
                     self._front.insert(row.fed_ids, cache)
                 else:  # keyed by its media as `generate` keys it (`insert` keys token ids only)
-                    store = store_of(self._front)
-                    store.insert_sequence(media.key(store, self.profile, row.fed_ids), cache)
+                    store_of(self._front).insert_sequence(media.key(row.fed_ids), cache)
         except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
             logger.warning("batching: a finished row was not stored: %s", exc)

@@ -5,9 +5,9 @@ grids, marks), so the hook keys, restores and stores its media as the sequential
 decode steps then feed text only, and two facts of the prompt are kept for them (`RowMedia`, made once
 when the row joins):
 
-* its media layout: the finished row is stored under its prompt's media symbols and namespace, as
-  `generate` through the store stores it (a key of token ids alone would let a prompt with the same
-  placeholders and another image match it);
+* its prompt's key, as the hook keys it: the finished row is stored under its prompt's media symbols
+  and namespace, as `generate` through the store stores it (a key of token ids alone would let a
+  prompt with the same placeholders and another image match it);
 * its position shift: `generate` feeds each new token at the prompt's last position plus one, per
   position axis. Positions count tokens in plain models (no shift). M-RoPE models (Qwen2-VL, ...)
   number an image's placeholders by its grid, so each of their three axes lies off the cache length
@@ -23,7 +23,7 @@ width axis      0  1  2  3  4  2  3  4  5     next token: 6 on every axis, at ca
 
 Example:
     >>> from hf_prefix_cache.api.prefix_cache import store_of
-    >>> row_media(store_of(store).profile, ids, {}) is None  # a text model: nothing beyond its ids
+    >>> row_media(store_of(store), store_of(store).profile, ids, {}) is None  # a text model: nothing beyond ids
     True
     >>> step_positions(torch.tensor([9, 4]), [None, None]).tolist()
     [[9], [4]]
@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks.call import media_layout, prompt_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.token_ids import TokenIds
 
 if TYPE_CHECKING:
     from hf_prefix_cache.model.profile import ModelProfile
-    from hf_prefix_cache.multimodal.media import MediaLayout
     from hf_prefix_cache.store.contract import Store
 
 
@@ -56,29 +56,24 @@ class RowMedia:
     """One row's prompt media as the batch needs them after its prefill.
 
     Attributes:
-        tokens: the prompt's ids.
-        inputs: the prompt's model inputs beside its ids (on the model's device).
-        layout: the prompt's media items (none for a text-only prompt).
+        prompt: the prompt's key as the hook keys it (media symbols over the placeholders, the namespace of
+            the row's salt and of its media where every position sees them).
         shift: per position axis, how far the row's next position lies from its cache length
             (``[axes]``; None where positions count tokens).
     """
 
-    tokens: TokenIds
-    inputs: dict[str, Any]
-    layout: MediaLayout
+    prompt: PrefixKey
     shift: torch.Tensor | None
 
-    def key(self, store: Store, profile: ModelProfile, fed: Sequence[int]) -> PrefixKey:
-        """The key of the row's finished sequence `fed` (its prompt, then the tokens fed after it), under the
-        store's namespace now (a row's salt applies inside its request scope), as `generate` keys it."""
-        namespace, _ = prompt_namespace(profile, store.namespace(), self.tokens, self.layout, self.inputs)
-        symbols = [*self.layout.symbols(self.tokens), *fed[len(self.tokens) :]]
-        spans = self.layout.spans
-        return PrefixKey(namespace, symbols, spans, spans if profile.item_layers else ())
+    def key(self, fed: Sequence[int]) -> PrefixKey:
+        """The key of the row's finished sequence `fed` (its prompt, then the tokens fed after it)."""
+        symbols = self.prompt.symbols
+        return self.prompt.with_symbols([*symbols, *fed[len(symbols) :]])
 
 
-def row_media(profile: ModelProfile, ids: torch.Tensor, inputs: Mapping[str, Any]) -> RowMedia | None:
-    """The media facts of the one-row prompt `ids` (``[1, L]``) with `inputs`, for a model with media.
+def row_media(store: Store, profile: ModelProfile, ids: torch.Tensor, inputs: Mapping[str, Any]) -> RowMedia | None:
+    """The media facts of the one-row prompt `ids` (``[1, L]``) with `inputs`, for a model with media; called
+    inside the row's request scope (its salt is in the namespace).
 
     None where the model has no media adapter, or the prompt's media do not lay out (its prefill then ran
     cold through the store, and the row runs alone).
@@ -97,7 +92,13 @@ def row_media(profile: ModelProfile, ids: torch.Tensor, inputs: Mapping[str, Any
         if positions is None:
             return None
         shift = positions[..., -1].reshape(-1) + 1 - ids.shape[1]
-    return RowMedia(tokens, kwargs, layout, shift)
+    namespace, _ = prompt_namespace(profile, store.namespace(), tokens, layout, kwargs)
+    try:
+        symbols = layout.symbols(tokens)
+    except InconsistentStateError:  # a guard on the media symbols failed (the hook ran the prefill cold)
+        return None
+    spans = layout.spans
+    return RowMedia(PrefixKey(namespace, symbols, spans, spans if profile.item_layers else ()), shift)
 
 
 def step_positions(lengths: torch.Tensor, shifts: Sequence[torch.Tensor | None]) -> torch.Tensor:
