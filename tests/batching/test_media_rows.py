@@ -154,6 +154,23 @@ def test_a_stored_image_is_reused_and_another_is_not(family: Family) -> None:
         store.detach()
 
 
+def test_a_media_row_stores_and_reuses_only_under_its_salt() -> None:
+    """A finished image row is stored under its salt: its next turn reuses the whole answer under that salt only."""
+    fam = Family("qwen2_vl")
+    store = PrefixCache(fam.model)
+    ids, inputs = prompt(fam, 2, 2)
+    first = Row(Request(ids, 4, sampling=NO_MEDIA_IDS, salt="tenant-a", inputs=inputs))
+    run_staggered(RunningBatch(store), [first], [0])
+    turn2 = ids + first.tokens + text(3, 70)[0].tolist()  # the stored answer, then more text
+    inputs2 = fam.kwargs(torch.tensor([turn2]), [fam.image(2)])
+    again, other = (Row(Request(turn2, 4, salt=salt, inputs=inputs2)) for salt in ("tenant-a", "tenant-b"))
+    run_staggered(RunningBatch(store), [again, other], [0, 0])
+    assert again.cached_tokens == len(ids) + len(first.tokens) - 1 and other.cached_tokens == 0
+    assert again.tokens == other.tokens
+    store.check_integrity()
+    store.detach()
+
+
 def video_prompt(seed: int, ends_on_video: bool) -> tuple[list[int], dict[str, Any]]:
     """A Qwen2-VL prompt of text and a two-frame video (its temporal axis moves), with its media inputs."""
     pixels, grid = qwen_pixels(seed, (2, 4, 4))
