@@ -217,13 +217,14 @@ def test_the_scheduler_joins_media_rows_and_keeps_unproven_families_alone() -> N
     omni.detach()
     model = cached_vlm("paligemma")
     alone = PrefixCache(model)
-    ids = torch.cat([run(IMAGE_ID, 16), run(1, 1), text(6, 1)], dim=1)  # prefix-LM: the image leads the prompt
-    inputs = {"pixel_values": llava_pixels(1)[None], "token_type_ids": torch.zeros_like(ids)}
+    tensor = torch.cat([run(IMAGE_ID, 16), run(1, 1), text(6, 1)], dim=1)  # prefix-LM: the image leads the prompt
+    prefix_lm = {"pixel_values": llava_pixels(1)[None], "token_type_ids": torch.zeros_like(tensor)}
     scheduler = Scheduler(alone)
-    row = scheduler.submit(Request(ids[0].tolist(), 4, sampling=NO_MEDIA_IDS, inputs=inputs))
+    row = scheduler.submit(Request(tensor[0].tolist(), 4, sampling=NO_MEDIA_IDS, inputs=prefix_lm))
     scheduler.run_until_idle()
     assert row.alone_reason == "batch_alone:media" and alone.stats().fallbacks["batch_alone:media"] == 1
-    assert row.tokens == generate(model, ids[0].tolist(), inputs, 4).sequences[0, ids.shape[1] :].tolist()
+    expected = generate(model, tensor[0].tolist(), prefix_lm, 4).sequences[0, tensor.shape[1] :].tolist()
+    assert row.tokens == expected
     alone.detach()
 
 
