@@ -143,6 +143,7 @@ NON_FINITE_STATES = "non_finite_states"
 ENTRY_OVER_BUDGET = "entry_over_budget"
 
 # --- the batching engine (`batching/`): a request that ran alone through `generate` instead of in the running batch
-# + ":" + why: `model` (its profile cannot lay rows side by side), `media`, `setting` + "_" + the setting's name
-# (one `batching/sampling.py` does not implement), or `cold` (its prefill through the store ran cold).
+# + ":" + why: `model` (its profile cannot lay rows side by side), `media` or `mrope` (a media family, plain or
+# M-RoPE, not shown exact batched: `batching/eligibility.py`), `setting` + "_" + the setting's name (one
+# `batching/sampling.py` does not implement), or `cold` (its prefill through the store ran cold).
 BATCH_ALONE = "batch_alone"

@@ -1,7 +1,8 @@
 """A row the batch cannot take, run alone through `model.generate` with the store, counted under its reason.
 
-The row's settings become `generate`'s (greedy or sampling with its temperature, top_k, top_p and
-seed; its logit bias as `sequence_bias`; its end ids, `min_new_tokens` and whatever else it asked in
+The row's model inputs beside its ids (`Request.inputs`: its media) go to `generate` as they are. Its
+settings become `generate`'s (greedy or sampling with its temperature, top_k, top_p and seed; its logit
+bias as `sequence_bias`; its end ids, `min_new_tokens` and whatever else it asked in
 `Request.generate_kwargs`), its tokens stream through a streamer as `generate` chooses them, and a
 stopping criterion ends it at a stop sequence, on cancellation or past its deadline. The store counts
 the reason (``batch_alone:<why>``) beside its own numbers (`stats().fallbacks`).
@@ -22,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,6 +57,7 @@ def run_alone(prefix_cache: PrefixCache, row: Row, reason: str) -> None:
                 stopping_criteria=StoppingCriteriaList([_RowStops(row)]),
                 return_dict_in_generate=True,
                 output_logits=request.keep_logits,
+                **_inputs(request.inputs, ids.device),
                 **_generate_settings(row),
             )
     except Exception as exc:
@@ -66,6 +69,11 @@ def run_alone(prefix_cache: PrefixCache, row: Row, reason: str) -> None:
     if ended is None:
         ended = EndReason.CANCELLED if row.cancelled else EndReason.TIMEOUT
     row.finish(ended)
+
+
+def _inputs(inputs: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """The row's model inputs beside its ids (its media), on the model's device."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def _generate_settings(row: Row) -> dict[str, Any]:

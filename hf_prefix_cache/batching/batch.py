@@ -9,11 +9,18 @@ models with recurrent states through `model.batch_rows.restore_rows`, which the 
 use): every row's cache behind its left padding, right-aligned, so each row's chosen-but-unfed token is
 fed at the same column.
 
+A row of a vision-language model (`Request.inputs`: its pixel values, grids, marks) is prefilled the same
+way, its inputs passed to that call, so the store keys its media by content, reuses a stored image and
+encodes only the images its hit lacks. Its decode steps are text only; what they need of its media is
+kept once it joins (`media.py`): the key to store the finished row under, and, for M-RoPE models, the
+shift of its next position off its cache length on each position axis.
+
 `step` runs ONE forward over every row (ids `[B, 1]`, the 2D mask that hides each row's padding, each
-row's own next position), then each row chooses, streams and checks its end. A row that ends leaves at
-once: its cache is copied out alone (`batch_rows.copy_row`) and its finished sequence (prompt and every
-token but the last, never fed) stored under its salt, as `generate` would store it; the rows left are
-laid out again without the padding columns they all share.
+row's own next position: `[4, B, 1]` for M-RoPE models), then each row chooses, streams and checks its
+end. A row that ends leaves at once: its cache is copied out alone (`batch_rows.copy_row`) and its
+finished sequence (prompt and every token but the last, never fed) stored under its salt (and its
+media), as `generate` would store it; the rows left are laid out again without the padding columns they
+all share.
 
 ``` text
 row a (pad 0):  [ a0 a1 a2 a3 a4 ] <- a's next token
@@ -47,6 +54,7 @@ import torch
 
 from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.batching import layout
+from hf_prefix_cache.batching.media import RowMedia, row_media, step_positions
 from hf_prefix_cache.batching.rows import EndReason, Row
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model import batch_rows
@@ -73,6 +81,7 @@ class RunningBatch:
         self.rows: list[Row] = []
         self._cache: WorkingCache | None = None
         self._length = 0  # columns every row's cache spans (its padding included)
+        self._media: dict[int, RowMedia] = {}  # by `id(row)`: the media facts of each row of a model with media
 
     @property
     def length(self) -> int:
@@ -87,7 +96,9 @@ class RunningBatch:
         state is then not a working cache the batch can take): the caller runs the row alone.
         """
         request = row.request
-        ids = torch.tensor([list(request.ids)], device=self.model.device)
+        device = self.model.device
+        ids = torch.tensor([list(request.ids)], device=device)
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in request.inputs.items()}
         row.scope = self._front.request(request.salt)
         with row.scope, torch.no_grad():
             output = self.model.generate(
@@ -98,12 +109,19 @@ class RunningBatch:
                 do_sample=False,
                 output_logits=True,
                 return_dict_in_generate=True,
+                **inputs,
             )
+            media = row_media(store_of(self._front), self.profile, ids, inputs)  # its key takes the row's salt
         cache = output["cache"] if "cache" in output else output["past_key_values"]
         if not isinstance(cache, WorkingCache) or cache.kv_length() != len(request.ids):
             return False
+        if self.profile.media is not None:
+            if media is None:
+                return False
+            self._media[id(row)] = media
         reason = self._choose(row, output.logits[0][0])
         if reason is not None:
+            self._media.pop(id(row), None)
             row.finish(reason)  # its prompt was stored by the prefill; nothing more was fed
             return True
         n, length = len(request.ids), self._length
@@ -125,10 +143,11 @@ class RunningBatch:
         device = self.model.device
         pads = torch.tensor([row.pad for row in rows], device=device)
         mask = (torch.arange(length + 1, device=device)[None, :] >= pads[:, None]).long()
+        shifts = [self._media[id(row)].shift if id(row) in self._media else None for row in rows]
         kwargs: dict[str, Any] = {
             self.profile.cache_kwarg: cache,
             "attention_mask": mask,
-            "position_ids": (length - pads)[:, None],
+            "position_ids": step_positions(length - pads, shifts),
             "use_cache": True,
         }
         if self.profile.accepts_logits_to_keep:
@@ -173,6 +192,7 @@ class RunningBatch:
     def fail(self, error: BaseException) -> None:
         """End every row with `error` (the model raised): nothing of theirs is stored past their prompts."""
         rows, self.rows, self._cache, self._length = self.rows, [], None, 0
+        self._media.clear()
         for row in rows:
             row.finish(EndReason.ERROR, error)
 
@@ -194,8 +214,12 @@ class RunningBatch:
         """Store `row`'s finished sequence (`cache` holds it alone) under its salt, as `generate` stores one."""
         if row.scope is None:
             raise InconsistentStateError("a row left the batch without having been admitted")
+        media = self._media.pop(id(row), None)
         try:
             with row.scope:
-                self._front.insert(row.fed_ids, cache)
+                if media is None:
+                    self._front.insert(row.fed_ids, cache)
+                else:  # keyed by its media as `generate` keys it (`insert` keys token ids only)
+                    store_of(self._front).insert_sequence(media.key(row.fed_ids), cache)
         except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
             logger.warning("batching: a finished row was not stored: %s", exc)

@@ -3,9 +3,13 @@
 A model joins rows when its profile lays rows restored one by one side by side and copies one out
 (`ModelProfile.expands` or `joins_rows`, as the store's own padded batches need), its layers keep
 attention keys (the mask is what hides a row's padding), it takes explicit positions, and nothing keeps
-positions or watches ties per call. A request joins when every setting it asks is one
-`batching/sampling.py` implements. Every other row runs alone, counted under `reasons.BATCH_ALONE` with
-its detail (`model`, `media`, `setting_<name>`, `cold`).
+positions or watches ties per call. A model with media joins rows (with their own images, or text
+only) only where its media family is in `JOINING_MEDIA_TYPES`: each was shown to decode batched exactly as its
+own `generate` (`tests/batching/test_media_rows.py`); the other media models keep every row alone, M-RoPE
+ones under ``mrope`` (positions numbered by each medium's grid, and a rope delta some keep per call), the
+rest under ``media``. A request joins when every setting it asks is one `batching/sampling.py`
+implements. Every other row runs alone, counted under `reasons.BATCH_ALONE` with its detail (`model`,
+`media`, `mrope`, `setting_<name>`, `cold`).
 
 Example:
     >>> from hf_prefix_cache.batching.rows import Request
@@ -18,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.multimodal.registry import family_key
 
 if TYPE_CHECKING:
     from hf_prefix_cache.batching.rows import Request
@@ -25,12 +30,27 @@ if TYPE_CHECKING:
 
 #: The detail of a row whose prefill through the store ran cold (its state is not a working cache to join).
 COLD = reasons.with_detail(reasons.BATCH_ALONE, "cold")
+#: Media families (`multimodal.registry` keys: a model type, or a model type and its tower) whose rows join the
+#: batch: their prefill runs through the store with the row's media, and their decode steps feed text at each
+#: row's next position (M-RoPE: shifted per axis, `media.py`). Each is proven exact against its own `generate`
+#: by `tests/batching/test_media_rows.py`; another tower of one of them (``llava/pixtral``) is another family.
+JOINING_MEDIA_TYPES = frozenset(
+    {
+        # positions count tokens
+        "llava", "llava_next", "llava_next_video", "gemma3", "shieldgemma2", "idefics2", "idefics3", "smolvlm",
+        "qwen2_audio",
+        # M-RoPE: each row's positions shifted off its cache length per axis
+        "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "glm4v_moe", "glm46v", "glm_ocr", "glmga", "paddleocr_vl",
+    }
+)  # fmt: skip
 
 
 def model_alone_reason(profile: ModelProfile) -> str | None:
-    """Why no row of this model can join a batch (``batch_alone:model`` or ``batch_alone:media``), or None."""
-    if profile.media is not None or profile.item_layers:
-        return reasons.with_detail(reasons.BATCH_ALONE, "media")
+    """Why no row of this model can join a batch (``batch_alone:model``, ``:media`` or ``:mrope``), or None."""
+    media = profile.media
+    if profile.item_layers or (media is not None and family_key(media.config) not in JOINING_MEDIA_TYPES):
+        detail = "mrope" if media is not None and media.has_positions else "media"
+        return reasons.with_detail(reasons.BATCH_ALONE, detail)
     joins = profile.expands or profile.joins_rows
     plain = (
         profile.unsupported is None

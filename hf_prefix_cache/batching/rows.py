@@ -19,7 +19,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,8 @@ class Request:
         timeout_s: seconds from submission after which the row ends (None: never).
         generate_kwargs: further `generate` settings (beams, penalties, ...): a row with any runs alone.
         keep_logits: keep each step's `[vocab]` logits on the row (tests compare them with a cold run's).
+        inputs: the model inputs a processor returned beside the ids (`pixel_values`, `image_grid_thw`,
+            `mm_token_type_ids`, ...), for one row: passed to the prompt's prefill (`batching/media.py`).
     """
 
     ids: Sequence[int]
@@ -70,9 +72,12 @@ class Request:
     timeout_s: float | None = None
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     keep_logits: bool = False
+    inputs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ids", tuple(as_token_list(self.ids)))  # a tensor, a list, a tokenizer's output
+        if taken := sorted({"input_ids", "attention_mask"} & set(self.inputs)):
+            raise ValueError(f"pass the prompt as `ids`, not in `inputs` (drop {taken} from the processor's output)")
         if len(self.ids) == 0:
             raise ValueError("a request needs at least one prompt token")
         if self.max_new_tokens < 1:

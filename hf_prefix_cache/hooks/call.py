@@ -221,7 +221,7 @@ def read_call(
             layout, reason = media_layout(profile, tokens, kwargs)
             if reason is not None:
                 return Read(None, reason, prompt_len)
-            namespace, scope = _namespace(profile, base_namespace, tokens[0], layout, kwargs)
+            namespace, scope = prompt_namespace(profile, base_namespace, tokens[0], layout, kwargs)
         spans = layout.spans if layout is not None else ()
         item_spans = spans if profile.item_layers else ()
         rows: list[Row] = []
@@ -266,10 +266,12 @@ def _static_len(settings: GenerationSettings, prompt_len: int) -> int:
     return int(max(longest - 1, settings.max_cache_len or 0))
 
 
-def _namespace(
+def prompt_namespace(
     profile: ModelProfile, namespace: str, tokens: TokenIds, layout: MediaLayout | None, kwargs: dict[str, Any]
 ) -> tuple[str, tuple[Any, ...]]:
-    """The namespace of the prompt's states, and the media every position sees (its scope), for a model with media."""
+    """The namespace of the prompt's states, and the media every position sees (its scope), for a model with media.
+
+    The batching engine keys a finished row's sequence with it too (`batching/media.py`)."""
     media = profile.media
     if media is None:
         return namespace, ()
