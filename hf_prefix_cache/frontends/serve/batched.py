@@ -5,12 +5,13 @@ its ``_process_requests`` threads. So, when batching is on (the default where th
 ``serve --no-batch`` turns it off), `Batching` keeps one `batching.scheduler.Scheduler` per model's
 process, whose thread alone drives the model, and:
 
-- a text request's job (`Batching.run_row`) turns the request into a `batching.rows.Request`
-  (`to_request`), submits it, streams each token the loop chooses into the request's token stream (as
-  `engine.Progress.put` does), cancels the row at its first token after the API server cancels the
-  request (the row ends before the next step, what it computed stored) and blocks until the row ends; the runner then sends the
-  request's end, as for any job;
-- every other job (media inputs, transcription, a function an API server submits) runs through
+- a request's job whose inputs make one row (`row_inputs`: text ids and, on a vision-language model, its
+  media; `Batching.run_row`) turns the request into a `batching.rows.Request` (`to_request`), submits it,
+  streams each token the loop chooses into the request's token stream (as `engine.Progress.put` does),
+  cancels the row at its first token after the API server cancels the request (the row ends before the
+  next step, what it computed stored) and blocks until the row ends; the runner then sends the request's
+  end, as for any job;
+- every other job (several rows, transcription, a function an API server submits) runs through
   `Scheduler.call` (`Batching.run_alone`): alone, between two steps, counted under its
   ``batch_alone:<why>`` reason; a row whose settings the engine lacks carries them as
   ``generate_kwargs`` and the loop runs it alone too (``batch_alone:setting_<name>``);
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from hf_prefix_cache.batching.scheduler import Scheduler
     from hf_prefix_cache.frontends.serve.engine import Progress
 
-#: Keys of the model inputs a batched row may carry (anything else, such as pixel values, runs alone).
+#: The model inputs that are a row's prompt (the others, such as pixel values, go with it as `Request.inputs`).
 TEXT_INPUTS = frozenset({"input_ids", "attention_mask"})
 #: Settings of `generation_kwargs` the row reads itself (the others go with it to ``generate``, alone).
 OWN_SETTINGS = frozenset(
@@ -217,12 +218,17 @@ class Batching:
         return bytes(generate_latest(registry)).decode("utf-8")
 
 
-def can_batch(inputs: dict[str, Any]) -> bool:
-    """Whether this request's inputs make a row: one row of text ids (else it runs alone, `MEDIA`)."""
-    if not set(inputs) <= TEXT_INPUTS or "input_ids" not in inputs:
-        return False
-    ids = inputs["input_ids"]
-    return getattr(ids, "ndim", 2) == 2 and int(ids.shape[0]) == 1
+def row_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """The model inputs beside the ids when this request makes one row (its media, if any: the loop decides whether
+    it joins the batch, `batching.eligibility`), or None: it runs alone (`MEDIA`), as more than one row of ids, a
+    padded row, or a model that generates audio too (run text only, as transformers' runner does)."""
+    ids = inputs.get("input_ids")
+    if ids is None or getattr(ids, "ndim", 2) != 2 or int(ids.shape[0]) != 1 or hasattr(model, "has_talker"):
+        return None
+    mask = inputs.get("attention_mask")
+    if mask is not None and not bool((mask != 0).all()):
+        return None
+    return {name: value for name, value in inputs.items() if name not in TEXT_INPUTS}
 
 
 def to_request(
@@ -232,6 +238,7 @@ def to_request(
     generation_kwargs: dict[str, Any],
     salt: str | None,
     timeout_s: float | None,
+    media: dict[str, Any] | None = None,
 ) -> Request:
     """The engine's `Request` for one server request: what `generate` would do with `generation_kwargs` on top of
     the model's generation config; every setting the engine lacks left to ``generate`` (the row then runs alone)."""
@@ -273,6 +280,7 @@ def to_request(
         salt=salt,
         timeout_s=timeout_s,
         generate_kwargs=extra,
+        inputs=media or {},
     )
 
 

@@ -184,14 +184,15 @@ def run_job(
         return tokens, 0 if request is None else request.cached_tokens
 
     batching = ENGINE.batching()
+    media = None if batching is None else batched.row_inputs(model, inputs)
     if batching is None:
         tokens, cached_tokens = alone()
-    elif not batched.can_batch(inputs):
+    elif media is None:
         with batching.job(progress.runner):
             tokens, cached_tokens = batching.run_alone(alone, batched.MEDIA)
     else:
         timeout_s = None if ticket.deadline is None else ticket.deadline - started
-        row_request = batched.to_request(model, processor, inputs, generation_kwargs, ticket.salt, timeout_s)
+        row_request = batched.to_request(model, processor, inputs, generation_kwargs, ticket.salt, timeout_s, media)
         with batching.job(progress.runner):
             row = batching.run_row(row_request, progress)
         if row.error is not None:
