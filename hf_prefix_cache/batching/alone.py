@@ -1,10 +1,11 @@
 """A row the batch cannot take, run alone through `model.generate` with the store, counted under its reason.
 
 The row's settings become `generate`'s (greedy or sampling with its temperature, top_k, top_p and
-seed; its logit bias as `sequence_bias`; its end ids, `min_new_tokens` and whatever else it asked in
-`Request.generate_kwargs`), its tokens stream through a streamer as `generate` chooses them, and a
-stopping criterion ends it at a stop sequence, on cancellation or past its deadline. The store counts
-the reason (``batch_alone:<why>``) beside its own numbers (`stats().fallbacks`).
+seed; its logit bias as `sequence_bias`; its repetition penalty; its end ids, `min_new_tokens` and
+whatever else it asked in `Request.generate_kwargs`), its tokens stream through a streamer as
+`generate` chooses them, and a stopping criterion ends it at a stop sequence or stop string, on
+cancellation or past its deadline. The store counts the reason (``batch_alone:<why>``) beside its own
+numbers (`stats().fallbacks`).
 
 Example:
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -13,9 +14,9 @@ Example:
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
     ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
     >>> store = PrefixCache(model)
-    >>> row = Row(Request(list(range(4, 20)), max_new_tokens=3, generate_kwargs={"repetition_penalty": 1.2}))
-    >>> run_alone(store, row, "batch_alone:setting_repetition_penalty")
-    >>> len(row.tokens), store.stats().fallbacks["batch_alone:setting_repetition_penalty"]
+    >>> row = Row(Request(list(range(4, 20)), max_new_tokens=3, generate_kwargs={"no_repeat_ngram_size": 2}))
+    >>> run_alone(store, row, "batch_alone:setting_no_repeat_ngram_size")
+    >>> len(row.tokens), store.stats().fallbacks["batch_alone:setting_no_repeat_ngram_size"]
     (3, 1)
 """
 
@@ -81,6 +82,8 @@ def _generate_settings(row: Row) -> dict[str, Any]:
             torch.manual_seed(sampling.seed)  # generate samples from torch's global generator
     if sampling.logit_bias:
         settings["sequence_bias"] = {(token,): bias for token, bias in sampling.logit_bias.items()}
+    if sampling.repetition_penalty != 1.0:
+        settings["repetition_penalty"] = sampling.repetition_penalty
     if request.end_ids:
         settings["eos_token_id"] = sorted(request.end_ids)
     if sampling.min_new_tokens:

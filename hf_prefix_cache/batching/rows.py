@@ -102,7 +102,7 @@ class Row:
         self.on_end = on_end
         self.tokens: list[int] = []
         self.logits: list[torch.Tensor] = []
-        self.chooser = Chooser(request.sampling, request.end_ids)
+        self.chooser = Chooser(request.sampling, request.end_ids, request.ids)
         self.submitted_at = time.monotonic()
         self.first_token_at: float | None = None
         self.ended_at: float | None = None
