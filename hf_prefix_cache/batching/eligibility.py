@@ -3,9 +3,14 @@
 A model joins rows when its profile lays rows restored one by one side by side and copies one out
 (`ModelProfile.expands` or `joins_rows`, as the store's own padded batches need), its layers keep
 attention keys (the mask is what hides a row's padding), it takes explicit positions, and nothing keeps
-positions or watches ties per call. A request joins when every setting it asks is one
-`batching/sampling.py` implements. Every other row runs alone, counted under `reasons.BATCH_ALONE` with
-its detail (`model`, `media`, `setting_<name>`, `cold`).
+positions or watches ties per call. A request joins when every setting it asks is one the engine
+applies per row exactly as `generate` does: `max_new_tokens`, end ids, stop sequences and stop strings
+(`rows.py`, `stops.py`), greedy or seeded sampling with temperature, top_k and top_p, a one-token logit
+bias, a repetition penalty and `min_new_tokens` (`sampling.py`). Anything else (beams, n > 1,
+`no_repeat_ngram_size`, `min_p`, a bias over several tokens, ...) is kept by name in
+`Request.generate_kwargs` or `Sampling.unsupported` (`settings.py` sorts transformers serve's kwargs so),
+and the row runs alone, counted under `reasons.BATCH_ALONE` with its detail (`model`, `media`,
+`setting_<name>`, `cold`).
 
 Example:
     >>> from hf_prefix_cache.batching.rows import Request
@@ -47,8 +52,8 @@ def model_alone_reason(profile: ModelProfile) -> str | None:
 
 
 def request_alone_reason(request: Request) -> str | None:
-    """Why this request cannot join a batch (``batch_alone:setting_<name>``: a setting the engine does not
-    implement), or None."""
+    """Why this request cannot join a batch (``batch_alone:setting_<name>``: the first setting, in
+    `Sampling.unsupported` or `Request.generate_kwargs`, that the engine does not implement), or None."""
     names = [*request.sampling.unsupported, *request.generate_kwargs]
     if names:
         return reasons.with_detail(reasons.BATCH_ALONE, f"setting_{names[0]}")
