@@ -111,12 +111,20 @@ class _RowStreamer(BaseStreamer):
 
 
 class _RowStops(StoppingCriteria):
-    """Stops at one of the row's stop sequences, on cancellation, or past its deadline."""
+    """Stops at one of the row's stop sequences or stop strings, on cancellation, or past its deadline.
+
+    It reads the answer from `input_ids`, not from the row: `generate` streams a step's token only after
+    its stopping criteria ran (`StopCheck`), so the row's tokens lack the newest one here.
+    """
 
     def __init__(self, row: Row) -> None:
         self._row = row
+        self._start: int | None = None  # where the answer begins in `input_ids` (one before the first call's end)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         row = self._row
-        stop = row.cancelled or row.expired(time.monotonic()) or row.ended_by() is EndReason.STOP
+        if self._start is None:
+            self._start = input_ids.shape[1] - 1
+        answer = input_ids[0, self._start :].tolist()
+        stop = row.cancelled or row.expired(time.monotonic()) or row.ended_by(answer) is EndReason.STOP
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]

@@ -170,9 +170,9 @@ class Row:
         if self.on_token is not None:
             _call_back(self.on_token, self, token)
 
-    def ended_by(self) -> EndReason | None:
-        """Why the row ends after its last token, or None while it goes on."""
-        tokens = self.tokens
+    def ended_by(self, tokens: Sequence[int] | None = None) -> EndReason | None:
+        """Why the row ends after its last token (or after `tokens`, its answer so far), or None while it goes on."""
+        tokens = self.tokens if tokens is None else tokens
         if tokens and tokens[-1] in self.request.end_ids:
             return EndReason.EOS
         for stop in self.request.stop_sequences:

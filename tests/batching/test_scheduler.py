@@ -63,6 +63,21 @@ def test_a_setting_the_engine_lacks_runs_the_row_alone_counted() -> None:
     store.detach()
 
 
+def test_a_row_running_alone_ends_at_its_stop_sequence_not_a_token_later() -> None:
+    """generate streams a token after its stopping criteria ran: the alone row's stop still ends at the sequence."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompt = random_prompt(22, seed=5)[0].tolist()
+    full = alone(model, prompt, 10, no_repeat_ngram_size=1)
+    scheduler = Scheduler(store)
+    request = Request(prompt, 10, stop_sequences=(tuple(full[3:5]),), generate_kwargs={"no_repeat_ngram_size": 1})
+    row = scheduler.submit(request)
+    scheduler.run_until_idle()
+    assert row.alone_reason is not None and row.end_reason is EndReason.STOP
+    assert row.tokens == full[:5]
+    store.detach()
+
+
 def test_a_model_whose_rows_cannot_be_joined_runs_every_row_alone_through_the_store() -> None:
     """Mamba-2 (no attention mask to hide padding): each row runs alone, reusing and storing as generate does."""
     model = build("mamba2")

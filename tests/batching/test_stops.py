@@ -23,6 +23,7 @@ from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.sample_text import HANDBOOK
 from hf_prefix_cache.batching.batch import RunningBatch
 from hf_prefix_cache.batching.rows import EndReason, Request, Row
+from hf_prefix_cache.batching.scheduler import Scheduler
 from hf_prefix_cache.batching.stops import StopStrings
 from hf_prefix_cache.store.lookup import as_token_list
 
@@ -168,3 +169,19 @@ def test_stop_strings_need_a_tokenizer() -> None:
     with pytest.raises(ValueError, match="tokenizer"):
         Request([1, 2], max_new_tokens=2, stop_strings=("x",))
     assert Request([1, 2], max_new_tokens=2, stop_strings="x", tokenizer=object()).stop_strings == ("x",)  # type: ignore[arg-type]
+
+
+def test_a_row_running_alone_stops_at_its_stop_string_as_generate_does(tiny: Any, tokenizer: Any) -> None:
+    """A row with stop strings and a setting the batch lacks runs alone and ends where generate ends it."""
+    prompt = tokenizer("Once upon a time there")["input_ids"]
+    stop = across_two(tokenizer, greedy(tiny, prompt, 12, no_repeat_ngram_size=2), start=2)
+    store = PrefixCache(tiny)
+    scheduler = Scheduler(store)
+    request = Request(
+        prompt, 12, stop_strings=(stop,), tokenizer=tokenizer, generate_kwargs={"no_repeat_ngram_size": 2}
+    )
+    row = scheduler.submit(request)
+    scheduler.run_until_idle()
+    assert row.alone_reason == "batch_alone:setting_no_repeat_ngram_size" and row.end_reason is EndReason.STOP
+    assert row.tokens == greedy(tiny, prompt, 12, no_repeat_ngram_size=2, stop_strings=[stop], tokenizer=tokenizer)
+    store.detach()
