@@ -127,7 +127,7 @@ class Chooser:
     def choose(self, logits: torch.Tensor, generated: Sequence[int]) -> int:
         """The next token id from this row's `[vocab]` logits, after the `generated` tokens of its answer."""
         scores = logits.float()[None, :]  # [1, vocab]: the processors' shape
-        ids = self._ids(scores.device, generated)
+        ids = self._ids(scores.device, generated) if self._before or self._warpers else None
         for processor in self._before:
             scores = processor(ids, scores)
         if len(generated) < self.sampling.min_new_tokens and self._end_ids:
