@@ -57,7 +57,8 @@ class Request:
         end_ids: token ids that end the answer (the model's EOS ids); the end token is kept.
         stop_sequences: token id sequences that end the answer once generated (kept too).
         stop_strings: strings that end the answer where `generate(..., stop_strings=, tokenizer=)` ends it
-            (`batching/stops.py`; a single string is taken as one); they need `tokenizer`.
+            (`batching/stops.py`; a single string is taken as one); they need `tokenizer`. `Row` builds their
+            matcher, so one that no token can end raises `ValueError` there (in `Scheduler.submit`).
         tokenizer: the model's tokenizer, for `stop_strings`.
         salt: the store namespace's salt (a tenant): reuse and store only under it.
         timeout_s: seconds from submission after which the row ends (None: never).
