@@ -56,6 +56,7 @@ MAPPED = frozenset(
         "min_new_tokens",
         "eos_token_id",
         "stop_strings",
+        "tokenizer",
     }
 )
 
@@ -73,7 +74,8 @@ def request_from_generate_kwargs(
     Args:
         ids: the prompt's token ids.
         generation_kwargs: `generate`'s keyword arguments (``max_new_tokens`` required); not changed.
-        tokenizer: the model's tokenizer (needed when the kwargs have ``stop_strings``).
+        tokenizer: the model's tokenizer (needed when the kwargs have ``stop_strings``; a ``tokenizer`` in the
+            kwargs serves when this is None).
         eos_ids: the end ids when the kwargs have no ``eos_token_id`` (the model's, as `generate` would use).
         salt: the store namespace's salt of the request.
         timeout_s: seconds after which the row ends (None: never).
@@ -100,7 +102,7 @@ def request_from_generate_kwargs(
         sampling=sampling,
         end_ids=frozenset([eos] if isinstance(eos, int) else [int(e) for e in eos]),
         stop_strings=(stops,) if isinstance(stops, str) else tuple(stops),
-        tokenizer=tokenizer,
+        tokenizer=tokenizer if tokenizer is not None else kwargs.get("tokenizer"),
         salt=salt,
         timeout_s=timeout_s,
         generate_kwargs=rest,

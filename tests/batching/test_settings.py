@@ -117,6 +117,9 @@ def test_generate_kwargs_map_onto_the_request() -> None:
     assert request_alone_reason(alone) == "batch_alone:setting_num_beams"
     refused = request_from_generate_kwargs([1], {"max_new_tokens": 2, "do_sample": True, "temperature": 0.0})
     assert refused.generate_kwargs["temperature"] == 0.0  # generate raises for it: the row runs alone and says so
+    marker = object()
+    given = request_from_generate_kwargs([1], {"max_new_tokens": 2, "stop_strings": ["a"], "tokenizer": marker})
+    assert given.tokenizer is marker and given.generate_kwargs == {}
     with pytest.raises(ValueError, match="max_new_tokens"):
         request_from_generate_kwargs([1], {"temperature": 1.0})
 
