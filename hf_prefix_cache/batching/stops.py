@@ -12,10 +12,11 @@ The prompt takes part, as in `generate`, which checks prompt and answer together
 begins in the prompt's last tokens and ends in a generated token ends the row at that token. One that
 lies wholly in the prompt never does (it cannot overlap a generated token).
 
-Building one costs what `generate` pays for its criteria (about 0.1 s to 0.3 s on a 49k-token
-vocabulary, the vocabulary's embedding being cached by transformers); `Row` builds it once, in the
-caller's thread (`Scheduler.submit`). Each check afterwards looks only at the last
-`window` ids (about 0.2 ms).
+Building the criteria costs what `generate` pays for its own (0.1 s to 0.4 s on a 49k-token
+vocabulary), so the criteria are kept per tokenizer and stop strings (the last `CACHED` sets of each
+tokenizer, keyed by its size too, so a token added since misses): requests repeating a stop set, as a
+server's do, pay it once. `Row` builds its `StopStrings` in the caller's thread (`Scheduler.submit`).
+Each check looks only at the last `window` ids (about 0.2 ms).
 
 Example:
     >>> from hf_prefix_cache.api.models import load_smollm2
@@ -27,11 +28,21 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers.generation.stopping_criteria import StopStringCriteria
+
+#: Stop sets kept per tokenizer (least recently used dropped first).
+CACHED = 64
+
+_Sets = collections.OrderedDict[tuple[int, tuple[str, ...]], StopStringCriteria]
+_criteria: weakref.WeakKeyDictionary[Any, _Sets] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
 
 
 class StopStrings:
@@ -49,7 +60,7 @@ class StopStrings:
         if not stop_strings:
             raise ValueError("StopStrings needs at least one stop string")
         self.stop_strings = tuple(stop_strings)
-        self._criteria = StopStringCriteria(tokenizer, list(self.stop_strings))
+        self._criteria = _criteria_for(tokenizer, self.stop_strings)
         #: ids the criteria looks at: one per character of the longest stop string (transformers' own bound).
         self.window = int(self._criteria.maximum_token_len)
 
@@ -62,3 +73,22 @@ class StopStrings:
             tail = [*prompt[len(tail) - self.window :], *tail]
         ids = torch.tensor([tail], dtype=torch.long)
         return bool(self._criteria(ids, None)[0].item())
+
+
+def _criteria_for(tokenizer: Any, stop_strings: tuple[str, ...]) -> StopStringCriteria:
+    """transformers' criteria for these stop strings, kept per tokenizer (built anew for one that takes no weakref)."""
+    try:
+        key = (len(tokenizer), stop_strings)
+        with _lock:
+            sets = _criteria.setdefault(tokenizer, collections.OrderedDict())
+            if key in sets:
+                sets.move_to_end(key)
+                return sets[key]
+    except TypeError:  # a tokenizer that takes no weak reference or no hash: nothing kept
+        return StopStringCriteria(tokenizer, list(stop_strings))
+    criteria = StopStringCriteria(tokenizer, list(stop_strings))  # outside the lock: it takes a while
+    with _lock:
+        sets[key] = criteria
+        while len(sets) > CACHED:
+            sets.popitem(last=False)
+    return criteria

@@ -185,3 +185,10 @@ def test_a_row_running_alone_stops_at_its_stop_string_as_generate_does(tiny: Any
     assert row.alone_reason == "batch_alone:setting_no_repeat_ngram_size" and row.end_reason is EndReason.STOP
     assert row.tokens == greedy(tiny, prompt, 12, no_repeat_ngram_size=2, stop_strings=[stop], tokenizer=tokenizer)
     store.detach()
+
+
+def test_a_repeated_stop_set_reuses_its_criteria(tokenizer: Any) -> None:
+    """Requests repeating a tokenizer's stop set share transformers' criteria (built once); another set does not."""
+    first, again = StopStrings(tokenizer, ("stop", "end")), StopStrings(tokenizer, ("stop", "end"))
+    other = StopStrings(tokenizer, ("end", "stop"))
+    assert first._criteria is again._criteria and other._criteria is not first._criteria
