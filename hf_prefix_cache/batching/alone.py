@@ -2,10 +2,11 @@
 
 The row's model inputs beside its ids (`Request.inputs`: its media) go to `generate` as they are. Its
 settings become `generate`'s (greedy or sampling with its temperature, top_k, top_p and seed; its logit
-bias as `sequence_bias`; its end ids, `min_new_tokens` and whatever else it asked in
-`Request.generate_kwargs`), its tokens stream through a streamer as `generate` chooses them, and a
-stopping criterion ends it at a stop sequence, on cancellation or past its deadline. The store counts
-the reason (``batch_alone:<why>``) beside its own numbers (`stats().fallbacks`).
+bias as `sequence_bias`; its repetition penalty; its end ids, `min_new_tokens` and whatever else it
+asked in `Request.generate_kwargs`), its tokens stream through a streamer as `generate` chooses them,
+and a stopping criterion ends it at a stop sequence or stop string, on cancellation or past its
+deadline. The store counts the reason (``batch_alone:<why>``) beside its own numbers
+(`stats().fallbacks`).
 
 Example:
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -14,9 +15,9 @@ Example:
     >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
     ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
     >>> store = PrefixCache(model)
-    >>> row = Row(Request(list(range(4, 20)), max_new_tokens=3, generate_kwargs={"repetition_penalty": 1.2}))
-    >>> run_alone(store, row, "batch_alone:setting_repetition_penalty")
-    >>> len(row.tokens), store.stats().fallbacks["batch_alone:setting_repetition_penalty"]
+    >>> row = Row(Request(list(range(4, 20)), max_new_tokens=3, generate_kwargs={"no_repeat_ngram_size": 2}))
+    >>> run_alone(store, row, "batch_alone:setting_no_repeat_ngram_size")
+    >>> len(row.tokens), store.stats().fallbacks["batch_alone:setting_no_repeat_ngram_size"]
     (3, 1)
 """
 
@@ -89,6 +90,8 @@ def _generate_settings(row: Row) -> dict[str, Any]:
             torch.manual_seed(sampling.seed)  # generate samples from torch's global generator
     if sampling.logit_bias:
         settings["sequence_bias"] = {(token,): bias for token, bias in sampling.logit_bias.items()}
+    if sampling.repetition_penalty != 1.0:
+        settings["repetition_penalty"] = sampling.repetition_penalty
     if request.end_ids:
         settings["eos_token_id"] = sorted(request.end_ids)
     if sampling.min_new_tokens:
@@ -116,12 +119,20 @@ class _RowStreamer(BaseStreamer):
 
 
 class _RowStops(StoppingCriteria):
-    """Stops at one of the row's stop sequences, on cancellation, or past its deadline."""
+    """Stops at one of the row's stop sequences or stop strings, on cancellation, or past its deadline.
+
+    It reads the answer from `input_ids`, not from the row: `generate` streams a step's token only after
+    its stopping criteria ran (`StopCheck`), so the row's tokens lack the newest one here.
+    """
 
     def __init__(self, row: Row) -> None:
         self._row = row
+        self._start: int | None = None  # where the answer begins in `input_ids` (one before the first call's end)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         row = self._row
-        stop = row.cancelled or row.expired(time.monotonic()) or row.ended_by() is EndReason.STOP
+        if self._start is None:
+            self._start = input_ids.shape[1] - 1
+        answer = input_ids[0, self._start :].tolist()
+        stop = row.cancelled or row.expired(time.monotonic()) or row.ended_by(answer) is EndReason.STOP
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]

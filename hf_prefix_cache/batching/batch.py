@@ -201,7 +201,7 @@ class RunningBatch:
         """Row `row` chooses and streams its next token from its `[vocab]` logits; why it ends now, if it does."""
         if row.request.keep_logits:
             row.logits.append(logits.detach().float().cpu().clone())
-        row.emit(row.chooser.choose(logits, len(row.tokens)))
+        row.emit(row.chooser.choose(logits, row.tokens))
         return row.ended_by()
 
     def _copy(self, i: int) -> WorkingCache:

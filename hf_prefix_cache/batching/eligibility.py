@@ -7,9 +7,14 @@ positions or watches ties per call. A model with media joins rows (with their ow
 only) only where its media family is in `JOINING_MEDIA_TYPES`: each was shown to decode batched exactly as its
 own `generate` (`tests/batching/test_media_rows.py`); the other media models keep every row alone, M-RoPE
 ones under ``mrope`` (positions numbered by each medium's grid, and a rope delta some keep per call), the
-rest under ``media``. A request joins when every setting it asks is one `batching/sampling.py`
-implements. Every other row runs alone, counted under `reasons.BATCH_ALONE` with its detail (`model`,
-`media`, `mrope`, `setting_<name>`, `cold`).
+rest under ``media``. A request joins when every setting it asks is one the engine applies per row
+exactly as `generate` does: `max_new_tokens`, end ids, stop sequences and stop strings (`rows.py`,
+`stops.py`), greedy or seeded sampling with temperature, top_k and top_p, a one-token logit bias, a
+repetition penalty and `min_new_tokens` (`sampling.py`). Anything else (beams, n > 1,
+`no_repeat_ngram_size`, `min_p`, a bias over several tokens, ...) is kept by name in
+`Request.generate_kwargs` or `Sampling.unsupported` (`settings.py` sorts transformers serve's kwargs so),
+and the row runs alone, counted under `reasons.BATCH_ALONE` with its detail (`model`, `media`, `mrope`,
+`setting_<name>`, `cold`).
 
 Example:
     >>> from hf_prefix_cache.batching.rows import Request
@@ -67,8 +72,8 @@ def model_alone_reason(profile: ModelProfile) -> str | None:
 
 
 def request_alone_reason(request: Request) -> str | None:
-    """Why this request cannot join a batch (``batch_alone:setting_<name>``: a setting the engine does not
-    implement), or None."""
+    """Why this request cannot join a batch (``batch_alone:setting_<name>``: the first setting, in
+    `Sampling.unsupported` or `Request.generate_kwargs`, that the engine does not implement), or None."""
     names = [*request.sampling.unsupported, *request.generate_kwargs]
     if names:
         return reasons.with_detail(reasons.BATCH_ALONE, f"setting_{names[0]}")

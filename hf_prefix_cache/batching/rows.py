@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hf_prefix_cache.batching.sampling import Chooser, Sampling
+from hf_prefix_cache.batching.stops import StopStrings
 from hf_prefix_cache.store.lookup import as_token_list
 
 if TYPE_CHECKING:
@@ -55,9 +56,14 @@ class Request:
         sampling: how each token is chosen (`sampling.Sampling`; greedy by default).
         end_ids: token ids that end the answer (the model's EOS ids); the end token is kept.
         stop_sequences: token id sequences that end the answer once generated (kept too).
+        stop_strings: strings that end the answer where `generate(..., stop_strings=, tokenizer=)` ends it
+            (`batching/stops.py`; a single string is taken as one); they need `tokenizer`. `Row` builds their
+            matcher, so one that no token can end raises `ValueError` there (in `Scheduler.submit`).
+        tokenizer: the model's tokenizer, for `stop_strings`.
         salt: the store namespace's salt (a tenant): reuse and store only under it.
         timeout_s: seconds from submission after which the row ends (None: never).
-        generate_kwargs: further `generate` settings (beams, penalties, ...): a row with any runs alone.
+        generate_kwargs: further `generate` settings (beams, ``no_repeat_ngram_size``, ...): a row with any runs
+            alone.
         keep_logits: keep each step's `[vocab]` logits on the row (tests compare them with a cold run's).
         inputs: the model inputs a processor returned beside the ids (`pixel_values`, `image_grid_thw`,
             `mm_token_type_ids`, ...), for one row: passed to the prompt's prefill (`batching/media.py`).
@@ -68,6 +74,8 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)
     end_ids: frozenset[int] = frozenset()
     stop_sequences: tuple[tuple[int, ...], ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: Any = field(default=None, repr=False, compare=False)
     salt: str | None = None
     timeout_s: float | None = None
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -82,6 +90,11 @@ class Request:
             raise ValueError("a request needs at least one prompt token")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if isinstance(self.stop_strings, str):
+            object.__setattr__(self, "stop_strings", (self.stop_strings,))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        if self.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need the model's tokenizer: pass Request(..., tokenizer=tokenizer)")
 
 
 #: Called with the row and the token it just chose.
@@ -107,7 +120,8 @@ class Row:
         self.on_end = on_end
         self.tokens: list[int] = []
         self.logits: list[torch.Tensor] = []
-        self.chooser = Chooser(request.sampling, request.end_ids)
+        self.chooser = Chooser(request.sampling, request.end_ids, request.ids)
+        self.stops = StopStrings(request.tokenizer, request.stop_strings) if request.stop_strings else None
         self.submitted_at = time.monotonic()
         self.first_token_at: float | None = None
         self.ended_at: float | None = None
@@ -162,14 +176,16 @@ class Row:
         if self.on_token is not None:
             _call_back(self.on_token, self, token)
 
-    def ended_by(self) -> EndReason | None:
-        """Why the row ends after its last token, or None while it goes on."""
-        tokens = self.tokens
+    def ended_by(self, tokens: Sequence[int] | None = None) -> EndReason | None:
+        """Why the row ends after its last token (or after `tokens`, its answer so far), or None while it goes on."""
+        tokens = self.tokens if tokens is None else tokens
         if tokens and tokens[-1] in self.request.end_ids:
             return EndReason.EOS
         for stop in self.request.stop_sequences:
             if stop and tuple(tokens[-len(stop) :]) == stop:
                 return EndReason.STOP
+        if self.stops is not None and self.stops.hit(self.request.ids, tokens):
+            return EndReason.STOP
         if len(tokens) >= self.request.max_new_tokens:
             return EndReason.LENGTH
         return None

@@ -68,7 +68,7 @@ def test_min_new_tokens_holds_back_the_end_tokens() -> None:
     """Before `min_new_tokens`, an end token is never chosen, even when it has the highest logit."""
     logits = torch.tensor([0.0, 5.0, 1.0, 2.0])
     chooser = Chooser(Sampling(min_new_tokens=2), end_ids=frozenset({1}))
-    assert [chooser.choose(logits, n) for n in range(3)] == [3, 3, 1]
+    assert [chooser.choose(logits, [3] * n) for n in range(3)] == [3, 3, 1]
 
 
 def test_top_k_and_top_p_keep_only_the_likeliest_tokens() -> None:
@@ -76,14 +76,14 @@ def test_top_k_and_top_p_keep_only_the_likeliest_tokens() -> None:
     logits = torch.tensor([4.0, 3.9, 1.0, 0.5, -2.0])
     top_k = Chooser(Sampling(temperature=1.0, top_k=2, seed=0), frozenset())
     top_p = Chooser(Sampling(temperature=1.0, top_p=0.6, seed=0), frozenset())
-    assert {top_k.choose(logits, 0) for _ in range(200)} == {0, 1}
-    assert {top_p.choose(logits, 0) for _ in range(200)} == {0, 1}
+    assert {top_k.choose(logits, []) for _ in range(200)} == {0, 1}
+    assert {top_p.choose(logits, []) for _ in range(200)} == {0, 1}
 
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="temperature"):
         Sampling(temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
-        Sampling(temperature=1, top_p=0)
+        Sampling(temperature=1, top_p=1.5)
     with pytest.raises(ValueError, match="max_new_tokens"):
         Request([1, 2], max_new_tokens=0)

@@ -51,18 +51,33 @@ def test_an_arrival_starts_while_the_first_row_decodes_and_every_answer_is_exact
 
 
 def test_a_setting_the_engine_lacks_runs_the_row_alone_counted() -> None:
-    """`repetition_penalty` is not implemented by the batch: the row runs alone, exact, counted under its reason."""
+    """`no_repeat_ngram_size` is not implemented by the batch: the row runs alone, exact, counted under its reason."""
     model = build("llama")
     store = PrefixCache(model)
     prompt = random_prompt(26, seed=3)[0].tolist()
     scheduler = Scheduler(store)
-    row = scheduler.submit(Request(prompt, max_new_tokens=6, generate_kwargs={"repetition_penalty": 1.5}))
+    row = scheduler.submit(Request(prompt, max_new_tokens=6, generate_kwargs={"no_repeat_ngram_size": 1}))
     plain = scheduler.submit(Request(prompt, max_new_tokens=6))
     scheduler.run_until_idle()
-    assert row.alone_reason == "batch_alone:setting_repetition_penalty" and plain.alone_reason is None
-    assert row.tokens == alone(model, prompt, 6, repetition_penalty=1.5) != plain.tokens
+    assert row.alone_reason == "batch_alone:setting_no_repeat_ngram_size" and plain.alone_reason is None
+    assert row.tokens == alone(model, prompt, 6, no_repeat_ngram_size=1) != plain.tokens
     assert row.end_reason is EndReason.LENGTH
-    assert store.stats().fallbacks["batch_alone:setting_repetition_penalty"] == 1
+    assert store.stats().fallbacks["batch_alone:setting_no_repeat_ngram_size"] == 1
+    store.detach()
+
+
+def test_a_row_running_alone_ends_at_its_stop_sequence_not_a_token_later() -> None:
+    """generate streams a token after its stopping criteria ran: the alone row's stop still ends at the sequence."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompt = random_prompt(22, seed=5)[0].tolist()
+    full = alone(model, prompt, 10, no_repeat_ngram_size=1)
+    scheduler = Scheduler(store)
+    request = Request(prompt, 10, stop_sequences=(tuple(full[3:5]),), generate_kwargs={"no_repeat_ngram_size": 1})
+    row = scheduler.submit(request)
+    scheduler.run_until_idle()
+    assert row.alone_reason is not None and row.end_reason is EndReason.STOP
+    assert row.tokens == full[:5]
     store.detach()
 
 

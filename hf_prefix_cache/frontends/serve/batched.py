@@ -23,6 +23,7 @@ process, whose thread alone drives the model, and:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -40,14 +41,10 @@ if TYPE_CHECKING:
 
 #: The model inputs that are a row's prompt (the others, such as pixel values, go with it as `Request.inputs`).
 TEXT_INPUTS = frozenset({"input_ids", "attention_mask"})
-#: Settings of `generation_kwargs` the row reads itself (the others go with it to ``generate``, alone).
-OWN_SETTINGS = frozenset(
-    {"max_new_tokens", "eos_token_id", "do_sample", "temperature", "top_k", "top_p", "seed", "max_time"}
-)
-#: Fields of a model's generation config that change no token (any other it sets runs the row alone).
+#: Fields of a model's generation config that change no token: every other one it sets goes with the row's
+#: settings (`batching.settings` applies it per row, or the row runs alone with it), as `generate` applies it.
 NEUTRAL_CONFIG = frozenset(
     {
-        *OWN_SETTINGS,
         "max_length",
         "pad_token_id",
         "bos_token_id",
@@ -241,47 +238,27 @@ def to_request(
     media: dict[str, Any] | None = None,
 ) -> Request:
     """The engine's `Request` for one server request: what `generate` would do with `generation_kwargs` on top of
-    the model's generation config; every setting the engine lacks left to ``generate`` (the row then runs alone)."""
-    from hf_prefix_cache.batching.rows import Request
-    from hf_prefix_cache.batching.sampling import Sampling
+    the model's generation config (`batching.settings.request_from_generate_kwargs`); every setting the engine
+    lacks is left to ``generate`` (the row then runs alone, counted)."""
+    from hf_prefix_cache.batching.settings import request_from_generate_kwargs
 
     kwargs = {
         **_config_settings(model),
         **{name: value for name, value in generation_kwargs.items() if value is not None},
     }
-    eos = kwargs.get("eos_token_id")
-    end_ids = frozenset() if eos is None else frozenset([eos] if isinstance(eos, int) else eos)
-    extra = {name: value for name, value in kwargs.items() if name not in OWN_SETTINGS}
-    logit_bias = _logit_bias(extra)
-    min_new_tokens = int(extra.pop("min_new_tokens", 0) or 0)
-    if extra.get("repetition_penalty") == 1.0:  # generate adds no processor for it
-        del extra["repetition_penalty"]
-    if "stop_strings" in extra:  # until the engine matches stop strings itself: generate needs the tokenizer
-        extra["tokenizer"] = processor
-    if kwargs.get("do_sample") and kwargs.get("temperature") != 0:
-        sampling = Sampling(
-            temperature=float(kwargs.get("temperature") or 1.0),
-            top_k=kwargs.get("top_k") or None,
-            top_p=kwargs.get("top_p"),
-            seed=kwargs.get("seed"),
-            logit_bias=logit_bias,
-            min_new_tokens=min_new_tokens,
-        )
-    else:
-        sampling = Sampling(logit_bias=logit_bias, min_new_tokens=min_new_tokens)
-    max_time = kwargs.get("max_time")
+    max_time = kwargs.pop("max_time", None)
     if max_time is not None:
         timeout_s = max_time if timeout_s is None else min(timeout_s, max_time)
-    return Request(
+    kwargs.setdefault("max_new_tokens", 20)  # generate's default, where neither the request nor the model sets one
+    request = request_from_generate_kwargs(
         inputs["input_ids"][0].tolist(),
-        max_new_tokens=int(kwargs.get("max_new_tokens") or 20),
-        sampling=sampling,
-        end_ids=end_ids,
+        kwargs,
+        tokenizer=getattr(processor, "tokenizer", processor),
+        eos_ids=_end_ids(model),
         salt=salt,
         timeout_s=timeout_s,
-        generate_kwargs=extra,
-        inputs=media or {},
     )
+    return dataclasses.replace(request, inputs=media) if media else request
 
 
 def _config_settings(model: Any) -> dict[str, Any]:
@@ -293,11 +270,7 @@ def _config_settings(model: Any) -> dict[str, Any]:
     return {name: value for name, value in config.to_diff_dict().items() if name not in NEUTRAL_CONFIG}
 
 
-def _logit_bias(extra: dict[str, Any]) -> dict[int, float]:
-    """A ``sequence_bias`` of single tokens (OpenAI's ``logit_bias``) taken out of `extra` as a per-row logit bias
-    (longer sequences stay, for ``generate``)."""
-    bias = extra.get("sequence_bias")
-    if not isinstance(bias, dict) or not all(isinstance(key, tuple) and len(key) == 1 for key in bias):
-        return {}
-    del extra["sequence_bias"]
-    return {int(key[0]): float(value) for key, value in bias.items()}
+def _end_ids(model: Any) -> list[int]:
+    """The model's end ids, as `generate` takes them when the request's kwargs name none."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return [] if eos is None else [eos] if isinstance(eos, int) else [int(e) for e in eos]
