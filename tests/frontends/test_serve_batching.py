@@ -9,6 +9,7 @@ ends; settings the engine lacks still answer, counted as ``batch_alone:<why>`` i
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -129,7 +130,7 @@ def test_turn_two_reuses_as_much_under_batching_as_one_at_a_time(servers: tuple[
         messages += [{"role": "assistant", "content": first[0]}, {"role": "user", "content": "And abroad?"}]
         return [first, _ask(server, messages)]
 
-    tags = ["turns a", "turns b"]
+    tags = ["amber", "violet"]  # no first word in common: which turn 1 is stored first cannot change the other's reuse
     together: list[Any] = [None, None]
     threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, conversation(servers[0], tags[i]))) for i in (0, 1)]  # fmt: skip
     for thread in threads:
@@ -164,19 +165,23 @@ def test_a_cancelled_stream_keeps_its_prompt_for_the_next_identical_request(
 
 
 def test_a_setting_the_engine_lacks_answers_alone_and_is_counted(servers: tuple[ServeProcess, ServeProcess]) -> None:
-    """frequency_penalty (generate's repetition_penalty) has no batched form: the request runs alone, answers as
-    --no-batch does, and /metrics and the stats count it as batch_alone:setting_repetition_penalty."""
+    """no_repeat_ngram_size (sent in transformers serve's ``generation_config`` field) has no batched form: the
+    request runs alone, answers as --no-batch does, and /metrics and the stats count it under its name; a
+    frequency_penalty (generate's repetition_penalty), which the engine applies per row, joins and is not counted."""
     batching, sequential = servers
-    messages = _messages("penalty", "List the travel rules.")
-    plain = Stream(batching, _messages("penalty", "Who approves travel?"), max_tokens=16, logit_bias=EOS_HELD)
+    messages = _messages("ngram", "List the travel rules.")
+    alone = {"extra_body": {"generation_config": json.dumps({"no_repeat_ngram_size": 2})}, "max_tokens": 12}
+    plain = Stream(batching, _messages("ngram", "Who approves travel?"), max_tokens=16, logit_bias=EOS_HELD)
     thread = plain.start()  # a batched row beside it
-    served = _ask(batching, messages, frequency_penalty=0.5)
+    served = _ask(batching, messages, **alone)
+    penalised = _ask(batching, _messages("penalty", "List the travel rules."), frequency_penalty=0.5)
     thread.join(120)
-    assert (
-        served[:2] == _ask(sequential, messages, frequency_penalty=0.5)[:2]
-    )  # (what each reused: their orders differ)
-    reason = "batch_alone:setting_repetition_penalty"
-    assert batching.store()["stats"]["fallbacks"][reason] >= 1
+    assert served[:2] == _ask(sequential, messages, **alone)[:2]  # (what each reused: their orders differ)
+    assert penalised[:2] == _ask(sequential, _messages("penalty", "List the travel rules."), frequency_penalty=0.5)[:2]
+    fallbacks = batching.store()["stats"]["fallbacks"]
+    reason = "batch_alone:setting_no_repeat_ngram_size"
+    assert fallbacks[reason] >= 1
+    assert "batch_alone:setting_repetition_penalty" not in fallbacks
     metrics = batching.get("/metrics")
     counted = [
         float(line.split()[-1])
