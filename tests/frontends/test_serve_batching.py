@@ -193,6 +193,25 @@ def test_a_setting_the_engine_lacks_answers_alone_and_is_counted(servers: tuple[
     assert plain.text == Stream(sequential, plain.messages, max_tokens=16, logit_bias=EOS_HELD).run().text
 
 
+def test_stop_strings_join_the_batch_and_end_where_one_at_a_time_ends(
+    servers: tuple[ServeProcess, ServeProcess],
+) -> None:
+    """OpenAI `stop` (generate's stop_strings) is matched per row in the batch: the answer equals --no-batch's, cut at
+    the same place, and nothing is counted as run alone for it."""
+    batching, sequential = servers
+    messages = _messages("stops", "Who approves travel?")
+    full = _ask(sequential, messages, max_tokens=24)[0]
+    words = full.split()
+    stop = [f" {words[3]}", "zzqx"] if len(words) > 4 else ["\n"]  # one met inside the answer, one never
+    plain = Stream(batching, _messages("stops", "What about hotels?"), max_tokens=16, logit_bias=EOS_HELD)
+    thread = plain.start()  # a batched row beside it
+    served = _ask(batching, messages, max_tokens=24, stop=stop)
+    thread.join(120)
+    assert served[0] == _ask(sequential, messages, max_tokens=24, stop=stop)[0]
+    assert len(served[0]) < len(full)
+    assert "batch_alone:setting_stop_strings" not in batching.store()["stats"]["fallbacks"]
+
+
 def test_tenants_stay_apart_when_their_rows_decode_together(servers: tuple[ServeProcess, ServeProcess]) -> None:
     """The same prompt under two cache_salts at once: neither reuses the other's; each salt's second request reuses
     its own first."""
