@@ -346,9 +346,9 @@ class Prefixes:
         before = on_device(result.path[:-1]) if leaf is not None else None
         if leaf is not None and leaf.value is not None:
             share_run(leaf.value, before if row is None else None, capture.tail)  # a batch row's run holds every row
-        if capture.snapshots or items:
+        if capture.snapshots or items:  # touched again (the insert touched it): a cost-aware score counts states
             self._placement.attach_states(result.path, capture.snapshots, items)
-        self._tree.touch(result.path)
+            self._tree.touch(result.path)
         if leaf is not None:
             if before is None:  # an ancestor is off the device: tiers stay monotone
                 self._placement.settle(result.path)
