@@ -9,7 +9,8 @@ the hit brings 8 new tokens and generates 1. The counts are deterministic; run i
 a change to the core and compare.
 
 Run: ``PYTHONPATH=. python benchmarks/bench_calls.py`` (a few seconds; ``--top N`` lists the N
-most called functions, ``--modules`` lists the modules).
+most called functions, ``--modules`` lists the modules, ``--verbose`` lists each module's functions
+under it with their calls).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--top", type=int, default=0, help="list the N most called functions")
     parser.add_argument("--modules", action="store_true", help="list the modules and their call counts")
+    parser.add_argument(
+        "--verbose", action="store_true", help="list every module with its calls, and its functions under it"
+    )
     args = parser.parse_args(argv)
     calls = one_hit(64, 8)
     by_module: Counter[str] = Counter()
@@ -97,9 +101,13 @@ def main(argv: list[str] | None = None) -> None:
         f"one plain hit: {len(by_module)} package modules, {len(calls)} functions, "
         f"{sum(calls.values())} Python calls (testing/ and frontends/ excluded)"
     )
-    if args.modules:
+    if args.modules or args.verbose:
         for module, n in sorted(by_module.items()):
             print(f"  {n:5d}  {module}")
+            if args.verbose:
+                functions = sorted((name, k) for (m, name), k in calls.items() if m == module)
+                for name, k in functions:
+                    print(f"  {k:9d}  {name}")
     for (module, name), n in calls.most_common(args.top):
         print(f"  {n:5d}  {module}.{name}")
 

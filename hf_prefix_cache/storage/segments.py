@@ -17,22 +17,32 @@ A run lives on the model's devices (each layer's tensors on that layer's device)
 memory; a segment on disk has no run but a `DiskRef` to the file holding its range. Runs off
 the device back exactly one tree node each until that node is split; `tiers.py` moves them.
 
-Knows nothing about the tree or about models.
+Reading a path back: `kv_pieces` (views into its runs), `landings` (copies into them still on
+their way), `join_kv`, and `restore_pieces`, which restores them into a request's working cache.
+
+Knows nothing about the tree or about models (only the runs, states and working cache of `model/`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.model.landing import Landing
+from hf_prefix_cache.model.landing import Landing, land_all
 from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.host_pool import size_class
+
+if TYPE_CHECKING:
+    from hf_prefix_cache.model.working_cache import WorkingCache
+
+logger = logging.getLogger("hf_prefix_cache")
 
 
 @dataclass(slots=True)
@@ -213,6 +223,40 @@ def join_kv(pieces: KVPieces) -> tuple[list[torch.Tensor | None], list[torch.Ten
         keys.append(torch.cat(ks, dim=-2))
         values.append(torch.cat(vs, dim=-2))
     return keys, values
+
+
+def restore_pieces(
+    into: WorkingCache,
+    length: int,
+    pieces: KVPieces,
+    pending: list[Landing],
+    snapshot: Snapshot | None,
+    items: list[ItemState],
+    batch_size: int,
+    overlap: bool,
+) -> None:
+    """Restore `length` positions into `into`: the `pieces` that `kv_pieces` read (a join copies only across
+    runs), the copies into them still landing (`landings`), and `snapshot` and `items`.
+
+    With `overlap`, where the model allows (`WorkingCache.restore(landing=...)`), pieces still
+    landing from host memory, or lying in several runs, restore layer by layer at first use:
+    copies overlap the prefill, and the layer's own concatenation joins the pieces (a join
+    here would copy the whole prefix once more). Elsewhere every copy lands first. The views
+    stay valid: a compaction swaps a run's tensors for new ones and never writes into the old ones.
+    """
+    if overlap and pieces and (pending or len(pieces) > 1) and into.defers_keys:
+        logger.debug("restoring %d tokens from %d pieces layer by layer at first use", length, len(pieces))
+        into.restore(length, None, None, None, batch_size=batch_size, landing=(pieces, pending))
+        return
+    if pending:
+        logger.debug(
+            "restoring %d tokens after every copy from host memory has landed (%s)",
+            length,
+            "not a model whose layers can be set at first use" if overlap else "a lookup",
+        )
+        land_all(pending)
+    keys, values = join_kv(pieces) if into.profile.has_kv else (None, None)
+    into.restore(length, keys, values, snapshot, batch_size=batch_size, items=items)
 
 
 def best_snapshot(segments: Sequence[Segment], limit: int) -> tuple[int, Snapshot | None]:

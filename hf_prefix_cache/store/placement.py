@@ -15,7 +15,8 @@ chunks of its sequence that the server lacks queued for writing (`write_remote`)
 Composed of parts with one job each, given only what they need: `disk_nodes.py` (the disk
 tier's files as nodes: indexing a namespace, split files, new snapshots) and `adoption.py`
 (chunks loaded from the remote tier joining the tree). A new request's sequence joins the tree
-through `new_entries.py`, which asks this module to keep tiers monotone and budgets.
+through `prefixes.py`, which asks this module to put its states on its nodes' tiers
+(`attach_states`), keep tiers monotone and keep budgets.
 
 Not thread-safe: the store calls it under its lock.
 """
@@ -25,12 +26,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
+from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.disk import DiskTier
-from hf_prefix_cache.storage.memory import DeviceTier
+from hf_prefix_cache.storage.memory import DeviceTier, HostTier
 from hf_prefix_cache.storage.remote import RemoteTier
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tier import Tier
-from hf_prefix_cache.storage.tiers import DEVICE, DISK
+from hf_prefix_cache.storage.tiers import DEVICE, DISK, HOST
 from hf_prefix_cache.store.adoption import adopt
 from hf_prefix_cache.store.disk_nodes import DiskNodes
 from hf_prefix_cache.store.node_place import NodePlace
@@ -70,14 +72,16 @@ class Placement:
         remote: RemoteTier | None = None,
     ) -> None:
         assert len(budgets) == len(tiers) == tree.num_tiers, f"budgets {budgets} for {len(tiers)} tiers"
-        device = tiers[DEVICE]
-        assert isinstance(device, DeviceTier), f"the fastest tier is {device.name}"
+        device, host = tiers[DEVICE], tiers[HOST]
+        if not isinstance(device, DeviceTier) or not isinstance(host, HostTier):
+            raise TypeError(f"the memory tiers are {device.name} and {host.name}, not a DeviceTier and a HostTier")
         self.tree = tree
         self.tiers = tiers
         self.budgets = budgets
         self.policy = policy
         self.remote = remote
         self.device = device
+        self._memory = (device, host)  # the tiers that take a node's new states as they are (`attach_states`)
         self.mover = device.mover
         self.disk = next((tier for tier in tiers if isinstance(tier, DiskTier)), None)
         self.counters = PlacementCounters()
@@ -220,6 +224,13 @@ class Placement:
         self.counters.skipped_files += 1
         self.drop(bad)
 
+    def drop_inconsistent(self, node: Node[Segment] | None, exc: Exception) -> None:
+        """A restore from `node`'s path failed an exactness guard: drop the node (unless a request holds a lease in
+        its subtree) so that no later request restores it again (the hook runs the call cold)."""
+        if node is not None and node.lock_ref == 0:
+            logger.info("dropping a stored prefix whose restore failed an exactness guard: %s", exc)
+            self.drop(node)
+
     def write_remote(self, node: Node[Segment]) -> None:
         """Queue the whole chunks of `node`'s sequence that the remote tier lacks (`put`; sent by its `flush`)."""
         if self.remote is not None and not node.is_root:
@@ -283,6 +294,41 @@ class Placement:
             else:
                 self.tree.offer(leaf)
 
+    def attach_states(
+        self, path: Sequence[Node[Segment]], snapshots: Sequence[Snapshot], items: Sequence[ItemState]
+    ) -> None:
+        """Give each snapshot and media item state to the node of `path` whose range holds its length.
+
+        A node that holds one at that length keeps its own. A node in memory takes them through its
+        tier (`add_states`: a host node takes copies in host memory); a node on disk has its file
+        rewritten once with all of its new snapshots (an item state alone does not rewrite a file),
+        which counts them itself. Budgets are enforced by the caller after all are attached:
+        enforcing after each one sent the entry to disk after its first snapshot and lost the rest.
+        """
+        new: dict[int, tuple[Node[Segment], dict[int, Snapshot], dict[int, ItemState]]] = {}
+        for snap in snapshots:
+            node = _holder(path, snap.length)
+            if node is not None and node.value is not None and snap.length not in node.value.snapshots:
+                new.setdefault(id(node), (node, {}, {}))[1].setdefault(snap.length, snap)
+        for state in items:
+            node = _holder(path, state.length)
+            if (
+                node is not None
+                and node.value is not None
+                and state.length not in node.value.items
+                and node.tier != DISK
+            ):
+                new.setdefault(id(node), (node, {}, {}))[2].setdefault(state.length, state)
+        for node, snaps, states in new.values():
+            assert node.value is not None
+            if node.tier == DISK:
+                assert self.files is not None, "a disk node in a store without a disk tier"
+                self.files.add_to_file(node, list(snaps.values()))
+                continue
+            self._memory[node.tier].add_states(node.value, list(snaps.values()), list(states.values()))
+            self.counters.num_snapshots += len(snaps)
+            self.tree.refresh_nbytes(node)
+
     # ------------------------------------------------------------ remote chunks
     def adopt(self, namespace: str, symbols: Sequence[Hashable], hit: Segment) -> bool:
         """Add chunks loaded from the remote tier to the tree (see `adoption.adopt`); whether anything was added."""
@@ -340,3 +386,8 @@ class Placement:
         self.counters.reset()
         if self.remote is not None:
             self.remote.reset_counters()
+
+
+def _holder(path: Sequence[Node[Segment]], length: int) -> Node[Segment] | None:
+    """The node of `path` whose range `(start, end]` holds `length`."""
+    return next((node for node in path if node.start < length <= node.end), None)

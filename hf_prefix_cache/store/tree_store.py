@@ -10,8 +10,8 @@ runs the blocking work after the lock.
 Composed of parts with one job each, built here and handed to each other explicitly. The
 contract's verbs are the bound methods of the parts that implement them, exposed as the store's
 own, so each signature is written once (there) besides the protocol and a hit makes no call
-here: `acquire`, `release` and `relieve_device` are a `prefixes.Prefixes`, `insert_sequence` is a
-`new_entries.NewEntries`, each over the tree, placement, lock, pins, counters and upkeep they need;
+here: `acquire`, `release`, `insert_sequence` and `relieve_device` are a `prefixes.Prefixes`, over
+the tree, placement, lock, pins, counters and upkeep they need;
 `namespace` is `keys.weights.Namespaces.current`; `record` is `counters.RequestCounters.record`.
 
 Knows nothing of `generate`: `hooks/` runs the model and calls the contract's verbs.
@@ -43,7 +43,6 @@ from hf_prefix_cache.store.counters import RequestCounters
 from hf_prefix_cache.store.integrity import check_integrity
 from hf_prefix_cache.store.locking import StoreLock
 from hf_prefix_cache.store.lookup import Lookup, as_token_list, check_manual_media
-from hf_prefix_cache.store.new_entries import NewEntries
 from hf_prefix_cache.store.observe import PrefillCost, RequestCallback
 from hf_prefix_cache.store.options import RemoteOptions, Resolved
 from hf_prefix_cache.store.pins import Pins
@@ -64,8 +63,7 @@ class TreeStore:
     """A prefix store for one model's states; `PrefixCache` (the user's object) holds one.
 
     Attributes:
-        acquire, release, relieve_device: `Prefixes`' verbs (`prefixes.py`).
-        insert_sequence: `NewEntries.insert_sequence` (`new_entries.py`).
+        acquire, release, insert_sequence, relieve_device: `Prefixes`' verbs (`prefixes.py`).
         namespace: `Namespaces.current` (`keys/weights.py`).
         record: `RequestCounters.record` (`counters.py`).
         request_scope: `RequestCounters.scope`: a `scope.RequestScope` of this store.
@@ -90,9 +88,6 @@ class TreeStore:
         self._namespaces = Namespaces(model, options.salt, ACTIVE_SCOPES, functools.partial(salt_of, self._requests))
         self._upkeep = Upkeep(self._tree, self._placement, self._lock, self._requests, resolved.ttl)
         self._prefixes = Prefixes(
-            profile, tree=self._tree, placement=self._placement, lock=self._lock, upkeep=self._upkeep
-        )
-        self._new_entries = NewEntries(
             profile,
             options,
             tree=self._tree,
@@ -106,7 +101,7 @@ class TreeStore:
         # The contract's hot-path verbs are the hot path's own methods (signatures written once, where they are).
         self.acquire = self._prefixes.acquire
         self.release = self._prefixes.release
-        self.insert_sequence = self._new_entries.insert_sequence
+        self.insert_sequence = self._prefixes.insert_sequence
         self.relieve_device = self._prefixes.relieve_device
         self.namespace = self._namespaces.current  # see `Namespaces.current`
         self.record = self._requests.record  # see `RequestCounters.record`

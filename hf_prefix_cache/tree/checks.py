@@ -8,7 +8,7 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING, Any, cast
 
-from hf_prefix_cache.tree.frontier import can_leave
+from hf_prefix_cache.tree.node import can_leave
 
 if TYPE_CHECKING:
     from hf_prefix_cache.tree.radix import RadixTree

@@ -1,4 +1,4 @@
-"""RadixTree: longest-prefix match, insert, lock and eviction order over symbol sequences (nodes: `node.py`).
+"""RadixTree: longest-prefix match, insert, lock and eviction order over symbol sequences (nodes, frontier: `node.py`).
 
 Owns the tree shape, the per-tier byte totals and the eviction order. Knows nothing about
 torch or models: a node's value is opaque, only asked for its `nbytes` and to `split` itself
@@ -12,7 +12,7 @@ while eviction still orders all of them by one clock.
 
 Tiers: every node sits on a tier (0 = fastest). The owner moves nodes between tiers
 (`set_tier`); the tree only keeps byte totals per tier and, per tier, the *frontier*
-(`frontier.py`): the nodes that can leave the tier without stranding a faster descendant, which
+(`node.Frontier`): the nodes that can leave the tier without stranding a faster descendant, which
 `pop_victim` hands out least valuable first. A node's value for eviction is its `score` (lower
 leaves first), set by the `score` callable whenever the node is used; the default is its
 last-use clock (LRU, `policy.py`).
@@ -33,8 +33,7 @@ from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.token_ids import TokenIds
 from hf_prefix_cache.tree.checks import check_tree
 from hf_prefix_cache.tree.compare import common_len, packed_common_len
-from hf_prefix_cache.tree.frontier import Frontier
-from hf_prefix_cache.tree.node import InsertResult, MatchResult, Node, NodeValue, V
+from hf_prefix_cache.tree.node import Frontier, InsertResult, MatchResult, Node, NodeValue, V
 from hf_prefix_cache.tree.policy import ScoreFn, lru_score
 
 # What callers import from here: the tree and the types its answers hold.

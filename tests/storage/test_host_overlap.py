@@ -18,10 +18,10 @@ from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.landing import DeferredCopies, Landing
 from hf_prefix_cache.model.runs import Run
 from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.storage import segments
 from hf_prefix_cache.storage.mover import Mover, _layer_blocks, segment_to_device, segment_to_host
 from hf_prefix_cache.storage.segments import Segment
 from hf_prefix_cache.storage.tiers import DEVICE, HOST
-from hf_prefix_cache.store import prefixes
 
 L = TypeVar("L", bound=Landing)
 
@@ -219,7 +219,7 @@ def test_a_prefix_in_two_runs_on_the_device_is_joined_by_the_first_update(monkey
         generate(llama, first, past_key_values=store)
         generate(llama, second, past_key_values=store)  # its own tokens in a run of their own
         restores = _first_use_restores(monkeypatch)
-        monkeypatch.setattr(prefixes, "join_kv", no_join)
+        monkeypatch.setattr(segments, "join_kv", no_join)
         longer = torch.cat([second, distinct_prompt(55, n=6)], 1)
         before = store.stats().hit_tokens
         assert_same_as_cold(llama, longer, store)
