@@ -1,4 +1,4 @@
-"""The only code that patches transformers: one hook per model family, found through `registry.py`.
+"""The only code that patches transformers' `generate`: one hook per model family, found through `registry.py`.
 
 Importing this package imports every hook module, and each registers its family.
 """

@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks.checks import GenerationSettings, check_call
+from hf_prefix_cache.hooks.media import prompt_layout, prompt_namespace
 from hf_prefix_cache.hooks.pipeline import Cold, guard_failed
-from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal.media import MediaLayout
@@ -89,11 +89,10 @@ class Call:
         return tuple(row.pad for row in self.rows)
 
 
-#: The facts of a call the mode table reads (each true or not): `padded`, a row has left padding; `several`, more than
-#: one row; `distinct`, rows that differ; `expanded`, beams or several returned sequences; `static`, a static cache.
-#: Beside them, the profile's capabilities (`capabilities`): `has_state`, recurrent states; `padding_served`, rows
-#: may restore behind their left padding (`serves_padding`).
-CALL_FACTS = ("padded", "several", "distinct", "expanded", "static")
+# The facts of a call the mode table reads (each true or not): `padded`, a row has left padding; `several`, more than
+# one row; `distinct`, rows that differ; `expanded`, beams or several returned sequences; `static`, a static cache.
+# Beside them, the profile's capabilities (`capabilities`): `has_state`, recurrent states; `padding_served`, rows
+# may restore behind their left padding (`serves_padding`).
 
 
 class ModeRule(NamedTuple):
@@ -218,10 +217,10 @@ def read_call(
         namespace = base_namespace = store.namespace()
         scope: tuple[Any, ...] = ()
         if profile.media is not None:
-            layout, reason = media_layout(profile, tokens, kwargs)
+            layout, reason = prompt_layout(profile, tokens, kwargs)
             if reason is not None:
                 return Read(None, reason, prompt_len)
-            namespace, scope = _namespace(profile, base_namespace, tokens[0], layout, kwargs)
+            namespace, scope = prompt_namespace(profile, base_namespace, tokens[0], layout, kwargs)
         spans = layout.spans if layout is not None else ()
         item_spans = spans if profile.item_layers else ()
         rows: list[Row] = []
@@ -264,44 +263,3 @@ def _static_len(settings: GenerationSettings, prompt_len: int) -> int:
     new = settings.max_new_tokens
     longest = prompt_len + new if new is not None else settings.max_length
     return int(max(longest - 1, settings.max_cache_len or 0))
-
-
-def _namespace(
-    profile: ModelProfile, namespace: str, tokens: TokenIds, layout: MediaLayout | None, kwargs: dict[str, Any]
-) -> tuple[str, tuple[Any, ...]]:
-    """The namespace of the prompt's states, and the media every position sees (its scope), for a model with media."""
-    media = profile.media
-    if media is None:
-        return namespace, ()
-    if media.whole_prompt_only:
-        # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
-        symbols = layout.symbols(tokens) if layout is not None else tokens
-        namespace = sub_namespace(namespace, [str(s) for s in symbols], media.prompt_parts(kwargs))
-    scope = tuple(media.scope(layout.items)) if layout is not None else ()
-    if scope:
-        # Every position sees every medium of the prompt: share only between prompts with the same media.
-        namespace = sub_namespace(namespace, list(scope))
-    return namespace, scope
-
-
-def media_layout(
-    profile: ModelProfile, rows: list[TokenIds], kwargs: dict[str, Any]
-) -> tuple[MediaLayout | None, str | None]:
-    """The prompt's media items (None for a model without media handling), or why to run cold."""
-    media = profile.media
-    if media is None:
-        return None, None
-    reason = media.why_cold(rows[0], kwargs)
-    if reason is not None:
-        return None, reason
-    try:
-        layout = media.layout(rows[0], kwargs)
-    except UnhashableMediaError as err:
-        logger.debug("media not hashable: %s", err)
-        return None, reasons.UNHASHABLE_MEDIA
-    if layout is None:
-        return None, reasons.MEDIA_PLACEHOLDERS
-    if profile.has_state and layout.items and layout.items[-1].end >= len(rows[0]):
-        # The prefill stops before the last token and generate feeds it alone, with no media.
-        return None, reasons.MEDIA_PROMPT_END
-    return layout, None

@@ -14,7 +14,7 @@ together; `generate` then gets only the media of the uncached suffix, and M-RoPE
 explicit positions of the whole prompt. Cross-attention models (Mllama) also restore the
 vision keys/values of the prefix's images (item states) and store those of new images.
 Recurrent models prefill their uncached prompt in snapshot-sized chunks first
-(`recurrent_prefill.py`); with media (families whose adapter computes suffix embeddings,
+(`model/prefill.py`); with media (families whose adapter computes suffix embeddings,
 LFM2-VL), fed the embeddings the model would compute, so `generate` then gets no media at all.
 Their batches, left-padded rows, beams and samples prefill each row alone and join the rows
 (`recurrent_rows.py`).
@@ -30,24 +30,21 @@ import torch
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
+from hf_prefix_cache.hooks import media as media_prompts
 from hf_prefix_cache.hooks import own_rows, pipeline, recurrent_rows
 from hf_prefix_cache.hooks.call import Call, Mode, capabilities, read_call
-from hf_prefix_cache.hooks.media_expansion import expand_suffix_media, expands_media
-from hf_prefix_cache.hooks.media_padding import media_padding_loss
 from hf_prefix_cache.hooks.patching import InstancePatch, PatchingHook
-from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.hooks.refusals import serving_modes
 from hf_prefix_cache.hooks.registry import DECODER_ONLY, Family, register
-from hf_prefix_cache.hooks.scan import ScanContinuation
-from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.indexer_ties import TieWatch
 from hf_prefix_cache.model.module_states import ModuleStateBridge
+from hf_prefix_cache.model.prefill import prefill_states
+from hf_prefix_cache.model.scan import ScanContinuation
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, ReducedReuse, Served, Serving, Store
+from hf_prefix_cache.store.contract import Lease, Served, Serving, Store
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -83,9 +80,9 @@ class DecoderOnlyHook(PatchingHook):
                 self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
         self._one_token_steps = serving.profile.single_token_steps and scan is None
-        if serving.profile.media is not None and expands_media(model):
+        if serving.profile.media is not None and media_prompts.expands_media(model):
             # Beams and several sequences: the suffix's encoded media copied whole to each row.
-            self._keep(expand_suffix_media(model))
+            self._keep(media_prompts.expand_suffix_media(model))
         if serving.profile.watch_indexers:
             # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
             watch = TieWatch.install(model, WorkingCache)
@@ -129,7 +126,7 @@ class DecoderOnlyHook(PatchingHook):
         lease, cache = restored
         try:
             if call.scope and lease.matched_len == 0 and call.layout is not None:
-                self._count_new_media(call.base_namespace, call.layout)
+                media_prompts.count_new_media(store, profile, call.base_namespace, call.layout)
             snapshots: list[Snapshot] = []
             fed = lease.cached_len
             cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
@@ -172,7 +169,11 @@ class DecoderOnlyHook(PatchingHook):
         logger.debug("matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, key.namespace)
         reduced = []
         layout = call.layout
-        if layout is not None and layout.items and media_padding_loss(self._store, key, layout, lease) is not None:
+        if (
+            layout is not None
+            and layout.items
+            and media_prompts.media_padding_loss(self._store, key, layout, lease) is not None
+        ):
             reduced.append(reasons.MEDIA_PADDING)  # reuse stopped at a medium stored with other padding
         if cache.tied_at is not None:
             reduced.append(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
@@ -182,16 +183,17 @@ class DecoderOnlyHook(PatchingHook):
         return pipeline.Outcome(served, tuple(reduced))
 
     def _prefill(self, call: Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
-        """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
+        """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`model/prefill.py`)."""
         media = self._profile.media
-        embeds = self._suffix_embeds(call.input_ids, call.kwargs, call.layout, lease.cached_len)
+        embeds = media_prompts.suffix_embeds(self._profile, call.input_ids, call.kwargs, call.layout, lease.cached_len)
         positions = media.prefill_positions(call.input_ids, call.kwargs) if media is not None else None
         return prefill_states(
             self._model,
             self._profile,
             cache,
             call.input_ids,
-            lease,
+            lease.cached_len,
+            lease.matched_len,
             self._serving.snapshot_interval,
             self._one_token_steps,
             embeds,
@@ -235,29 +237,6 @@ class DecoderOnlyHook(PatchingHook):
                 items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
                 computed_from=lease.cached_len,
             )
-
-    def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
-        """Count the adapter's event when this prompt's media extend those of a stored conversation."""
-        store, media = self._store, self._profile.media
-        assert media is not None
-        if media.new_item_reason is None:
-            return
-        for j in range(len(layout.items) - 1, 0, -1):
-            if store.has_entries(sub_namespace(base_namespace, media.scope(layout.items[:j]))):
-                store.record(ReducedReuse(media.new_item_reason))
-                return
-
-    def _suffix_embeds(
-        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout | None, cached_len: int
-    ) -> torch.Tensor | None:
-        """For a state prefill: the embeddings of `[cached_len, n)` when media lie there (else None: feed ids)."""
-        media = self._profile.media
-        if media is None or layout is None or cached_len >= input_ids.shape[1] - 1:
-            return None
-        if not any(item.end > cached_len for item in layout.items):
-            return None  # the suffix is text: its ids embed the same way
-        with torch.no_grad():
-            return media.suffix_embeds(input_ids, kwargs, layout, cached_len)
 
 
 def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = None) -> InstancePatch:

@@ -1,45 +1,40 @@
 """Batches, left padding, beams and samples on models with recurrent states: rows prefilled alone, then joined.
 
-A recurrent state has one snapshot per stored prefix length, so the rows of a batch cannot
-restore to one shared column the way attention keys do (`pipeline.restore_rows`). Instead each
-distinct prompt row runs as a one-row call would: it restores its own longest stored prefix and
-prefills the rest of its prompt but the last token (`recurrent_prefill.py`), snapshotting as
-usual. The rows are then laid side by side (`batch_rows.restore_rows`): keys behind each row's
-left padding, states as they are, each row repeated for its beams or returned sequences.
-`generate` gets the caller's ids and mask unchanged and feeds the last column itself.
+A recurrent state has one snapshot per stored prefix length, so rows cannot restore to one shared
+column as attention keys do (`own_rows.py`). Each distinct prompt row restores its own longest
+stored prefix and is prefilled up to its last token (`model/prefill.py`), as a one-row call
+would; the rows are then laid side by side (`batch_rows.restore_rows`: keys behind each row's left
+padding, states as they are, each row repeated for its beams or samples), and `generate` gets the
+caller's ids and mask unchanged. Exact because masked left padding leaves a recurrent state as it
+was (transformers' Mamba, Mamba-2, gated-delta-net and short-conv layers zero masked inputs) and
+positions follow the mask; `tests/hooks/test_decoding_modes_hybrid.py` checks each mode against
+the cold call.
 
-Exact because masked left padding leaves a recurrent layer's state as it was: transformers'
-Mamba, Mamba-2, gated-delta-net and short-conv layers zero the inputs of masked positions (the
-state after the padding is the fresh one), and positions follow the mask where the model takes
-them. A padded row of a cold batch equals the same row alone to 1e-6 on every hybrid and
-recurrent family tested (`tests/hooks/test_decoding_modes_hybrid.py` checks each mode
-against the cold call).
-
-Each prompt row is stored as far as it was prefilled as soon as it was (from the one-row cache
-it was prefilled in), so the rows after it restore from its snapshots: a batch of questions
-after a shared system prompt, stored with another question and so without a snapshot at the
-prompt's end, computes that prompt once, in its first row. Afterwards, sampled and greedy rows
-are stored one entry each (copied out row by row); a row that ended at EOS before the others (and
-was fed padding after it) up to and with its EOS, with the states it had then (`end_states.py`).
-Beams store nothing more, since beam search reorders the rows every step.
+Each prompt row is stored as soon as it is prefilled, so the rows after it restore from its
+snapshots (a shared system prompt is computed once, in the first row). Afterwards greedy and
+sampled rows are stored one entry each; a row that ended at EOS before the others (and was fed
+padding after it) up to and with its EOS, with the states it had then (`EndStates`). Beams store
+nothing more: beam search reorders the rows every step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.hooks.call import Call, Row
 from hf_prefix_cache.hooks.checks import token_rows
-from hf_prefix_cache.hooks.end_states import EndStates, ride_along
-from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.layers import LayerState
+from hf_prefix_cache.model.layers.recurrent import select_row
+from hf_prefix_cache.model.prefill import prefill_states
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
@@ -49,7 +44,7 @@ from hf_prefix_cache.token_ids import TokenIds
 
 @dataclass(frozen=True, slots=True)
 class Prefill:
-    """How the hook prefills a recurrent model's prompt (`recurrent_prefill.prefill_states`): the model, its profile,
+    """How the hook prefills a recurrent model's prompt (`model/prefill.py`): the model, its profile,
     the store's snapshot interval, and whether tokens go one per forward once a state exists."""
 
     model: Any
@@ -109,7 +104,8 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
                 profile,
                 cache,
                 ids,
-                lease,
+                lease.cached_len,
+                lease.matched_len,
                 prefill.snapshot_interval,
                 prefill.one_token_steps,
                 None,
@@ -139,7 +135,7 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
     if call.eos and not (call.beams or call.assisted):
         # A row that ends at EOS before the others is fed padding after it: its states at its EOS are kept.
         ends = EndStates(batch, call.eos, call.prompt_len)
-        if not ride_along(kwargs, call.args, ends):
+        if not _ride_along(kwargs, call.args, ends):
             ends = None
     return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, _Joined(parts, ends))
 
@@ -218,3 +214,55 @@ def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
     # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
     earlier = [s for s in part.snapshots if s.length != part.fed]
     store.insert_sequence(key.prefix(part.fed), part.cache, earlier, computed_from=part.lease.cached_len)
+
+
+#: `generate`'s third positional parameter (after `inputs` and `generation_config`).
+_LOGITS_PROCESSOR_POSITION = 2
+
+
+class EndStates(LogitsProcessor):
+    """A logits processor that changes no score: it clones a row's recurrent states when the row has just fed its
+    first generated EOS (at `prompt_len` or later), keyed by the row's index in the batch.
+
+    `generate` keeps feeding a row that ended with padding until every row has ended, so the batch's
+    final state of that row has seen the padding too; `generate` calls a logits processor after each
+    forward with the ids fed so far (the cache then holds exactly those positions). Only where each
+    forward feeds one position (no beams, no assisted decoding). `ends[row]` is `(length, states)`: the
+    row's states after `length` columns (its left padding included), by layer index, one row each.
+
+    >>> issubclass(EndStates, LogitsProcessor)
+    True
+    """
+
+    def __init__(self, cache: WorkingCache, eos: frozenset[int], prompt_len: int) -> None:
+        self._cache = cache
+        self._eos = eos
+        self._prompt_len = prompt_len
+        self.ends: dict[int, tuple[int, dict[int, LayerState]]] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        fed = int(input_ids.shape[1])
+        if fed <= self._prompt_len:
+            return scores  # the prompt's own forward: an EOS in the prompt does not end a row
+        kv_len = self._cache.kv_length()
+        if kv_len is not None and kv_len != fed:
+            return scores  # not one position per forward: nothing captured (the row reuses less, never wrongly)
+        for row, token in enumerate(input_ids[:, -1].tolist()):
+            if token in self._eos and row not in self.ends:
+                cache = self._cache
+                states = {
+                    i: select_row(adapter.state_refs(layer), row)
+                    for i, (layer, adapter) in enumerate(zip(cache.layers, cache.profile.adapters, strict=True))
+                    if adapter.has_state_refs
+                }
+                self.ends[row] = (fed, states)
+        return scores
+
+
+def _ride_along(kwargs: dict[str, Any], args: Sequence[Any], processor: EndStates) -> bool:
+    """Add `processor` to the `logits_processor` of `generate`'s `kwargs` (after the caller's own); False, nothing
+    added, where the caller passed them positionally."""
+    if len(args) > _LOGITS_PROCESSOR_POSITION:
+        return False
+    kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or ()), processor])
+    return True

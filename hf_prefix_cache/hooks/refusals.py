@@ -19,15 +19,15 @@ import torch
 from transformers import GenerationConfig
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.hooks.media_expansion import expands_media
+from hf_prefix_cache.hooks.media import expands_media
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 
 if TYPE_CHECKING:
     from hf_prefix_cache.hooks.checks import GenerationSettings
 
-#: Arguments no family serves, with the reason counted. `encoder_outputs` is refused by the
-#: encoder-keyed families only: for decoder-only models it is a media or model kwarg like others.
+#: Arguments no family serves, with the reason counted (and `encoder_outputs`, by the encoder-keyed families only:
+#: for decoder-only models it is a media or model kwarg like others).
 REFUSED_ARGUMENTS: Mapping[str, str] = {
     "inputs_embeds": reasons.INPUTS_EMBEDS,
     "decoder_inputs_embeds": reasons.INPUTS_EMBEDS,
@@ -37,7 +37,6 @@ REFUSED_ARGUMENTS: Mapping[str, str] = {
     "custom_generate": reasons.CUSTOM_GENERATE,
     "negative_prompt_ids": reasons.NEGATIVE_PROMPT,
 }
-ENCODER_ARGUMENTS: Mapping[str, str] = {"encoder_outputs": reasons.ENCODER_OUTPUTS}
 
 CACHE_IMPLEMENTATION = "cache_implementation"
 
@@ -89,11 +88,7 @@ def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, mode
             continue
         if given.get(name) is not None:
             return reason
-    if encoder_keyed:
-        for name, reason in ENCODER_ARGUMENTS.items():
-            if given.get(name) is not None:
-                return reason
-    return None
+    return reasons.ENCODER_OUTPUTS if encoder_keyed and given.get("encoder_outputs") is not None else None
 
 
 def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str | None:
@@ -108,11 +103,6 @@ def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str 
     if config.assisted and not modes.assisted:
         return reasons.ASSISTED_DECODING
     return None
-
-
-def expand_size(config: GenerationSettings) -> int:
-    """How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more."""
-    return config.expand
 
 
 def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
@@ -202,7 +192,7 @@ def settings_problem(
     if problem is not None:
         return problem
     if settings.expand > 1 and has_media(profile, kwargs) and not expands_media(model):
-        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media_expansion.py`).
+        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media.py`).
         return reasons.MEDIA_BATCH
     if settings.return_dict_in_generate and (problem := output_problem(settings)) is not None:
         return problem

@@ -24,7 +24,6 @@ from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Lease
 
 
 def prefill_states(
@@ -32,7 +31,8 @@ def prefill_states(
     profile: ModelProfile,
     cache: WorkingCache,
     input_ids: torch.Tensor,
-    lease: Lease,
+    cached_len: int,
+    matched_len: int,
     snapshot_interval: int | None,
     one_token_steps: bool,
     embeds: torch.Tensor | None = None,
@@ -40,7 +40,8 @@ def prefill_states(
     prompt_end: bool = True,
     positions: torch.Tensor | None = None,
 ) -> tuple[int, list[Snapshot]]:
-    """Feed prompt tokens `[lease.cached_len, n - 1)` in chunks; return how far it fed and the snapshots taken.
+    """Feed prompt tokens `[cached_len, n - 1)` in chunks (`cache` holds `cached_len`, the store `matched_len`);
+    return how far it fed and the snapshots taken.
 
     `embeds` (``[1, n - cached_len, d]``), when given, are the input embeddings of positions
     `[cached_len, n)`, fed instead of the ids; `spans` are the prompt's media spans. Without
@@ -49,15 +50,15 @@ def prefill_states(
     model must take one token per forward: then `n - 1` is still a bound). `positions`
     (``[..., n]``), when given, are the whole prompt's `position_ids` (M-RoPE), sliced per chunk.
     """
-    start, target = lease.cached_len, input_ids.shape[1] - 1
+    start, target = cached_len, input_ids.shape[1] - 1
     if target <= start:
         return start, []
     if embeds is not None and embeds.shape[1] != input_ids.shape[1] - start:
         raise InconsistentStateError(f"suffix embeddings of {embeds.shape[1]} positions from {start}")
     keep_end = prompt_end or embeds is not None or one_token_steps
     bounds = {target}
-    if start < lease.matched_len < target:
-        bounds.add(lease.matched_len)
+    if start < matched_len < target:
+        bounds.add(matched_len)
     if snapshot_interval is not None and profile.has_recurrence:  # a window snapshot is not worth its bytes
         bounds.update(range((start // snapshot_interval + 1) * snapshot_interval, target, snapshot_interval))
     # A restore never cuts inside a media span: a snapshot there would never be used.
@@ -66,7 +67,7 @@ def prefill_states(
         ordered.remove(target)
     if one_token_steps and start == 0:
         # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
-        first = min(b for b in ordered if b in (target, lease.matched_len))
+        first = min(b for b in ordered if b in (target, matched_len))
         ordered = [b for b in ordered if b >= first]
     snapshots = []
     pos = start
