@@ -1,11 +1,8 @@
 """Call: one decoder-only `generate` call as a value: its arguments, its rows (each keyed once) and its mode.
 
-The hook reads a call once (`read_call`): the checks of `checks.py`, then the mode it runs in,
-then each row's `PrefixKey` (its tokens after its left padding, media placeholders as symbols, in
-the namespace of the model, and of the prompt or its media where every position sees them). The
-mode is decided by one table (`MODE_TABLE`) over the profile's declared capabilities and the
-call's settings; the table gives the reason to run cold where no mode serves the call. The
-request path (`pipeline.serve`) then runs the mode's restore and store steps.
+`read_call` runs the checks of `checks.py`, then decides the mode by one table (`MODE_TABLE`) over
+the profile's declared capabilities and the call's settings (or the reason to run cold), then keys
+each row (`PrefixKey`: its tokens after its left padding, media placeholders as symbols).
 """
 
 from __future__ import annotations
@@ -56,14 +53,11 @@ class Row:
 class Call:
     """One `generate` call as the steps see it: what it passed, its rows and its mode.
 
-    `expand` is how many rows `generate` makes of each prompt row (beams or several returned
-    sequences), `beams` whether they are beams (reordered every step); `assisted` is assisted or
-    prompt-lookup decoding (its first forward is fed the whole prompt); `drop_impl` drops the
-    call's `cache_implementation` (the working cache serves it); `static_len` is the size of the
-    static cache the restored prefix is copied into (`Mode.STATIC`, and `Mode.OWN_ROWS` on a static cache; 0
-    otherwise). `layout` holds the prompt's media items,
-    `base_namespace` the model's namespace before the prompt and its media extended it, and
-    `scope` the media every position sees (a namespace of their own); `eos` the ids that end a row.
+    `expand`: rows `generate` makes of each prompt row (`beams`: reordered every step); `assisted`:
+    assisted or prompt-lookup decoding; `drop_impl`: the call's `cache_implementation` is dropped (the
+    working cache serves it); `static_len`: the static cache's size (0: none); `layout`: the prompt's
+    media items; `base_namespace`: the model's namespace before the prompt's media extended it;
+    `scope`: the media every position sees; `eos`: the ids that end a row.
     """
 
     args: tuple[Any, ...]
@@ -150,12 +144,11 @@ def decide_mode(facts: frozenset[str]) -> Mode | str:
 
 
 def serves_padding(profile: ModelProfile) -> bool:
-    """Whether left-padded rows can restore behind their padding: transformers gives the fed positions ids from
-    the mask (the model takes `position_ids`) and masks the cached padding columns (`generate` slices the prompt
-    and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row.
+    """Whether left-padded rows can restore behind their padding: positions follow the mask (the model takes
+    `position_ids`) and the cached padding columns are masked (`generate` slices the prompt); per-token keys only,
+    no media (keyed for one row), no indexers keeping positions (Qwen4-Exp: a restore rebuilds them as 0..L-1).
     Rows with recurrent states are prefilled alone (`recurrent_rows.py`): masked padding leaves a state as it was,
-    and positions follow the mask where the model takes them (a model of states alone has none). Qwen4-Exp's
-    indexers keep positions, which a restore rebuilds as 0..L-1: not a padded row's."""
+    and positions follow the mask where the model takes them (a model of states alone has none)."""
     if profile.joins_rows:
         return profile.accepts_position_ids or not profile.has_kv
     return (

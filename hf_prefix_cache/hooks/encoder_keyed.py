@@ -66,13 +66,10 @@ class EncoderCall:
 class DecoderRequest:
     """One encoder-keyed request while it runs: made by the restore step, completed by the family's inner step.
 
-    `namespaces` are the model's extended by each row's encoder-input hash; `encoder_keys` (the
-    model's namespace and that hash) say where each input's encoder output is stored. `kwargs` are
-    what `generate` runs with (this request as its cache argument). The inner step (`land`) sets the
-    decoder prompt (`decoder_ids`, `prompt_len`), how many rows `generate` makes of it (`expand`,
-    `beams`), the `leases` it holds, the `working` cache and, for a batch, the column its rows
-    restored to (`restored_len`); `finished` holds the rows to store where the inner step sees them
-    (Whisper), `reset` what a cold rerun puts back first (the random state).
+    `namespaces`: the model's extended by each row's encoder-input hash; `encoder_keys`: where each
+    input's encoder output is stored; `kwargs`: what `generate` runs with (this request as its cache).
+    `land` sets the decoder prompt, its rows (`expand`, `beams`), the `leases`, the `working` cache and
+    a batch's column (`restored_len`); `finished` holds Whisper's rows, `reset` a cold rerun's RNG state.
     """
 
     store: Store
@@ -100,8 +97,7 @@ class DecoderRequest:
 
 
 class EncoderKeyedHook(PatchingHook):
-    """The hook of an encoder-decoder family: the call read once (`_read`), then `pipeline.serve` with
-    this module's restore and store steps; the family's inner step completes the restore (`land`)."""
+    """The hook of an encoder-decoder family: the call read once (`_read`), then `pipeline.serve`."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One `generate` call: read it (`_read`), then the request path (`pipeline.serve`), or a cold run."""
@@ -223,12 +219,8 @@ def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
 
 def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     """The restore step's end, inside `generate`: the stored prefix of `decoder_ids` restored into `request.expand`
-    rows of each, passed as the cache in `model_kwargs`.
-
-    `generate` copies the decoder prompt that many times for beams or several returned sequences
-    (after this step), and the encoder output with it. Rows of one decoder prompt (Whisper's copies)
-    restore what they share; a batch's rows each restore under their own encoder input
-    (`_land_rows`).
+    rows of each (`generate` copies them after this step), passed as the cache in `model_kwargs`. Rows of one
+    decoder prompt (Whisper's copies) restore what they share; a batch's rows each their own (`_land_rows`).
 
     Raises:
         pipeline.RunCold: memory ran out twice, or an exactness guard failed (the call runs cold).

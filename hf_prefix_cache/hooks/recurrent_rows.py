@@ -19,7 +19,6 @@ nothing more: beam search reorders the rows every step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -28,29 +27,20 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
-from hf_prefix_cache.hooks.call import Call, Row
-from hf_prefix_cache.hooks.checks import token_rows
+from hf_prefix_cache.hooks.call import Call
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.layers import LayerState
 from hf_prefix_cache.model.layers.recurrent import select_row
-from hf_prefix_cache.model.prefill import prefill_states
+from hf_prefix_cache.model.prefill import Prefill
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.token_ids import TokenIds
 
-
-@dataclass(frozen=True, slots=True)
-class Prefill:
-    """How the hook prefills a recurrent model's prompt (`model/prefill.py`): the model, its profile,
-    the store's snapshot interval, and whether tokens go one per forward once a state exists."""
-
-    model: Any
-    profile: ModelProfile
-    snapshot_interval: int | None
-    one_token_steps: bool
+#: `generate`'s third positional parameter (after `inputs` and `generation_config`).
+_LOGITS_PROCESSOR_POSITION = 2
 
 
 @dataclass(slots=True)
@@ -99,18 +89,7 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
             lease, cache = held[row.tokens]
             ids = call.input_ids[i : i + 1, row.pad :]
             # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
-            fed, snapshots = prefill_states(
-                prefill.model,
-                profile,
-                cache,
-                ids,
-                lease.cached_len,
-                lease.matched_len,
-                prefill.snapshot_interval,
-                prefill.one_token_steps,
-                None,
-                prompt_end=True,
-            )
+            fed, snapshots = prefill.states(cache, ids, lease.cached_len, lease.matched_len)
             if fed != ids.shape[1] - 1:
                 raise InconsistentStateError(f"a row of {ids.shape[1]} tokens prefilled to {fed}")
             prefilled[row.tokens] = _Prefilled(lease, cache, fed, snapshots)
@@ -132,11 +111,11 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
         batch.skip_len = length
     kwargs = pipeline.generate_kwargs(call, profile, batch)
     ends: EndStates | None = None
-    if call.eos and not (call.beams or call.assisted):
-        # A row that ends at EOS before the others is fed padding after it: its states at its EOS are kept.
+    if call.eos and not (call.beams or call.assisted) and len(call.args) <= _LOGITS_PROCESSOR_POSITION:
+        # A row that ends at EOS before the others is fed padding after it: its states at its EOS are kept (riding
+        # after the caller's own logits processors, unless the caller passed those positionally).
         ends = EndStates(batch, call.eos, call.prompt_len)
-        if not _ride_along(kwargs, call.args, ends):
-            ends = None
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or ()), ends])
     return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, _Joined(parts, ends))
 
 
@@ -155,36 +134,11 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
         length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
         expanded = [row for row in call.rows for _ in range(call.expand)]
         computed = [p.lease.cached_len for p in parts for _ in range(call.expand)]
-        _store_rows(store, expanded, sequences, held.cache, length, computed, ends.ends if ends is not None else {})
+        pipeline.store_rows(
+            store, expanded, sequences, held.cache, length, computed, ends.ends if ends is not None else None
+        )
     reused = tuple((len(row.tokens), p.lease.cached_len) for row, p in zip(call.rows, parts, strict=True))
     return pipeline.Outcome(Served(call.prompt_len, call.prompt_len - 1, len(call.rows), rows=reused))
-
-
-def _store_rows(
-    store: Store,
-    rows: list[Row],
-    sequences: torch.Tensor,
-    cache: WorkingCache,
-    length: int,
-    computed_from: list[int],
-    ends: dict[int, tuple[int, dict[int, LayerState]]],
-) -> None:
-    """Each finished row as its own entry: its first `length` ids with the batch's final states, or, for a row that
-    fed its EOS before that (and padding after it), its ids up to and with its EOS, with the states it had then
-    (`EndStates`)."""
-    for i, ids in enumerate(token_rows(sequences[:, :length])):
-        pad, end, states = rows[i].pad, length, None
-        if i in ends:
-            end, states = ends[i]
-            if end > length:
-                raise InconsistentStateError(f"row {i}'s EOS states at {end} columns, past the {length} fed")
-        if end <= pad:
-            continue
-        part = batch_rows.copy_row(cache, i, pad, end)
-        if states is not None:
-            for j, state in states.items():
-                part.profile.adapters[j].load_state(part.layers[j], state)
-        store.insert_sequence(rows[i].key.with_symbols(ids[pad:end]), part, computed_from=computed_from[i])
 
 
 def _restored_again(
@@ -214,10 +168,6 @@ def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
     # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
     earlier = [s for s in part.snapshots if s.length != part.fed]
     store.insert_sequence(key.prefix(part.fed), part.cache, earlier, computed_from=part.lease.cached_len)
-
-
-#: `generate`'s third positional parameter (after `inputs` and `generation_config`).
-_LOGITS_PROCESSOR_POSITION = 2
 
 
 class EndStates(LogitsProcessor):
@@ -257,12 +207,3 @@ class EndStates(LogitsProcessor):
                 }
                 self.ends[row] = (fed, states)
         return scores
-
-
-def _ride_along(kwargs: dict[str, Any], args: Sequence[Any], processor: EndStates) -> bool:
-    """Add `processor` to the `logits_processor` of `generate`'s `kwargs` (after the caller's own); False, nothing
-    added, where the caller passed them positionally."""
-    if len(args) > _LOGITS_PROCESSOR_POSITION:
-        return False
-    kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or ()), processor])
-    return True

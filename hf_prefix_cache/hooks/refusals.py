@@ -1,11 +1,9 @@
 """The refusals: the rules that say why a `generate` call cannot reuse safely, each returning a reason or None.
 
-The rules every family shares (the refused arguments, the decoding settings, the cache
-implementation and the outputs a hit could not reproduce, the ids and mask of one row) and the
-decoder-only hook's own (media kwargs, model kwargs the key does not cover, its settings), with
-the decoding modes a model's profile serves (`serving_modes`). A plain call (ids, a mask,
-generation settings) reaches none of them: `checks.check_call` runs each only when the call
-gives a name or setting it looks for. Reasons are `reasons.py`'s names.
+The rules every family shares (refused arguments, decoding, cache implementation and outputs, the
+ids and mask of one row) and the decoder-only hook's own (media kwargs, model kwargs the key does
+not cover, settings), with the decoding modes a profile serves (`serving_modes`). Reasons are
+`reasons.py`'s names.
 """
 
 from __future__ import annotations
