@@ -22,48 +22,12 @@ from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 from hf_prefix_cache.token_ids import TokenIds
 
-#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
-SETTINGS = (
-    "num_beams",
-    "num_return_sequences",
-    "use_cache",
-    "prompt_lookup_num_tokens",
-    "assistant_early_exit",
-    CACHE_IMPLEMENTATION,
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict_in_generate",
-    "max_new_tokens",
-    "max_length",
-    "max_cache_len",
-    "pad_token_id",
-    "eos_token_id",
-    # Whisper's own (`whisper.py`).
-    "return_timestamps",
-    "return_token_timestamps",
-    "no_speech_threshold",
-)
-# Cache implementations `generate` builds a `StaticCache` for ("hybrid" too, when the call asks for it).
-_STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
 
+class _Settings:
+    """The settings every family reads, as a config or kwarg holds them (None where none sets them); a family that
+    reads another adds it here."""
 
-class GenerationSettings:
-    """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
-
-    Each setting of `SETTINGS` (a family reading another adds its name) is a plain attribute read
-    once, and so are the facts derived from them: `expand`, `assisted`, `static` and `is_plain`.
-
-    >>> from types import SimpleNamespace
-    >>> from transformers import GenerationConfig
-    >>> model = SimpleNamespace(generation_config=GenerationConfig(num_beams=2))
-    >>> settings = GenerationSettings(model, None, {"num_return_sequences": 3})
-    >>> settings.num_beams, settings.expand, settings.is_plain
-    (2, 3, False)
-    """
-
-    __slots__ = (*SETTINGS, "expand", "assisted", "static", "is_plain", "_passed", "_kwargs")
-
-    # The settings (as a config or kwarg holds them; None where none sets them).
+    __slots__ = ()
     num_beams: Any
     num_return_sequences: Any
     use_cache: Any
@@ -78,9 +42,34 @@ class GenerationSettings:
     max_cache_len: Any
     pad_token_id: Any
     eos_token_id: Any
+    # Whisper's own (`whisper.py`).
     return_timestamps: Any
     return_token_timestamps: Any
     no_speech_threshold: Any
+
+
+#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
+SETTINGS = tuple(_Settings.__annotations__)
+# Cache implementations `generate` builds a `StaticCache` for ("hybrid" too, when the call asks for it).
+_STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
+
+
+class GenerationSettings(_Settings):
+    """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
+
+    Each setting of `SETTINGS` is a plain attribute read once, and so are the facts derived from them:
+    `expand`, `assisted`, `static` and `is_plain`.
+
+    >>> from types import SimpleNamespace
+    >>> from transformers import GenerationConfig
+    >>> model = SimpleNamespace(generation_config=GenerationConfig(num_beams=2))
+    >>> settings = GenerationSettings(model, None, {"num_return_sequences": 3})
+    >>> settings.num_beams, settings.expand, settings.is_plain
+    (2, 3, False)
+    """
+
+    __slots__ = (*SETTINGS, "expand", "assisted", "static", "is_plain", "_passed", "_kwargs")
+
     #: How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more.
     expand: int
     #: Prompt-lookup or early-exit assisted decoding (an assistant model is an argument of `generate`, not a setting).

@@ -1,24 +1,13 @@
 """Encoder-keyed calls (`whisper.py`, `seq2seq.py`): the call as a value, and its restore and store steps.
 
-An encoder-decoder model's decoder attends to the encoder output at every position, so its
-self-attention states are only valid for the same encoder input. An `EncoderKeyedHook` reads a
-call once (its family checks it and hashes what feeds the encoder: `EncoderCall`) and runs the one
-request path (`pipeline.serve`) with this module's steps:
-
-1. restore (`EncoderKeyedHook._restore`): the namespace extended by the input's hash, and the
-   encoder output stored for that hash (`Serving.encoder_outputs`) passed as `encoder_outputs`
-   (`_arm`, the family's). The decoder ids are only known inside `generate`: the family's inner step
-   finds its `DecoderRequest` in the cache argument (`request_in`) and completes the restore there
-   (`land`) into an `EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled
-   cross-attention part whatever the encoder output), or raises `pipeline.RunCold`;
-2. store (`EncoderKeyedHook._store_finished`): each finished decoder row, or after beam search the
-   decoder prompt once.
-
-A batch of encoder inputs keys each row by its own input (ids and mask, padding included) and
-restores the longest decoder prefix stored under it; a decoder prompt has no padding, so the batch
-restores to the column every row reaches (`_land_rows`) and each finished row is stored under its
-own input (`_store_rows`). `keep_encoder_output` stores an encoder output a miss computed. Knows
-nothing about how a family builds its decoder ids.
+An encoder-decoder model's decoder attends to the encoder output at every position, so its states
+are valid only for the same encoder input: the namespace is extended by the input's hash, and the
+encoder output stored for it is passed as `encoder_outputs` (`EncoderKeyedHook._restore`). The
+decoder ids are known only inside `generate`: the family's inner step finds its `DecoderRequest`
+in the cache argument (`request_in`) and completes the restore there (`land`) into an
+`EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled cross-attention
+part whatever the encoder output), or raises `pipeline.RunCold`. A batch restores each row under
+its own input to the column every row reaches (`_land_rows`) and stores each under its own.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Prompts with media in the decoder-only hook: their layout and namespace, the suffix's media, the reuse they lose.
 
-`prompt_layout` and `prompt_namespace` key a prompt's media (`call.read_call`); `suffix_embeds`
-feeds a recurrent prefill the embeddings of an uncached suffix with media. `expand_suffix_media`
-serves beams and several sequences: before it copies a prompt row, `generate` encodes the call's
-images and videos (`mm_encoder_outputs`) and copies them group by group, counting each row's
-placeholder ids (`_expand_multimodal_outputs`); a hit hands it only the suffix's media, so the
-patch counts in the ids the working cache lacks instead, and each copy gets the suffix's items in
-prompt order, as a cold call gives each copy all of them. `expands_media` says which models
-`generate` treats that way; others run such calls cold (`media_batch`): audio features are copied
-item by item, GLM-4V's own copy interleaves items ([A, A, B, B]), and a hit handed only the
-suffix's items could not give the copies the same wrong ones.
-
-Reuse lost (counted as reduced reuse): `media_padding_loss` where reuse stopped at an item the
-store holds with other padding (towers that read a clip's padding key it with its padding,
-`MediaItem.unpadded`), `count_new_media` where the prompt's media extend a stored conversation's.
+`prompt_layout` and `prompt_namespace` key a prompt's media; `suffix_embeds` feeds a recurrent
+prefill an uncached suffix with media. `expand_suffix_media`: for beams and several sequences
+`generate` copies the encoded media per row by counting each row's placeholder ids; a hit hands
+it only the suffix's media, so the patch counts in the uncached ids. `expands_media` says which
+models `generate` treats that way (others run such calls cold: `media_batch`). `media_padding_loss`
+and `count_new_media` find reuse lost to a clip's padding or to media extending a stored chat.
 """
 
 from __future__ import annotations

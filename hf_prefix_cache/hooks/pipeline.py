@@ -52,9 +52,8 @@ def stand_for(front: Any, store: Store) -> None:
 def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
     """Whether a call's cache argument (in `kwargs`) is this store, directly or as one of its sessions, and the session.
 
-    When it is, the cache argument is taken out of `kwargs` under every name (the hook passes a
-    cache of its own, or none on a cold run). A call that passes no cache is this store's when the
-    hook serves uncached calls (`serves_uncached`, ``attach="all"``).
+    When it is, it is taken out of `kwargs` under every name. A call that passes no cache is this
+    store's when the hook serves uncached calls (`serves_uncached`, ``attach="all"``).
 
     Raises:
         ValueError: a closed session was passed.
@@ -98,12 +97,8 @@ class Cold(NamedTuple):
 
 
 def guard_failed(exc: InconsistentStateError, reason: str = reasons.INCONSISTENT_RESTORE) -> Cold:
-    """A failed exactness guard: the call runs cold, never answered from those states.
-
-    `reason`: `inconsistent_restore` before or during the cached run (a restore, a prefill, `generate`);
-    `inconsistent_capture` when the finished cache disagreed with its sequence as its states were captured
-    to store: the answer computed on that cache is not trusted either, so the call is run again, cold.
-    """
+    """A failed exactness guard: the call runs cold, never answered from those states (`reason`:
+    `inconsistent_restore` before or during the cached run, `inconsistent_capture` as its states are stored)."""
     return Cold(reason, str(exc))
 
 

@@ -1,20 +1,13 @@
 """Batches, left padding, beams and samples on models with recurrent states: rows prefilled alone, then joined.
 
-A recurrent state has one snapshot per stored prefix length, so rows cannot restore to one shared
-column as attention keys do (`own_rows.py`). Each distinct prompt row restores its own longest
-stored prefix and is prefilled up to its last token (`model/prefill.py`), as a one-row call
-would; the rows are then laid side by side (`batch_rows.restore_rows`: keys behind each row's left
-padding, states as they are, each row repeated for its beams or samples), and `generate` gets the
-caller's ids and mask unchanged. Exact because masked left padding leaves a recurrent state as it
-was (transformers' Mamba, Mamba-2, gated-delta-net and short-conv layers zero masked inputs) and
-positions follow the mask; `tests/hooks/test_decoding_modes_hybrid.py` checks each mode against
-the cold call.
-
-Each prompt row is stored as soon as it is prefilled, so the rows after it restore from its
-snapshots (a shared system prompt is computed once, in the first row). Afterwards greedy and
-sampled rows are stored one entry each; a row that ended at EOS before the others (and was fed
-padding after it) up to and with its EOS, with the states it had then (`EndStates`). Beams store
-nothing more: beam search reorders the rows every step.
+A recurrent state has one snapshot per stored length, so rows cannot restore to one shared column
+as attention keys do (`own_rows.py`): each distinct row restores its own prefix and is prefilled
+to its last token (`model/prefill.py`), then the rows are laid side by side (`batch_rows.restore_rows`),
+each repeated for its beams or samples. Exact because masked left padding leaves a recurrent state
+as it was and positions follow the mask (`tests/hooks/test_decoding_modes_hybrid.py`). Each prompt
+row is stored as soon as it is prefilled (the rows after it restore from its snapshots); greedy
+and sampled rows are stored afterwards, a row that ended early up to its EOS (`EndStates`); beams
+store nothing more (beam search reorders the rows).
 """
 
 from __future__ import annotations

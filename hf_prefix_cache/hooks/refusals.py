@@ -52,12 +52,8 @@ _SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
 
 @dataclass(frozen=True, slots=True)
 class Modes:
-    """The decoding modes a hook serves on a restored cache, beyond one sequence per prompt row.
-
-    `expands`: beam search and several returned sequences (`generate` copies each prompt row;
-    the hook restores the prefix into every copy). `assisted`: assisted and prompt-lookup
-    decoding, whose rejected candidates `generate` crops off the working cache.
-    """
+    """The decoding modes a hook serves on a restored cache beyond one sequence per row: `expands` (beams, several
+    returned sequences: the prefix restored into every copy), `assisted` (assisted and prompt-lookup decoding)."""
 
     expands: bool = False
     assisted: bool = False
@@ -104,13 +100,9 @@ def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str 
 
 
 def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
-    """Why the call's cache implementation rules the store out, or None.
-
-    transformers refuses a passed cache beside any `cache_implementation`, the model's default
-    included (hub configs name one). Those in `served` the hook drops from the call (the working
-    cache is one); a model-default ``"hybrid"`` (Gemma) yields to a passed cache; anything else is
-    another cache and runs cold.
-    """
+    """Why the call's cache implementation rules the store out, or None: transformers refuses a passed cache beside
+    any (the model's default included); those in `served` the hook drops (the working cache is one), a model-default
+    ``"hybrid"`` (Gemma) yields to a passed cache, and anything else is another cache."""
     impl = config.cache_implementation
     if impl is None or impl in served or (impl == "hybrid" and config.explicit(CACHE_IMPLEMENTATION) is None):
         return None
