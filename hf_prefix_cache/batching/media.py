@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.hooks.call import media_layout, prompt_namespace
+from hf_prefix_cache.hooks.media import prompt_layout, prompt_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.token_ids import TokenIds
 
@@ -83,7 +83,7 @@ def row_media(store: Store, profile: ModelProfile, ids: torch.Tensor, inputs: Ma
         return None
     kwargs = dict(inputs)
     tokens = TokenIds.from_bytes(array("q", ids[0].tolist()).tobytes())
-    layout, _ = media_layout(profile, [tokens], kwargs)
+    layout, _ = prompt_layout(profile, [tokens], kwargs)
     if layout is None:
         return None
     shift = None

@@ -1,11 +1,8 @@
 """Call: one decoder-only `generate` call as a value: its arguments, its rows (each keyed once) and its mode.
 
-The hook reads a call once (`read_call`): the checks of `checks.py`, then the mode it runs in,
-then each row's `PrefixKey` (its tokens after its left padding, media placeholders as symbols, in
-the namespace of the model, and of the prompt or its media where every position sees them). The
-mode is decided by one table (`MODE_TABLE`) over the profile's declared capabilities and the
-call's settings; the table gives the reason to run cold where no mode serves the call. The
-request path (`pipeline.serve`) then runs the mode's restore and store steps.
+`read_call` runs the checks of `checks.py`, then decides the mode by one table (`MODE_TABLE`) over
+the profile's declared capabilities and the call's settings (or the reason to run cold), then keys
+each row (`PrefixKey`: its tokens after its left padding, media placeholders as symbols).
 """
 
 from __future__ import annotations
@@ -19,10 +16,10 @@ from typing import Any, NamedTuple
 import torch
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks.checks import GenerationSettings, check_call
+from hf_prefix_cache.hooks.media import prompt_layout, prompt_namespace
 from hf_prefix_cache.hooks.pipeline import Cold, guard_failed
-from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal.media import MediaLayout
@@ -56,14 +53,11 @@ class Row:
 class Call:
     """One `generate` call as the steps see it: what it passed, its rows and its mode.
 
-    `expand` is how many rows `generate` makes of each prompt row (beams or several returned
-    sequences), `beams` whether they are beams (reordered every step); `assisted` is assisted or
-    prompt-lookup decoding (its first forward is fed the whole prompt); `drop_impl` drops the
-    call's `cache_implementation` (the working cache serves it); `static_len` is the size of the
-    static cache the restored prefix is copied into (`Mode.STATIC`, and `Mode.OWN_ROWS` on a static cache; 0
-    otherwise). `layout` holds the prompt's media items,
-    `base_namespace` the model's namespace before the prompt and its media extended it, and
-    `scope` the media every position sees (a namespace of their own); `eos` the ids that end a row.
+    `expand`: rows `generate` makes of each prompt row (`beams`: reordered every step); `assisted`:
+    assisted or prompt-lookup decoding; `drop_impl`: the call's `cache_implementation` is dropped (the
+    working cache serves it); `static_len`: the static cache's size (0: none); `layout`: the prompt's
+    media items; `base_namespace`: the model's namespace before the prompt's media extended it;
+    `scope`: the media every position sees; `eos`: the ids that end a row.
     """
 
     args: tuple[Any, ...]
@@ -89,11 +83,10 @@ class Call:
         return tuple(row.pad for row in self.rows)
 
 
-#: The facts of a call the mode table reads (each true or not): `padded`, a row has left padding; `several`, more than
-#: one row; `distinct`, rows that differ; `expanded`, beams or several returned sequences; `static`, a static cache.
-#: Beside them, the profile's capabilities (`capabilities`): `has_state`, recurrent states; `padding_served`, rows
-#: may restore behind their left padding (`serves_padding`).
-CALL_FACTS = ("padded", "several", "distinct", "expanded", "static")
+# The facts of a call the mode table reads (each true or not): `padded`, a row has left padding; `several`, more than
+# one row; `distinct`, rows that differ; `expanded`, beams or several returned sequences; `static`, a static cache.
+# Beside them, the profile's capabilities (`capabilities`): `has_state`, recurrent states; `padding_served`, rows
+# may restore behind their left padding (`serves_padding`).
 
 
 class ModeRule(NamedTuple):
@@ -151,12 +144,11 @@ def decide_mode(facts: frozenset[str]) -> Mode | str:
 
 
 def serves_padding(profile: ModelProfile) -> bool:
-    """Whether left-padded rows can restore behind their padding: transformers gives the fed positions ids from
-    the mask (the model takes `position_ids`) and masks the cached padding columns (`generate` slices the prompt
-    and hands the model the whole mask); layers of per-token keys only; no media, which are keyed for one row.
+    """Whether left-padded rows can restore behind their padding: positions follow the mask (the model takes
+    `position_ids`) and the cached padding columns are masked (`generate` slices the prompt); per-token keys only,
+    no media (keyed for one row), no indexers keeping positions (Qwen4-Exp: a restore rebuilds them as 0..L-1).
     Rows with recurrent states are prefilled alone (`recurrent_rows.py`): masked padding leaves a state as it was,
-    and positions follow the mask where the model takes them (a model of states alone has none). Qwen4-Exp's
-    indexers keep positions, which a restore rebuilds as 0..L-1: not a padded row's."""
+    and positions follow the mask where the model takes them (a model of states alone has none)."""
     if profile.joins_rows:
         return profile.accepts_position_ids or not profile.has_kv
     return (
@@ -218,7 +210,7 @@ def read_call(
         namespace = base_namespace = store.namespace()
         scope: tuple[Any, ...] = ()
         if profile.media is not None:
-            layout, reason = media_layout(profile, tokens, kwargs)
+            layout, reason = prompt_layout(profile, tokens, kwargs)
             if reason is not None:
                 return Read(None, reason, prompt_len)
             namespace, scope = prompt_namespace(profile, base_namespace, tokens[0], layout, kwargs)
@@ -264,46 +256,3 @@ def _static_len(settings: GenerationSettings, prompt_len: int) -> int:
     new = settings.max_new_tokens
     longest = prompt_len + new if new is not None else settings.max_length
     return int(max(longest - 1, settings.max_cache_len or 0))
-
-
-def prompt_namespace(
-    profile: ModelProfile, namespace: str, tokens: TokenIds, layout: MediaLayout | None, kwargs: dict[str, Any]
-) -> tuple[str, tuple[Any, ...]]:
-    """The namespace of the prompt's states, and the media every position sees (its scope), for a model with media.
-
-    The batching engine keys a finished row's sequence with it too (`batching/media.py`)."""
-    media = profile.media
-    if media is None:
-        return namespace, ()
-    if media.whole_prompt_only:
-        # Prefix-LM: every prompt position sees the whole prompt; only the same prompt may share states.
-        symbols = layout.symbols(tokens) if layout is not None else tokens
-        namespace = sub_namespace(namespace, [str(s) for s in symbols], media.prompt_parts(kwargs))
-    scope = tuple(media.scope(layout.items)) if layout is not None else ()
-    if scope:
-        # Every position sees every medium of the prompt: share only between prompts with the same media.
-        namespace = sub_namespace(namespace, list(scope))
-    return namespace, scope
-
-
-def media_layout(
-    profile: ModelProfile, rows: list[TokenIds], kwargs: dict[str, Any]
-) -> tuple[MediaLayout | None, str | None]:
-    """The prompt's media items (None for a model without media handling), or why to run cold."""
-    media = profile.media
-    if media is None:
-        return None, None
-    reason = media.why_cold(rows[0], kwargs)
-    if reason is not None:
-        return None, reason
-    try:
-        layout = media.layout(rows[0], kwargs)
-    except UnhashableMediaError as err:
-        logger.debug("media not hashable: %s", err)
-        return None, reasons.UNHASHABLE_MEDIA
-    if layout is None:
-        return None, reasons.MEDIA_PLACEHOLDERS
-    if profile.has_state and layout.items and layout.items[-1].end >= len(rows[0]):
-        # The prefill stops before the last token and generate feeds it alone, with no media.
-        return None, reasons.MEDIA_PROMPT_END
-    return layout, None

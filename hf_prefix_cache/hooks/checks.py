@@ -1,10 +1,7 @@
 """The call's checks: step 1 of a decoder-only call in one pass, its settings, and its prompt read to the host.
 
-`GenerationSettings` reads a call's generation settings once (kwarg, then the passed config,
-then the model's); `read_prompt` reads the prompt from the device once (its ids as `TokenIds`,
-its mask's left padding); `check_call` runs the decoder-only hook's step 1 with them and with the
-rules of `refusals.py`, each only where the call gives what it looks for (`call.py` then decides
-the call's mode and keys its rows). The encoder-decoder hooks read their settings here too.
+`GenerationSettings` reads a call's settings once (the encoder-decoder hooks too); `read_prompt`
+reads the prompt from the device once; `check_call` runs step 1 with them and `refusals.py`.
 """
 
 from __future__ import annotations
@@ -25,49 +22,12 @@ from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 from hf_prefix_cache.token_ids import TokenIds
 
-#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
-SETTINGS = (
-    "num_beams",
-    "num_return_sequences",
-    "use_cache",
-    "prompt_lookup_num_tokens",
-    "assistant_early_exit",
-    CACHE_IMPLEMENTATION,
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict_in_generate",
-    "max_new_tokens",
-    "max_length",
-    "max_cache_len",
-    "pad_token_id",
-    "eos_token_id",
-    # Whisper's own (`whisper.py`).
-    "return_timestamps",
-    "return_token_timestamps",
-    "no_speech_threshold",
-)
-# Cache implementations `generate` builds a `StaticCache` for ("hybrid" too, when the call asks for it).
-_STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
 
+class _Settings:
+    """The settings every family reads, as a config or kwarg holds them (None where none sets them); a family that
+    reads another adds it here."""
 
-class GenerationSettings:
-    """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
-
-    Each setting of `SETTINGS` is a plain attribute, read once when the settings are made (a call
-    does not change them), and so are the facts the checks derive from them: `expand`, `assisted`,
-    `static` and `is_plain`. A family that reads another setting adds its name to `SETTINGS`.
-
-    >>> from types import SimpleNamespace
-    >>> from transformers import GenerationConfig
-    >>> model = SimpleNamespace(generation_config=GenerationConfig(num_beams=2))
-    >>> settings = GenerationSettings(model, None, {"num_return_sequences": 3})
-    >>> settings.num_beams, settings.expand, settings.is_plain
-    (2, 3, False)
-    """
-
-    __slots__ = (*SETTINGS, "expand", "assisted", "static", "is_plain", "_passed", "_kwargs")
-
-    # The settings (as a config or kwarg holds them; None where none sets them).
+    __slots__ = ()
     num_beams: Any
     num_return_sequences: Any
     use_cache: Any
@@ -82,20 +42,43 @@ class GenerationSettings:
     max_cache_len: Any
     pad_token_id: Any
     eos_token_id: Any
+    # Whisper's own (`whisper.py`).
     return_timestamps: Any
     return_token_timestamps: Any
     no_speech_threshold: Any
+
+
+#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
+SETTINGS = tuple(_Settings.__annotations__)
+# Cache implementations `generate` builds a `StaticCache` for ("hybrid" too, when the call asks for it).
+_STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
+
+
+class GenerationSettings(_Settings):
+    """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
+
+    Each setting of `SETTINGS` is a plain attribute read once, and so are the facts derived from them:
+    `expand`, `assisted`, `static` and `is_plain`.
+
+    >>> from types import SimpleNamespace
+    >>> from transformers import GenerationConfig
+    >>> model = SimpleNamespace(generation_config=GenerationConfig(num_beams=2))
+    >>> settings = GenerationSettings(model, None, {"num_return_sequences": 3})
+    >>> settings.num_beams, settings.expand, settings.is_plain
+    (2, 3, False)
+    """
+
+    __slots__ = (*SETTINGS, "expand", "assisted", "static", "is_plain", "_passed", "_kwargs")
+
     #: How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more.
     expand: int
     #: Prompt-lookup or early-exit assisted decoding (an assistant model is an argument of `generate`, not a setting).
     assisted: bool
-    #: The `StaticCache` implementation `generate` will build, or None: ``"static"``, or a deprecated name it builds
-    #: the same cache for (``"sliding_window"``; ``"hybrid"`` when the call asks for it, since `generate` drops a
-    #: model's default ``"hybrid"`` and decodes on a dynamic cache).
+    #: The `StaticCache` implementation `generate` will build: ``"static"``, ``"sliding_window"``, or ``"hybrid"``
+    #: when the call asks for it (`generate` drops a model's default ``"hybrid"``); None for a dynamic cache.
     static: str | None
-    #: One sequence per row on `generate`'s own cache, no extra outputs: none of the rules below
-    #: (`decoding_problem`, `cache_implementation_problem`, `output_problem`) can refuse such settings,
-    #: so a check may skip them. A new rule must keep this true.
+    #: One sequence per row on `generate`'s own cache, no extra outputs: no rule of `refusals.settings_problem`
+    #: refuses such settings, so a check may skip them. A new rule must keep this true.
     is_plain: bool
 
     def __init__(self, model: Any, generation_config: Any, kwargs: Mapping[str, Any]) -> None:
@@ -143,13 +126,9 @@ class Prompt(NamedTuple):
 
 
 def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
-    """The prompt's rows on the host with their left padding, and why its mask or pad tokens would change
-    what the key covers (or None).
-
-    A mask of zeros then ones in every row is left padding: each row's tokens start after its zeros
-    (`pads`). Any other mask with zeros (right or inner padding, other values) is `padding`, and so are
-    pad tokens without a mask (transformers would infer a mask from them). One read of the device: the
-    ids and the mask travel together (one concatenation) and are checked on the host copy.
+    """The prompt's rows on the host after their left padding (`pads`: a mask of zeros then ones), and why its
+    mask (any other zeros or values) or pad tokens without a mask (transformers would infer one) would change what
+    the key covers (or None). One read of the device: the ids and the mask concatenated.
 
     >>> read_prompt(torch.tensor([[5, 6], [7, 8]]), torch.tensor([[0, 1], [1, 1]]), None)
     Prompt(rows=[(6,), (7, 8)], pads=(1, 0), reason=None)
@@ -264,19 +243,11 @@ def check_call(
     """Step 1 of a decoder-only call in one pass: its settings and prompt, and the first reason it cannot reuse
     safely (None: it may reuse).
 
-    The checks, in the order their reasons are counted:
-
-    1. the model (`profile.unsupported`), and an assistant's drafting inside an assisted call (`is_drafting`);
-    2. arguments no family serves (`refused_argument`);
-    3. the ids: one 2-D integer tensor of rows this model serves together (`_ids_problem`);
-    4. media kwargs (`_media_problem`);
-    5. model kwargs the key does not cover (`_model_kwarg`);
-    6. decoding, cache-implementation and output settings (`_settings_problem`);
-    7. the mask and pad tokens, read to the host with the ids (`read_prompt`).
-
-    Checks 2, 4 and 5 run only when the call gives a name they look for, and 6 only when the settings
-    are not plain (`GenerationSettings.is_plain`): a plain call (ids, a mask, generation settings)
-    reads its settings, its ids and its prompt, and nothing else.
+    The checks, in the order their reasons are counted: the model (`profile.unsupported`) and an
+    assistant's drafting (`is_drafting`); refused arguments, the ids (`_ids_problem`), media kwargs,
+    model kwargs the key does not cover and settings (`refusals.py`); the mask and pad tokens
+    (`read_prompt`). A rule looking for names runs only when the call gives one, the settings' only
+    when they are not plain (`GenerationSettings.is_plain`).
     """
     if profile.unsupported is not None:
         return _refused(profile.unsupported)
@@ -329,9 +300,8 @@ def _ids_problem(profile: ModelProfile, input_ids: Any) -> str | None:
 
 
 def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
-    """Whether a call is an assistant model's drafting inside an assisted `generate` of the main model: transformers
-    marks the config it passes (`is_assistant`). The assistant's cache then passes from one drafting call to the next
-    within the main call, and most of what it drafts is cropped off again.
+    """Whether a call is an assistant model's drafting inside an assisted `generate` (transformers marks the config
+    it passes, `is_assistant`): most of what it drafts is cropped off again.
 
     >>> from transformers import GenerationConfig
     >>> is_drafting(GenerationConfig(is_assistant=True), {}), is_drafting(None, {})

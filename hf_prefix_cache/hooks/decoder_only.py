@@ -1,23 +1,12 @@
 """DecoderOnlyHook: `generate` of decoder-only models (text, media, recurrent) on a restored prefix.
 
-Wraps one model's `generate` so that `model.generate(..., cache=store)` (or `past_key_values=store`) reads the
-call as a value with its mode (`call.py`: check it, decide its mode, key its rows) and runs the request path
-(`pipeline.serve`: restore, generate, store) with the mode's restore and store steps: one prompt here
-(`Mode.SHARED`, `Mode.STATIC`), rows of their own in `own_rows.py`, rows with recurrent states in
-`recurrent_rows.py`. `generate` always
-receives the full prompt ids (so streamers, logits processors and the returned sequences are
-as in a cold run); transformers then feeds the model only the uncached suffix. Requests that
-cannot reuse safely run the original `generate` untouched, and the reason is counted.
-
-Prompts with media (models with a `MediaAdapter`) are keyed by tokens and media content
-together; `generate` then gets only the media of the uncached suffix, and M-RoPE models get
-explicit positions of the whole prompt. Cross-attention models (Mllama) also restore the
-vision keys/values of the prefix's images (item states) and store those of new images.
-Recurrent models prefill their uncached prompt in snapshot-sized chunks first
-(`recurrent_prefill.py`); with media (families whose adapter computes suffix embeddings,
-LFM2-VL), fed the embeddings the model would compute, so `generate` then gets no media at all.
-Their batches, left-padded rows, beams and samples prefill each row alone and join the rows
-(`recurrent_rows.py`).
+Wraps one model's `generate`: a call with the store as its cache is read as a value with its mode
+(`call.py`) and runs the request path (`pipeline.serve`) with the mode's restore and store steps:
+one prompt here (`Mode.SHARED`, `Mode.STATIC`), rows of their own in `own_rows.py`, rows with
+recurrent states in `recurrent_rows.py`. `generate` always receives the full prompt ids (so
+streamers, logits processors and the returned sequences are a cold run's) and transformers feeds
+the model only the uncached suffix; with media, only the suffix's media (`media.py`). Recurrent
+models prefill their uncached prompt in snapshot-sized chunks first (`model/prefill.py`).
 """
 
 from __future__ import annotations
@@ -30,24 +19,20 @@ import torch
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
+from hf_prefix_cache.hooks import media as media_prompts
 from hf_prefix_cache.hooks import own_rows, pipeline, recurrent_rows
 from hf_prefix_cache.hooks.call import Call, Mode, capabilities, read_call
-from hf_prefix_cache.hooks.media_expansion import expand_suffix_media, expands_media
-from hf_prefix_cache.hooks.media_padding import media_padding_loss
-from hf_prefix_cache.hooks.patching import InstancePatch, PatchingHook
-from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
+from hf_prefix_cache.hooks.patching import DECODER_ONLY, Family, InstancePatch, PatchingHook, register
 from hf_prefix_cache.hooks.refusals import serving_modes
-from hf_prefix_cache.hooks.registry import DECODER_ONLY, Family, register
-from hf_prefix_cache.hooks.scan import ScanContinuation
-from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.indexer_ties import TieWatch
 from hf_prefix_cache.model.module_states import ModuleStateBridge
+from hf_prefix_cache.model.prefill import Prefill
+from hf_prefix_cache.model.scan import ScanContinuation
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.multimodal.media import MediaLayout
-from hf_prefix_cache.store.contract import Lease, ReducedReuse, Served, Serving, Store
+from hf_prefix_cache.store.contract import Lease, Served, Serving, Store
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -57,7 +42,7 @@ class DecoderOnlyHook(PatchingHook):
 
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         super().__init__(store, model, serving)
-        self._one_token_steps = False
+        self._prefill = Prefill(model, serving.profile, serving.snapshot_interval, False)
         self._capabilities = capabilities(serving.profile)  # what the mode table reads of the model (`call.py`)
         if serving.profile.unsupported is not None:
             return  # every call runs cold (`checks.py`): nothing of the model to patch, which may not even have it
@@ -82,10 +67,11 @@ class DecoderOnlyHook(PatchingHook):
             else:
                 self._keep(scan)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
-        self._one_token_steps = serving.profile.single_token_steps and scan is None
-        if serving.profile.media is not None and expands_media(model):
+        one_token_steps = serving.profile.single_token_steps and scan is None
+        self._prefill = Prefill(model, serving.profile, serving.snapshot_interval, one_token_steps)
+        if serving.profile.media is not None and media_prompts.expands_media(model):
             # Beams and several sequences: the suffix's encoded media copied whole to each row.
-            self._keep(expand_suffix_media(model))
+            self._keep(media_prompts.expand_suffix_media(model))
         if serving.profile.watch_indexers:
             # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
             watch = TieWatch.install(model, WorkingCache)
@@ -108,10 +94,7 @@ class DecoderOnlyHook(PatchingHook):
         restore_step: pipeline.RestoreStep
         store_step: pipeline.StoreStep
         if call.mode is Mode.STATE_ROWS:
-            prefill = recurrent_rows.Prefill(
-                self._model, self._profile, self._serving.snapshot_interval, self._one_token_steps
-            )
-            restore_step = functools.partial(recurrent_rows.restore, store, prefill)
+            restore_step = functools.partial(recurrent_rows.restore, store, self._prefill)
             store_step = functools.partial(recurrent_rows.store_finished, store)
         elif call.mode is Mode.OWN_ROWS:
             restore_step = functools.partial(own_rows.restore, store, self._profile, self._model.config)
@@ -129,15 +112,24 @@ class DecoderOnlyHook(PatchingHook):
         lease, cache = restored
         try:
             if call.scope and lease.matched_len == 0 and call.layout is not None:
-                self._count_new_media(call.base_namespace, call.layout)
+                media_prompts.count_new_media(store, profile, call.base_namespace, call.layout)
             snapshots: list[Snapshot] = []
             fed = lease.cached_len
             cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
             if profile.has_state and not (call.assisted and profile.has_recurrence):
                 # Assisted decoding's first forward computes its last candidates' states one token at a time, and a
                 # cold run's takes the whole prompt: generate feeds all the cache lacks, so the same tokens are
-                # sequential.
-                fed, snapshots = self._prefill(call, lease, cache)
+                # sequential. Otherwise the uncached prompt is fed in chunks, snapshotting where wanted.
+                fed, snapshots = self._prefill.states(
+                    cache,
+                    call.input_ids,
+                    lease.cached_len,
+                    lease.matched_len,
+                    media_prompts.suffix_embeds(profile, call.input_ids, call.kwargs, call.layout, lease.cached_len),
+                    call.rows[0].key.spans,
+                    self._serving.prompt_snapshot,
+                    media.prefill_positions(call.input_ids, call.kwargs) if media is not None else None,
+                )
             if not profile.prompt_sliced or call.assisted:
                 cache.skip_len = fed
             kwargs = call.kwargs
@@ -155,63 +147,49 @@ class DecoderOnlyHook(PatchingHook):
         return pipeline.Held((lease,), cache, kwargs, (lease, snapshots, static))
 
     def _store_shared(self, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
-        """Store each finished row (a beam search's prompt, once) with its states.
+        """Store each finished row (a beam search's prompt, once) with its states and its media item states.
 
         Raises:
             InconsistentStateError: the cache disagrees with the finished sequence (an exactness guard).
         """
-        lease, snapshots, static = held.state
-        cache = held.cache
-        key = call.rows[0].key
+        (lease, snapshots, static), cache, key = held.state, held.cache, call.rows[0].key
         if static is not None:
             copied = from_static(static, cache)  # the buffers are this call's: copy what to store out
             if copied is None:  # a sliding layer wrote past its window: the earliest positions are gone
                 return pipeline.Outcome(Served(call.prompt_len, lease.cached_len), (reasons.STATIC_WINDOW,))
             cache = copied
-        self._insert(call, lease, cache, output, snapshots)
+        items: list[ItemState] = []
+        if key.item_spans:
+            # The cross-attention layers now hold every image; the restored ones are stored already.
+            items = cache.capture_items([end for _, end in key.item_spans], lease.num_items)
+        kv_len = cache.kv_length()
+        repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
+        if not repeat or items or call.session:  # an exact repeat adds nothing to what it matched (and marked used)
+            self._insert(call, lease, cache, kv_len, pipeline.sequences_of(output), snapshots, items)
         logger.debug("matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, key.namespace)
         reduced = []
         layout = call.layout
-        if layout is not None and layout.items and media_padding_loss(self._store, key, layout, lease) is not None:
+        lost = media_prompts.media_padding_loss(self._store, key, layout, lease) if layout and layout.items else None
+        if lost is not None:
             reduced.append(reasons.MEDIA_PADDING)  # reuse stopped at a medium stored with other padding
         if cache.tied_at is not None:
             reduced.append(reasons.INDEXER_TIE)  # stored only up to the tie (`exact_length`)
         # Media symbols split the hit by modality; a prompt without media is all text (no scan).
-        has_media = call.layout is not None and bool(call.layout.items)
+        has_media = layout is not None and bool(layout.items)
         served = Served(call.prompt_len, lease.cached_len, len(call.rows), key.symbols if has_media else None)
         return pipeline.Outcome(served, tuple(reduced))
 
-    def _prefill(self, call: Call, lease: Lease, cache: WorkingCache) -> tuple[int, list[Snapshot]]:
-        """Recurrent models: feed the uncached prompt in chunks, snapshotting where wanted (`recurrent_prefill.py`)."""
-        media = self._profile.media
-        embeds = self._suffix_embeds(call.input_ids, call.kwargs, call.layout, lease.cached_len)
-        positions = media.prefill_positions(call.input_ids, call.kwargs) if media is not None else None
-        return prefill_states(
-            self._model,
-            self._profile,
-            cache,
-            call.input_ids,
-            lease,
-            self._serving.snapshot_interval,
-            self._one_token_steps,
-            embeds,
-            call.rows[0].key.spans,
-            self._serving.prompt_snapshot,
-            positions,
-        )
-
-    def _insert(self, call: Call, lease: Lease, cache: WorkingCache, output: Any, snapshots: list[Snapshot]) -> None:
-        """Each finished row (a beam search's prompt, once) stored with its states and its media item states."""
-        store, rows = self._store, call.rows
-        sequences = pipeline.sequences_of(output)
-        items: list[ItemState] = []
-        if call.rows[0].key.item_spans:
-            # The cross-attention layers now hold every image; the restored ones are stored already.
-            items = cache.capture_items([end for _, end in call.rows[0].key.item_spans], lease.num_items)
-        kv_len = cache.kv_length()
-        repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
-        if repeat and not (items or call.session):
-            return  # an exact repeat: the request added nothing to what it matched (and marked used) when acquired
+    def _insert(
+        self,
+        call: Call,
+        lease: Lease,
+        cache: WorkingCache,
+        kv_len: int | None,
+        sequences: torch.Tensor,
+        snapshots: list[Snapshot],
+        items: list[ItemState],
+    ) -> None:
+        rows = call.rows
         if call.beams:
             # The finished beams are not the cache's rows (beams are reordered every step and end at
             # different steps), but every row holds the same prompt: store the prompt once, from the first.
@@ -223,10 +201,10 @@ class DecoderOnlyHook(PatchingHook):
                 raise InconsistentStateError("an assisted call's cache holds no keys to store")
             batch_rows.trim(cache, kv_len, range(len(rows)))
         # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
-        keys = pipeline.sequence_keys(call.rows[0].key, sequences, cache.exact_length())
+        keys = pipeline.sequence_keys(rows[0].key, sequences, cache.exact_length())
         batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
         for row, key in enumerate(keys):
-            store.insert_sequence(
+            self._store.insert_sequence(
                 key,
                 cache,
                 snapshots,
@@ -235,29 +213,6 @@ class DecoderOnlyHook(PatchingHook):
                 items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
                 computed_from=lease.cached_len,
             )
-
-    def _count_new_media(self, base_namespace: str, layout: MediaLayout) -> None:
-        """Count the adapter's event when this prompt's media extend those of a stored conversation."""
-        store, media = self._store, self._profile.media
-        assert media is not None
-        if media.new_item_reason is None:
-            return
-        for j in range(len(layout.items) - 1, 0, -1):
-            if store.has_entries(sub_namespace(base_namespace, media.scope(layout.items[:j]))):
-                store.record(ReducedReuse(media.new_item_reason))
-                return
-
-    def _suffix_embeds(
-        self, input_ids: torch.Tensor, kwargs: dict[str, Any], layout: MediaLayout | None, cached_len: int
-    ) -> torch.Tensor | None:
-        """For a state prefill: the embeddings of `[cached_len, n)` when media lie there (else None: feed ids)."""
-        media = self._profile.media
-        if media is None or layout is None or cached_len >= input_ids.shape[1] - 1:
-            return None
-        if not any(item.end > cached_len for item in layout.items):
-            return None  # the suffix is text: its ids embed the same way
-        with torch.no_grad():
-            return media.suffix_embeds(input_ids, kwargs, layout, cached_len)
 
 
 def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = None) -> InstancePatch:

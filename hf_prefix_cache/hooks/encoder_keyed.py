@@ -1,25 +1,13 @@
 """Encoder-keyed calls (`whisper.py`, `seq2seq.py`): the call as a value, and its restore and store steps.
 
-An encoder-decoder model's decoder attends to the encoder output at every position, so its
-self-attention states are only valid for the same encoder input. An `EncoderKeyedHook` reads a
-call once (its family checks it and hashes what feeds the encoder: `EncoderCall`) and runs the one
-request path (`pipeline.serve`) with this module's restore and store steps:
-
-1. restore (`EncoderKeyedHook._restore`): the namespace extended by the input's hash (another input
-   never shares decoder states), and the encoder output stored for that hash (the store's
-   `EncoderOutputs`, `Serving.encoder_outputs`) passed as `encoder_outputs` so the encoder does not
-   run; the family edits the kwargs `generate` runs with (`_arm`). The decoder ids are only known
-   inside `generate`: the family's inner step finds its `DecoderRequest` in the cache argument
-   (`request_in`) and completes the restore there (`land`): the matched decoder prefix restored into
-   an `EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled cross-attention
-   part whatever the encoder output, so it starts empty and the first step projects this request's
-   encoder output into it), or `pipeline.RunCold` (the call runs cold). A batch of encoder inputs
-   keys each row by its own and restores it under its own (`encoder_rows.py`);
-2. store (`EncoderKeyedHook._store_finished`): each finished decoder row (the family's `_rows`), or
-   after beam search the decoder prompt once.
-
-`keep_encoder_output` stores an encoder output a miss computed. Knows nothing about how a family
-builds its decoder ids.
+An encoder-decoder model's decoder attends to the encoder output at every position, so its states
+are valid only for the same encoder input: the namespace is extended by the input's hash, and the
+encoder output stored for it is passed as `encoder_outputs` (`EncoderKeyedHook._restore`). The
+decoder ids are known only inside `generate`: the family's inner step finds its `DecoderRequest`
+in the cache argument (`request_in`) and completes the restore there (`land`) into an
+`EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled cross-attention
+part whatever the encoder output), or raises `pipeline.RunCold`. A batch restores each row under
+its own input to the column every row reaches (`_land_rows`) and stores each under its own.
 """
 
 from __future__ import annotations
@@ -34,15 +22,18 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.hooks import encoder_rows, pipeline, refusals
+from hf_prefix_cache.hooks import pipeline, refusals
+from hf_prefix_cache.hooks.call import Row
 from hf_prefix_cache.hooks.checks import token_rows
 from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.store.contract import Lease, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
+from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -51,7 +42,7 @@ logger = logging.getLogger("hf_prefix_cache")
 class EncoderCall:
     """One encoder-decoder `generate` call as a value: its arguments by name (`kwargs`; `args` stays empty), the
     decoder prompt length a cold run counts (`prompt_len`), its session, and the hash of what feeds its encoder in
-    each row (`digests`: one, or a batch's, each row served under its own: `encoder_rows.py`)."""
+    each row (`digests`: one, or a batch's, each row served under its own)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -64,13 +55,10 @@ class EncoderCall:
 class DecoderRequest:
     """One encoder-keyed request while it runs: made by the restore step, completed by the family's inner step.
 
-    `namespaces` are the model's extended by each row's encoder-input hash; `encoder_keys` (the
-    model's namespace and that hash) say where each input's encoder output is stored. `kwargs` are
-    what `generate` runs with (this request as its cache argument). The inner step (`land`) sets the
-    decoder prompt (`decoder_ids`, `prompt_len`), how many rows `generate` makes of it (`expand`,
-    `beams`), the `leases` it holds, the `working` cache and, for a batch, the column its rows
-    restored to (`restored_len`); `finished` holds the rows to store where the inner step sees them
-    (Whisper), `reset` what a cold rerun puts back first (the random state).
+    `namespaces`: the model's extended by each row's encoder-input hash; `encoder_keys`: where each
+    input's encoder output is stored; `kwargs`: what `generate` runs with (this request as its cache).
+    `land` sets the decoder prompt, its rows (`expand`, `beams`), the `leases`, the `working` cache and
+    a batch's column (`restored_len`); `finished` holds Whisper's rows, `reset` a cold rerun's RNG state.
     """
 
     store: Store
@@ -98,8 +86,7 @@ class DecoderRequest:
 
 
 class EncoderKeyedHook(PatchingHook):
-    """The hook of an encoder-decoder family: the call read once (`_read`), then `pipeline.serve` with
-    this module's restore and store steps; the family's inner step completes the restore (`land`)."""
+    """The hook of an encoder-decoder family: the call read once (`_read`), then `pipeline.serve`."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One `generate` call: read it (`_read`), then the request path (`pipeline.serve`), or a cold run."""
@@ -181,7 +168,7 @@ class EncoderKeyedHook(PatchingHook):
             raise InconsistentStateError("generate ended without reaching the step that restores the decoder prefix")
         sequences = ids if request.beams else self._rows(request, output)
         if len(request.namespaces) > 1 and sequences is not None:
-            return encoder_rows.store_rows(request, sequences, working)
+            return _store_rows(request, sequences, working)
         lease = request.leases[0]
         served = pipeline.Outcome(Served(request.prompt_len, lease.cached_len))
         kv_len = working.kv_length()
@@ -221,12 +208,8 @@ def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
 
 def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     """The restore step's end, inside `generate`: the stored prefix of `decoder_ids` restored into `request.expand`
-    rows of each, passed as the cache in `model_kwargs`.
-
-    `generate` copies the decoder prompt that many times for beams or several returned sequences
-    (after this step), and the encoder output with it. Rows of one decoder prompt (Whisper's copies)
-    restore what they share; a batch's rows each restore under their own encoder input
-    (`encoder_rows.land_rows`).
+    rows of each (`generate` copies them after this step), passed as the cache in `model_kwargs`. Rows of one
+    decoder prompt (Whisper's copies) restore what they share; a batch's rows each their own (`_land_rows`).
 
     Raises:
         pipeline.RunCold: memory ran out twice, or an exactness guard failed (the call runs cold).
@@ -234,7 +217,7 @@ def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[
     store, rows = request.store, token_rows(decoder_ids)
     request.landed, request.decoder_ids, request.prompt_len = True, decoder_ids, len(rows[0])
     if len(request.namespaces) > 1:
-        request.working = encoder_rows.land_rows(request, rows)
+        request.working = _land_rows(request, rows)
     else:
         key, limit = request.key().with_symbols(rows[0]), len(rows[0]) - 1
         if len(rows) > 1:
@@ -247,3 +230,62 @@ def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[
         request.leases.append(lease)
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
     model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
+
+
+def _land_rows(request: DecoderRequest, rows: list[TokenIds]) -> WorkingCache:
+    """Each decoder prompt row's stored prefix under its own encoder input, joined into one cache at the column every
+    row reaches (`request.restored_len`); the request holds every lease.
+
+    Raises:
+        pipeline.RunCold: memory ran out (twice for a row's restore), or a row's restore failed a guard.
+        InconsistentStateError: the decoder rows are not one per encoder row.
+    """
+    per_input = len(rows) // len(request.namespaces)  # Whisper's copies of each clip's prompt for several sequences
+    if per_input * len(request.namespaces) != len(rows):
+        raise InconsistentStateError(f"{len(rows)} decoder rows for {len(request.namespaces)} encoder rows")
+    store, profile = request.store, request.serving.profile
+    parts: list[tuple[WorkingCache, int]] = []
+    for i, row in enumerate(rows):
+        restored = pipeline.restore(store, profile, request.key(i // per_input).with_symbols(row))
+        if isinstance(restored, pipeline.Cold):
+            raise pipeline.RunCold(restored, request.prompt_len)
+        lease, part = restored
+        request.leases.append(lease)
+        part.land()  # pieces restored layer by layer at first use land now: they are read here, not by the model
+        parts.append((part, 0))  # no padding in a decoder prompt
+    length = min(lease.cached_len for lease in request.leases)
+    cache = WorkingCache(profile)
+    if length:
+        try:
+            batch_rows.restore_rows(cache, parts, length, request.expand)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise pipeline.RunCold(pipeline.Cold(reasons.OUT_OF_MEMORY), request.prompt_len) from exc
+    request.restored_len = length
+    return cache
+
+
+def _store_rows(request: DecoderRequest, sequences: torch.Tensor, working: WorkingCache) -> pipeline.Outcome:
+    """Each row of `sequences` (each input's rows, in order; after beam search, the decoder prompt rows) stored as
+    its own entry under its encoder input; the batch as served, row by row.
+
+    Raises:
+        InconsistentStateError: the cache holds no per-token keys to store rows from.
+    """
+    prompts = request.decoder_ids
+    if prompts is None:
+        raise InconsistentStateError("generate ended without reaching the step that restores the decoder prefix")
+    num_inputs, length = len(request.namespaces), request.restored_len
+    if request.beams:
+        batch_rows.trim(working, request.prompt_len, range(0, len(prompts) * request.expand, request.expand))
+    kv_len = working.exact_length()
+    if kv_len is None:
+        raise InconsistentStateError("rows are stored from layers of per-token keys")
+    tokens = token_rows(prompts)
+    per_input, per_prompt = len(sequences) // num_inputs, len(sequences) // len(prompts)
+    rows = [Row(tokens[i // per_prompt], 0, request.key(i // per_input)) for i in range(len(sequences))]
+    pipeline.store_rows(request.store, rows, sequences, working, kv_len, [length] * len(rows))
+    reduced = (reasons.BATCH_LAYOUT,) if any(lease.cached_len > length for lease in request.leases) else ()
+    by_row = ((request.prompt_len, length),) * num_inputs
+    return pipeline.Outcome(Served(request.prompt_len, length, num_inputs, rows=by_row), reduced)

@@ -1,13 +1,11 @@
 """Own rows (`Mode.OWN_ROWS`): a batch of distinct or left-padded rows of per-token keys, each restoring its own prefix.
 
-The cache holds the same number of columns in every row, so the batch restores to the column
-every row reaches (its padding plus its stored prefix): row `i` gets `length - pads[i]` of its
-stored tokens (`batch_rows.restore_rows`), each repeated for its beams or returned sequences.
-`generate` gets the caller's ids and mask unchanged, so its positions, masks, processors and
-outputs are those of the cold call. A call on a static cache (`cache_implementation="static"`) gets
-the batch copied into its buffers, padding columns and all (`model/static.py`), and the positions
-written copied back out after `generate`. Afterwards each finished row is stored as its own entry
-(copied out row by row, without its padding); after beam search, each row's prompt once.
+The batch restores to the column every row reaches (its padding plus its stored prefix), each row
+repeated for its beams or returned sequences (`batch_rows.restore_rows`); `generate` gets the
+caller's ids and mask unchanged, so positions, masks and outputs are the cold call's. On a static
+cache the batch is copied into its buffers and back out after `generate` (`model/static.py`).
+Each finished row is stored as its own entry without its padding; after beam search, each row's
+prompt once.
 """
 
 from __future__ import annotations

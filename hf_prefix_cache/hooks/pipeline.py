@@ -1,35 +1,21 @@
 """The request pipeline every family shares: check, key, restore, generate, store.
 
-A hook checks the call (its own inputs, then `checks.py`) and keys it (namespace and tree
-symbols); the functions here do the rest with the store's contract (`store/contract.py`):
-
-- `claim`: whether a call is for this hook's store (the user's object that `stand_for` registered
-  or a `Session` counts as its store, and so does no cache at all when the store was attached with
-  ``attach="all"``), its cache argument taken out of a call that is;
-- `run_cold`: the original `generate`, untouched, with the reason counted;
-- `serve`: the request path of every mode of every hook (decoder-only `call.Mode`s, encoder-keyed calls of
-  `encoder_keyed.py`): the mode's restore step, `generate`, the leases given back, the mode's store step,
-  the request counted and logged; a cold run where a step gives up (`Cold`, or `RunCold` raised inside
-  `generate` by a restore that completes there) or a guard fails;
-- `restore`: a lease on the longest usable stored prefix of one prompt's key, restored into every
-  row of a fresh working cache, retried once when memory runs out (the store moves entries off the
-  device), or why the call runs cold instead (`Cold`: out of memory twice, or a failed exactness guard);
-- `generate_kwargs`, `sequences_of`, `store_rows`: what the modes' steps share (the kwargs `generate`
-  runs with on a working cache, the rows it returned, each finished row stored as its own entry);
-- `guard_failed`: a failed exactness guard (`errors.InconsistentStateError`) as a cold run;
-- `sequence_keys`: the key of each finished row to store, prompt placeholders as media symbols;
-  the hook hands each to `Store.insert_sequence` with the states it stores.
-
-The leases are released in one `finally` around `generate` (`serve`). A plain hit (one row of
-text) calls `claim`, `serve`, `restore`, `generate_kwargs`, `sequences_of` and `sequence_keys` once
-each and nothing else here.
+A hook checks and keys the call; the functions here do the rest with the store's contract
+(`store/contract.py`): `claim` (whether a call is for this hook's store, and its cache argument
+taken out), `run_cold` (the original `generate`, the reason counted), `serve` (the request path
+of every mode of every hook: the mode's restore step, `generate`, the leases given back in one
+`finally`, the mode's store step, the request counted and logged; a cold run where a step gives
+up or a guard fails), `restore` (one prompt's stored prefix restored into a fresh working cache,
+retried once when memory runs out), and what the modes' steps share: `generate_kwargs`,
+`sequences_of`, `store_rows` and `sequence_keys`. A plain hit (one row of text) calls `claim`,
+`serve`, `restore`, `generate_kwargs`, `sequences_of` and `sequence_keys` once each.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -49,6 +35,7 @@ from hf_prefix_cache.store.sessions import Session
 
 if TYPE_CHECKING:
     from hf_prefix_cache.hooks.call import Call, Row
+    from hf_prefix_cache.model.layers import LayerState
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -65,9 +52,8 @@ def stand_for(front: Any, store: Store) -> None:
 def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
     """Whether a call's cache argument (in `kwargs`) is this store, directly or as one of its sessions, and the session.
 
-    When it is, the cache argument is taken out of `kwargs` under every name (the hook passes a
-    cache of its own, or none on a cold run). A call that passes no cache is this store's when the
-    hook serves uncached calls (`serves_uncached`, ``attach="all"``).
+    When it is, it is taken out of `kwargs` under every name. A call that passes no cache is this
+    store's when the hook serves uncached calls (`serves_uncached`, ``attach="all"``).
 
     Raises:
         ValueError: a closed session was passed.
@@ -111,12 +97,8 @@ class Cold(NamedTuple):
 
 
 def guard_failed(exc: InconsistentStateError, reason: str = reasons.INCONSISTENT_RESTORE) -> Cold:
-    """A failed exactness guard: the call runs cold, never answered from those states.
-
-    `reason`: `inconsistent_restore` before or during the cached run (a restore, a prefill, `generate`);
-    `inconsistent_capture` when the finished cache disagreed with its sequence as its states were captured
-    to store: the answer computed on that cache is not trusted either, so the call is run again, cold.
-    """
+    """A failed exactness guard: the call runs cold, never answered from those states (`reason`:
+    `inconsistent_restore` before or during the cached run, `inconsistent_capture` as its states are stored)."""
     return Cold(reason, str(exc))
 
 
@@ -138,8 +120,8 @@ def run_cold(
 
 
 class Held(NamedTuple):
-    """What a mode's restore step hands the request path: the leases it holds (given back once `generate` ends),
-    the working cache, the kwargs `generate` runs with, and what the mode's store step needs of it (`state`)."""
+    """What a restore step hands the request path: its leases (given back once `generate` ends), the working cache,
+    the kwargs `generate` runs with, and what the mode's store step needs (`state`)."""
 
     leases: Sequence[Lease]
     cache: WorkingCache
@@ -155,8 +137,7 @@ class Outcome(NamedTuple):
 
 
 class Request(Protocol):
-    """What the request path reads of a call (`call.Call`, `encoder_keyed.EncoderCall`): the arguments of a cold run,
-    and the prompt length it counts."""
+    """What `serve` reads of a call (`call.Call`, `encoder_keyed.EncoderCall`): a cold run's arguments and length."""
 
     @property
     def args(self) -> tuple[Any, ...]: ...
@@ -167,9 +148,8 @@ class Request(Protocol):
 
 
 class Holding(Protocol):
-    """What the request path reads of a restore step's answer (`Held`, `encoder_keyed.DecoderRequest`): the leases to
-    give back once `generate` ends (a restore that completes inside `generate` adds to them there), and the kwargs
-    `generate` runs with."""
+    """What `serve` reads of a restore step's answer (`Held`, `encoder_keyed.DecoderRequest`): the leases to give back
+    (a restore completing inside `generate` adds to them) and the kwargs `generate` runs with."""
 
     @property
     def leases(self) -> Sequence[Lease]: ...
@@ -178,9 +158,8 @@ class Holding(Protocol):
 
 
 class RunCold(Exception):  # noqa: N818 (an instruction to the request path, not an error)
-    """Raised inside `generate` by a restore step that completes there (an encoder-keyed call's, where the decoder ids
-    are known): the request path gives up this run and runs the call cold for `cold`, counting `prompt_len` prompt
-    tokens, after `reset` (when given) puts back what the given-up run changed (the random state it drew from)."""
+    """Raised inside `generate` by a restore that completes there (encoder-keyed calls): the call runs cold for `cold`,
+    counting `prompt_len` tokens, after `reset` (when given) puts back what the given-up run changed (its RNG state)."""
 
     def __init__(self, cold: Cold, prompt_len: int, reset: Callable[[], None] | None = None) -> None:
         super().__init__(cold.reason)
@@ -190,8 +169,7 @@ class RunCold(Exception):  # noqa: N818 (an instruction to the request path, not
 C = TypeVar("C", bound=Request)
 H = TypeVar("H", bound=Holding)
 
-#: A decoder-only mode's restore step: the call's stored prefixes pinned and restored (nothing held when it raises),
-#: or `Cold`.
+#: A decoder-only mode's restore step: the call's prefixes pinned and restored (nothing held if it raises), or `Cold`.
 RestoreStep = Callable[["Call"], "Held | Cold"]
 #: A decoder-only mode's store step: the finished rows stored (raises `InconsistentStateError` when a guard fails).
 StoreStep = Callable[["Call", Held, Any], Outcome]
@@ -206,11 +184,10 @@ def serve(
 ) -> Any:
     """The request path of every mode: restore, generate, release, store, then the request counted and logged.
 
-    Only `restore_step` and `store_step` are the mode's (`call.Mode`, `encoder_keyed.py`). The call runs cold,
-    counted, when the restore gives up (`Cold`, or `RunCold` from inside `generate`), when an indexer ties at its
-    top-k (`indexer_tie`: a full prefill may keep other keys), when a guard fails before the answer is made
-    (`inconsistent_restore`), and when one fails as its rows are stored (`inconsistent_capture`: the answer
-    computed on that cache is not trusted either).
+    Only `restore_step` and `store_step` are the mode's. The call runs cold, counted, when the restore
+    gives up (`Cold`, or `RunCold` from inside `generate`), an indexer ties at its top-k (`indexer_tie`),
+    or a guard fails before the answer is made (`inconsistent_restore`) or as its rows are stored
+    (`inconsistent_capture`: the answer computed on that cache is not trusted either).
     """
     held: H | Cold | None = None
     try:
@@ -253,15 +230,13 @@ def serve(
 def restore(
     store: Store, profile: ModelProfile, key: PrefixKey, batch_size: int = 1, limit: int | None = None
 ) -> tuple[Lease, WorkingCache] | Cold:
-    """A lease on the stored prefix of `key` (at most `limit` symbols; by default never its last symbol, fed for its
-    logits), restored into `batch_size` rows.
+    """A lease on the stored prefix of one prompt's `key` (at most `limit` symbols; by default all but its last, fed
+    for its logits), restored into `batch_size` rows of a fresh working cache made for `profile` (`generate` makes
+    several rows of one prompt for beams or several returned sequences).
 
-    `key` is one prompt's (its tree symbols, media spans included: one symbol per id), restored into
-    every row of a working cache made for `profile` (`generate` makes several rows of one prompt
-    for beams or several returned sequences). `Cold` when memory ran out twice (after a first
-    out-of-memory error the store has moved its unpinned entries off the device, and it is tried
-    once more into a fresh cache), or when an exactness guard failed (`guard_failed`). A failed
-    attempt leaves nothing pinned and no half-restored cache.
+    After an out-of-memory error the store has moved its unpinned entries off the device, and it is
+    tried once more into a fresh cache. `Cold` when memory ran out twice or a guard failed
+    (`guard_failed`): nothing is left pinned and no half-restored cache.
     """
     for attempt in range(2):
         try:
@@ -314,30 +289,32 @@ def store_rows(
     cache: WorkingCache,
     length: int,
     computed_from: Sequence[int],
+    ends: Mapping[int, tuple[int, dict[int, LayerState]]] | None = None,
 ) -> None:
     """Store the first `length` ids of each row of `sequences` (row `i` of `cache`, made of the prompt row `rows[i]`)
     as its own entry: copied out without its left padding (`batch_rows.copy_row`), keyed under its prompt row's
-    namespace. `computed_from[i]` is how many of its tokens were restored rather than computed by this request."""
+    namespace. `computed_from[i]` is how many of its tokens were restored rather than computed by this request. A
+    row in `ends` (`recurrent_rows.EndStates`) is stored up to its EOS instead, with the states it had then.
+
+    Raises:
+        InconsistentStateError: a row's EOS states lie past the `length` fed.
+    """
     for i, ids in enumerate(token_rows(sequences[:, :length])):
-        pad = rows[i].pad
-        if length <= pad:
+        pad, (end, states) = rows[i].pad, (ends or {}).get(i, (length, None))
+        if end > length:
+            raise InconsistentStateError(f"row {i}'s EOS states at {end} columns, past the {length} fed")
+        if end <= pad:
             continue
-        part = batch_rows.copy_row(cache, i, pad, length)
-        store.insert_sequence(rows[i].key.with_symbols(ids[pad:]), part, computed_from=computed_from[i])
+        part = batch_rows.copy_row(cache, i, pad, end)
+        for j, state in (states or {}).items():
+            part.profile.adapters[j].load_state(part.layers[j], state)
+        store.insert_sequence(rows[i].key.with_symbols(ids[pad:end]), part, computed_from=computed_from[i])
 
 
 def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None) -> list[PrefixKey]:
-    """The key of each row of `sequences` to store: its first `cache_len` ids (None: all but the last), under
-    `key`'s namespace and spans; no key when that is nothing.
-
-    The last generated token is never fed back, so a cache covers all but it (`cache_len`, what it
-    holds, may say less). Where the prompt holds media (`key.spans`), its placeholders are
-    replaced by the key's media symbols in every row (rows of one prompt: samples). The caller
-    stores each key with `Store.insert_sequence` (one row of a cache of several: `row=` its index).
-
-    The rows are what `generate` returned, read in one piece (no operation on the device but the
-    copy) and kept as bytes (`TokenIds`): reading the prompt part again costs a copy of 8 bytes per
-    token, less than comparing it with the prompt on the device would.
+    """The key of each row of `sequences` to store: its first `cache_len` ids (None: all but the last, never fed
+    back), under `key`'s namespace and spans, the prompt's placeholders replaced by the key's media symbols in every
+    row (rows of one prompt: samples); no key when that is nothing. The rows are read to the host in one piece.
     """
     length = sequences.shape[1] - 1 if cache_len is None else cache_len
     if length <= 0:

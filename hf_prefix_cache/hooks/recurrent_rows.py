@@ -1,27 +1,13 @@
 """Batches, left padding, beams and samples on models with recurrent states: rows prefilled alone, then joined.
 
-A recurrent state has one snapshot per stored prefix length, so the rows of a batch cannot
-restore to one shared column the way attention keys do (`pipeline.restore_rows`). Instead each
-distinct prompt row runs as a one-row call would: it restores its own longest stored prefix and
-prefills the rest of its prompt but the last token (`recurrent_prefill.py`), snapshotting as
-usual. The rows are then laid side by side (`batch_rows.restore_rows`): keys behind each row's
-left padding, states as they are, each row repeated for its beams or returned sequences.
-`generate` gets the caller's ids and mask unchanged and feeds the last column itself.
-
-Exact because masked left padding leaves a recurrent layer's state as it was: transformers'
-Mamba, Mamba-2, gated-delta-net and short-conv layers zero the inputs of masked positions (the
-state after the padding is the fresh one), and positions follow the mask where the model takes
-them. A padded row of a cold batch equals the same row alone to 1e-6 on every hybrid and
-recurrent family tested (`tests/hooks/test_decoding_modes_hybrid.py` checks each mode
-against the cold call).
-
-Each prompt row is stored as far as it was prefilled as soon as it was (from the one-row cache
-it was prefilled in), so the rows after it restore from its snapshots: a batch of questions
-after a shared system prompt, stored with another question and so without a snapshot at the
-prompt's end, computes that prompt once, in its first row. Afterwards, sampled and greedy rows
-are stored one entry each (copied out row by row); a row that ended at EOS before the others (and
-was fed padding after it) up to and with its EOS, with the states it had then (`end_states.py`).
-Beams store nothing more, since beam search reorders the rows every step.
+A recurrent state has one snapshot per stored length, so rows cannot restore to one shared column
+as attention keys do (`own_rows.py`): each distinct row restores its own prefix and is prefilled
+to its last token (`model/prefill.py`), then the rows are laid side by side (`batch_rows.restore_rows`),
+each repeated for its beams or samples. Exact because masked left padding leaves a recurrent state
+as it was and positions follow the mask (`tests/hooks/test_decoding_modes_hybrid.py`). Each prompt
+row is stored as soon as it is prefilled (the rows after it restore from its snapshots); greedy
+and sampled rows are stored afterwards, a row that ended early up to its EOS (`EndStates`); beams
+store nothing more (beam search reorders the rows).
 """
 
 from __future__ import annotations
@@ -30,32 +16,24 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
-from hf_prefix_cache.hooks.call import Call, Row
-from hf_prefix_cache.hooks.checks import token_rows
-from hf_prefix_cache.hooks.end_states import EndStates, ride_along
-from hf_prefix_cache.hooks.recurrent_prefill import prefill_states
+from hf_prefix_cache.hooks.call import Call
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.layers import LayerState
+from hf_prefix_cache.model.layers.recurrent import select_row
+from hf_prefix_cache.model.prefill import Prefill
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.states import Snapshot
 from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.store.contract import Lease, Served, Store
 from hf_prefix_cache.token_ids import TokenIds
 
-
-@dataclass(frozen=True, slots=True)
-class Prefill:
-    """How the hook prefills a recurrent model's prompt (`recurrent_prefill.prefill_states`): the model, its profile,
-    the store's snapshot interval, and whether tokens go one per forward once a state exists."""
-
-    model: Any
-    profile: ModelProfile
-    snapshot_interval: int | None
-    one_token_steps: bool
+#: `generate`'s third positional parameter (after `inputs` and `generation_config`).
+_LOGITS_PROCESSOR_POSITION = 2
 
 
 @dataclass(slots=True)
@@ -104,17 +82,7 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
             lease, cache = held[row.tokens]
             ids = call.input_ids[i : i + 1, row.pad :]
             # Up to the last token always (not only where `prompt_snapshot` says): every row must reach one column.
-            fed, snapshots = prefill_states(
-                prefill.model,
-                profile,
-                cache,
-                ids,
-                lease,
-                prefill.snapshot_interval,
-                prefill.one_token_steps,
-                None,
-                prompt_end=True,
-            )
+            fed, snapshots = prefill.states(cache, ids, lease.cached_len, lease.matched_len)
             if fed != ids.shape[1] - 1:
                 raise InconsistentStateError(f"a row of {ids.shape[1]} tokens prefilled to {fed}")
             prefilled[row.tokens] = _Prefilled(lease, cache, fed, snapshots)
@@ -136,11 +104,11 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
         batch.skip_len = length
     kwargs = pipeline.generate_kwargs(call, profile, batch)
     ends: EndStates | None = None
-    if call.eos and not (call.beams or call.assisted):
-        # A row that ends at EOS before the others is fed padding after it: its states at its EOS are kept.
+    if call.eos and not (call.beams or call.assisted) and len(call.args) <= _LOGITS_PROCESSOR_POSITION:
+        # A row that ends at EOS before the others is fed padding after it: its states at its EOS are kept (riding
+        # after the caller's own logits processors, unless the caller passed those positionally).
         ends = EndStates(batch, call.eos, call.prompt_len)
-        if not ride_along(kwargs, call.args, ends):
-            ends = None
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or ()), ends])
     return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, _Joined(parts, ends))
 
 
@@ -159,36 +127,11 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
         length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
         expanded = [row for row in call.rows for _ in range(call.expand)]
         computed = [p.lease.cached_len for p in parts for _ in range(call.expand)]
-        _store_rows(store, expanded, sequences, held.cache, length, computed, ends.ends if ends is not None else {})
+        pipeline.store_rows(
+            store, expanded, sequences, held.cache, length, computed, ends.ends if ends is not None else None
+        )
     reused = tuple((len(row.tokens), p.lease.cached_len) for row, p in zip(call.rows, parts, strict=True))
     return pipeline.Outcome(Served(call.prompt_len, call.prompt_len - 1, len(call.rows), rows=reused))
-
-
-def _store_rows(
-    store: Store,
-    rows: list[Row],
-    sequences: torch.Tensor,
-    cache: WorkingCache,
-    length: int,
-    computed_from: list[int],
-    ends: dict[int, tuple[int, dict[int, LayerState]]],
-) -> None:
-    """Each finished row as its own entry: its first `length` ids with the batch's final states, or, for a row that
-    fed its EOS before that (and padding after it), its ids up to and with its EOS, with the states it had then
-    (`EndStates`)."""
-    for i, ids in enumerate(token_rows(sequences[:, :length])):
-        pad, end, states = rows[i].pad, length, None
-        if i in ends:
-            end, states = ends[i]
-            if end > length:
-                raise InconsistentStateError(f"row {i}'s EOS states at {end} columns, past the {length} fed")
-        if end <= pad:
-            continue
-        part = batch_rows.copy_row(cache, i, pad, end)
-        if states is not None:
-            for j, state in states.items():
-                part.profile.adapters[j].load_state(part.layers[j], state)
-        store.insert_sequence(rows[i].key.with_symbols(ids[pad:end]), part, computed_from=computed_from[i])
 
 
 def _restored_again(
@@ -218,3 +161,42 @@ def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
     # The insert snapshots the cache's end itself; the prefill's snapshot there would be a second.
     earlier = [s for s in part.snapshots if s.length != part.fed]
     store.insert_sequence(key.prefix(part.fed), part.cache, earlier, computed_from=part.lease.cached_len)
+
+
+class EndStates(LogitsProcessor):
+    """A logits processor that changes no score: it clones a row's recurrent states when the row has just fed its
+    first generated EOS (at `prompt_len` or later), keyed by the row's index in the batch.
+
+    `generate` keeps feeding a row that ended with padding until every row has ended, so the batch's
+    final state of that row has seen the padding too; `generate` calls a logits processor after each
+    forward with the ids fed so far (the cache then holds exactly those positions). Only where each
+    forward feeds one position (no beams, no assisted decoding). `ends[row]` is `(length, states)`: the
+    row's states after `length` columns (its left padding included), by layer index, one row each.
+
+    >>> issubclass(EndStates, LogitsProcessor)
+    True
+    """
+
+    def __init__(self, cache: WorkingCache, eos: frozenset[int], prompt_len: int) -> None:
+        self._cache = cache
+        self._eos = eos
+        self._prompt_len = prompt_len
+        self.ends: dict[int, tuple[int, dict[int, LayerState]]] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        fed = int(input_ids.shape[1])
+        if fed <= self._prompt_len:
+            return scores  # the prompt's own forward: an EOS in the prompt does not end a row
+        kv_len = self._cache.kv_length()
+        if kv_len is not None and kv_len != fed:
+            return scores  # not one position per forward: nothing captured (the row reuses less, never wrongly)
+        for row, token in enumerate(input_ids[:, -1].tolist()):
+            if token in self._eos and row not in self.ends:
+                cache = self._cache
+                states = {
+                    i: select_row(adapter.state_refs(layer), row)
+                    for i, (layer, adapter) in enumerate(zip(cache.layers, cache.profile.adapters, strict=True))
+                    if adapter.has_state_refs
+                }
+                self.ends[row] = (fed, states)
+        return scores

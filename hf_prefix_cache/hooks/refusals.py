@@ -1,11 +1,9 @@
 """The refusals: the rules that say why a `generate` call cannot reuse safely, each returning a reason or None.
 
-The rules every family shares (the refused arguments, the decoding settings, the cache
-implementation and the outputs a hit could not reproduce, the ids and mask of one row) and the
-decoder-only hook's own (media kwargs, model kwargs the key does not cover, its settings), with
-the decoding modes a model's profile serves (`serving_modes`). A plain call (ids, a mask,
-generation settings) reaches none of them: `checks.check_call` runs each only when the call
-gives a name or setting it looks for. Reasons are `reasons.py`'s names.
+The rules every family shares (refused arguments, decoding, cache implementation and outputs, the
+ids and mask of one row) and the decoder-only hook's own (media kwargs, model kwargs the key does
+not cover, settings), with the decoding modes a profile serves (`serving_modes`). Reasons are
+`reasons.py`'s names.
 """
 
 from __future__ import annotations
@@ -19,15 +17,15 @@ import torch
 from transformers import GenerationConfig
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.hooks.media_expansion import expands_media
+from hf_prefix_cache.hooks.media import expands_media
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
 
 if TYPE_CHECKING:
     from hf_prefix_cache.hooks.checks import GenerationSettings
 
-#: Arguments no family serves, with the reason counted. `encoder_outputs` is refused by the
-#: encoder-keyed families only: for decoder-only models it is a media or model kwarg like others.
+#: Arguments no family serves, with the reason counted (and `encoder_outputs`, by the encoder-keyed families only:
+#: for decoder-only models it is a media or model kwarg like others).
 REFUSED_ARGUMENTS: Mapping[str, str] = {
     "inputs_embeds": reasons.INPUTS_EMBEDS,
     "decoder_inputs_embeds": reasons.INPUTS_EMBEDS,
@@ -37,7 +35,6 @@ REFUSED_ARGUMENTS: Mapping[str, str] = {
     "custom_generate": reasons.CUSTOM_GENERATE,
     "negative_prompt_ids": reasons.NEGATIVE_PROMPT,
 }
-ENCODER_ARGUMENTS: Mapping[str, str] = {"encoder_outputs": reasons.ENCODER_OUTPUTS}
 
 CACHE_IMPLEMENTATION = "cache_implementation"
 
@@ -55,12 +52,8 @@ _SERVED_IMPLEMENTATIONS = frozenset({"dynamic"})
 
 @dataclass(frozen=True, slots=True)
 class Modes:
-    """The decoding modes a hook serves on a restored cache, beyond one sequence per prompt row.
-
-    `expands`: beam search and several returned sequences (`generate` copies each prompt row;
-    the hook restores the prefix into every copy). `assisted`: assisted and prompt-lookup
-    decoding, whose rejected candidates `generate` crops off the working cache.
-    """
+    """The decoding modes a hook serves on a restored cache beyond one sequence per row: `expands` (beams, several
+    returned sequences: the prefix restored into every copy), `assisted` (assisted and prompt-lookup decoding)."""
 
     expands: bool = False
     assisted: bool = False
@@ -89,11 +82,7 @@ def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, mode
             continue
         if given.get(name) is not None:
             return reason
-    if encoder_keyed:
-        for name, reason in ENCODER_ARGUMENTS.items():
-            if given.get(name) is not None:
-                return reason
-    return None
+    return reasons.ENCODER_OUTPUTS if encoder_keyed and given.get("encoder_outputs") is not None else None
 
 
 def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str | None:
@@ -110,19 +99,10 @@ def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str 
     return None
 
 
-def expand_size(config: GenerationSettings) -> int:
-    """How many rows `generate` makes of each prompt row: beams or returned sequences, whichever is more."""
-    return config.expand
-
-
 def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
-    """Why the call's cache implementation rules the store out, or None.
-
-    transformers refuses a passed cache beside any `cache_implementation`, the model's default
-    included (hub configs name one). Those in `served` the hook drops from the call (the working
-    cache is one); a model-default ``"hybrid"`` (Gemma) yields to a passed cache; anything else is
-    another cache and runs cold.
-    """
+    """Why the call's cache implementation rules the store out, or None: transformers refuses a passed cache beside
+    any (the model's default included); those in `served` the hook drops (the working cache is one), a model-default
+    ``"hybrid"`` (Gemma) yields to a passed cache, and anything else is another cache."""
     impl = config.cache_implementation
     if impl is None or impl in served or (impl == "hybrid" and config.explicit(CACHE_IMPLEMENTATION) is None):
         return None
@@ -202,7 +182,7 @@ def settings_problem(
     if problem is not None:
         return problem
     if settings.expand > 1 and has_media(profile, kwargs) and not expands_media(model):
-        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media_expansion.py`).
+        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media.py`).
         return reasons.MEDIA_BATCH
     if settings.return_dict_in_generate and (problem := output_problem(settings)) is not None:
         return problem

@@ -1,20 +1,12 @@
 """Seq2SeqHook: encoder-decoder models that use `GenerationMixin.generate` as it is, keyed by the encoder input.
 
-Served classes (BART, T5, mT5, Marian, Pegasus, Florence-2) are registered at the end of this module. The
-call is read and served as `encoder_keyed.py` says (`EncoderKeyedHook`, on `pipeline.serve`); this module
-is what the family adds:
-
-1. the check (otherwise the original runs cold with a named reason) and the hash of what feeds
-   the encoder (`input_ids`, `attention_mask` with any padding in it, and Florence-2's
-   `pixel_values`); when an encoder output is stored for that hash it is passed as
-   `encoder_outputs` (`_arm`: the encoder does not run);
-2. the inner step, around `_prepare_decoder_input_ids_for_generation`, where `generate` has just
-   built the decoder ids (the start token, prepended to the caller's `decoder_input_ids` if they
-   lack it) and, on a miss, run the encoder: stores that encoder output, restores the decoder
-   prefix (`encoder_keyed.land`) and hands `generate` a full `decoder_attention_mask` so that it
-   feeds only the uncached ids (without a mask nothing is sliced and the output is wrong).
-
-Knows nothing about the tree.
+Served classes (BART, T5, mT5, Marian, Pegasus, Florence-2) are registered at the end. The call is
+read and served as `encoder_keyed.py` says; this module adds the check, the hash of what feeds the
+encoder (`input_ids`, `attention_mask` with any padding, Florence-2's `pixel_values`), and the
+inner step around `_prepare_decoder_input_ids_for_generation`, where `generate` has built the
+decoder ids and, on a miss, run the encoder: that output is stored, the decoder prefix restored
+(`encoder_keyed.land`), and a full `decoder_attention_mask` passed so that `generate` feeds only
+the uncached ids (without one nothing is sliced and the output is wrong).
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError, UnhashableMediaError
 from hf_prefix_cache.hooks import checks, encoder_keyed, refusals
 from hf_prefix_cache.hooks.encoder_keyed import DecoderRequest, EncoderCall, EncoderKeyedHook
-from hf_prefix_cache.hooks.registry import Family, register
+from hf_prefix_cache.hooks.patching import Family, register
 from hf_prefix_cache.multimodal.media import hash_media
 from hf_prefix_cache.store.contract import Serving, Store
 

@@ -1,21 +1,13 @@
 """WhisperHook: Whisper short-form generation keyed by the audio, with its encoder output reused.
 
 `WhisperForConditionalGeneration.generate` builds the decoder prompt itself (start, language,
-task and no-timestamps tokens, after any `prompt_ids`) and only then calls
-`GenerationMixin.generate` from `generate_with_fallback`. The call is read and served as
-`encoder_keyed.py` says (`EncoderKeyedHook`, on `pipeline.serve`); this module is what the family adds:
-
-1. the check (one short-form clip, otherwise the original runs cold with a named reason), the
-   hash of the audio (`input_features`, and `attention_mask` if given) and `_arm`: the encoder
-   output stored for that hash, or the encoder run once and its output stored, passed as
-   `encoder_outputs` in place of `input_features` (the same tensor transformers would compute;
-   language detection uses it too);
-2. the inner step, around `generate_with_fallback`, where the decoder ids are known: the decoder
-   prefix restored (`encoder_keyed.land`) and the segment's rows kept for the store step. A clip
-   that loops into a second window (`_maybe_reduce_batch`, `generate_with_fallback` again) runs
-   cold (`whisper_segments`), from the random state it started with.
-
-Both patches are instance attributes, removed by `detach`. Knows nothing about the tree.
+task and no-timestamps tokens, after any `prompt_ids`), then calls `GenerationMixin.generate`
+from `generate_with_fallback`. The call is read and served as `encoder_keyed.py` says; this
+module adds the check (one short-form clip), the hash of the audio (`input_features`, and its
+`attention_mask`), `_arm` (the stored encoder output, or the encoder run once and its output
+stored, passed as `encoder_outputs`: the tensor transformers would compute), and the inner step
+around `generate_with_fallback`, where the decoder ids are known (`encoder_keyed.land`). A clip
+that loops into a second window runs cold (`whisper_segments`), from the random state it started with.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from hf_prefix_cache import reasons
 from hf_prefix_cache.hooks import checks, encoder_keyed, pipeline, refusals
 from hf_prefix_cache.hooks.encoder_keyed import DecoderRequest, EncoderCall, EncoderKeyedHook
-from hf_prefix_cache.hooks.registry import Family, register
+from hf_prefix_cache.hooks.patching import Family, register
 from hf_prefix_cache.multimodal.media import hash_media
 from hf_prefix_cache.store.contract import Serving, Store
 

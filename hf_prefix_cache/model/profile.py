@@ -200,7 +200,7 @@ def profile_model(
 
     `sliding_window_mode` picks how sliding-window layers are stored (see `layers/sliding.py`).
     `encoder_family` names the encoder-decoder family whose hook serves `model` (the
-    hooks registry, `hooks.registry.family_of`, knows it); any other
+    hooks registry, `hooks.patching.family_of`, knows it); any other
     encoder-decoder model is not served.
     """
     # A PEFT wrapper's forward takes (*args, **kwargs) and hands them to the model it wraps.

@@ -1,7 +1,7 @@
 """A follow-up on a sample that ended at EOS while other rows went on reuses the whole sample, EOS included.
 
 `generate` feeds such a row padding until every row has ended: attention keys are cut at the EOS,
-and rows with recurrent states keep the states they had when they fed it (`hooks/end_states.py`).
+and rows with recurrent states keep the states they had when they fed it (`hooks/recurrent_rows.py`: `EndStates`).
 Each case runs the follow-up cold and through the store: tokens equal, logits within LOGIT_TOL, and
 the hit tokens counted exactly (every token of the prompt and the sample through its EOS).
 """

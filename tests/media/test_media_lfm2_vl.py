@@ -261,7 +261,7 @@ def _common(a: list[Hashable], b: list[Hashable]) -> int:
 
 
 def _reuse_and_snapshots(prompt: Prompt, stored: list[_Stored]) -> tuple[int, set[int]]:
-    """The hit the rules allow, and the prompt positions this request snapshots (`recurrent_prefill.py`)."""
+    """The hit the rules allow, and the prompt positions this request snapshots (`model/prefill.py`)."""
     n = len(prompt.ids)
     common = [_common(seq.symbols, prompt.symbols) for seq in stored]
     matched = max(common, default=0)
