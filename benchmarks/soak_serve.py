@@ -14,9 +14,10 @@ largest is the model's process, where the store is).
 At the end, after the clients stop: responses by status (5xx must be 0; 429s are counted, not
 failures), client-side errors, ``/v1/cache/stats?check=true``'s pinned nodes (must be 0 once the
 last request has ended) and integrity check (must be ``ok``), the store's evictions (must be
-above 0), and the model process's RSS in the window after warm-up (the first minute, or the first
-quarter of a shorter run) against the last window: flat when the last is at most 5% + 32 MB
-above it. One verdict line: ``soak: PASS`` or ``soak: FAIL (reasons)``; ``--json`` keeps it all.
+above 0), and the model process's RSS in the minute after warm-up (``--warmup``, the first 30% of
+the run; a quarter of a run under 4 minutes) against the last minute: flat when the last is at most
+5% + 32 MB above it. ``--from-json`` judges a saved run again (another ``--warmup``).
+One verdict line: ``soak: PASS`` or ``soak: FAIL (reasons)``; ``--json`` keeps it all.
 
 Run (from the repository root)::
 
@@ -150,18 +151,21 @@ class Soak:
             time.sleep(min(self.args.sample_s, max(0.0, self.deadline - time.monotonic())))
 
 
-def memory(samples: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """The model process's RSS (MB) after warm-up against the last window, and whether it stayed flat."""
+def memory(samples: list[dict[str, Any]], seconds: float, warmup: float) -> dict[str, Any]:
+    """The model process's RSS (MB): the first window, the window right after warm-up (the first `warmup` share of
+    the run) and the last window (a minute each, a quarter of a shorter run), and whether it stayed flat."""
     model_pid = max(samples[-1]["rss"], key=lambda pid: samples[-1]["rss"][pid])
-    points = [(s["t"], s["rss"].get(model_pid, 0) / 2**20) for s in samples]
+    points = [(s["t"], s["rss"].get(str(model_pid), s["rss"].get(model_pid, 0)) / 2**20) for s in samples]
     window = min(60.0, seconds / 4)
+    warm = max(window, warmup * seconds)
     first = [mb for t, mb in points if t <= window] or [points[0][1]]
-    after = [mb for t, mb in points if window < t <= 2 * window] or first
+    after = [mb for t, mb in points if warm < t <= warm + window] or first
     last = [mb for t, mb in points if t >= seconds - window] or [points[-1][1]]
     after_mean, last_mean = sum(after) / len(after), sum(last) / len(last)
     return {
         "model_pid": model_pid,
         "window_s": window,
+        "warmup_s": warm,
         "first_window_mb": sum(first) / len(first),
         "after_warmup_mb": after_mean,
         "last_window_mb": last_mean,
@@ -169,6 +173,44 @@ def memory(samples: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "flat": last_mean <= after_mean * 1.05 + 32,
         "series_mb": [round(mb, 1) for _, mb in points],
     }
+
+
+def judge(out: dict[str, Any], warmup: float) -> list[str]:
+    """Print what a soak's results (`out`, as ``--json`` keeps them) show; the reasons it fails, if any."""
+    status, store, errors = out["status"], out["store"], out["client_errors"]
+    mem = out["memory"] = memory(out["samples"], out["args"]["minutes"] * 60, warmup)
+    fivexx = sum(n for code, n in status.items() if code.startswith("5"))
+    evictions = int(store.get("stats", {}).get("evictions", 0))
+    failures = []
+    if fivexx:
+        failures.append(f"{fivexx} 5xx")
+    if store.get("pinned_nodes") != 0:
+        failures.append(f"{store.get('pinned_nodes')} pinned nodes")
+    if store.get("integrity") != "ok":
+        failures.append(f"integrity: {store.get('integrity')}")
+    if evictions <= 0:
+        failures.append("no eviction")
+    if not mem["flat"]:
+        failures.append(f"RSS grew {mem['after_warmup_mb']:.0f} -> {mem['last_window_mb']:.0f} MB")
+    if errors:
+        failures.append(f"{len(errors)} client errors")
+    print(f"\nresponses by status: {status}; by kind: {out['kinds']}; client errors: {len(errors)}")
+    for line in (out["server_errors"] + errors)[:5]:
+        print(f"  {line}")
+    print(
+        f"store: pinned nodes {store.get('pinned_nodes')}, integrity {store.get('integrity')}, evictions {evictions}, "
+        f"requests {store.get('stats', {}).get('requests')}, hit tokens {store.get('stats', {}).get('hit_tokens')}"
+    )
+    print(
+        f"model process RSS (MB, windows of {mem['window_s']:.0f} s): first {mem['first_window_mb']:.0f}, "
+        f"after warm-up ({mem['warmup_s']:.0f} s) {mem['after_warmup_mb']:.0f}, last {mem['last_window_mb']:.0f}, "
+        f"peak {mem['peak_mb']:.0f}"
+    )
+    loads = [s["load"] for s in out["samples"]]
+    print(f"load average during the soak: {loads[0]} -> {loads[-1]}")
+    print(f"soak: {'PASS' if not failures else 'FAIL (' + '; '.join(failures) + ')'}")
+    out["failures"] = failures
+    return failures
 
 
 def system_prompts(tokens: int, tokenizer: Any) -> list[str]:
@@ -193,8 +235,13 @@ def main() -> None:
     p.add_argument("--sample-s", type=float, default=10, help="seconds between memory samples (default 10)")
     p.add_argument("--threads", type=int, default=2, help="the server's threads (default 2)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--warmup", type=float, default=0.3, help="share of the run that is warm-up (default 0.3)")
     p.add_argument("--quick", action="store_true", help="1 minute")
+    p.add_argument("--from-json", metavar="PATH", help="judge a --json run's results again (no server)")
     args = p.parse_args()
+    if args.from_json:
+        judge(json.loads(Path(args.from_json).read_text()), args.warmup)
+        return
     if args.quick:
         args.minutes = 1.0
     started = start_run(1)
@@ -228,50 +275,19 @@ def main() -> None:
         tail = server.tail(2000)
     finally:
         server.stop()
-    mem = memory(soak.samples, args.minutes * 60)
-    fivexx = sum(n for status, n in soak.status.items() if status.startswith("5"))
-    evictions = int(final.get("stats", {}).get("evictions", 0))
-    failures = []
-    if fivexx:
-        failures.append(f"{fivexx} 5xx")
-    if final.get("pinned_nodes") != 0:
-        failures.append(f"{final.get('pinned_nodes')} pinned nodes")
-    if final.get("integrity") != "ok":
-        failures.append(f"integrity: {final.get('integrity')}")
-    if evictions <= 0:
-        failures.append("no eviction")
-    if not mem["flat"]:
-        failures.append(f"RSS grew {mem['after_warmup_mb']:.0f} -> {mem['last_window_mb']:.0f} MB")
-    if soak.errors:
-        failures.append(f"{len(soak.errors)} client errors")
-    print(f"\nresponses by status: {dict(soak.status)}; by kind: {dict(soak.kinds)}; client errors: {len(soak.errors)}")
-    for line in (soak.server_errors + soak.errors)[:5]:
-        print(f"  {line}")
-    print(
-        f"store: pinned nodes {final.get('pinned_nodes')}, integrity {final.get('integrity')}, evictions {evictions}, "
-        f"requests {final.get('stats', {}).get('requests')}, hit tokens {final.get('stats', {}).get('hit_tokens')}"
-    )
-    print(
-        f"model process RSS (MB, windows of {mem['window_s']:.0f} s): first {mem['first_window_mb']:.0f}, "
-        f"after warm-up {mem['after_warmup_mb']:.0f}, last {mem['last_window_mb']:.0f}, peak {mem['peak_mb']:.0f}"
-    )
-    loads = [s["load"] for s in soak.samples]
-    print(f"load average during the soak: {loads[0]} -> {loads[-1]}")
-    print(f"soak: {'PASS' if not failures else 'FAIL (' + '; '.join(failures) + ')'}")
+    out = {
+        "args": {k: v for k, v in vars(args).items() if k not in ("json", "from_json")},
+        "status": dict(soak.status),
+        "kinds": dict(soak.kinds),
+        "server_errors": soak.server_errors[:50],
+        "client_errors": soak.errors[:50],
+        "store": final,
+        "samples": soak.samples,
+        "server_log_tail": tail,
+    }
+    judge(out, args.warmup)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        out = {
-            "args": {k: v for k, v in vars(args).items() if k != "json"},
-            "status": dict(soak.status),
-            "kinds": dict(soak.kinds),
-            "server_errors": soak.server_errors[:50],
-            "client_errors": soak.errors[:50],
-            "store": final,
-            "memory": mem,
-            "samples": soak.samples,
-            "failures": failures,
-            "server_log_tail": tail,
-        }
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
         print(f"wrote {args.json}")
     print_end(started, newline=True)
