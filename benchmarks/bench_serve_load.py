@@ -245,7 +245,7 @@ def build_model(kind: str, folder: Path) -> str:
     if kind == "vlm":
         from hf_prefix_cache.testing.serve_process import tiny_vlm_folder
 
-        return tiny_vlm_folder(folder)
+        return str(tiny_vlm_folder(folder))
     return tiny_hybrid_folder(folder)
 
 
@@ -270,7 +270,7 @@ def tiny_hybrid_folder(path: Path) -> str:
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = BambaForCausalLM(config).eval()
+        model = BambaForCausalLM(config).eval()  # type: ignore[no-untyped-call]
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
