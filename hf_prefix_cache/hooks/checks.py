@@ -1,7 +1,9 @@
-"""The call's checks: step 1 of a decoder-only call in one pass, its settings, and its prompt read to the host.
+"""The call's checks and keys: steps 1 and 2 of a decoder-only call, read into a `Call` (`call.py`).
 
 `GenerationSettings` reads a call's settings once (the encoder-decoder hooks too); `read_prompt`
-reads the prompt from the device once; `check_call` runs step 1 with them and `refusals.py`.
+reads the prompt from the device once; `check_call` runs step 1 with them and `refusals.py`;
+`read_call` then decides the mode (`decide_mode`, by `call.MODE_TABLE`) and keys each row. A
+plain hit runs all of this in this one module.
 """
 
 from __future__ import annotations
@@ -16,45 +18,25 @@ import torch
 from numpy.typing import NDArray
 
 from hf_prefix_cache import reasons
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import refusals
-from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
+from hf_prefix_cache.hooks.call import MODE_TABLE, Call, Mode, Row
+from hf_prefix_cache.hooks.media import prompt_layout, prompt_namespace
+from hf_prefix_cache.hooks.pipeline import Cold, guard_failed, read_to_host, rows_of
+from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION, SETTINGS, Settings
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.multimodal import MEDIA_KWARGS
-from hf_prefix_cache.token_ids import TokenIds
+from hf_prefix_cache.multimodal.media import MediaLayout
+from hf_prefix_cache.store.contract import Store
+from hf_prefix_cache.store.sessions import Session
+from hf_prefix_cache.token_ids import TokenIds, eos_ids
 
-
-class _Settings:
-    """The settings every family reads, as a config or kwarg holds them (None where none sets them); a family that
-    reads another adds it here."""
-
-    __slots__ = ()
-    num_beams: Any
-    num_return_sequences: Any
-    use_cache: Any
-    prompt_lookup_num_tokens: Any
-    assistant_early_exit: Any
-    cache_implementation: Any
-    output_attentions: Any
-    output_hidden_states: Any
-    return_dict_in_generate: Any
-    max_new_tokens: Any
-    max_length: Any
-    max_cache_len: Any
-    pad_token_id: Any
-    eos_token_id: Any
-    # Whisper's own (`whisper.py`).
-    return_timestamps: Any
-    return_token_timestamps: Any
-    no_speech_threshold: Any
-
-
-#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
-SETTINGS = tuple(_Settings.__annotations__)
 # Cache implementations `generate` builds a `StaticCache` for ("hybrid" too, when the call asks for it).
 _STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
 
 
-class GenerationSettings(_Settings):
+class GenerationSettings(Settings):
     """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
 
     Each setting of `SETTINGS` is a plain attribute read once, and so are the facts derived from them:
@@ -165,27 +147,6 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
     return Prompt([row[p:] for row, p in zip(full, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
 
 
-def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
-    """Integer `ids` as int64 on the host, in one read (`.cpu()`; the array shares a CPU tensor's memory)."""
-    host = ids.to(torch.int64).cpu()
-    # The unpatched `numpy`: `keys/weights.py` records `.numpy()` aliases, which only parameters need.
-    array: NDArray[np.int64] = torch._C.TensorBase.numpy(host)
-    return array
-
-
-def rows_of(data: bytes, num_rows: int) -> list[TokenIds]:
-    """`num_rows` rows of int64 ids, one after the other in `data` (a host array's `tobytes()`), as `TokenIds`:
-    no Python int is made.
-
-    >>> rows_of(np.array([[5, 6], [7, 8]]).tobytes(), 2)[1][1:]
-    (8,)
-    """
-    if num_rows == 1:
-        return [TokenIds.from_bytes(data)]
-    width = len(data) // num_rows
-    return [TokenIds.from_bytes(data[i * width : (i + 1) * width]) for i in range(num_rows)]
-
-
 @functools.lru_cache(maxsize=4)
 def _ones(nbytes: int) -> bytes:
     """`nbytes` bytes of int64 ones (native order), to compare a mask with (kept for a few prompt sizes)."""
@@ -193,15 +154,6 @@ def _ones(nbytes: int) -> bytes:
 
 
 _ONE = np.ones(1, np.int64).tobytes()
-
-
-def token_rows(ids: torch.Tensor) -> list[TokenIds]:
-    """The rows of integer `ids` as `TokenIds`, read to the host once.
-
-    >>> token_rows(torch.tensor([[5, 6], [7, 8]]))[1][1:]
-    (8,)
-    """
-    return rows_of(read_to_host(ids).tobytes(), ids.shape[0])
 
 
 def _has_pad(host: NDArray[np.int64], pad: Any, config: Any) -> bool:
@@ -310,3 +262,118 @@ def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
     if kwargs.get("is_assistant"):
         return True
     return bool(getattr(generation_config, "is_assistant", False))
+
+
+def decide_mode(facts: frozenset[str]) -> Mode | str:
+    """The mode of a call with `facts` (its own and its model's capabilities) by `MODE_TABLE`, or the reason it runs
+    cold.
+
+    >>> decide_mode(frozenset({"padded", "has_state", "padding_served"}))
+    <Mode.STATE_ROWS: 'state rows'>
+    >>> decide_mode(frozenset({"static", "several", "distinct", "padding_served"}))
+    <Mode.OWN_ROWS: 'own rows'>
+    >>> decide_mode(frozenset({"static", "padded"}))
+    'padding'
+    """
+    for when, unless, outcome in MODE_TABLE:
+        if when <= facts and unless.isdisjoint(facts):
+            return outcome
+    return Mode.SHARED  # not reached: the table's last rule always applies
+
+
+class Read(NamedTuple):
+    """What `read_call` found: the call, or None and why it runs cold; the prompt's length, as a cold run counts it."""
+
+    call: Call | None
+    reason: str | Cold
+    prompt_len: int
+
+
+def read_call(
+    store: Store,
+    model: Any,
+    profile: ModelProfile,
+    signature: inspect.Signature,
+    capabilities: frozenset[str],
+    arguments: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    session: Session | None,
+) -> Read:
+    """Steps 1 and 2, check and key: the call as a value, or why it cannot reuse safely (a failed guard on the
+    prompt's media symbols among them)."""
+    input_ids = arguments.get("inputs")
+    if input_ids is None:
+        # Passed by name, or positionally to a generate naming it (Nemotron 3.5 Transcribe's).
+        input_ids = arguments.get("input_ids")
+    prompt_len = int(input_ids.shape[-1]) if isinstance(input_ids, torch.Tensor) else 0
+    checked = check_call(profile, model, signature, input_ids, arguments, kwargs)
+    settings = checked.settings
+    if settings is None or checked.reason is not None:
+        return Read(None, checked.reason or reasons.NO_INPUT_IDS, prompt_len)
+    tokens, pads = checked.rows, checked.pads
+    facts = set(capabilities)
+    if len(tokens) > 1:
+        facts.add("several")
+        if any(row != tokens[0] for row in tokens[1:]):
+            facts.add("distinct")
+    if any(pads):
+        facts.add("padded")
+    if settings.expand > 1:
+        facts.add("expanded")
+    if settings.static is not None:
+        facts.add("static")
+    mode = decide_mode(frozenset(facts))
+    if isinstance(mode, str):
+        return Read(None, mode, prompt_len)
+    try:
+        layout: MediaLayout | None = None
+        namespace = base_namespace = store.namespace()
+        scope: tuple[Any, ...] = ()
+        if profile.media is not None:
+            layout, reason = prompt_layout(profile, tokens, kwargs)
+            if reason is not None:
+                return Read(None, reason, prompt_len)
+            namespace, scope = prompt_namespace(profile, base_namespace, tokens[0], layout, kwargs)
+        spans = layout.spans if layout is not None else ()
+        item_spans = spans if profile.item_layers else ()
+        rows: list[Row] = []
+        for row, pad in zip(tokens, pads, strict=True):
+            # Placeholders become media symbols: a stored prefix matches only if tokens and media do.
+            symbols = layout.symbols(row) if layout is not None else row
+            # Identical rows share one key.
+            same = rows and row == tokens[0]
+            rows.append(Row(row, pad, rows[0].key if same else PrefixKey(namespace, symbols, spans, item_spans)))
+    except InconsistentStateError as exc:  # the prompt's media symbols failed a guard
+        return Read(None, guard_failed(exc), prompt_len)
+    return Read(
+        Call(
+            args,
+            kwargs,
+            input_ids,
+            prompt_len,
+            session,
+            tuple(rows),
+            mode,
+            settings.expand,
+            (settings.num_beams or 1) > 1,
+            settings.assisted or arguments.get("assistant_model") is not None,
+            # "dynamic" (or Gemma's default "hybrid"): the working cache is one; cold runs keep the setting.
+            bool(settings.cache_implementation),
+            _static_len(settings, prompt_len) if settings.static is not None else 0,
+            layout,
+            base_namespace,
+            scope,
+            eos_ids(settings.eos_token_id),
+        ),
+        "",
+        prompt_len,
+    )
+
+
+def _static_len(settings: GenerationSettings, prompt_len: int) -> int:
+    """The positions of the static cache, sized as generate sizes it: the longest sequence but its last token (or
+    the config's own size)."""
+    new = settings.max_new_tokens
+    longest = prompt_len + new if new is not None else settings.max_length
+    return int(max(longest - 1, settings.max_cache_len or 0))

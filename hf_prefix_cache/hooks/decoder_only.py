@@ -1,7 +1,7 @@
 """DecoderOnlyHook: `generate` of decoder-only models (text, media, recurrent) on a restored prefix.
 
 Wraps one model's `generate`: a call with the store as its cache is read as a value with its mode
-(`call.py`) and runs the request path (`pipeline.serve`) with the mode's restore and store steps:
+(`checks.read_call`) and runs the request path (`pipeline.serve`) with the mode's restore and store steps:
 one prompt here (`Mode.SHARED`, `Mode.STATIC`), rows of their own in `own_rows.py`, rows with
 recurrent states in `recurrent_rows.py`. `generate` always receives the full prompt ids (so
 streamers, logits processors and the returned sequences are a cold run's) and transformers feeds
@@ -21,7 +21,8 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import media as media_prompts
 from hf_prefix_cache.hooks import own_rows, pipeline, recurrent_rows
-from hf_prefix_cache.hooks.call import Call, Mode, capabilities, read_call
+from hf_prefix_cache.hooks.call import Call, Mode, capabilities
+from hf_prefix_cache.hooks.checks import read_call
 from hf_prefix_cache.hooks.patching import DECODER_ONLY, Family, InstancePatch, PatchingHook, register
 from hf_prefix_cache.hooks.refusals import serving_modes
 from hf_prefix_cache.model import batch_rows
@@ -42,10 +43,9 @@ class DecoderOnlyHook(PatchingHook):
 
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         super().__init__(store, model, serving)
-        self._prefill = Prefill(model, serving.profile, serving.snapshot_interval, False)
         self._capabilities = capabilities(serving.profile)  # what the mode table reads of the model (`call.py`)
         if serving.profile.unsupported is not None:
-            return  # every call runs cold (`checks.py`): nothing of the model to patch, which may not even have it
+            return  # every call runs cold (`checks.py`): nothing to patch or prefill, which the model may not even have
         if not serving.profile.prompt_sliced:
             self._keep(_skip_cached_ids(model, slice_mask=True, cache_kwarg=serving.profile.cache_kwarg))
         elif serving_modes(serving.profile).assisted:
@@ -80,7 +80,7 @@ class DecoderOnlyHook(PatchingHook):
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """One `generate` call: check and key it (`call.read_call`), then its mode's request path (`pipeline.serve`)."""
+        """One `generate` call: check and key it (`read_call`), then its mode's request path (`pipeline.serve`)."""
         store = self._store
         ours, session = pipeline.claim(store, self._model, kwargs, self._serving.serves_uncached)
         if not ours:

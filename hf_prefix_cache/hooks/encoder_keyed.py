@@ -24,7 +24,6 @@ from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline, refusals
 from hf_prefix_cache.hooks.call import Row
-from hf_prefix_cache.hooks.checks import token_rows
 from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
@@ -214,7 +213,7 @@ def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[
     Raises:
         pipeline.RunCold: memory ran out twice, or an exactness guard failed (the call runs cold).
     """
-    store, rows = request.store, token_rows(decoder_ids)
+    store, rows = request.store, pipeline.token_rows(decoder_ids)
     request.landed, request.decoder_ids, request.prompt_len = True, decoder_ids, len(rows[0])
     if len(request.namespaces) > 1:
         request.working = _land_rows(request, rows)
@@ -282,7 +281,7 @@ def _store_rows(request: DecoderRequest, sequences: torch.Tensor, working: Worki
     kv_len = working.exact_length()
     if kv_len is None:
         raise InconsistentStateError("rows are stored from layers of per-token keys")
-    tokens = token_rows(prompts)
+    tokens = pipeline.token_rows(prompts)
     per_input, per_prompt = len(sequences) // num_inputs, len(sequences) // len(prompts)
     rows = [Row(tokens[i // per_prompt], 0, request.key(i // per_input)) for i in range(len(sequences))]
     pipeline.store_rows(request.store, rows, sequences, working, kv_len, [length] * len(rows))

@@ -7,7 +7,8 @@ of every mode of every hook: the mode's restore step, `generate`, the leases giv
 `finally`, the mode's store step, the request counted and logged; a cold run where a step gives
 up or a guard fails), `restore` (one prompt's stored prefix restored into a fresh working cache,
 retried once when memory runs out), and what the modes' steps share: `generate_kwargs`,
-`sequences_of`, `store_rows` and `sequence_keys`. A plain hit (one row of text) calls `claim`,
+`sequences_of`, `store_rows` and `sequence_keys`; and ids read to the host (`read_to_host`,
+`rows_of`, `token_rows`; `checks.read_prompt` too). A plain hit (one row of text) calls `claim`,
 `serve`, `restore`, `generate_kwargs`, `sequences_of` and `sequence_keys` once each.
 """
 
@@ -18,11 +19,12 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import IncompatibleModelError, InconsistentStateError
-from hf_prefix_cache.hooks.checks import read_to_host, rows_of, token_rows
 from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
@@ -32,6 +34,7 @@ from hf_prefix_cache.model.working_cache import WorkingCache
 from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.store.contract import Fallback, FallbackRan, Lease, ReducedReuse, Served, Store
 from hf_prefix_cache.store.sessions import Session
+from hf_prefix_cache.token_ids import TokenIds
 
 if TYPE_CHECKING:
     from hf_prefix_cache.hooks.call import Call, Row
@@ -328,6 +331,36 @@ def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None
     return [
         PrefixKey(namespace, [*prompt_symbols[:length], *row[len(prompt_symbols) :]], spans, item_spans) for row in rows
     ]
+
+
+def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
+    """Integer `ids` as int64 on the host, in one read (`.cpu()`; the array shares a CPU tensor's memory)."""
+    host = ids.to(torch.int64).cpu()
+    # The unpatched `numpy`: `keys/weights.py` records `.numpy()` aliases, which only parameters need.
+    array: NDArray[np.int64] = torch._C.TensorBase.numpy(host)
+    return array
+
+
+def rows_of(data: bytes, num_rows: int) -> list[TokenIds]:
+    """`num_rows` rows of int64 ids, one after the other in `data` (a host array's `tobytes()`), as `TokenIds`:
+    no Python int is made.
+
+    >>> rows_of(np.array([[5, 6], [7, 8]]).tobytes(), 2)[1][1:]
+    (8,)
+    """
+    if num_rows == 1:
+        return [TokenIds.from_bytes(data)]
+    width = len(data) // num_rows
+    return [TokenIds.from_bytes(data[i * width : (i + 1) * width]) for i in range(num_rows)]
+
+
+def token_rows(ids: torch.Tensor) -> list[TokenIds]:
+    """The rows of integer `ids` as `TokenIds`, read to the host once.
+
+    >>> token_rows(torch.tensor([[5, 6], [7, 8]]))[1][1:]
+    (8,)
+    """
+    return rows_of(read_to_host(ids).tobytes(), ids.shape[0])
 
 
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:

@@ -39,6 +39,34 @@ REFUSED_ARGUMENTS: Mapping[str, str] = {
 CACHE_IMPLEMENTATION = "cache_implementation"
 
 
+class Settings:
+    """The settings every family reads, as a config or kwarg holds them (None where none sets them; the rules here
+    read them of `checks.GenerationSettings`); a family that reads another adds it here."""
+
+    __slots__ = ()
+    num_beams: Any
+    num_return_sequences: Any
+    use_cache: Any
+    prompt_lookup_num_tokens: Any
+    assistant_early_exit: Any
+    cache_implementation: Any
+    output_attentions: Any
+    output_hidden_states: Any
+    return_dict_in_generate: Any
+    max_new_tokens: Any
+    max_length: Any
+    max_cache_len: Any
+    pad_token_id: Any
+    eos_token_id: Any
+    # Whisper's own (`whisper.py`).
+    return_timestamps: Any
+    return_token_timestamps: Any
+    no_speech_threshold: Any
+
+
+#: The settings every family reads: `GenerationSettings` reads each once, when the call's settings are made.
+SETTINGS = tuple(Settings.__annotations__)
+
 # Generation settings (they steer decoding, not the prompt's states).
 GENERATION_FIELDS = frozenset(GenerationConfig().to_dict())  # type: ignore[no-untyped-call]
 # Other generate kwargs the key covers (ids, an all-ones mask) or that leave states alone.
