@@ -184,8 +184,8 @@ class RunningBatch:
             self.rows, self._cache, self._length = [], None, 0
             return
         width = max(length - rows[i].pad for i in staying)  # the padding columns all rows left share are dropped
-        self._cache = layout.kept(self.profile, cache, [row.pad for row in rows], length, staying, width)
-        self.rows, self._length = [rows[i] for i in staying], width
+        self._cache, order = layout.kept(self.profile, cache, [row.pad for row in rows], length, staying, width)
+        self.rows, self._length = [rows[i] for i in order], width
         for row in self.rows:
             row.pad -= length - width
 

@@ -6,7 +6,10 @@ buffer per layer (one copy), and a departure keeps the rows left and drops the p
 share (one copy). Models with recurrent states (`ModelProfile.joins_rows`) take the store's own way
 (`model.batch_rows`): every row copied out alone, then the rows restored side by side with their states
 joined. Either way each row `i` holds its cache at columns `[pads[i], length)`, right-aligned, in a
-`GrowingCache` (its full-attention layers then take each step's column in place).
+`GrowingCache` (its full-attention layers then take each step's column in place). Where every cached layer
+is plain full attention (`ModelProfile.defers_keys`), rows join and leave inside that cache's buffers
+instead (`GrowingCache.add_row`, `drop_rows`): only the joining row, or the last row into a leaving row's
+place, is copied.
 
 Example:
     >>> from hf_prefix_cache.api.prefix_cache import store_of
@@ -15,7 +18,7 @@ Example:
     ...     _ = model(ids, past_key_values=hit.cache, use_cache=True)
     >>> one = joined(profile, None, [], hit.cache, 36, 0)  # a batch of one row: 36 columns
     >>> two = joined(profile, one, [0], hit.cache, 30, 36)  # and a row of the first 30 positions, behind 6 pads
-    >>> two.kv_length(), kept(profile, two, [0, 6], 36, [1], 30).kv_length()  # the second row alone
+    >>> two.kv_length(), kept(profile, two, [0, 6], 36, [1], 30)[0].kv_length()  # the second row alone
     (36, 30)
 """
 
@@ -38,8 +41,13 @@ if TYPE_CHECKING:
 def joined(
     profile: ModelProfile, batch: WorkingCache | None, pads: Sequence[int], row: WorkingCache, row_len: int, length: int
 ) -> WorkingCache:
-    """A new batch cache: `batch`'s rows (behind `pads`, `length` columns wide before) then `row`'s `row_len`
-    positions, all right-aligned to `max(length, row_len)` columns."""
+    """The batch cache of `batch`'s rows (behind `pads`, `length` columns wide before) then `row`'s `row_len`
+    positions, all right-aligned to `max(length, row_len)` columns: `batch` itself where the rows join in place
+    (`GrowingCache.lays_out_in_place`), else a new cache."""
+    if (batch is None and profile.defers_keys) or (isinstance(batch, GrowingCache) and batch.lays_out_in_place()):
+        out = batch if isinstance(batch, GrowingCache) else GrowingCache(profile)
+        out.add_row(row, row_len)
+        return out
     if not profile.expands:
         parts = [(batch_rows.copy_row(batch, i, pad, length), pad) for i, pad in enumerate(pads)] if batch else []
         width = max(length, row_len)
@@ -75,14 +83,20 @@ def joined(
 
 def kept(
     profile: ModelProfile, batch: WorkingCache, pads: Sequence[int], length: int, rows: Sequence[int], width: int
-) -> WorkingCache:
-    """A new batch cache of `batch`'s `rows` only (behind `pads`, `length` columns wide), cut to its last `width`
-    columns: the padding columns every kept row shares are dropped."""
+) -> tuple[WorkingCache, list[int]]:
+    """The batch cache of `batch`'s `rows` only (behind `pads`, `length` columns wide), cut to its last `width`
+    columns (the padding columns every kept row shares are dropped), and the kept rows' indices in its order:
+    `batch` itself where rows leave in place (a leaving row's place taken by the last row), else a new cache
+    in the order of `rows`."""
+    if isinstance(batch, GrowingCache) and batch.lays_out_in_place():
+        order = batch.drop_rows([i for i in range(len(pads)) if i not in set(rows)])
+        batch.drop_columns(length - width)
+        return batch, order
     if not profile.expands:
         parts = [(batch_rows.copy_row(batch, i, pads[i], length), width - (length - pads[i])) for i in rows]
         out = GrowingCache(profile)
         batch_rows.restore_rows(out, parts, width)
-        return out
+        return out, list(rows)
     batch.land()
     out = GrowingCache(profile)
     index: torch.Tensor | None = None
@@ -96,4 +110,4 @@ def kept(
         k, v = (t[:, :, length - width :].index_select(0, index) for t in kv)
         adapter.restore_kv(fresh, k, v, width)
     out.count_linear(width)
-    return out
+    return out, list(rows)

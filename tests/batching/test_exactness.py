@@ -16,7 +16,7 @@ from conftest import CACHE_NAME, LOGIT_TOL, build, random_prompt
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.batching.batch import RunningBatch
-from hf_prefix_cache.batching.growing import SPARE
+from hf_prefix_cache.batching.growing import LEFT_SPARE, SPARE
 from hf_prefix_cache.batching.rows import EndReason, Request, Row
 
 MODELS = ("llama", "gpt2", "mistral", "gemma3_text", "qwen3_next", "lfm2")
@@ -115,6 +115,54 @@ def test_rows_decoding_past_their_layers_spare_room_stay_exact() -> None:
     run_staggered(RunningBatch(store), rows, [0, 3, 10])
     for prompt, n, row in zip(prompts, new, rows, strict=True):
         cold = alone(model, prompt, n)
+        assert row.tokens == cold.sequences[0, len(prompt) :].tolist()
+        assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
+    store.detach()
+
+
+def test_rows_join_and_leave_in_place_and_stay_exact() -> None:
+    """Where every layer is plain full attention, rows join and leave inside the batch's buffers
+    (`GrowingCache.add_row`, `drop_rows`): a shorter row joining and a row leaving from the middle copy
+    nothing else (the buffers stay the same memory); a row longer than the spare columns before, and more rows
+    than the buffers were made for, copy the batch once. Every row equals its request alone."""
+    model = build("llama")
+    store = PrefixCache(model)
+    # (prompt length, new tokens, steps before it joins): the 2nd is LEFT_SPARE + 20 longer than the 1st
+    plan = ((12, 9, 0), (12 + LEFT_SPARE + 20, 12, 1), (30, 4, 2), (25, 14, 2), (8, 3, 3), (40, 6, 3))
+    prompts = [random_prompt(n, seed=50 + i)[0].tolist() for i, (n, _, _) in enumerate(plan)]
+    rows = [Row(Request(p, max_new_tokens=new, keep_logits=True)) for p, (_, new, _) in zip(prompts, plan, strict=True)]
+    batch = RunningBatch(store)
+    assert batch.admit(rows[0]) and batch.admit(rows[1])  # the longer row: one copy, with room before again
+    batch.step()
+    memory = batch._cache.layers[0].keys.untyped_storage().data_ptr() if batch._cache is not None else None
+    assert batch.admit(rows[2])  # shorter: written into the next free row
+    assert batch._cache is not None and batch._cache.layers[0].keys.untyped_storage().data_ptr() == memory
+    run_staggered(batch, rows[3:], [0, 1, 1])  # a fifth row outgrows the 4 rows made; rows leave mid-batch
+    for prompt, row, (_, new, _) in zip(prompts, rows, plan, strict=True):
+        cold = alone(model, prompt, new)
+        assert row.tokens == cold.sequences[0, len(prompt) :].tolist()
+        assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
+    store.check_integrity()
+    store.detach()
+
+
+def test_a_row_leaving_keeps_the_buffers() -> None:
+    """A row leaving the middle of a full-attention batch takes no copy of the batch: the last row moves
+    into its place, and the rows left go on exactly."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompts = [random_prompt(n, seed=70 + n)[0].tolist() for n in (15, 22, 18)]
+    rows = [Row(Request(p, max_new_tokens=new, keep_logits=True)) for p, new in zip(prompts, (8, 2, 8), strict=True)]
+    batch = RunningBatch(store)
+    assert all(batch.admit(row) for row in rows)
+    memory = batch._cache.layers[0].keys.untyped_storage().data_ptr() if batch._cache is not None else None
+    batch.step()  # the middle row ends (its second token)
+    assert rows[1].end_reason is EndReason.LENGTH and [r is rows[2] for r in batch.rows] == [False, True]
+    assert batch._cache is not None and batch._cache.layers[0].keys.untyped_storage().data_ptr() == memory
+    while batch.rows:
+        batch.step()
+    for prompt, row in zip(prompts, rows, strict=True):
+        cold = alone(model, prompt, len(row.tokens))
         assert row.tokens == cold.sequences[0, len(prompt) :].tolist()
         assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
     store.detach()
