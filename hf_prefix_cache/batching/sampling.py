@@ -42,6 +42,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from hf_prefix_cache.errors import InconsistentStateError
+
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
@@ -149,6 +151,7 @@ class Chooser:
     def _generator_on(self, device: torch.device) -> torch.Generator:
         """The row's generator on `device` (where `generate` would draw: the global generator of that device)."""
         if self._generator is None or self._generator.device != device:
-            assert self._seed is not None, "a greedy row never draws"
+            if self._seed is None:
+                raise InconsistentStateError("a greedy row was asked to draw a token at random")
             self._generator = torch.Generator(device=device).manual_seed(self._seed)
         return self._generator

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable, Sequence
 
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.storage.disk import DiskTier
 from hf_prefix_cache.storage.memory import DeviceTier, HostTier
@@ -320,9 +321,9 @@ class Placement:
             ):
                 new.setdefault(id(node), (node, {}, {}))[2].setdefault(state.length, state)
         for node, snaps, states in new.values():
-            assert node.value is not None
-            if node.tier == DISK:
-                assert self.files is not None, "a disk node in a store without a disk tier"
+            if node.value is None or (node.tier == DISK and self.files is None):
+                raise InconsistentStateError(f"states were attached to {node}, which holds no run in this store")
+            if node.tier == DISK and self.files is not None:
                 self.files.add_to_file(node, list(snaps.values()))
                 continue
             self._memory[node.tier].add_states(node.value, list(snaps.values()), list(states.values()))
