@@ -28,6 +28,7 @@ from hf_prefix_cache.testing.tiny_qwen_media import cached_omni
 from hf_prefix_cache.testing.tiny_vlm_media import llava_pixels, qwen_pixels, run, text
 from hf_prefix_cache.testing.tiny_vlm_parts import IMAGE_ID, VIDEO_ID, VISION_END_ID, VISION_START_ID
 from hf_prefix_cache.testing.tiny_vlms import cached_vlm
+from tests.batching.test_exactness import run_staggered
 
 #: Every media family the engine joins (`JOINING_MEDIA_TYPES`), as `testing.media.families.Family` builds it.
 FAMILIES = (
@@ -84,17 +85,6 @@ def sequential(model: Any, store: PrefixCache, ids: list[int], inputs: dict[str,
     with store.request() as scope:
         out = generate(model, ids, inputs, new, **{CACHE_NAME: store})
     return out, scope.cached_tokens
-
-
-def run_staggered(batch: RunningBatch, rows: list[Row], joins_after: list[int]) -> None:
-    """Admit each row after its number of steps, then step until every row has left."""
-    steps = 0
-    pending = list(zip(rows, joins_after, strict=True))
-    while pending or batch.rows:
-        while pending and pending[0][1] <= steps:
-            assert batch.admit(pending.pop(0)[0])
-        batch.step()
-        steps += 1
 
 
 def test_rows_with_their_own_images_equal_each_request_alone(family: Family) -> None:
