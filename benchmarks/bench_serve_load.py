@@ -246,34 +246,9 @@ def build_model(kind: str, folder: Path) -> str:
         from hf_prefix_cache.testing.serve_process import tiny_vlm_folder
 
         return str(tiny_vlm_folder(folder))
+    from hf_prefix_cache.testing.serve_process import tiny_hybrid_folder
+
     return tiny_hybrid_folder(folder)
-
-
-def tiny_hybrid_folder(path: Path) -> str:
-    """A random-weight 3-layer Bamba [mamba2, attention, mamba2] with SmolLM2's tokenizer, saved to `path`."""
-    import torch
-    from transformers import AutoTokenizer, BambaConfig, BambaForCausalLM
-
-    from hf_prefix_cache.api.models import smollm2_folder
-    from hf_prefix_cache.testing.tiny_build import _ATTN, _MAMBA2
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
-    config = BambaConfig(
-        vocab_size=len(tokenizer),
-        num_hidden_layers=3,
-        attn_layer_indices=[1],
-        **_MAMBA2,
-        **{**_ATTN, "max_position_embeddings": 8192},
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = BambaForCausalLM(config).eval()  # type: ignore[no-untyped-call]
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Used by the serve tests and `benchmarks/bench_serve.py`. Started offline (``HF_HUB_OFFLINE=1``),
 one thread per process unless told otherwise, importing this checkout's package; `wait` polls
 ``/health`` and fails with the log's tail if the process dies or is slow. Also the small models and
-images those servers are given: `tiny_chat_folder`, `tiny_vlm_folder`, `image_url`.
+images those servers are given: `tiny_chat_folder`, `tiny_hybrid_folder`, `tiny_vlm_folder`, `image_url`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,25 +123,57 @@ def tiny_vlm_folder(path: Path) -> str:
 
 def tiny_chat_folder(path: Path) -> str:
     """A 2-layer random-weight Llama with SmolLM2's tokenizer and chat template, saved to `path`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return _saved_with_smollm2_tokenizer(
+        path,
+        LlamaForCausalLM,
+        lambda tokenizer: LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+    )
+
+
+def tiny_hybrid_folder(path: Path) -> str:
+    """A random-weight 3-layer Bamba [mamba2, attention, mamba2] with SmolLM2's tokenizer, saved to `path`."""
+    from transformers import BambaConfig, BambaForCausalLM
+
+    from hf_prefix_cache.testing.tiny_build import _ATTN, _MAMBA2
+
+    return _saved_with_smollm2_tokenizer(
+        path,
+        BambaForCausalLM,
+        lambda tokenizer: BambaConfig(
+            vocab_size=len(tokenizer),
+            num_hidden_layers=3,
+            attn_layer_indices=[1],
+            **_MAMBA2,
+            **{**_ATTN, "max_position_embeddings": 8192},
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        ),
+    )
+
+
+def _saved_with_smollm2_tokenizer(path: Path, model_class: Any, config_for: Callable[[Any], Any]) -> str:
+    """A `model_class` of `config_for(SmolLM2's tokenizer)` with seed-0 random weights, saved with that tokenizer."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     from hf_prefix_cache.api.models import smollm2_folder
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        eos_token_id=tokenizer.eos_token_id,
-    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]
+        model = model_class(config_for(tokenizer)).eval()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
