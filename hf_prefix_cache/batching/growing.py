@@ -45,8 +45,9 @@ SPARE = 64
 #: Spare columns before the first, made when the batch's buffers are: a row up to this much longer than the
 #: batch joins without the batch being copied.
 LEFT_SPARE = 256
-#: Rows a batch's buffers are first made for (then twice as many each time they are outgrown).
-FIRST_ROWS = 4
+#: Rows a batch's buffers are first made for (then twice as many each time they are outgrown: a batch that
+#: grows to N rows is copied about log2(N) times, and holds at most twice the rows' memory).
+FIRST_ROWS = 1
 
 
 class Room:

@@ -122,23 +122,23 @@ def test_rows_decoding_past_their_layers_spare_room_stay_exact() -> None:
 
 def test_rows_join_and_leave_in_place_and_stay_exact() -> None:
     """Where every layer is plain full attention, rows join and leave inside the batch's buffers
-    (`GrowingCache.add_row`, `drop_rows`): a shorter row joining and a row leaving from the middle copy
-    nothing else (the buffers stay the same memory); a row longer than the spare columns before, and more rows
-    than the buffers were made for, copy the batch once. Every row equals its request alone."""
+    (`GrowingCache.add_row`, `drop_rows`): a shorter row joining a batch with a free row copies nothing else
+    (the buffers stay the same memory); a row longer than the spare columns before, and more rows than the
+    buffers have room for, copy the batch once. Every row equals its request alone."""
     model = build("llama")
     store = PrefixCache(model)
-    # (prompt length, new tokens, steps before it joins): the 2nd is LEFT_SPARE + 20 longer than the 1st
-    plan = ((12, 9, 0), (12 + LEFT_SPARE + 20, 12, 1), (30, 4, 2), (25, 14, 2), (8, 3, 3), (40, 6, 3))
-    prompts = [random_prompt(n, seed=50 + i)[0].tolist() for i, (n, _, _) in enumerate(plan)]
-    rows = [Row(Request(p, max_new_tokens=new, keep_logits=True)) for p, (_, new, _) in zip(prompts, plan, strict=True)]
+    # (prompt length, new tokens): the 2nd is LEFT_SPARE + 20 longer than the 1st
+    plan = ((12, 9), (12 + LEFT_SPARE + 20, 12), (30, 4), (25, 14), (8, 3), (40, 6))
+    prompts = [random_prompt(n, seed=50 + i)[0].tolist() for i, (n, _) in enumerate(plan)]
+    rows = [Row(Request(p, max_new_tokens=new, keep_logits=True)) for p, (_, new) in zip(prompts, plan, strict=True)]
     batch = RunningBatch(store)
-    assert batch.admit(rows[0]) and batch.admit(rows[1])  # the longer row: one copy, with room before again
+    assert all(batch.admit(row) for row in rows[:3])  # wider than the room, then more rows: copies (room for 4)
     batch.step()
     memory = batch._cache.layers[0].keys.untyped_storage().data_ptr() if batch._cache is not None else None
-    assert batch.admit(rows[2])  # shorter: written into the next free row
+    assert batch.admit(rows[3])  # shorter, and a free row: written in place
     assert batch._cache is not None and batch._cache.layers[0].keys.untyped_storage().data_ptr() == memory
-    run_staggered(batch, rows[3:], [0, 1, 1])  # a fifth row outgrows the 4 rows made; rows leave mid-batch
-    for prompt, row, (_, new, _) in zip(prompts, rows, plan, strict=True):
+    run_staggered(batch, rows[4:], [0, 1])  # the fifth row outgrows the room for 4; rows leave mid-batch
+    for prompt, row, (_, new) in zip(prompts, rows, plan, strict=True):
         cold = alone(model, prompt, new)
         assert row.tokens == cold.sequences[0, len(prompt) :].tolist()
         assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
