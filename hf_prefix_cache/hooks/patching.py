@@ -192,10 +192,8 @@ def register(family: Family) -> None:
 
 
 def family_of(model: Any) -> Family:
-    """The family serving `model`: an encoder-decoder family listing its exact class, else decoder-only.
-
-    An encoder-decoder model no family lists is profiled as not served (`encoder_decoder`).
-    """
+    """The family serving `model`: an encoder-decoder family listing its exact class, else decoder-only (which
+    profiles an encoder-decoder model no family lists as not served, `encoder_decoder`)."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
         model_type = getattr(config, "model_type", None) or ""

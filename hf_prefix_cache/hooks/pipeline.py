@@ -229,9 +229,8 @@ def restore(
     """A lease on the stored prefix of one prompt's `key` (at most `limit` symbols; by default all but its last, fed
     for its logits), restored into `batch_size` rows of a fresh working cache made for `profile`.
 
-    After an out-of-memory error the store has moved its unpinned entries off the device, and it is
-    tried once more into a fresh cache. `Cold` when memory ran out twice or a guard failed
-    (`guard_failed`): nothing is left pinned and no half-restored cache.
+    Tried once more after running out of memory (the store has moved its unpinned entries off the
+    device then); `Cold` when memory ran out twice or a guard failed, with nothing left pinned.
     """
     for attempt in range(2):
         try:

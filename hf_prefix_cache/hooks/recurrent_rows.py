@@ -46,11 +46,9 @@ class _Prefilled:
 def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipeline.Cold:
     """Restore and prefill each distinct row alone, store each prompt as far as it was fed, and join the rows.
 
-    Every distinct row's prefix is restored (and so pinned) before any row is stored: a row stored
-    early under a byte budget could otherwise evict what a later row was about to restore. `Cold`
-    (nothing held) when a row's restore runs out of memory twice or fails a guard; a guard that fails
-    in a prefill or the join raises `InconsistentStateError`, with nothing held. The held state: each
-    distinct row as prefilled, and the `EndStates` watching for EOS (or None).
+    Every distinct row's prefix is restored (and so pinned) before any row is stored, which could
+    otherwise evict it under a byte budget. `Cold`, or `InconsistentStateError` from a prefill or the
+    join, with nothing held. The held state: the rows as prefilled, the `EndStates` (or None).
     """
     profile = prefill.profile
     prefilled: dict[TokenIds, _Prefilled] = {}

@@ -168,11 +168,8 @@ class WhisperHook(EncoderKeyedHook):
         return output
 
     def _next_segment(self, *args: Any, **kwargs: Any) -> Any:
-        """Whisper's loop over the clip's windows: past the served first segment, give up (rerun cold).
-
-        With several sequences only some rows may need another segment, and Whisper would then cut
-        the finished rows out of `input_features`, which a served call does not pass.
-        """
+        """Whisper's loop over the clip's windows: past the served first segment, give up (rerun cold): Whisper
+        would cut rows that need no other segment out of `input_features`, which a served call does not pass."""
         request = self._request
         if request is not None and request.landed:
             raise pipeline.RunCold(pipeline.Cold(reasons.WHISPER_SEGMENTS), 0, request.reset)
