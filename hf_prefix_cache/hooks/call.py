@@ -1,9 +1,8 @@
 """Call: one decoder-only `generate` call as a value: its arguments, its rows (each keyed once) and its mode.
 
-`checks.read_call` makes a `Call`: it runs the checks, then decides the mode by the one table here
-(`MODE_TABLE`) over the profile's declared capabilities (`capabilities`) and the call's settings
-(or the reason to run cold), then keys each row (`PrefixKey`: its tokens after its left padding,
-media placeholders as symbols).
+`checks.read_call` makes a `Call`: it runs the checks, decides the mode by the one table here
+(`MODE_TABLE`) over the model's capabilities and the call's settings (or the reason to run cold),
+then keys each row (its tokens after its left padding, media placeholders as symbols).
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ class Mode(enum.Enum):
 
     SHARED = "shared prefix"  # one prompt (identical rows): one restore, copied to every row and its expansion
     STATIC = "static copy"  # one prompt on a static cache: restored, copied into its buffers and out again
-    OWN_ROWS = "own rows"  # distinct or left-padded rows of per-token keys: each restores to one shared column (its
-    # cache copied into a static one where the call asks for one)
+    OWN_ROWS = "own rows"  # distinct or left-padded rows of per-token keys: each restores to one shared column
     STATE_ROWS = "state rows"  # rows with recurrent states (a batch, padding, expansion): prefilled alone, joined
 
 
@@ -73,14 +71,13 @@ class Call:
         return tuple(row.pad for row in self.rows)
 
 
-# The facts of a call the mode table reads (each true or not): `padded`, a row has left padding; `several`, more than
-# one row; `distinct`, rows that differ; `expanded`, beams or several returned sequences; `static`, a static cache.
-# Beside them, the profile's capabilities (`capabilities`): `has_state`, recurrent states; `padding_served`, rows
-# may restore behind their left padding (`serves_padding`).
-
-
 class ModeRule(NamedTuple):
-    """A row of the mode table: when every fact of `when` holds (and none of `unless`), the mode or the cold reason."""
+    """A row of the mode table: when every fact of `when` holds (and none of `unless`), the mode or the cold reason.
+
+    A call's facts: `padded` (a row has left padding), `several` (rows), `distinct` (rows that differ),
+    `expanded` (beams or several sequences), `static` (a static cache); its model's (`capabilities`):
+    `has_state` (recurrent states), `padding_served` (rows restore behind their padding).
+    """
 
     when: frozenset[str]
     unless: frozenset[str]
@@ -118,10 +115,9 @@ def capabilities(profile: ModelProfile) -> frozenset[str]:
 
 def serves_padding(profile: ModelProfile) -> bool:
     """Whether left-padded rows can restore behind their padding: positions follow the mask (the model takes
-    `position_ids`) and the cached padding columns are masked (`generate` slices the prompt); per-token keys only,
-    no media (keyed for one row), no indexers keeping positions (Qwen4-Exp: a restore rebuilds them as 0..L-1).
-    Rows with recurrent states are prefilled alone (`recurrent_rows.py`): masked padding leaves a state as it was,
-    and positions follow the mask where the model takes them (a model of states alone has none)."""
+    `position_ids`, or has no keys: rows with states are prefilled alone, and masked padding leaves a state as
+    it was) and the cached padding columns are masked (`generate` slices the prompt); per-token keys only, no
+    media (keyed for one row), no indexers keeping positions (Qwen4-Exp: a restore rebuilds them as 0..L-1)."""
     if profile.joins_rows:
         return profile.accepts_position_ids or not profile.has_kv
     return (

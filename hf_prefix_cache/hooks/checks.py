@@ -1,9 +1,9 @@
 """The call's checks and keys: steps 1 and 2 of a decoder-only call, read into a `Call` (`call.py`).
 
-`GenerationSettings` reads a call's settings once (the encoder-decoder hooks too); `read_prompt`
-reads the prompt from the device once; `check_call` runs step 1 with them and `refusals.py`;
-`read_call` then decides the mode (`decide_mode`, by `call.MODE_TABLE`) and keys each row. A
-plain hit runs all of this in this one module.
+`GenerationSettings` reads a call's settings once and `ids_problem` checks its ids (the
+encoder-decoder hooks too); `read_prompt` reads the prompt from the device once; `check_call`
+runs step 1 with them and `refusals.py`; `read_call` then decides the mode (`decide_mode`) and
+keys each row. A plain hit runs all of this in this one module.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import refusals
 from hf_prefix_cache.hooks.call import MODE_TABLE, Call, Mode, Row
 from hf_prefix_cache.hooks.media import prompt_layout, prompt_namespace
-from hf_prefix_cache.hooks.pipeline import Cold, guard_failed, read_to_host, rows_of
+from hf_prefix_cache.hooks.pipeline import Cold, guard_failed, read_to_host, token_rows
 from hf_prefix_cache.hooks.refusals import CACHE_IMPLEMENTATION, SETTINGS, Settings
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.profile import ModelProfile
@@ -37,10 +37,7 @@ _STATIC_IMPLEMENTATIONS = ("static", "sliding_window")
 
 
 class GenerationSettings(Settings):
-    """A call's generation settings as `generate` will see them: kwarg, then the passed config, then the model's.
-
-    Each setting of `SETTINGS` is a plain attribute read once, and so are the facts derived from them:
-    `expand`, `assisted`, `static` and `is_plain`.
+    """A call's generation settings as `generate` will see them (kwarg, passed config, model's), each read once.
 
     >>> from types import SimpleNamespace
     >>> from transformers import GenerationConfig
@@ -56,11 +53,10 @@ class GenerationSettings(Settings):
     expand: int
     #: Prompt-lookup or early-exit assisted decoding (an assistant model is an argument of `generate`, not a setting).
     assisted: bool
-    #: The `StaticCache` implementation `generate` will build: ``"static"``, ``"sliding_window"``, or ``"hybrid"``
-    #: when the call asks for it (`generate` drops a model's default ``"hybrid"``); None for a dynamic cache.
+    #: The `StaticCache` implementation `generate` will build (a model's default ``"hybrid"`` it drops), or None.
     static: str | None
     #: One sequence per row on `generate`'s own cache, no extra outputs: no rule of `refusals.settings_problem`
-    #: refuses such settings, so a check may skip them. A new rule must keep this true.
+    #: refuses such settings (a new rule must keep this true), so a check may skip them.
     is_plain: bool
 
     def __init__(self, model: Any, generation_config: Any, kwargs: Mapping[str, Any]) -> None:
@@ -108,9 +104,8 @@ class Prompt(NamedTuple):
 
 
 def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
-    """The prompt's rows on the host after their left padding (`pads`: a mask of zeros then ones), and why its
-    mask (any other zeros or values) or pad tokens without a mask (transformers would infer one) would change what
-    the key covers (or None). One read of the device: the ids and the mask concatenated.
+    """The prompt's rows on the host after their left padding (a mask of zeros then ones), and why its mask (any
+    other) or pad tokens without one (transformers would infer it) would change what the key covers (or None).
 
     >>> read_prompt(torch.tensor([[5, 6], [7, 8]]), torch.tensor([[0, 1], [1, 1]]), None)
     Prompt(rows=[(6,), (7, 8)], pads=(1, 0), reason=None)
@@ -120,31 +115,27 @@ def read_prompt(input_ids: torch.Tensor, mask: Any, config: Any) -> Prompt:
     num_rows, width = input_ids.shape[0], input_ids.shape[-1]
     none = (0,) * num_rows
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape):
-        return Prompt(rows_of(read_to_host(input_ids).tobytes(), num_rows), none, reasons.ATTENTION_MASK_SHAPE)
+        return Prompt(token_rows(input_ids), none, reasons.ATTENTION_MASK_SHAPE)
     if mask is None:
         host = read_to_host(input_ids)
         pad = getattr(config, "pad_token_id", None)  # transformers infers a mask only from a pad token it knows
-        return Prompt(
-            rows_of(host.tobytes(), num_rows),
-            none,
-            reasons.PADDING if pad is not None and _has_pad(host, pad, config) else None,
-        )
+        padded = pad is not None and _has_pad(host, pad, config)
+        return Prompt(token_rows(host), none, reasons.PADDING if padded else None)
     if mask.is_floating_point() or mask.is_complex():
         mask = torch.where(mask == 0, 0, torch.where(mask == 1, 1, 2))  # 2: any other value (a rare mask's dtype)
     # The mask's rows below the ids' rows, as int64: one concatenation, one read.
     host = read_to_host(torch.cat([input_ids.to(torch.int64), mask.to(input_ids.device, torch.int64)]))
-    data, size = host[:num_rows].tobytes(), 8 * num_rows * width
+    rows, size = token_rows(host[:num_rows]), 8 * num_rows * width
     if width and _ones(size).startswith(host.data.cast("B")[size:]):  # a mask of ones: one memcmp, in place
-        return Prompt(rows_of(data, num_rows), none, None)
+        return Prompt(rows, none, None)
     marks = host[num_rows:]
     # Zeros then ones: each row equals its count of zeros in zeros, then ones (any other value, or a zero after a
     # one, differs).
     pads = (marks == 0).sum(1)
     row_pads = tuple(pads.tolist())
     if not (marks == (np.arange(width) >= pads[:, None])).all() or max(row_pads) >= width:
-        return Prompt(rows_of(data, num_rows), none, reasons.PADDING)  # not left padding, or a row with no token at all
-    full = rows_of(data, num_rows)
-    return Prompt([row[p:] for row, p in zip(full, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
+        return Prompt(rows, none, reasons.PADDING)  # not left padding, or a row with no token at all
+    return Prompt([row[p:] for row, p in zip(rows, row_pads, strict=True)], row_pads, None)  # type: ignore[misc]
 
 
 @functools.lru_cache(maxsize=4)
@@ -163,7 +154,7 @@ def _has_pad(host: NDArray[np.int64], pad: Any, config: Any) -> bool:
         return False
     if isinstance(pad, int) and -(2**63) <= pad < 2**63:
         return bool((host == pad).any())
-    return any(pad in row for row in rows_of(host.tobytes(), len(host)))
+    return any(pad in row for row in token_rows(host))
 
 
 # ------------------------------------------------------------------ the decoder-only hook's step 1
@@ -192,14 +183,12 @@ def check_call(
     arguments: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> Checked:
-    """Step 1 of a decoder-only call in one pass: its settings and prompt, and the first reason it cannot reuse
-    safely (None: it may reuse).
+    """Step 1 of a decoder-only call: its settings and prompt, and the first reason it cannot reuse safely.
 
-    The checks, in the order their reasons are counted: the model (`profile.unsupported`) and an
-    assistant's drafting (`is_drafting`); refused arguments, the ids (`_ids_problem`), media kwargs,
-    model kwargs the key does not cover and settings (`refusals.py`); the mask and pad tokens
-    (`read_prompt`). A rule looking for names runs only when the call gives one, the settings' only
-    when they are not plain (`GenerationSettings.is_plain`).
+    In the order reasons are counted: the model, an assistant's drafting (`is_drafting`), refused
+    arguments, the ids (`ids_problem`), media kwargs, model kwargs the key does not cover, settings,
+    the mask and pad tokens (`read_prompt`). A rule looking for names runs only when the call gives
+    one, the settings' only when they are not plain (`GenerationSettings.is_plain`).
     """
     if profile.unsupported is not None:
         return _refused(profile.unsupported)
@@ -209,7 +198,7 @@ def check_call(
         problem = refusals.refused_argument({**kwargs, **arguments}, modes=refusals.serving_modes(profile))
         if problem is not None:
             return _refused(problem)
-    problem = _ids_problem(profile, input_ids)
+    problem = ids_problem(input_ids, profile)
     if problem is None and not _MEDIA_NAMES.isdisjoint(kwargs):
         problem = refusals.media_problem(profile, model, input_ids, kwargs)
     if problem is None and not kwargs.keys() <= _PLAIN_KWARGS:
@@ -233,27 +222,35 @@ def _refused(reason: str) -> Checked:
     return Checked(None, [], (), reason)
 
 
-def _ids_problem(profile: ModelProfile, input_ids: Any) -> str | None:
-    """Ids that are not one 2-D integer tensor, or rows this model cannot serve in a batch."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+def ids_problem(ids: Any, profile: ModelProfile | None = None, one_row: bool = False) -> str | None:
+    """Why `ids` are not a 2-D tensor of integer token ids in some rows (one, if `one_row`), or not a prompt the
+    decoder-only model of `profile` can serve (given one): several rows of states kept for one, no token, or more
+    than an indexer keeps exact. None if they are.
+
+    >>> ids_problem(torch.tensor([[5, 6], [7, 8]])), ids_problem(torch.tensor([[5, 6], [7, 8]]), one_row=True)
+    (None, 'batch_size')
+    """
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
         return reasons.NO_INPUT_IDS
-    if input_ids.shape[0] != 1 and profile.has_state and not profile.joins_rows:
-        # Window states and states beside media are restored for one row only.
+    several = ids.shape[0] != 1
+    # Window states and states beside media are restored for one row only.
+    if several and (one_row or not len(ids) or (profile is not None and profile.has_state and not profile.joins_rows)):
         return reasons.BATCH_SIZE
-    if input_ids.shape[1] == 0:
+    if profile is None:
+        return None
+    if ids.shape[1] == 0:
         return reasons.EMPTY_PROMPT
-    if profile.exact_prompt_len is not None and input_ids.shape[1] > profile.exact_prompt_len:
+    if profile.exact_prompt_len is not None and ids.shape[1] > profile.exact_prompt_len:
         return reasons.with_detail(reasons.INDEXER_TOP_K, profile.exact_prompt_len)
     media = profile.media
-    if input_ids.shape[0] != 1 and media is not None and (media.has_positions or media.whole_prompt_only):
+    if several and media is not None and (media.has_positions or media.whole_prompt_only):
         # Positions and prompt-wide namespaces are computed for one row.
         return reasons.MROPE_BATCH if media.has_positions else reasons.PREFIX_LM_BATCH
     return None
 
 
 def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
-    """Whether a call is an assistant model's drafting inside an assisted `generate` (transformers marks the config
-    it passes, `is_assistant`): most of what it drafts is cropped off again.
+    """Whether a call is an assistant model's drafting inside an assisted `generate` (its config `is_assistant`).
 
     >>> from transformers import GenerationConfig
     >>> is_drafting(GenerationConfig(is_assistant=True), {}), is_drafting(None, {})
@@ -265,8 +262,7 @@ def is_drafting(generation_config: Any, kwargs: Mapping[str, Any]) -> bool:
 
 
 def decide_mode(facts: frozenset[str]) -> Mode | str:
-    """The mode of a call with `facts` (its own and its model's capabilities) by `MODE_TABLE`, or the reason it runs
-    cold.
+    """The mode of a call with `facts` (its own and its model's) by `MODE_TABLE`, or the reason it runs cold.
 
     >>> decide_mode(frozenset({"padded", "has_state", "padding_served"}))
     <Mode.STATE_ROWS: 'state rows'>
@@ -300,8 +296,7 @@ def read_call(
     kwargs: dict[str, Any],
     session: Session | None,
 ) -> Read:
-    """Steps 1 and 2, check and key: the call as a value, or why it cannot reuse safely (a failed guard on the
-    prompt's media symbols among them)."""
+    """Steps 1 and 2, check and key: the call as a value, or why it cannot reuse safely."""
     input_ids = arguments.get("inputs")
     if input_ids is None:
         # Passed by name, or positionally to a generate naming it (Nemotron 3.5 Transcribe's).
@@ -372,8 +367,7 @@ def read_call(
 
 
 def _static_len(settings: GenerationSettings, prompt_len: int) -> int:
-    """The positions of the static cache, sized as generate sizes it: the longest sequence but its last token (or
-    the config's own size)."""
+    """The static cache's positions as generate sizes it: the longest sequence but its last token, or the config's."""
     new = settings.max_new_tokens
     longest = prompt_len + new if new is not None else settings.max_length
     return int(max(longest - 1, settings.max_cache_len or 0))

@@ -1,12 +1,10 @@
 """DecoderOnlyHook: `generate` of decoder-only models (text, media, recurrent) on a restored prefix.
 
-Wraps one model's `generate`: a call with the store as its cache is read as a value with its mode
-(`checks.read_call`) and runs the request path (`pipeline.serve`) with the mode's restore and store steps:
-one prompt here (`Mode.SHARED`, `Mode.STATIC`), rows of their own in `own_rows.py`, rows with
-recurrent states in `recurrent_rows.py`. `generate` always receives the full prompt ids (so
-streamers, logits processors and the returned sequences are a cold run's) and transformers feeds
-the model only the uncached suffix; with media, only the suffix's media (`media.py`). Recurrent
-models prefill their uncached prompt in snapshot-sized chunks first (`model/prefill.py`).
+A call with the store as its cache is read as a value with its mode (`checks.read_call`) and runs
+the request path (`pipeline.serve`) with the mode's steps: one prompt here, rows of their own in
+`own_rows.py`, rows with recurrent states in `recurrent_rows.py`. `generate` always receives the
+full prompt ids (streamers, logits processors and sequences are a cold run's) and feeds the model
+only the uncached suffix and its media; recurrent states are prefilled first (`model/prefill.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from hf_prefix_cache.model.scan import ScanContinuation
 from hf_prefix_cache.model.states import ItemState, Snapshot
 from hf_prefix_cache.model.static import from_static, to_static
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.store.contract import Lease, Served, Serving, Store
+from hf_prefix_cache.store.contract import Served, Serving, Store
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -43,40 +41,31 @@ class DecoderOnlyHook(PatchingHook):
 
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         super().__init__(store, model, serving)
-        self._capabilities = capabilities(serving.profile)  # what the mode table reads of the model (`call.py`)
-        if serving.profile.unsupported is not None:
+        profile = serving.profile
+        self._capabilities = capabilities(profile)  # what the mode table reads of the model (`call.py`)
+        if profile.unsupported is not None:
             return  # every call runs cold (`checks.py`): nothing to patch or prefill, which the model may not even have
-        if not serving.profile.prompt_sliced:
-            self._keep(_skip_cached_ids(model, slice_mask=True, cache_kwarg=serving.profile.cache_kwarg))
-        elif serving_modes(serving.profile).assisted:
+        if not profile.prompt_sliced:
+            self._keep(_skip_cached_ids(model, slice_mask=True, cache_kwarg=profile.cache_kwarg))
+        elif serving_modes(profile).assisted:
             # Assisted decoding feeds its first forward the whole prompt, whatever the cache holds.
             self._keep(_skip_cached_ids(model, slice_mask=False))
         # Recurrence kept in module attributes (RecurrentGemma) is kept in the working cache's layers instead.
-        bridge = ModuleStateBridge.install(model, WorkingCache)
-        if bridge is not None:
-            self._keep(bridge)
-        scan: ScanContinuation | None = None
-        if serving.profile.single_token_steps and bridge is None:
-            scan = ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache))
+        bridge = self._keep(ModuleStateBridge.install(model, WorkingCache))
+        scan = None
+        if profile.single_token_steps and bridge is None:
+            scan = self._keep(ScanContinuation.install(model, lambda cache: isinstance(cache, WorkingCache)))
             if scan is None:
-                logger.warning(
-                    "%s: cannot continue its selective scan over several tokens; resumed prompts are fed "
-                    "one token per forward",
-                    type(model).__name__,
-                )
-            else:
-                self._keep(scan)
+                name = type(model).__name__
+                logger.warning("%s: cannot continue its selective scan; resumed prompts are fed token by token", name)
         # One forward per token once a state exists (only when the scan cannot be continued exactly).
-        one_token_steps = serving.profile.single_token_steps and scan is None
-        self._prefill = Prefill(model, serving.profile, serving.snapshot_interval, one_token_steps)
-        if serving.profile.media is not None and media_prompts.expands_media(model):
+        self._prefill = Prefill(model, profile, serving.snapshot_interval, profile.single_token_steps and scan is None)
+        if profile.media is not None and media_prompts.expands_media(model):
             # Beams and several sequences: the suffix's encoded media copied whole to each row.
             self._keep(media_prompts.expand_suffix_media(model))
-        if serving.profile.watch_indexers:
+        if profile.watch_indexers:
             # Sparse-attention indexers: a tie at the top-k boundary stops reuse (`model/indexer_ties.py`).
-            watch = TieWatch.install(model, WorkingCache)
-            if watch is not None:
-                self._keep(watch)
+            self._keep(TieWatch.install(model, WorkingCache))
 
     # ----------------------------------------------------------------- request
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -117,9 +106,8 @@ class DecoderOnlyHook(PatchingHook):
             fed = lease.cached_len
             cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
             if profile.has_state and not (call.assisted and profile.has_recurrence):
-                # Assisted decoding's first forward computes its last candidates' states one token at a time, and a
-                # cold run's takes the whole prompt: generate feeds all the cache lacks, so the same tokens are
-                # sequential. Otherwise the uncached prompt is fed in chunks, snapshotting where wanted.
+                # The uncached prompt fed in chunks, snapshotting where wanted. Not for assisted decoding on recurrence:
+                # its cold run's first forward takes the whole prompt, so generate feeds all the cache lacks.
                 fed, snapshots = self._prefill.states(
                     cache,
                     call.input_ids,
@@ -152,7 +140,7 @@ class DecoderOnlyHook(PatchingHook):
         Raises:
             InconsistentStateError: the cache disagrees with the finished sequence (an exactness guard).
         """
-        (lease, snapshots, static), cache, key = held.state, held.cache, call.rows[0].key
+        (lease, snapshots, static), cache, key, store = held.state, held.cache, call.rows[0].key, self._store
         if static is not None:
             copied = from_static(static, cache)  # the buffers are this call's: copy what to store out
             if copied is None:  # a sliding layer wrote past its window: the earliest positions are gone
@@ -165,11 +153,23 @@ class DecoderOnlyHook(PatchingHook):
         kv_len = cache.kv_length()
         repeat = kv_len is not None and kv_len <= lease.matched_len and not self._profile.has_state
         if not repeat or items or call.session:  # an exact repeat adds nothing to what it matched (and marked used)
-            self._insert(call, lease, cache, kv_len, pipeline.sequences_of(output), snapshots, items)
+            sequences = pipeline.sequences_of(output)
+            if call.beams:
+                # The finished beams are not the cache's rows (reordered every step, ended at different steps), but
+                # every row holds the same prompt: store the prompt once per row, from its first beam.
+                batch_rows.trim(cache, call.prompt_len, range(0, len(call.rows) * call.expand, call.expand))
+                sequences = call.input_ids
+            elif call.assisted:
+                # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
+                if kv_len is None:  # assisted decoding on a model without attention keys is refused before this
+                    raise InconsistentStateError("an assisted call's cache holds no keys to store")
+                batch_rows.trim(cache, kv_len, range(len(call.rows)))
+            # As far as the cache holds exactly: all of it, unless an indexer tied (`model/indexer_ties.py`).
+            pipeline.store_sequences(store, key, sequences, cache, call.session, lease.cached_len, snapshots, items)
         logger.debug("matched %d tokens, restored %d, namespace %s", lease.matched_len, lease.cached_len, key.namespace)
         reduced = []
         layout = call.layout
-        lost = media_prompts.media_padding_loss(self._store, key, layout, lease) if layout and layout.items else None
+        lost = media_prompts.media_padding_loss(store, key, layout, lease) if layout and layout.items else None
         if lost is not None:
             reduced.append(reasons.MEDIA_PADDING)  # reuse stopped at a medium stored with other padding
         if cache.tied_at is not None:
@@ -179,46 +179,10 @@ class DecoderOnlyHook(PatchingHook):
         served = Served(call.prompt_len, lease.cached_len, len(call.rows), key.symbols if has_media else None)
         return pipeline.Outcome(served, tuple(reduced))
 
-    def _insert(
-        self,
-        call: Call,
-        lease: Lease,
-        cache: WorkingCache,
-        kv_len: int | None,
-        sequences: torch.Tensor,
-        snapshots: list[Snapshot],
-        items: list[ItemState],
-    ) -> None:
-        rows = call.rows
-        if call.beams:
-            # The finished beams are not the cache's rows (beams are reordered every step and end at
-            # different steps), but every row holds the same prompt: store the prompt once, from the first.
-            batch_rows.trim(cache, call.prompt_len, range(0, len(rows) * call.expand, call.expand))
-            sequences = call.input_ids
-        elif call.assisted:
-            # Rejected candidates were cropped off as views: copy out what is kept, so no bytes hang on.
-            if kv_len is None:  # assisted decoding on a model without attention keys is refused before this
-                raise InconsistentStateError("an assisted call's cache holds no keys to store")
-            batch_rows.trim(cache, kv_len, range(len(rows)))
-        # All the cache holds, unless an indexer tied (`model/indexer_ties.py`).
-        keys = pipeline.sequence_keys(rows[0].key, sequences, cache.exact_length())
-        batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
-        for row, key in enumerate(keys):
-            self._store.insert_sequence(
-                key,
-                cache,
-                snapshots,
-                row=row if batched else None,
-                session=None if batched else call.session,
-                items=[s for s in items if s.length <= len(key.symbols)] if items and not batched else (),
-                computed_from=lease.cached_len,
-            )
-
 
 def _skip_cached_ids(model: Any, slice_mask: bool, cache_kwarg: str | None = None) -> InstancePatch:
-    """Where `generate` does not slice the prompt by the cache (`_compat.generate_slices_prompt`, and the first
-    forward of assisted decoding), skip what the working cache holds; `slice_mask` for the former, whose
-    forwards take the mask of the fed ids only. `cache_kwarg`: a model's own name for it (RWKV's `state`)."""
+    """Skip what the working cache holds where `generate` does not slice the prompt by the cache (with the mask:
+    `slice_mask`), and in the first forward of assisted decoding. `cache_kwarg`: a model's own (RWKV's `state`)."""
 
     def prepare_inputs_for_generation(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         cache = _compat.cache_in(kwargs)

@@ -1,19 +1,16 @@
 """Encoder-keyed calls (`whisper.py`, `seq2seq.py`): the call as a value, and its restore and store steps.
 
-An encoder-decoder model's decoder attends to the encoder output at every position, so its states
-are valid only for the same encoder input: the namespace is extended by the input's hash, and the
-encoder output stored for it is passed as `encoder_outputs` (`EncoderKeyedHook._restore`). The
-decoder ids are known only inside `generate`: the family's inner step finds its `DecoderRequest`
-in the cache argument (`request_in`) and completes the restore there (`land`) into an
-`EncoderDecoderCache(working cache, empty cache)` (transformers reuses a filled cross-attention
-part whatever the encoder output), or raises `pipeline.RunCold`. A batch restores each row under
-its own input to the column every row reaches (`_land_rows`) and stores each under its own.
+A decoder's states are valid only for the same encoder input: the namespace is extended by the
+input's hash, and the encoder output stored for it is passed as `encoder_outputs`. The decoder ids
+are known only inside `generate`: the family's inner step finds its `DecoderRequest` in the cache
+argument (`request_in`) and completes the restore there (`land`) into an
+`EncoderDecoderCache(working cache, empty cache)`, or raises `pipeline.RunCold`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,26 +19,24 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_prefix_cache import _compat, reasons
 from hf_prefix_cache.errors import InconsistentStateError
-from hf_prefix_cache.hooks import pipeline, refusals
+from hf_prefix_cache.hooks import own_rows, pipeline, refusals
 from hf_prefix_cache.hooks.call import Row
+from hf_prefix_cache.hooks.checks import GenerationSettings
 from hf_prefix_cache.hooks.patching import PatchingHook
 from hf_prefix_cache.keys.namespace import sub_namespace
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
-from hf_prefix_cache.storage.mover import is_out_of_memory
 from hf_prefix_cache.store.contract import Lease, Served, Serving, Store
 from hf_prefix_cache.store.sessions import Session
-from hf_prefix_cache.token_ids import TokenIds
 
 logger = logging.getLogger("hf_prefix_cache")
 
 
 @dataclass(frozen=True, slots=True)
 class EncoderCall:
-    """One encoder-decoder `generate` call as a value: its arguments by name (`kwargs`; `args` stays empty), the
-    decoder prompt length a cold run counts (`prompt_len`), its session, and the hash of what feeds its encoder in
-    each row (`digests`: one, or a batch's, each row served under its own)."""
+    """One encoder-decoder `generate` call as a value: its arguments by name (`kwargs`; no `args`), the decoder prompt
+    length a cold run counts, its session, and the hash of what feeds its encoder in each row (`digests`)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -56,8 +51,7 @@ class DecoderRequest:
 
     `namespaces`: the model's extended by each row's encoder-input hash; `encoder_keys`: where each
     input's encoder output is stored; `kwargs`: what `generate` runs with (this request as its cache).
-    `land` sets the decoder prompt, its rows (`expand`, `beams`), the `leases`, the `working` cache and
-    a batch's column (`restored_len`); `finished` holds Whisper's rows, `reset` a cold rerun's RNG state.
+    `land` sets the rest; `finished` holds Whisper's rows, `reset` a cold rerun's RNG state.
     """
 
     store: Store
@@ -79,8 +73,7 @@ class DecoderRequest:
     reset: Callable[[], None] | None = None
 
     def key(self, row: int = 0) -> PrefixKey:
-        """The key of encoder row `row`, with no symbols of its own: each decoder row it stores or restores brings
-        them."""
+        """The key of encoder row `row`, with no symbols: each decoder row it stores or restores brings them."""
         return PrefixKey(self.namespaces[row], ())
 
 
@@ -98,13 +91,9 @@ class EncoderKeyedHook(PatchingHook):
         return pipeline.serve(self._store, self._generate, call, self._restore, self._store_finished)
 
     def _read(self, arguments: dict[str, Any], session: Session | None) -> tuple[EncoderCall, str | None]:
-        """The call as a value (its arguments by name), and why it cannot reuse safely (None: it can): the model
-        unsupported, a refused argument, the family's own `_problem`, or an encoder input that cannot be hashed."""
-        reason = (
-            self._profile.unsupported
-            or refusals.refused_argument(arguments, encoder_keyed=True)
-            or self._problem(arguments)
-        )
+        """The call as a value, and why it cannot reuse safely (None: it can): the model unsupported, a refused
+        argument, the family's own `_problem`, or an encoder input that cannot be hashed."""
+        reason = self._profile.unsupported or refusals.refused_argument(arguments, True) or self._problem(arguments)
         digests = self._digests(arguments) if reason is None else None
         if digests is None:
             reason = reason or reasons.UNHASHABLE_MEDIA
@@ -124,9 +113,13 @@ class EncoderKeyedHook(PatchingHook):
         return 0
 
     def _arm(self, call: EncoderCall, request: DecoderRequest, hidden: torch.Tensor | None) -> None:
-        """Edit `request.kwargs` for `generate`: the stored encoder output `hidden` in place of the encoder (None: not
-        stored; `generate` computes it, or the family does and keeps it)."""
+        """Edit `request.kwargs` for `generate`: the stored encoder output `hidden` (None: none) for the encoder."""
         raise NotImplementedError
+
+    def _decoding_problem(self, settings: GenerationSettings, served: frozenset[str]) -> str | None:
+        """Decoding settings or a cache implementation (other than those `served`) a hit could not reproduce."""
+        modes = refusals.Modes(expands=self._profile.expands)
+        return refusals.decoding_problem(settings, modes) or refusals.cache_implementation_problem(settings, served)
 
     def _rows(self, request: DecoderRequest, output: Any) -> torch.Tensor | None:
         """The finished decoder rows to store (None: they disagree with the cache; nothing is stored)."""
@@ -138,8 +131,8 @@ class EncoderKeyedHook(PatchingHook):
 
     # ----------------------------------------------------------------- restore and store steps
     def _restore(self, call: EncoderCall) -> DecoderRequest:
-        """The request of these encoder inputs, their stored encoder outputs (where every row's is stored) in place of
-        the encoder; its decoder prefix is restored inside `generate` (`land`)."""
+        """The request of these encoder inputs, with their stored encoder outputs (where every row's is stored); its
+        decoder prefix is restored inside `generate` (`land`)."""
         namespace = self._store.namespace()
         request = DecoderRequest(
             self._store,
@@ -156,8 +149,7 @@ class EncoderKeyedHook(PatchingHook):
         return request
 
     def _store_finished(self, call: EncoderCall, request: DecoderRequest, output: Any) -> pipeline.Outcome:
-        """Each finished decoder row stored (after beam search, the decoder prompt once, as `decoder_only.py` stores
-        beams); the request as served.
+        """Each finished decoder row stored (after beam search, the decoder prompt once); the request as served.
 
         Raises:
             InconsistentStateError: `generate` never completed the restore, or the cache disagrees with a row.
@@ -167,7 +159,7 @@ class EncoderKeyedHook(PatchingHook):
             raise InconsistentStateError("generate ended without reaching the step that restores the decoder prefix")
         sequences = ids if request.beams else self._rows(request, output)
         if len(request.namespaces) > 1 and sequences is not None:
-            return _store_rows(request, sequences, working)
+            return _store_rows(request, ids, sequences, working)
         lease = request.leases[0]
         served = pipeline.Outcome(Served(request.prompt_len, lease.cached_len))
         kv_len = working.kv_length()
@@ -179,25 +171,19 @@ class EncoderKeyedHook(PatchingHook):
         if sequences is None:
             logger.warning("decoder rows do not match their cache (%s positions); not stored", kv_len)
             return served
-        keys = pipeline.sequence_keys(request.key(), sequences, working.exact_length())
-        batched = len(keys) > 1  # the session pins a lone row
-        for row, key in enumerate(keys):
-            request.store.insert_sequence(
-                key, working, row=row if batched else None, session=None if batched else request.session
-            )
+        pipeline.store_sequences(request.store, request.key(), sequences, working, request.session)
         return served
 
 
 def request_in(store: Store, model_kwargs: dict[str, Any]) -> DecoderRequest | None:
-    """The request of `store` that the cache argument in `model_kwargs` carries (None: not one of this store's;
-    another store's hook may sit below)."""
+    """The request of `store` in the cache argument of `model_kwargs` (None: not this store's; another's may be)."""
     request = _compat.cache_in(model_kwargs)
     return request if isinstance(request, DecoderRequest) and request.store is store else None
 
 
 def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
-    """Store the encoder output of each of the request's inputs (logged, not kept, when it alone exceeds the budget):
-    a batch's row by row, each copied out of the batch's output (a view would hold all of it)."""
+    """Store the encoder output of each of the request's inputs (not kept when it alone exceeds the budget), a batch's
+    row by row, each copied out (a view would hold all of it)."""
     keys = request.encoder_keys
     for i, key in enumerate(keys):
         row = hidden if len(keys) == 1 else hidden[i : i + 1].clone()
@@ -208,73 +194,61 @@ def keep_encoder_output(request: DecoderRequest, hidden: torch.Tensor) -> None:
 def land(request: DecoderRequest, decoder_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     """The restore step's end, inside `generate`: the stored prefix of `decoder_ids` restored into `request.expand`
     rows of each (`generate` copies them after this step), passed as the cache in `model_kwargs`. Rows of one
-    decoder prompt (Whisper's copies) restore what they share; a batch's rows each their own (`_land_rows`).
+    decoder prompt (Whisper's copies) restore what they share; a batch's rows each their own under its encoder
+    input, joined at the column every row reaches (`own_rows.restore_rows`, `request.restored_len`).
 
     Raises:
-        pipeline.RunCold: memory ran out twice, or an exactness guard failed (the call runs cold).
+        pipeline.RunCold: memory ran out, or an exactness guard failed (the call runs cold).
+        InconsistentStateError: a batch's decoder rows are not one per encoder row.
     """
-    store, rows = request.store, pipeline.token_rows(decoder_ids)
+    store, profile, rows = request.store, request.serving.profile, pipeline.token_rows(decoder_ids)
     request.landed, request.decoder_ids, request.prompt_len = True, decoder_ids, len(rows[0])
-    if len(request.namespaces) > 1:
-        request.working = _land_rows(request, rows)
+    num_inputs = len(request.namespaces)
+    if num_inputs > 1:
+        per_input = len(rows) // num_inputs  # Whisper's copies of each clip's prompt for several sequences
+        if per_input * num_inputs != len(rows):
+            raise InconsistentStateError(f"{len(rows)} decoder rows for {num_inputs} encoder rows")
+        keys = [(request.key(i // per_input).with_symbols(row), 0) for i, row in enumerate(rows)]  # no padding
+        joined = own_rows.restore_rows(store, profile, keys, request.expand)
+        if isinstance(joined, pipeline.Cold):
+            raise pipeline.RunCold(joined, request.prompt_len)
+        leases, request.working, request.restored_len = joined
     else:
         key, limit = request.key().with_symbols(rows[0]), len(rows[0]) - 1
         if len(rows) > 1:
-            shared = pipeline.common_prefix_len(rows)
+            shared = _common_prefix_len(rows)
             key, limit = key.prefix(shared), min(shared, limit)
-        restored = pipeline.restore(store, request.serving.profile, key, len(rows) * request.expand, limit)
+        restored = pipeline.restore(store, profile, key, len(rows) * request.expand, limit)
         if isinstance(restored, pipeline.Cold):
             raise pipeline.RunCold(restored, request.prompt_len)
-        lease, request.working = restored
-        request.leases.append(lease)
+        leases, request.working = [restored[0]], restored[1]
+    request.leases.extend(leases)
     # An empty cross-attention cache: the first step projects this request's encoder output into it.
-    model_kwargs[request.working.profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
+    model_kwargs[profile.cache_kwarg] = EncoderDecoderCache(request.working, DynamicCache())
 
 
-def _land_rows(request: DecoderRequest, rows: list[TokenIds]) -> WorkingCache:
-    """Each decoder prompt row's stored prefix under its own encoder input, joined into one cache at the column every
-    row reaches (`request.restored_len`); the request holds every lease.
+def _common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading ids every row shares.
 
-    Raises:
-        pipeline.RunCold: memory ran out (twice for a row's restore), or a row's restore failed a guard.
-        InconsistentStateError: the decoder rows are not one per encoder row.
+    >>> _common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 5, 3]])
+    1
     """
-    per_input = len(rows) // len(request.namespaces)  # Whisper's copies of each clip's prompt for several sequences
-    if per_input * len(request.namespaces) != len(rows):
-        raise InconsistentStateError(f"{len(rows)} decoder rows for {len(request.namespaces)} encoder rows")
-    store, profile = request.store, request.serving.profile
-    parts: list[tuple[WorkingCache, int]] = []
-    for i, row in enumerate(rows):
-        restored = pipeline.restore(store, profile, request.key(i // per_input).with_symbols(row))
-        if isinstance(restored, pipeline.Cold):
-            raise pipeline.RunCold(restored, request.prompt_len)
-        lease, part = restored
-        request.leases.append(lease)
-        part.land()  # pieces restored layer by layer at first use land now: they are read here, not by the model
-        parts.append((part, 0))  # no padding in a decoder prompt
-    length = min(lease.cached_len for lease in request.leases)
-    cache = WorkingCache(profile)
-    if length:
-        try:
-            batch_rows.restore_rows(cache, parts, length, request.expand)
-        except Exception as exc:
-            if not is_out_of_memory(exc):
-                raise
-            raise pipeline.RunCold(pipeline.Cold(reasons.OUT_OF_MEMORY), request.prompt_len) from exc
-    request.restored_len = length
-    return cache
+    first = rows[0]
+    n = len(first)
+    for row in rows[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], row, strict=False)) if a != b), n)
+    return n
 
 
-def _store_rows(request: DecoderRequest, sequences: torch.Tensor, working: WorkingCache) -> pipeline.Outcome:
-    """Each row of `sequences` (each input's rows, in order; after beam search, the decoder prompt rows) stored as
-    its own entry under its encoder input; the batch as served, row by row.
+def _store_rows(
+    request: DecoderRequest, prompts: torch.Tensor, sequences: torch.Tensor, working: WorkingCache
+) -> pipeline.Outcome:
+    """Each row of `sequences` (each input's rows, in order; after beam search, the decoder `prompts`) stored as its
+    own entry under its encoder input; the batch as served, row by row.
 
     Raises:
         InconsistentStateError: the cache holds no per-token keys to store rows from.
     """
-    prompts = request.decoder_ids
-    if prompts is None:
-        raise InconsistentStateError("generate ended without reaching the step that restores the decoder prefix")
     num_inputs, length = len(request.namespaces), request.restored_len
     if request.beams:
         batch_rows.trim(working, request.prompt_len, range(0, len(prompts) * request.expand, request.expand))

@@ -1,11 +1,9 @@
 """Prompts with media in the decoder-only hook: their layout and namespace, the suffix's media, the reuse they lose.
 
 `prompt_layout` and `prompt_namespace` key a prompt's media; `suffix_embeds` feeds a recurrent
-prefill an uncached suffix with media. `expand_suffix_media`: for beams and several sequences
-`generate` copies the encoded media per row by counting each row's placeholder ids; a hit hands
-it only the suffix's media, so the patch counts in the uncached ids. `expands_media` says which
-models `generate` treats that way (others run such calls cold: `media_batch`). `media_padding_loss`
-and `count_new_media` find reuse lost to a clip's padding or to media extending a stored chat.
+prefill an uncached suffix with media; `expand_suffix_media` copies a hit's suffix media per row
+for beams (on the models `expands_media` names); `media_padding_loss` and `count_new_media` find
+reuse lost to a clip's padding or to media extending a stored chat.
 """
 
 from __future__ import annotations
@@ -91,8 +89,8 @@ def suffix_embeds(
 
 
 def expands_media(model: Any) -> bool:
-    """Whether `generate` encodes all of this model's media before copying rows and copies them as transformers'
-    own `GenerationMixin` does (each row's items whole): a family's own copy may do otherwise."""
+    """Whether `generate` encodes all of this model's media before copying rows, and copies each row's items whole
+    as `GenerationMixin` does (others run such calls cold: `media_batch`)."""
     supports = getattr(model, "_supports_mm_encoder_outputs", None)
     modalities = set(getattr(model, "input_modalities", ()) or ())
     cls = type(model)
@@ -105,8 +103,8 @@ def expands_media(model: Any) -> bool:
 
 
 def expand_suffix_media(model: Any) -> InstancePatch:
-    """Patch `model._expand_inputs_for_generation` so that, on a working cache holding a prefix, the encoded
-    media are grouped by the placeholders of the uncached ids only."""
+    """Patch `model._expand_inputs_for_generation` so that, on a working cache holding a prefix, the encoded media
+    are copied per row by the placeholders of the uncached ids only (a hit hands `generate` only their media)."""
 
     def _expand_inputs_for_generation(
         expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: Any = None, **model_kwargs: Any
@@ -130,9 +128,8 @@ def media_padding_loss(store: Store, key: PrefixKey, layout: MediaLayout, lease:
     """What reuse lost if it stopped at an item the store holds there with other padding (`media_padding`).
 
     Returns:
-        The prompt tokens past the item's start that the store holds with that item as stored
-        (what the request could have reused, had its padding been the stored one); None when reuse
-        did not stop at such an item (nothing to count).
+        The prompt tokens past the item's start stored with that item as stored (reusable had its
+        padding been the stored one); None when reuse did not stop at such an item.
     """
     item = next((i for i in layout.items if i.start == lease.matched_len), None)
     if item is None:

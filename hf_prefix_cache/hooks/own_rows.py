@@ -1,16 +1,15 @@
 """Own rows (`Mode.OWN_ROWS`): a batch of distinct or left-padded rows of per-token keys, each restoring its own prefix.
 
-The batch restores to the column every row reaches (its padding plus its stored prefix), each row
-repeated for its beams or returned sequences (`batch_rows.restore_rows`); `generate` gets the
-caller's ids and mask unchanged, so positions, masks and outputs are the cold call's. On a static
-cache the batch is copied into its buffers and back out after `generate` (`model/static.py`).
-Each finished row is stored as its own entry without its padding; after beam search, each row's
-prompt once.
+Each row restores alone, joined at the column every row reaches (`restore_rows`, which encoder-keyed
+batches use too); `generate` gets the caller's ids and mask unchanged, so the outputs are the cold
+call's. A static cache gets the batch copied in and back out (`model/static.py`). Each finished row
+is stored as its own entry without its padding; after beam search, each row's prompt once.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from transformers import StaticCache
@@ -19,6 +18,7 @@ from hf_prefix_cache import reasons
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.hooks import pipeline
 from hf_prefix_cache.hooks.call import Call
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.profile import ModelProfile
 from hf_prefix_cache.model.static import from_static, to_static
@@ -30,39 +30,13 @@ logger = logging.getLogger("hf_prefix_cache")
 
 
 def restore(store: Store, profile: ModelProfile, config: Any, call: Call) -> pipeline.Held | pipeline.Cold:
-    """Leases on each row's own longest stored prefix, restored into one batch behind its left padding (and copied
-    into a static cache of `call.static_len` positions for the model's `config` where the call asks for one).
-
-    `pipeline.Cold` when memory ran out twice (the store moves its unpinned entries off the device after the
-    first out-of-memory error) or a guard failed; nothing stays pinned then. The held state is the
-    column `length` the batch restored to, and the static cache (or None).
+    """Each row's own longest stored prefix restored into one batch (`restore_rows`), copied into a static cache for
+    the model's `config` where the call asks for one. The held state: the batch's column, the static cache or None.
     """
-    pads = call.pads
-    for attempt in range(2):
-        leases: list[Lease] = []
-        try:
-            parts = []
-            for row in call.rows:
-                part = WorkingCache(profile)
-                leases.append(store.acquire(row.key, part, limit=len(row.key.symbols) - 1))
-                parts.append(part)
-            # A row that restored nothing bounds the batch by its padding alone.
-            length = min(pad + lease.cached_len for pad, lease in zip(pads, leases, strict=True))
-            if not any(lease.cached_len and pad < length for pad, lease in zip(pads, leases, strict=True)):
-                length = 0  # no row brings keys below that column: nothing to restore
-            cache = WorkingCache(profile)
-            if length:
-                batch_rows.restore_rows(cache, list(zip(parts, pads, strict=True)), length, call.expand)
-            break
-        except Exception as exc:
-            pipeline.release_all(store, leases)
-            if isinstance(exc, InconsistentStateError):
-                return pipeline.guard_failed(exc)
-            if not is_out_of_memory(exc):
-                raise
-            logger.warning("out of memory restoring cached prefixes (attempt %d): %s", attempt + 1, exc)
-    else:
-        return pipeline.Cold(reasons.OUT_OF_MEMORY)
+    restored = restore_rows(store, profile, [(row.key, row.pad) for row in call.rows], call.expand)
+    if isinstance(restored, pipeline.Cold):
+        return restored
+    leases, cache, length = restored
     static: StaticCache | None = None
     if call.static_len:
         try:
@@ -75,6 +49,42 @@ def restore(store: Store, profile: ModelProfile, config: Any, call: Call) -> pip
         cache.skip_len = length
     cache.prompt_len = call.prompt_len  # which indexer rows are the prompt's (`model/indexer_ties.py`)
     return pipeline.Held(leases, cache, kwargs, (length, static))
+
+
+def restore_rows(
+    store: Store, profile: ModelProfile, rows: Sequence[tuple[PrefixKey, int]], expand: int = 1
+) -> tuple[list[Lease], WorkingCache, int] | pipeline.Cold:
+    """Each row's own prefix (`rows`: its key and left padding) restored alone, joined behind its padding into one
+    fresh cache at the column every row reaches, each row `expand` times: the leases, the cache and that column.
+    `Cold` (nothing left pinned) as `pipeline.restore` gives it, or when the join runs out of memory or fails a guard.
+    """
+    leases: list[Lease] = []
+    try:
+        parts: list[tuple[WorkingCache, int]] = []
+        for key, pad in rows:
+            restored = pipeline.restore(store, profile, key)
+            if isinstance(restored, pipeline.Cold):
+                pipeline.release_all(store, leases)
+                return restored
+            leases.append(restored[0])
+            restored[1].land()  # pieces restored layer by layer at first use land now: the join reads them
+            parts.append((restored[1], pad))
+        # A row that restored nothing bounds the batch by its padding alone.
+        length = min(pad + lease.cached_len for (_, pad), lease in zip(parts, leases, strict=True))
+        if not any(lease.cached_len and pad < length for (_, pad), lease in zip(parts, leases, strict=True)):
+            length = 0  # no row brings keys below that column: nothing to restore
+        cache = WorkingCache(profile)
+        if length:
+            batch_rows.restore_rows(cache, parts, length, expand)
+    except BaseException as exc:
+        pipeline.release_all(store, leases)
+        if isinstance(exc, InconsistentStateError):
+            return pipeline.guard_failed(exc)
+        if not is_out_of_memory(exc):
+            raise
+        logger.warning("out of memory joining restored rows: %s", exc)
+        return pipeline.Cold(reasons.OUT_OF_MEMORY)
+    return leases, cache, length
 
 
 def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:

@@ -2,11 +2,9 @@
 and the registry from model family to the hook that serves it.
 
 An instance attribute shadows the class's method, so other model objects, even of the same class,
-are untouched. Patches stack: removing either of two in any order leaves the other working.
-`PatchingHook` installs a hook as `model.generate` and keeps its further patches, which `detach`
-removes. Each hook module declares its family with `register` (a name, the hook class, and for
-encoder-decoder families the exact model classes proven exact, by `model_type`); `family_of`
-picks a model's and `attach` makes its hook.
+are untouched; patches stack, and removing either of two in any order leaves the other working.
+Each hook module declares its family with `register`; `family_of` picks a model's and `attach`
+makes its hook.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from hf_prefix_cache.store.contract import Serving, Store
@@ -71,12 +69,12 @@ class _Removable(Protocol):
     def remove(self) -> None: ...
 
 
-class PatchingHook:
-    """Installs itself (its `__call__`) as `model.generate`; `detach` removes it and every patch kept with `_keep`.
+R = TypeVar("R", bound=_Removable | None)
 
-    Subclasses define `__call__(*args, **kwargs)`, the request; `_original` is the `generate` it
-    replaced and `_signature` the signature a call is bound with.
-    """
+
+class PatchingHook:
+    """Installs itself (its `__call__`, the request) as `model.generate`; `detach` removes it and every patch kept
+    with `_keep`. `_original` is the `generate` it replaced, `_signature` the signature a call is bound with."""
 
     def __init__(self, store: Store, model: Any, serving: Serving) -> None:
         self._store = store
@@ -94,10 +92,8 @@ class PatchingHook:
         raise NotImplementedError
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """A call's arguments by parameter name, its ``**kwargs`` among them (what `Signature.bind_partial` binds,
-        flattened, at the cost of a dict): positional arguments by the names of `_signature`'s positional
-        parameters. A call that cannot be bound this way (more positional arguments than names, a name given
-        twice) is bound by `bind_partial`, which raises as `generate` would.
+        """A call's arguments by parameter name, its ``**kwargs`` among them: what `Signature.bind_partial` binds,
+        flattened, at the cost of a dict (a call that cannot be bound so is bound by it, raising as `generate` would).
         """
         names = self._positional
         if len(args) <= len(names):
@@ -112,13 +108,13 @@ class PatchingHook:
 
     def _patch(self, name: str, replacement: Callable[..., Any]) -> InstancePatch:
         """Replace `model.<name>` by `replacement` until `detach`."""
-        patch = InstancePatch(self._model, name, replacement)
-        self._keep(patch)
-        return patch
+        return self._keep(InstancePatch(self._model, name, replacement))
 
-    def _keep(self, patch: _Removable) -> None:
-        """Remove `patch` on `detach` too."""
-        self._patches.append(patch)
+    def _keep(self, patch: R) -> R:
+        """Remove `patch` (None: nothing installed) on `detach` too; `patch` itself returned."""
+        if patch is not None:
+            self._patches.append(patch)
+        return patch
 
     def detach(self) -> None:
         """Put the model's own methods back, in the order they were replaced."""
@@ -165,11 +161,8 @@ class Hook(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """A family of models served by one hook.
-
-    `classes` maps a config `model_type` to the one model class served for it (encoder-decoder
-    families); empty for the decoder-only family, which takes every other model.
-    """
+    """A family of models served by one hook: `classes` maps a config `model_type` to the one model class proven
+    exact for it (encoder-decoder families); empty for the decoder-only family, which takes every other model."""
 
     name: str
     make_hook: Callable[[Store, Any, Serving], Hook]
@@ -185,16 +178,22 @@ _FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family) -> None:
-    """Declare `family` (called once by each hook module when it is imported)."""
-    assert family.name not in _FAMILIES, f"family {family.name!r} registered twice"
+    """Declare `family` (called once by each hook module when it is imported).
+
+    Raises:
+        ValueError: a family of that name is registered already.
+    """
+    if family.name in _FAMILIES:
+        raise ValueError(
+            f"model family {family.name!r} is registered already (by {_FAMILIES[family.name].make_hook!r}); "
+            "register each family once, under a name of its own"
+        )
     _FAMILIES[family.name] = family
 
 
 def family_of(model: Any) -> Family:
-    """The family serving `model`: an encoder-decoder family listing its exact class, else decoder-only.
-
-    An encoder-decoder model no family lists is profiled as not served (`encoder_decoder`).
-    """
+    """The family serving `model`: an encoder-decoder family listing its exact class, else decoder-only (which
+    profiles an encoder-decoder model no family lists as not served, `encoder_decoder`)."""
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
         model_type = getattr(config, "model_type", None) or ""

@@ -1,15 +1,10 @@
 """The request pipeline every family shares: check, key, restore, generate, store.
 
 A hook checks and keys the call; the functions here do the rest with the store's contract
-(`store/contract.py`): `claim` (whether a call is for this hook's store, and its cache argument
-taken out), `run_cold` (the original `generate`, the reason counted), `serve` (the request path
-of every mode of every hook: the mode's restore step, `generate`, the leases given back in one
-`finally`, the mode's store step, the request counted and logged; a cold run where a step gives
-up or a guard fails), `restore` (one prompt's stored prefix restored into a fresh working cache,
-retried once when memory runs out), and what the modes' steps share: `generate_kwargs`,
-`sequences_of`, `store_rows` and `sequence_keys`; and ids read to the host (`read_to_host`,
-`rows_of`, `token_rows`; `checks.read_prompt` too). A plain hit (one row of text) calls `claim`,
-`serve`, `restore`, `generate_kwargs`, `sequences_of` and `sequence_keys` once each.
+(`store/contract.py`): `claim` the call, `run_cold`, or `serve` it (the mode's restore step,
+`generate`, the leases given back, the mode's store step, the request counted and logged).
+The steps share `restore` (the one retry after running out of memory), `store_rows`,
+`store_sequences` and `token_rows` (ids read to the host once).
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ from hf_prefix_cache.token_ids import TokenIds
 if TYPE_CHECKING:
     from hf_prefix_cache.hooks.call import Call, Row
     from hf_prefix_cache.model.layers import LayerState
+    from hf_prefix_cache.model.states import ItemState, Snapshot
 
 logger = logging.getLogger("hf_prefix_cache")
 
@@ -53,10 +49,8 @@ def stand_for(front: Any, store: Store) -> None:
 
 
 def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: bool) -> tuple[bool, Session | None]:
-    """Whether a call's cache argument (in `kwargs`) is this store, directly or as one of its sessions, and the session.
-
-    When it is, it is taken out of `kwargs` under every name. A call that passes no cache is this
-    store's when the hook serves uncached calls (`serves_uncached`, ``attach="all"``).
+    """Whether a call's cache argument (in `kwargs`, taken out when it is) is this store or one of its sessions, and
+    the session. A call passing no cache is this store's where the hook serves uncached calls (``attach="all"``).
 
     Raises:
         ValueError: a closed session was passed.
@@ -81,10 +75,11 @@ def claim(store: Store, model: Any, kwargs: dict[str, Any], serves_uncached: boo
         ours = behind is store
         if not ours:
             if behind is not None and behind.model is not model:
+                theirs, this = (f"{type(m).__name__} at {id(m):#x}" for m in (behind.model, model))
                 raise IncompatibleModelError(
-                    f"this PrefixCache was built for another model object ({_describe(behind.model)}; this one is "
-                    f"{_describe(model)}): a store serves only the model it was made with, even among models "
-                    "of one class. Make one for this model: PrefixCache(model)"
+                    f"this PrefixCache was built for another model object ({theirs}; this one is {this}): a store "
+                    "serves only the model it was made with, even among models of one class. Make one for this "
+                    "model: PrefixCache(model)"
                 )
             return False, None
     if ours:
@@ -123,8 +118,8 @@ def run_cold(
 
 
 class Held(NamedTuple):
-    """What a restore step hands the request path: its leases (given back once `generate` ends), the working cache,
-    the kwargs `generate` runs with, and what the mode's store step needs (`state`)."""
+    """A restore step's answer: its leases (given back once `generate` ends), the working cache, the kwargs `generate`
+    runs with, and what the mode's store step needs (`state`)."""
 
     leases: Sequence[Lease]
     cache: WorkingCache
@@ -140,7 +135,7 @@ class Outcome(NamedTuple):
 
 
 class Request(Protocol):
-    """What `serve` reads of a call (`call.Call`, `encoder_keyed.EncoderCall`): a cold run's arguments and length."""
+    """What `serve` reads of a call (`Call`, `EncoderCall`): a cold run's arguments and length."""
 
     @property
     def args(self) -> tuple[Any, ...]: ...
@@ -151,8 +146,7 @@ class Request(Protocol):
 
 
 class Holding(Protocol):
-    """What `serve` reads of a restore step's answer (`Held`, `encoder_keyed.DecoderRequest`): the leases to give back
-    (a restore completing inside `generate` adds to them) and the kwargs `generate` runs with."""
+    """What `serve` reads of a restore step's answer (`Held`, `DecoderRequest`): leases and kwargs."""
 
     @property
     def leases(self) -> Sequence[Lease]: ...
@@ -161,8 +155,8 @@ class Holding(Protocol):
 
 
 class RunCold(Exception):  # noqa: N818 (an instruction to the request path, not an error)
-    """Raised inside `generate` by a restore that completes there (encoder-keyed calls): the call runs cold for `cold`,
-    counting `prompt_len` tokens, after `reset` (when given) puts back what the given-up run changed (its RNG state)."""
+    """Raised inside `generate` by a restore completing there: the call runs cold for `cold`, counting `prompt_len`
+    tokens, after `reset` (when given) puts back the given-up run's RNG state."""
 
     def __init__(self, cold: Cold, prompt_len: int, reset: Callable[[], None] | None = None) -> None:
         super().__init__(cold.reason)
@@ -185,11 +179,10 @@ def serve(
     restore_step: Callable[[C], H | Cold],
     store_step: Callable[[C, H, Any], Outcome],
 ) -> Any:
-    """The request path of every mode: restore, generate, release, store, then the request counted and logged.
+    """The request path of every mode (its `restore_step` and `store_step`): restore, generate, release, store, count.
 
-    Only `restore_step` and `store_step` are the mode's. The call runs cold, counted, when the restore
-    gives up (`Cold`, or `RunCold` from inside `generate`), an indexer ties at its top-k (`indexer_tie`),
-    or a guard fails before the answer is made (`inconsistent_restore`) or as its rows are stored
+    The call runs cold, counted, when the restore gives up (`Cold`, or `RunCold` inside `generate`), an
+    indexer ties at its top-k, or a guard fails before the answer is made or as its rows are stored
     (`inconsistent_capture`: the answer computed on that cache is not trusted either).
     """
     held: H | Cold | None = None
@@ -234,12 +227,10 @@ def restore(
     store: Store, profile: ModelProfile, key: PrefixKey, batch_size: int = 1, limit: int | None = None
 ) -> tuple[Lease, WorkingCache] | Cold:
     """A lease on the stored prefix of one prompt's `key` (at most `limit` symbols; by default all but its last, fed
-    for its logits), restored into `batch_size` rows of a fresh working cache made for `profile` (`generate` makes
-    several rows of one prompt for beams or several returned sequences).
+    for its logits), restored into `batch_size` rows of a fresh working cache made for `profile`.
 
-    After an out-of-memory error the store has moved its unpinned entries off the device, and it is
-    tried once more into a fresh cache. `Cold` when memory ran out twice or a guard failed
-    (`guard_failed`): nothing is left pinned and no half-restored cache.
+    Tried once more after running out of memory (the store has moved its unpinned entries off the
+    device then); `Cold` when memory ran out twice or a guard failed, with nothing left pinned.
     """
     for attempt in range(2):
         try:
@@ -294,15 +285,14 @@ def store_rows(
     computed_from: Sequence[int],
     ends: Mapping[int, tuple[int, dict[int, LayerState]]] | None = None,
 ) -> None:
-    """Store the first `length` ids of each row of `sequences` (row `i` of `cache`, made of the prompt row `rows[i]`)
-    as its own entry: copied out without its left padding (`batch_rows.copy_row`), keyed under its prompt row's
-    namespace. `computed_from[i]` is how many of its tokens were restored rather than computed by this request. A
-    row in `ends` (`recurrent_rows.EndStates`) is stored up to its EOS instead, with the states it had then.
+    """Store the first `length` ids of each row of `sequences` (row `i` of `cache`, of the prompt row `rows[i]`) as
+    its own entry without its left padding, `computed_from[i]` of its tokens restored; a row in `ends`
+    (`recurrent_rows.EndStates`) up to its EOS instead, with the states it had then.
 
     Raises:
         InconsistentStateError: a row's EOS states lie past the `length` fed.
     """
-    for i, ids in enumerate(token_rows(sequences[:, :length])):
+    for i, ids in enumerate(token_rows(sequences, length)):
         pad, (end, states) = rows[i].pad, (ends or {}).get(i, (length, None))
         if end > length:
             raise InconsistentStateError(f"row {i}'s EOS states at {end} columns, past the {length} fed")
@@ -314,16 +304,41 @@ def store_rows(
         store.insert_sequence(rows[i].key.with_symbols(ids[pad:end]), part, computed_from=computed_from[i])
 
 
+def store_sequences(
+    store: Store,
+    key: PrefixKey,
+    sequences: torch.Tensor,
+    cache: WorkingCache,
+    session: Session | None,
+    computed_from: int = 0,
+    snapshots: Sequence[Snapshot] = (),
+    items: Sequence[ItemState] = (),
+) -> None:
+    """Each row of `sequences` (one prompt's) stored from its row of `cache`, keyed by `sequence_keys` as far as
+    the cache holds exactly; a lone row with `session`, `snapshots` and the media `items` it covers."""
+    keys = sequence_keys(key, sequences, cache.exact_length())
+    batched = len(keys) > 1  # each row stores its row of the cache; a session and media items are one row's
+    for row, row_key in enumerate(keys):
+        store.insert_sequence(
+            row_key,
+            cache,
+            snapshots,
+            row=row if batched else None,
+            session=None if batched else session,
+            items=[s for s in items if s.length <= len(row_key.symbols)] if items and not batched else (),
+            computed_from=computed_from,
+        )
+
+
 def sequence_keys(key: PrefixKey, sequences: torch.Tensor, cache_len: int | None) -> list[PrefixKey]:
     """The key of each row of `sequences` to store: its first `cache_len` ids (None: all but the last, never fed
     back), under `key`'s namespace and spans, the prompt's placeholders replaced by the key's media symbols in every
-    row (rows of one prompt: samples); no key when that is nothing. The rows are read to the host in one piece.
+    row (rows of one prompt: samples); no key when that is nothing.
     """
     length = sequences.shape[1] - 1 if cache_len is None else cache_len
     if length <= 0:
         return []
-    host = read_to_host(sequences)  # whole rows: a slice of columns would be copied on the device first
-    rows = rows_of(host[:, :length].tobytes(), len(host))
+    rows = token_rows(sequences, length)
     namespace, prompt_symbols, spans, item_spans = key.namespace, key.symbols, key.spans, key.item_spans
     if not spans:
         return [PrefixKey(namespace, row, spans, item_spans) for row in rows]
@@ -341,40 +356,18 @@ def read_to_host(ids: torch.Tensor) -> NDArray[np.int64]:
     return array
 
 
-def rows_of(data: bytes, num_rows: int) -> list[TokenIds]:
-    """`num_rows` rows of int64 ids, one after the other in `data` (a host array's `tobytes()`), as `TokenIds`:
-    no Python int is made.
+def token_rows(ids: torch.Tensor | NDArray[np.int64], length: int | None = None) -> list[TokenIds]:
+    """The rows of integer `ids` (read to the host once; whole, as a slice of columns would be copied on the device
+    first) or of a host array, each its first `length` ids (None: all), as `TokenIds`: no Python int is made.
 
-    >>> rows_of(np.array([[5, 6], [7, 8]]).tobytes(), 2)[1][1:]
+    >>> token_rows(torch.tensor([[5, 6], [7, 8]]))[1][1:]
     (8,)
+    >>> token_rows(np.array([[5, 6], [7, 8]]), 1)[1][:]
+    (7,)
     """
+    host = read_to_host(ids) if isinstance(ids, torch.Tensor) else ids
+    data, num_rows = (host if length is None else host[:, :length]).tobytes(), len(host)
     if num_rows == 1:
         return [TokenIds.from_bytes(data)]
     width = len(data) // num_rows
     return [TokenIds.from_bytes(data[i * width : (i + 1) * width]) for i in range(num_rows)]
-
-
-def token_rows(ids: torch.Tensor) -> list[TokenIds]:
-    """The rows of integer `ids` as `TokenIds`, read to the host once.
-
-    >>> token_rows(torch.tensor([[5, 6], [7, 8]]))[1][1:]
-    (8,)
-    """
-    return rows_of(read_to_host(ids).tobytes(), ids.shape[0])
-
-
-def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
-    """How many leading ids every row shares.
-
-    >>> common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 5, 3]])
-    1
-    """
-    first = rows[0]
-    n = len(first)
-    for row in rows[1:]:
-        n = next((i for i, (a, b) in enumerate(zip(first[:n], row, strict=False)) if a != b), n)
-    return n
-
-
-def _describe(model: Any) -> str:
-    return f"{type(model).__name__} at {id(model):#x}"

@@ -2,18 +2,15 @@
 
 A recurrent state has one snapshot per stored length, so rows cannot restore to one shared column
 as attention keys do (`own_rows.py`): each distinct row restores its own prefix and is prefilled
-to its last token (`model/prefill.py`), then the rows are laid side by side (`batch_rows.restore_rows`),
-each repeated for its beams or samples. Exact because masked left padding leaves a recurrent state
-as it was and positions follow the mask (`tests/hooks/test_decoding_modes_hybrid.py`). Each prompt
-row is stored as soon as it is prefilled (the rows after it restore from its snapshots); greedy
-and sampled rows are stored afterwards, a row that ended early up to its EOS (`EndStates`); beams
-store nothing more (beam search reorders the rows).
+to its last token, then the rows are laid side by side, each repeated for its beams or samples
+(exact: masked left padding leaves a state as it was). Each prompt row is stored once prefilled;
+greedy and sampled rows afterwards, a row that ended early up to its EOS (`EndStates`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -46,21 +43,12 @@ class _Prefilled:
     snapshots: list[Snapshot]
 
 
-class _Joined(NamedTuple):
-    """What the store step needs of a state-rows call: each distinct row as prefilled, and the states of the rows
-    that fed their EOS before the batch ended (None where nothing watched for it)."""
-
-    parts: list[_Prefilled]
-    ends: EndStates | None
-
-
 def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipeline.Cold:
     """Restore and prefill each distinct row alone, store each prompt as far as it was fed, and join the rows.
 
-    Every distinct row's prefix is restored (and so pinned) before any row is stored: a row stored
-    early under a byte budget could otherwise evict what a later row was about to restore. `Cold`
-    (nothing held) when a row's restore runs out of memory twice or fails a guard; a guard that fails
-    in a prefill or the join raises `InconsistentStateError`, with nothing held.
+    Every distinct row's prefix is restored (and so pinned) before any row is stored, which could
+    otherwise evict it under a byte budget. `Cold`, or `InconsistentStateError` from a prefill or the
+    join, with nothing held. The held state: the rows as prefilled, the `EndStates` (or None).
     """
     profile = prefill.profile
     prefilled: dict[TokenIds, _Prefilled] = {}
@@ -109,20 +97,18 @@ def restore(store: Store, prefill: Prefill, call: Call) -> pipeline.Held | pipel
         # after the caller's own logits processors, unless the caller passed those positionally).
         ends = EndStates(batch, call.eos, call.prompt_len)
         kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or ()), ends])
-    return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, _Joined(parts, ends))
+    return pipeline.Held([p.lease for p in prefilled.values()], batch, kwargs, (parts, ends))
 
 
 def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -> pipeline.Outcome:
-    """Each returned row (the cache's rows: greedy or sampled) as its own entry; beams store nothing more (their
-    prompts are stored already, and beam search reorders the rows every step).
+    """Each returned row (the cache's rows: greedy or sampled) as its own entry; beams store nothing more (beam
+    search reorders the rows; their prompts are stored already).
 
     Raises:
         InconsistentStateError: the batch's cache disagrees with its rows (an exactness guard).
     """
     parts, ends = held.state
     if not call.beams:
-        # The cache's rows, greedy or sampled, without their padding; the prompts and their snapshots are stored
-        # already (`_store_prompt`).
         sequences, kv_len = pipeline.sequences_of(output), held.cache.kv_length()
         length = kv_len if kv_len is not None else sequences.shape[1] - 1  # the last token is never fed back
         expanded = [row for row in call.rows for _ in range(call.expand)]
@@ -137,21 +123,16 @@ def store_finished(store: Store, call: Call, held: pipeline.Held, output: Any) -
 def _restored_again(
     store: Store, profile: ModelProfile, key: PrefixKey, held: tuple[Lease, WorkingCache]
 ) -> tuple[Lease, WorkingCache]:
-    """`held` (a row's restored prefix), or a longer one where an earlier row of this call stored further along it.
-
-    The longer lease is taken before the held one is given back, so the held prefix stays pinned until then; if
-    memory runs out for the longer one, the held one serves.
-    """
-    lease, _ = held
-    if store.stored_len(key.namespace, key.symbols) <= lease.cached_len:
+    """`held` (a row's restored prefix), or a longer one where an earlier row of this call stored further along it
+    (taken before the held one is given back; where it cannot be restored, the held one serves)."""
+    if store.stored_len(key.namespace, key.symbols) <= held[0].cached_len:
         return held
     longer = pipeline.restore(store, profile, key)
-    if isinstance(longer, pipeline.Cold) or longer[0].cached_len <= lease.cached_len:
-        if not isinstance(longer, pipeline.Cold):
-            store.release(longer[0])
+    if isinstance(longer, pipeline.Cold):
         return held
-    store.release(lease)
-    return longer
+    kept, dropped = (longer, held) if longer[0].cached_len > held[0].cached_len else (held, longer)
+    store.release(dropped[0])
+    return kept
 
 
 def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
@@ -164,39 +145,30 @@ def _store_prompt(store: Store, key: PrefixKey, part: _Prefilled) -> None:
 
 
 class EndStates(LogitsProcessor):
-    """A logits processor that changes no score: it clones a row's recurrent states when the row has just fed its
-    first generated EOS (at `prompt_len` or later), keyed by the row's index in the batch.
+    """A logits processor that changes no score: it keeps each row's recurrent states right after the row fed its
+    first generated EOS, as `ends[row]`: the columns fed (its left padding included), its states by layer.
 
-    `generate` keeps feeding a row that ended with padding until every row has ended, so the batch's
-    final state of that row has seen the padding too; `generate` calls a logits processor after each
-    forward with the ids fed so far (the cache then holds exactly those positions). Only where each
-    forward feeds one position (no beams, no assisted decoding). `ends[row]` is `(length, states)`: the
-    row's states after `length` columns (its left padding included), by layer index, one row each.
+    `generate` feeds a row that ended padding until every row has, and calls a logits processor after
+    each forward with the ids fed so far. Only where each forward feeds one position (no beams, no
+    assisted decoding).
 
     >>> issubclass(EndStates, LogitsProcessor)
     True
     """
 
     def __init__(self, cache: WorkingCache, eos: frozenset[int], prompt_len: int) -> None:
-        self._cache = cache
-        self._eos = eos
-        self._prompt_len = prompt_len
+        self._cache, self._eos, self._prompt_len = cache, eos, prompt_len
         self.ends: dict[int, tuple[int, dict[int, LayerState]]] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        fed = int(input_ids.shape[1])
-        if fed <= self._prompt_len:
-            return scores  # the prompt's own forward: an EOS in the prompt does not end a row
-        kv_len = self._cache.kv_length()
-        if kv_len is not None and kv_len != fed:
-            return scores  # not one position per forward: nothing captured (the row reuses less, never wrongly)
+        fed, cache = int(input_ids.shape[1]), self._cache
+        # Not the prompt's own forward (an EOS there ends no row), and one position per forward (else nothing is
+        # kept: the row reuses less, never wrongly).
+        if fed <= self._prompt_len or cache.kv_length() not in (None, fed):
+            return scores
         for row, token in enumerate(input_ids[:, -1].tolist()):
             if token in self._eos and row not in self.ends:
-                cache = self._cache
-                states = {
-                    i: select_row(adapter.state_refs(layer), row)
-                    for i, (layer, adapter) in enumerate(zip(cache.layers, cache.profile.adapters, strict=True))
-                    if adapter.has_state_refs
-                }
+                layers = enumerate(zip(cache.layers, cache.profile.adapters, strict=True))
+                states = {i: select_row(a.state_refs(layer), row) for i, (layer, a) in layers if a.has_state_refs}
                 self.ends[row] = (fed, states)
         return scores

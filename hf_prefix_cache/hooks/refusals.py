@@ -1,9 +1,8 @@
 """The refusals: the rules that say why a `generate` call cannot reuse safely, each returning a reason or None.
 
-The rules every family shares (refused arguments, decoding, cache implementation and outputs, the
-ids and mask of one row) and the decoder-only hook's own (media kwargs, model kwargs the key does
-not cover, settings), with the decoding modes a profile serves (`serving_modes`). Reasons are
-`reasons.py`'s names.
+The rules every family shares (refused arguments, decoding, cache implementation, outputs, a
+mask) and the decoder-only hook's own (media kwargs, model kwargs the key does not cover,
+settings), with the decoding modes a profile serves (`serving_modes`).
 """
 
 from __future__ import annotations
@@ -88,12 +87,10 @@ class Modes:
 
 
 def serving_modes(profile: ModelProfile) -> Modes:
-    """The decoding modes this model is served in: expanded rows where its layers keep every position or its
-    rows' recurrent states can be joined (`recurrent_rows.py`), assisted decoding where transformers' `crop`
-    keeps them exact (and `generate` slices the prompt): for recurrent states (from transformers 5.25), only where
-    the states are the cache's own (not a model's own cache class or module-kept states, which `crop` cannot
-    roll back), a multi-token forward continues them, and the mixer's chunked and one-token states agree
-    (`ModelProfile.assists_exactly`)."""
+    """The decoding modes this model is served in: expanded rows where its layers keep every position or its rows'
+    recurrent states can be joined, assisted decoding where transformers' `crop` keeps them exact and `generate`
+    slices the prompt (recurrent states: from transformers 5.25, only the cache's own, which a multi-token
+    forward continues and whose chunked and one-token forms agree, `ModelProfile.assists_exactly`)."""
     expands = profile.expands or profile.joins_rows
     own_states = profile.own_cache is None and not profile.single_token_steps and profile.assists_exactly
     assisted = profile.is_croppable and profile.prompt_sliced and (own_states or not profile.has_recurrence)
@@ -101,10 +98,8 @@ def serving_modes(profile: ModelProfile) -> Modes:
 
 
 def refused_argument(given: Mapping[str, Any], encoder_keyed: bool = False, modes: Modes = Modes()) -> str | None:
-    """The reason for the first refused argument given (not None) in `given`, or None.
-
-    An assistant model is served where `modes.assisted` says so.
-    """
+    """The reason for the first refused argument given (not None) in `given` (an assistant model where
+    `modes.assisted` serves it), or None."""
     for name, reason in REFUSED_ARGUMENTS.items():
         if name == "assistant_model" and modes.assisted:
             continue
@@ -128,9 +123,8 @@ def decoding_problem(config: GenerationSettings, modes: Modes = Modes()) -> str 
 
 
 def cache_implementation_problem(config: GenerationSettings, served: frozenset[str]) -> str | None:
-    """Why the call's cache implementation rules the store out, or None: transformers refuses a passed cache beside
-    any (the model's default included); those in `served` the hook drops (the working cache is one), a model-default
-    ``"hybrid"`` (Gemma) yields to a passed cache, and anything else is another cache."""
+    """Why the call's cache implementation rules the store out (transformers refuses a passed cache beside any), or
+    None: those `served` the hook drops, a model-default ``"hybrid"`` (Gemma) yields to a passed cache."""
     impl = config.cache_implementation
     if impl is None or impl in served or (impl == "hybrid" and config.explicit(CACHE_IMPLEMENTATION) is None):
         return None
@@ -143,15 +137,6 @@ def output_problem(config: GenerationSettings) -> str | None:
         return reasons.OUTPUT_ATTENTIONS
     if config.output_hidden_states:
         return reasons.OUTPUT_HIDDEN_STATES
-    return None
-
-
-def ids_problem(ids: Any) -> str | None:
-    """Why `ids` are not one row of integer token ids, or None."""
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
-        return reasons.NO_INPUT_IDS
-    if ids.shape[0] != 1:
-        return reasons.BATCH_SIZE
     return None
 
 
@@ -209,13 +194,10 @@ def settings_problem(
     problem = decoding_problem(settings, serving_modes(profile)) or cache_implementation_problem(settings, served)
     if problem is not None:
         return problem
-    if settings.expand > 1 and has_media(profile, kwargs) and not expands_media(model):
-        # generate copies such media item by item ([A, B] -> [A, A, B, B]), not whole per row (`media.py`).
+    # With media, generate may copy them item by item ([A, B] -> [A, A, B, B]), not whole per row (`media.py`).
+    handled = profile.media.handled if profile.media is not None else ()
+    if settings.expand > 1 and any(kwargs.get(name) is not None for name in handled) and not expands_media(model):
         return reasons.MEDIA_BATCH
     if settings.return_dict_in_generate and (problem := output_problem(settings)) is not None:
         return problem
     return None
-
-
-def has_media(profile: ModelProfile, kwargs: dict[str, Any]) -> bool:
-    return profile.media is not None and any(kwargs.get(name) is not None for name in profile.media.handled)

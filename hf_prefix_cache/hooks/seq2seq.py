@@ -1,12 +1,10 @@
 """Seq2SeqHook: encoder-decoder models that use `GenerationMixin.generate` as it is, keyed by the encoder input.
 
-Served classes (BART, T5, mT5, Marian, Pegasus, Florence-2) are registered at the end. The call is
-read and served as `encoder_keyed.py` says; this module adds the check, the hash of what feeds the
-encoder (`input_ids`, `attention_mask` with any padding, Florence-2's `pixel_values`), and the
-inner step around `_prepare_decoder_input_ids_for_generation`, where `generate` has built the
-decoder ids and, on a miss, run the encoder: that output is stored, the decoder prefix restored
-(`encoder_keyed.land`), and a full `decoder_attention_mask` passed so that `generate` feeds only
-the uncached ids (without one nothing is sliced and the output is wrong).
+Served classes (BART, T5, mT5, Marian, Pegasus, Florence-2) are registered at the end. To what
+`encoder_keyed.py` does this module adds the check, the hash of what feeds the encoder (ids, mask
+with any padding, Florence-2's `pixel_values`), and the inner step around
+`_prepare_decoder_input_ids_for_generation`, where the decoder ids are known and, on a miss, the
+encoder has run: its output is stored and the decoder prefix restored (`encoder_keyed.land`).
 """
 
 from __future__ import annotations
@@ -54,10 +52,15 @@ class Seq2SeqHook(EncoderKeyedHook):
 
     def _problem(self, arguments: dict[str, Any]) -> str | None:
         """An unknown model kwarg, inputs or a setting this hook cannot serve exactly, if any."""
-        return self._unknown_kwarg(arguments) or self._inputs_problem(arguments) or self._settings_problem(arguments)
+        problem = self._unknown_kwarg(arguments) or self._inputs_problem(arguments)
+        if problem is not None:
+            return problem
+        settings = checks.GenerationSettings(self._model, arguments.get("generation_config"), arguments)
+        # A hit skips the encoder, so its attentions and hidden states would be missing.
+        return self._decoding_problem(settings, _SERVED_IMPLEMENTATIONS) or refusals.output_problem(settings)
 
     def _unknown_kwarg(self, arguments: dict[str, Any]) -> str | None:
-        """A model kwarg the hook does not know (generate hands those to the encoder or to every decoder step)."""
+        """A model kwarg the hook does not know: generate hands it to the encoder or every decoder step."""
         configs = [c for c in (arguments.get("generation_config"), self._model.generation_config) if c is not None]
         parameters = self._signature.parameters
         for name, value in arguments.items():
@@ -69,7 +72,6 @@ class Seq2SeqHook(EncoderKeyedHook):
                 or any(hasattr(c, name) for c in configs)
             ):
                 continue  # generate reads a name its generation config has as a setting, not a model input
-            # generate hands other model kwargs to the encoder (or to every decoder step): unknown effects.
             side = reasons.DECODER_KWARG if name.startswith(("decoder_", "cross_attn")) else reasons.ENCODER_KWARG
             return reasons.with_detail(side, name)
         return None
@@ -77,10 +79,10 @@ class Seq2SeqHook(EncoderKeyedHook):
     def _inputs_problem(self, arguments: dict[str, Any]) -> str | None:
         """What is wrong with the encoder's ids, mask and pixels or the decoder's ids and mask, if anything."""
         ids = arguments.get("input_ids")
-        problem = refusals.ids_problem(_first_row(ids))  # each row is keyed alone
-        if problem is not None:
-            return problem
-        if not isinstance(ids, torch.Tensor) or ids.shape[1] == 0:
+        problem = checks.ids_problem(ids)  # each row is keyed alone
+        if problem is not None or not isinstance(ids, torch.Tensor):
+            return problem or reasons.NO_INPUT_IDS
+        if ids.shape[1] == 0:
             return reasons.EMPTY_PROMPT
         mask = arguments.get("attention_mask")  # padding is hashed with the ids: only its shape matters
         if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != ids.shape):
@@ -89,7 +91,7 @@ class Seq2SeqHook(EncoderKeyedHook):
         if isinstance(pixels, torch.Tensor) and pixels.shape[0] != ids.shape[0]:
             return reasons.BATCH_SIZE
         decoder_ids = arguments.get("decoder_input_ids")
-        if decoder_ids is not None and (problem := refusals.ids_problem(_first_row(decoder_ids))) is not None:
+        if decoder_ids is not None and (problem := checks.ids_problem(decoder_ids)) is not None:
             return problem
         if decoder_ids is not None and decoder_ids.shape[0] != ids.shape[0]:
             return reasons.BATCH_SIZE
@@ -100,23 +102,13 @@ class Seq2SeqHook(EncoderKeyedHook):
             return refusals.mask_problem(decoder_mask, decoder_ids)
         return None
 
-    def _settings_problem(self, arguments: dict[str, Any]) -> str | None:
-        """A generation setting the hook cannot serve exactly, if any."""
-        config = checks.GenerationSettings(self._model, arguments.get("generation_config"), arguments)
-        # A hit skips the encoder, so its attentions and hidden states would be missing.
-        return (
-            refusals.decoding_problem(config, refusals.Modes(expands=self._profile.expands))
-            or refusals.cache_implementation_problem(config, _SERVED_IMPLEMENTATIONS)
-            or refusals.output_problem(config)
-        )
-
     def _digests(self, arguments: dict[str, Any]) -> tuple[int, ...] | None:
-        """The hash of what feeds the encoder in each row: each encoder kwarg given, its row, tagged by its name
-        (None: unhashable)."""
+        """The hash of each row's encoder kwargs, each tagged by its name (None: unhashable)."""
         given = [(name, arguments[name]) for name in self._encoder_kwargs if arguments.get(name) is not None]
+        tags = {name: np.frombuffer(name.encode(), dtype=np.uint8) for name, _ in given}  # hashed before the value
         try:
             return tuple(
-                hash_media(*(part for name, value in given for part in (_tag(name), value[i : i + 1])))
+                hash_media(*(part for name, value in given for part in (tags[name], value[i : i + 1])))
                 for i in range(len(arguments["input_ids"]))
             )
         except UnhashableMediaError:
@@ -128,8 +120,7 @@ class Seq2SeqHook(EncoderKeyedHook):
         return ids.shape[-1] if isinstance(ids, torch.Tensor) else 0
 
     def _arm(self, call: EncoderCall, request: DecoderRequest, hidden: torch.Tensor | None) -> None:
-        """The stored encoder output in place of the encoder (a miss: the inner step keeps what generate computes),
-        and how many rows generate makes of the decoder prompt."""
+        """The stored encoder output for the encoder (a miss: the inner step keeps generate's), and the decoder rows."""
         kwargs = request.kwargs
         if hidden is None:
             request.keep_encoder = True
@@ -155,19 +146,9 @@ class Seq2SeqHook(EncoderKeyedHook):
             encoder_keyed.keep_encoder_output(request, model_kwargs["encoder_outputs"].last_hidden_state)
         encoder_keyed.land(request, decoder_ids, model_kwargs)
         if model_kwargs.get("decoder_attention_mask") is None:
-            # With a mask as long as the ids generate feeds only what the cache lacks (notes §2).
+            # With a mask as long as the ids generate feeds only what the cache lacks (without one nothing is sliced).
             model_kwargs["decoder_attention_mask"] = torch.ones_like(decoder_ids)
         return decoder_ids, model_kwargs
-
-
-def _first_row(ids: Any) -> Any:
-    """The first row of a batch of ids (what is not a batch of rows as it is, for `refusals.ids_problem` to name)."""
-    return ids[:1] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else ids
-
-
-def _tag(name: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """The bytes of an encoder kwarg's name, hashed before its value."""
-    return np.frombuffer(name.encode(), dtype=np.uint8)
 
 
 #: The classes served, each tested against cold runs.

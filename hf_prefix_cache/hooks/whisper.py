@@ -1,20 +1,16 @@
 """WhisperHook: Whisper short-form generation keyed by the audio, with its encoder output reused.
 
-`WhisperForConditionalGeneration.generate` builds the decoder prompt itself (start, language,
-task and no-timestamps tokens, after any `prompt_ids`), then calls `GenerationMixin.generate`
-from `generate_with_fallback`. The call is read and served as `encoder_keyed.py` says; this
-module adds the check (one short-form clip), the hash of the audio (`input_features`, and its
-`attention_mask`), `_arm` (the stored encoder output, or the encoder run once and its output
-stored, passed as `encoder_outputs`: the tensor transformers would compute), and the inner step
-around `generate_with_fallback`, where the decoder ids are known (`encoder_keyed.land`). A clip
-that loops into a second window runs cold (`whisper_segments`), from the random state it started with.
+Whisper's `generate` builds the decoder prompt itself, then calls `GenerationMixin.generate` from
+`generate_with_fallback`. To what `encoder_keyed.py` does this module adds the check (one
+short-form clip), the hash of the audio, the encoder output passed as `encoder_outputs` (stored,
+or computed once and stored), and the inner step around `generate_with_fallback`, where the
+decoder ids are known. A clip that loops into a second window runs cold, from its first random state.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -54,10 +50,6 @@ class WhisperHook(EncoderKeyedHook):
         self._num_frames = int(encoder.conv1.stride[0] * encoder.conv2.stride[0] * model.config.max_source_positions)
 
     # ----------------------------------------------------------------- outer call
-    def _problem(self, arguments: dict[str, Any]) -> str | None:
-        """What keeps the call from being one short-form clip with settings this hook serves exactly, if anything."""
-        return self._clip_problem(arguments.get("input_features"), arguments) or self._settings_problem(arguments)
-
     def _digests(self, arguments: dict[str, Any]) -> tuple[int, ...] | None:
         """The hash of each clip: its features, and their mask if given."""
         features, mask = arguments["input_features"], arguments.get("attention_mask")
@@ -67,9 +59,8 @@ class WhisperHook(EncoderKeyedHook):
     def _arm(self, call: EncoderCall, request: DecoderRequest, hidden: torch.Tensor | None) -> None:
         """The audio's encoder output (stored, or computed now and stored) in place of `input_features`.
 
-        Several returned sequences: Whisper copies the clip's features (and decoder prompt) that many
-        times itself, then decodes them as a batch of one sequence each; it cannot copy an encoder
-        output, so the call passes the copies (views of one output) and asks for one sequence each.
+        Whisper makes several returned sequences by copying the clip's features and decoding one sequence
+        each; it cannot copy an encoder output, so the call passes the copies (views) and asks for one each.
         """
         kwargs = request.kwargs
         if hidden is None:
@@ -84,7 +75,7 @@ class WhisperHook(EncoderKeyedHook):
             kwargs["num_return_sequences"] = 1
         kwargs["encoder_outputs"] = BaseModelOutput(last_hidden_state=hidden)
         # A cold rerun (the clip needed a second window) draws what the cold call draws.
-        request.reset = functools.partial(_set_rng_state, self._model.device, _rng_state(self._model.device))
+        request.reset = _rng_reset(self._model.device)
 
     def _generate(self, *args: Any, **kwargs: Any) -> Any:
         """Whisper's `generate`, served or cold; the request it served is forgotten when it ends."""
@@ -94,12 +85,16 @@ class WhisperHook(EncoderKeyedHook):
             self._request = None
 
     def _rows(self, request: DecoderRequest, output: Any) -> torch.Tensor | None:
-        """Each row's decoder sequence as the segment returned it, when it is what the cache holds plus one token."""
-        rows = [_full_sequence(row) for row in request.finished]
+        """Each row's decoder ids as `GenerationMixin.generate` returned them to its segment (prompt included), when
+        they are what the cache holds plus one token."""
         kv_len = request.working.kv_length() if request.working is not None else None
-        if kv_len is None or not all(row is not None and row.shape[-1] == kv_len + 1 for row in rows):
-            return None
-        return torch.stack([row.reshape(-1) for row in rows if row is not None])
+        rows = []
+        for row in request.finished:
+            row = row.get("sequences") if isinstance(row, dict) else row
+            if not isinstance(row, torch.Tensor) or kv_len is None or row.shape[-1] != kv_len + 1:
+                return None
+            rows.append(row.reshape(-1))
+        return torch.stack(rows)
 
     def _encode(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The encoder output `generate` would compute: the clip zero-padded to the window, as Whisper pads it."""
@@ -110,24 +105,23 @@ class WhisperHook(EncoderKeyedHook):
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
 
-    def _clip_problem(self, features: Any, call: dict[str, Any]) -> str | None:
-        """What keeps the audio (features and mask) from being one short-form clip to hash, if anything."""
+    def _problem(self, call: dict[str, Any]) -> str | None:
+        """What keeps the call from being one short-form clip to hash with settings served exactly, if anything."""
+        features = call.get("input_features")
         if not isinstance(features, torch.Tensor) or features.dim() != 3 or not features.is_floating_point():
             return reasons.NO_INPUT_FEATURES
         if features.shape[-1] > self._num_frames:
             return reasons.LONG_FORM
         if features.shape[-1] < self._num_frames:
             # Whisper reports segment times and progress from the unpadded frame count, a hit's encoder output has none.
-            for name, reason in (
-                ("return_segments", reasons.RETURN_SEGMENTS),
-                ("monitor_progress", reasons.MONITOR_PROGRESS),
-            ):
-                if call.get(name):
-                    return reason
+            if call.get("return_segments"):
+                return reasons.RETURN_SEGMENTS
+            if call.get("monitor_progress"):
+                return reasons.MONITOR_PROGRESS
         mask = call.get("attention_mask")
         if mask is not None and not isinstance(mask, torch.Tensor):
             return reasons.UNHASHABLE_MEDIA
-        return None
+        return self._settings_problem(call)
 
     def _settings_problem(self, call: dict[str, Any]) -> str | None:
         """A setting (or decoder prompt) the hook cannot serve exactly, if any."""
@@ -140,14 +134,9 @@ class WhisperHook(EncoderKeyedHook):
         temperature = call.get("temperature")
         if isinstance(temperature, (list, tuple)) and len(temperature) > 1:
             return reasons.TEMPERATURE_FALLBACK  # several generate calls on one request
-        modes = refusals.Modes(expands=self._profile.expands)
-        problem = refusals.decoding_problem(setting, modes) or refusals.cache_implementation_problem(
-            setting, _SERVED_IMPLEMENTATIONS
-        )
-        if problem is not None:
-            return problem
+        problem = self._decoding_problem(setting, _SERVED_IMPLEMENTATIONS)
         ids = call.get("decoder_input_ids")
-        return refusals.ids_problem(ids) if ids is not None else None
+        return problem or (checks.ids_problem(ids, one_row=True) if ids is not None else None)
 
     # ----------------------------------------------------------------- inner call
     def _serve_segment(self, *args: Any, **kwargs: Any) -> Any:
@@ -162,8 +151,7 @@ class WhisperHook(EncoderKeyedHook):
             # Whisper loops into another segment when one did not reach the clip's end. That segment's
             # encoder input is a later window, not the stored encoder output: give up and rerun cold.
             raise pipeline.RunCold(pipeline.Cold(reasons.WHISPER_SEGMENTS), 0, request.reset)
-        mask = inner.get("decoder_attention_mask")
-        if mask is not None and (mask.shape != ids.shape or not bool((mask == 1).all())):
+        if refusals.mask_problem(inner.get("decoder_attention_mask"), ids) is not None:
             raise pipeline.RunCold(pipeline.Cold(reasons.PADDING), int(ids.shape[-1]))
         # Whisper samples (without beams) when its one temperature is above 0, whatever `do_sample` says.
         temperature = bound.arguments["temperatures"][0]
@@ -180,36 +168,24 @@ class WhisperHook(EncoderKeyedHook):
         return output
 
     def _next_segment(self, *args: Any, **kwargs: Any) -> Any:
-        """Whisper's loop over the clip's windows: past the served first segment, give up (rerun cold).
-
-        With several sequences only some rows may need another segment, and Whisper would then cut
-        the finished rows out of `input_features`, which a served call does not pass.
-        """
+        """Whisper's loop over the clip's windows: past the served first segment, give up (rerun cold): Whisper
+        would cut rows that need no other segment out of `input_features`, which a served call does not pass."""
         request = self._request
         if request is not None and request.landed:
             raise pipeline.RunCold(pipeline.Cold(reasons.WHISPER_SEGMENTS), 0, request.reset)
         return self._reduce.original(*args, **kwargs)
 
 
-def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The generators sampling draws from: the CPU's, and the model's CUDA device's if it has one."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
+def _rng_reset(device: torch.device) -> Callable[[], None]:
+    """What puts back the generators sampling draws from as they are now: the CPU's, and `device`'s if CUDA."""
+    cpu, cuda = torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
+    def reset() -> None:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
 
-def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda, device)
-
-
-def _full_sequence(segment_output: Any) -> torch.Tensor | None:
-    """The decoder ids `GenerationMixin.generate` returned for the one row (prompt included)."""
-    if isinstance(segment_output, torch.Tensor):
-        return segment_output
-    sequences = segment_output.get("sequences") if isinstance(segment_output, dict) else None
-    return sequences if isinstance(sequences, torch.Tensor) else None
+    return reset
 
 
 register(Family("whisper", WhisperHook, {"whisper": "WhisperForConditionalGeneration"}))

@@ -51,3 +51,14 @@ def test_an_argument_given_twice_raises_as_generate_would_and_stores_nothing() -
         assert store.stats().entries == 0
     finally:
         store.detach()
+
+
+def test_a_family_registered_twice_is_refused_by_name() -> None:
+    """Registering a second family under a taken name raises a `ValueError` naming it (not an `assert`, which
+    `python -O` strips), and the registered family still serves."""
+    from hf_prefix_cache.hooks.patching import Family, family_of, register
+
+    model = cached_model("llama")
+    with pytest.raises(ValueError, match="'decoder_only' is registered already"):
+        register(Family("decoder_only", lambda *args: None))  # type: ignore[arg-type]
+    assert family_of(model).name == "decoder_only" and family_of(model).make_hook is not None
