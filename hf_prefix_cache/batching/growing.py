@@ -182,7 +182,7 @@ class GrowingCache(WorkingCache):
                 room.write(room.rows, pad, keys[0], values[0])
                 room.rows += 1
             self._rooms[i] = room
-            _hold(self.layers[i], *room.views())
+        self._set_views()
 
     def drop_rows(self, leaving: Sequence[int]) -> list[int]:
         """Drop the rows `leaving` (indices), each place taken by the batch's last row; the rows' former
@@ -210,17 +210,12 @@ class GrowingCache(WorkingCache):
         return next(iter(self._rooms.values())).rows if self._rooms else 0
 
     def _set_views(self) -> None:
+        """Each layer holds its room's views (the adapter's `restore_kv`: no copy)."""
         for i, room in self._rooms.items():
-            _hold(self.layers[i], *room.views())
+            keys, values = room.views()
+            self.profile.adapters[i].restore_kv(self.layers[i], keys, values, keys.shape[-2])
 
 
 def _kv(layer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """A layer's keys and values, None where it has none."""
     return getattr(layer, "keys", None), getattr(layer, "values", None)
-
-
-def _hold(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Make a `DynamicLayer` hold `keys`/`values` (views; no copy)."""
-    layer.dtype, layer.device = keys.dtype, keys.device
-    layer.keys, layer.values = keys, values
-    layer.is_initialized = True
