@@ -119,12 +119,19 @@ class RunningBatch:
             if media is None:
                 return False
             self._media[id(row)] = media
-        reason = self._choose(row, output.logits[0][0])
+        self.join(row, output.logits[0][0], cache)
+        return True
+
+    def join(self, row: Row, logits: torch.Tensor, cache: WorkingCache) -> None:
+        """Row `row`, its prompt prefilled (and stored) into `cache` alone, `logits` the prompt's last, chooses its
+        first token and joins the batch behind its padding, unless that token ended it (`admit`'s second half; a
+        prompt prefilled in pieces, `prefill.py`, joins here)."""
+        reason = self._choose(row, logits)
         if reason is not None:
             self._media.pop(id(row), None)
             row.finish(reason)  # its prompt was stored by the prefill; nothing more was fed
-            return True
-        n, length = len(request.ids), self._length
+            return
+        n, length = len(row.request.ids), self._length
         self._cache = layout.joined(self.profile, self._cache, [r.pad for r in self.rows], cache, n, length)
         width = max(length, n)
         for other in self.rows:
@@ -132,7 +139,6 @@ class RunningBatch:
         row.pad = width - n
         self.rows.append(row)
         self._length = width
-        return True
 
     # ------------------------------------------------------------------ decoding
     def step(self) -> None:

@@ -44,6 +44,7 @@ from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.batching.alone import run_alone
 from hf_prefix_cache.batching.batch import RunningBatch
 from hf_prefix_cache.batching.eligibility import COLD, model_alone_reason, request_alone_reason
+from hf_prefix_cache.batching.prefill import DEFAULT_CHUNK, Prefill, wants_chunks
 from hf_prefix_cache.batching.rows import EndCallback, EndReason, Request, Row, TokenCallback
 from hf_prefix_cache.store.contract import ReducedReuse
 
@@ -73,11 +74,23 @@ class Scheduler:
         prefix_cache: the model's store (rows reuse and store their prefixes there).
         max_rows: at most this many rows decode together; later arrivals wait for a row to leave.
         num_threads: `torch.set_num_threads` in the loop's own thread when it starts (None: as it is).
+        prefill_chunk: a row with more uncached prompt tokens than this is prefilled this many tokens a cycle,
+            the batch stepping between the pieces (`prefill.py`); 0 prefills every row whole.
     """
 
-    def __init__(self, prefix_cache: PrefixCache, max_rows: int = 32, num_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        prefix_cache: PrefixCache,
+        max_rows: int = 32,
+        num_threads: int | None = None,
+        prefill_chunk: int = DEFAULT_CHUNK,
+    ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        if prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 (0: prefill whole), got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+        self._prefills: collections.deque[Prefill] = collections.deque()  # rows prefilling in pieces, oldest first
         self._front = prefix_cache
         self.batch = RunningBatch(prefix_cache)
         self.max_rows = max_rows
@@ -125,7 +138,7 @@ class Scheduler:
     def load(self) -> Load:
         """The rows and calls in the loop now, and its counters (for a stats line or a gauge)."""
         with self._wake:
-            waiting = len(self._waiting) + len(self._calls)
+            waiting = len(self._waiting) + len(self._calls) + len(self._prefills)
         return Load(len(self.batch.rows), self._num_alone, waiting, self.steps, self.row_steps, self.calls)
 
     def start(self) -> None:
@@ -172,8 +185,10 @@ class Scheduler:
         batch = self.batch
         while (waiting_call := self._next_call()) is not None:
             self._run_call(*waiting_call)
-        while len(batch.rows) < self.max_rows and (row := self._next_waiting()) is not None:
+        while len(batch.rows) + len(self._prefills) < self.max_rows and (row := self._next_waiting()) is not None:
             self._admit(row)
+        if self._prefills:
+            self._prefill_piece()
         if batch.rows:
             batch.end_flagged()
         if batch.rows:
@@ -185,14 +200,14 @@ class Scheduler:
                 logger.exception("batching: a decoding step failed; its rows end with the error")
                 batch.fail(exc)
         with self._wake:
-            return bool(batch.rows or self._waiting or self._calls)
+            return bool(batch.rows or self._waiting or self._calls or self._prefills)
 
     def _serve(self) -> None:
         if self._num_threads is not None:
             torch.set_num_threads(self._num_threads)
         while True:
             with self._wake:
-                while not (self._stopping or self._waiting or self._calls or self.batch.rows):
+                while not (self._stopping or self._waiting or self._calls or self.batch.rows or self._prefills):
                     self._wake.wait()
                 if self._stopping:
                     return
@@ -234,6 +249,9 @@ class Scheduler:
             return
         reason = self._model_reason or request_alone_reason(row.request)
         try:
+            if reason is None and wants_chunks(self._front, row, self.prefill_chunk):
+                self._prefills.append(Prefill(self._front, row, self.prefill_chunk))
+                return
             if reason is None and self.batch.admit(row):
                 return
             self._alone, self._num_alone = row, 1
@@ -246,10 +264,33 @@ class Scheduler:
         finally:
             self._alone, self._num_alone = None, 0
 
+    def _prefill_piece(self) -> None:
+        """Feed the oldest prefilling row its next piece; once its prompt is all fed, it joins the batch. A row
+        cancelled or past its deadline ends first, keeping what it computed."""
+        prefill = self._prefills[0]
+        row = prefill.row
+        if row.cancelled or row.expired(time.monotonic()):
+            self._prefills.popleft()
+            prefill.abandon(EndReason.CANCELLED if row.cancelled else EndReason.TIMEOUT)
+            return
+        try:
+            logits = prefill.advance()
+            if logits is not None:
+                self._prefills.popleft()
+                self.batch.join(row, logits, prefill.finish())
+        except Exception as exc:
+            logger.exception("batching: a row's prefill failed; it ends with the error")
+            if prefill in self._prefills:
+                self._prefills.remove(prefill)
+            if row not in self.batch.rows:
+                prefill.abandon(EndReason.ERROR, exc)
+
     def _cancel_all(self) -> None:
         for row in self.batch.rows:
             row.cancel()
         self.batch.end_flagged()
+        while self._prefills:
+            self._prefills.popleft().abandon(EndReason.CANCELLED)
         self._cancel_waiting()
 
     def _cancel_waiting(self) -> None:

@@ -31,6 +31,8 @@ DEFAULT_REQUEST_TIMEOUT = 600.0
 BATCH_ENV = "HF_PREFIX_CACHE_BATCH"
 #: The most rows a model's process decodes together (``--max-batch-rows``).
 DEFAULT_MAX_BATCH_ROWS = 32
+#: Prompt tokens a cycle prefills of a row with more uncached ones (``--prefill-chunk``; `batching.prefill`).
+DEFAULT_PREFILL_CHUNK = 512
 #: The longest ``cache_salt`` (field or header) a request may send.
 MAX_SALT_LEN = 256
 
@@ -126,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_BATCH_ROWS,
         help=f"most requests decoding together; later ones wait for one to end (default {DEFAULT_MAX_BATCH_ROWS})",
+    )
+    store.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="a request with more uncached prompt tokens than this is prefilled this many at a time, the requests "
+        f"in flight decoding between the pieces; 0: whole (default {DEFAULT_PREFILL_CHUNK})",
     )
     return parser
 

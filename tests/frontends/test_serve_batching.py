@@ -241,6 +241,10 @@ def test_the_options_cross_to_the_model_process_in_its_loader(monkeypatch: pytes
     args = build_parser().parse_args(["none", "--max-batch-rows", "4", "--max-queued", "8", "--api-server-count", "2"])
     loader = options_from(args).loader()
     assert loader.batch == BatchOptions(max_rows=4, max_runner_threads=17)
+    chunked = build_parser().parse_args(["none", "--prefill-chunk", "0"])
+    assert options_from(chunked).loader().batch == BatchOptions(prefill_chunk=0)
+    with pytest.raises(SystemExit, match="prefill-chunk"):
+        options_from(build_parser().parse_args(["none", "--prefill-chunk", "-1"]))
     assert options_from(build_parser().parse_args(["none", "--no-batch"])).loader().batch is None
     monkeypatch.setenv(BATCH_ENV, "0")
     assert from_env(loader.batch) is None

@@ -62,6 +62,8 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
     for name in ("max_body_bytes", "max_queued", "api_server_count", "max_batch_rows"):
         if getattr(args, name) < 1:
             raise SystemExit(f"hf-prefix-cache serve: --{name.replace('_', '-')} must be at least 1")
+    if args.prefill_chunk < 0:
+        raise SystemExit("hf-prefix-cache serve: --prefill-chunk must be at least 0 (0: prefill whole)")
     return ServeOptions(
         model=model,
         store=store,
@@ -78,6 +80,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         api_servers=args.api_server_count,
         batch=args.batch,
         max_batch_rows=args.max_batch_rows,
+        prefill_chunk=args.prefill_chunk,
     )
 
 

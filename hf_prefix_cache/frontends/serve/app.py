@@ -64,6 +64,7 @@ from hf_prefix_cache.frontends.serve_args import (
     DEFAULT_MAX_BATCH_ROWS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_QUEUED,
+    DEFAULT_PREFILL_CHUNK,
     DEFAULT_REQUEST_TIMEOUT,
 )
 
@@ -88,6 +89,7 @@ class ServeOptions:
         batch: decode the requests in flight together where the model's process has a store (`batched.py`);
             False: one ``generate`` at a time, as transformers serve.
         max_batch_rows: at most this many requests decode together.
+        prefill_chunk: a request with more uncached prompt tokens is prefilled this many at a time (0: whole).
     """
 
     model: str | None = None
@@ -105,12 +107,17 @@ class ServeOptions:
     api_servers: int = 1
     batch: bool = True
     max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
 
     def loader(self) -> StoreLoader:
         """The loader each model's process gets (its store's and batching's options; no query channel yet)."""
         batch = None
         if self.batch:  # a runner thread for each request the API servers admit, and one to take the next
-            batch = BatchOptions(self.max_batch_rows, max_runner_threads=self.max_queued * self.api_servers + 1)
+            batch = BatchOptions(
+                self.max_batch_rows,
+                max_runner_threads=self.max_queued * self.api_servers + 1,
+                prefill_chunk=self.prefill_chunk,
+            )
         return StoreLoader(self.store, batch=batch, device=self.device, dtype=self.dtype)
 
 

@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hf_prefix_cache import reasons
-from hf_prefix_cache.frontends.serve_args import BATCH_ENV, DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_QUEUED
+from hf_prefix_cache.frontends.serve_args import (
+    BATCH_ENV,
+    DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_PREFILL_CHUNK,
+)
 
 if TYPE_CHECKING:
     from hf_prefix_cache.batching.rows import Request, Row
@@ -73,10 +78,12 @@ class BatchOptions:
     Attributes:
         max_rows: at most this many rows decode together (``--max-batch-rows``); later arrivals wait for one to leave.
         max_runner_threads: at most this many runner threads (jobs blocked on their rows at once).
+        prefill_chunk: prompt tokens a cycle prefills of a row with more uncached ones (``--prefill-chunk``; 0: whole).
     """
 
     max_rows: int = DEFAULT_MAX_BATCH_ROWS
     max_runner_threads: int = DEFAULT_MAX_QUEUED + 1
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
 
 
 def from_env(options: BatchOptions | None) -> BatchOptions | None:
@@ -108,7 +115,7 @@ class Batching:
 
         self.store = store
         self.options = options
-        self.scheduler: Scheduler = Scheduler(store, max_rows=options.max_rows)
+        self.scheduler: Scheduler = Scheduler(store, max_rows=options.max_rows, prefill_chunk=options.prefill_chunk)
         self.scheduler.start()
         self._lock = threading.Lock()
         self._runners: dict[int, _Threads] = {}

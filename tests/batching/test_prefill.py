@@ -1,0 +1,137 @@
+"""Chunked prefill: a row with many uncached prompt tokens is prefilled a piece per cycle, and the batch decodes between.
+
+Each row's tokens equal `model.generate` on its prompt alone and its logits agree within LOGIT_TOL; the
+chunked row's prompt is stored and counted as one served call (its restored tokens as `cached_tokens`);
+a row cancelled mid-prefill keeps the part it fed, and nothing stays pinned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import CACHE_NAME, LOGIT_TOL, build, random_prompt
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.batching.prefill import DEFAULT_CHUNK, wants_chunks
+from hf_prefix_cache.batching.rows import EndReason, Request, Row
+from hf_prefix_cache.batching.scheduler import Scheduler
+from hf_prefix_cache.frontends.serve_args import DEFAULT_PREFILL_CHUNK
+
+
+def cold(model: Any, prompt: list[int], new: int) -> Any:
+    ids = torch.tensor([prompt])
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+
+
+def assert_alone(model: Any, row: Row) -> None:
+    prompt = list(row.request.ids)
+    out = cold(model, prompt, row.request.max_new_tokens)
+    assert row.tokens == out.sequences[0, len(prompt) :].tolist()
+    assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, out.logits, strict=True)) < LOGIT_TOL
+
+
+def test_a_long_prompt_is_prefilled_in_pieces_while_the_batch_decodes_and_every_row_is_exact() -> None:
+    """Two rows decode; a 70-token cold prompt arrives: 5 pieces of 16, one per cycle, each cycle also a step of
+    the two (they gain a token per piece), then it joins; all three equal their requests alone."""
+    model = build("llama")
+    store = PrefixCache(model)
+    scheduler = Scheduler(store, prefill_chunk=16)
+    short = [scheduler.submit(Request(random_prompt(12, seed=s)[0].tolist(), 20, keep_logits=True)) for s in (1, 2)]
+    scheduler.cycle()
+    long_prompt = random_prompt(70, seed=3)[0].tolist()
+    long = scheduler.submit(Request(long_prompt, max_new_tokens=6, keep_logits=True))
+    progress = []
+    while not long.tokens:
+        scheduler.cycle()
+        progress.append([len(row.tokens) for row in short])
+    assert len(progress) == 5  # ceil(70 / 16) pieces, the last one joining
+    assert [p[0] for p in progress] == list(range(3, 8))  # the others step once a piece
+    scheduler.run_until_idle()
+    for row in (*short, long):
+        assert row.end_reason is EndReason.LENGTH
+        assert_alone(model, row)
+    assert long.cached_tokens == 0 and long.scope is not None and long.scope.prompt_tokens == 70
+    with store.lookup(long_prompt) as hit:  # its prompt was stored (and its answer, as it left)
+        assert hit.cached_len == 69
+    assert store_of(store).num_pinned_nodes() == 0
+    store.check_integrity()
+    store.detach()
+
+
+def test_a_chunked_row_restores_its_stored_prefix_first() -> None:
+    """A prompt of a stored 40-token prefix and 50 new tokens: 40 restored (counted), the 50 fed in 4 pieces."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prefix = random_prompt(40, seed=4)[0].tolist()
+    ids = torch.tensor([prefix])
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, **{CACHE_NAME: store})
+    prompt = prefix + random_prompt(50, seed=5)[0].tolist()
+    scheduler = Scheduler(store, prefill_chunk=16)
+    assert wants_chunks(store, Row(Request(prompt, 1)), 16) and not wants_chunks(store, Row(Request(prompt, 1)), 64)
+    row = scheduler.submit(Request(prompt, max_new_tokens=5, keep_logits=True))
+    cycles = 0
+    while not row.tokens:
+        scheduler.cycle()
+        cycles += 1
+    scheduler.run_until_idle()
+    assert cycles == 4 and row.cached_tokens == 40
+    assert_alone(model, row)
+    assert store.stats().hit_tokens == 40
+    store.check_integrity()
+    store.detach()
+
+
+def test_a_row_cancelled_mid_prefill_keeps_what_it_fed_and_pins_nothing() -> None:
+    """Cancelled after two of its pieces: it ends cancelled with no token, its 32 fed tokens stored, nothing pinned;
+    a timeout likewise; `stop` ends a row still prefilling."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompt = random_prompt(80, seed=6)[0].tolist()
+    scheduler = Scheduler(store, prefill_chunk=16)
+    row = scheduler.submit(Request(prompt, max_new_tokens=5))
+    scheduler.cycle()
+    scheduler.cycle()
+    row.cancel()
+    scheduler.run_until_idle()
+    assert row.end_reason is EndReason.CANCELLED and row.tokens == []
+    with store.lookup(prompt) as hit:
+        assert hit.cached_len == 32
+    late = scheduler.submit(Request(random_prompt(60, seed=7)[0].tolist(), max_new_tokens=5, timeout_s=0.0))
+    scheduler.run_until_idle()
+    assert late.end_reason is EndReason.TIMEOUT
+    with Scheduler(store, prefill_chunk=8) as running:
+        stopped = running.submit(Request(random_prompt(400, seed=8)[0].tolist(), max_new_tokens=5))
+    assert stopped.wait(timeout=60) and stopped.end_reason is EndReason.CANCELLED
+    assert store_of(store).num_pinned_nodes() == 0
+    store.check_integrity()
+    store.detach()
+
+
+def test_chunking_is_off_at_zero_and_refused_below() -> None:
+    model = build("llama")
+    store = PrefixCache(model)
+    row = Row(Request(random_prompt(70, seed=9)[0].tolist(), 1))
+    assert wants_chunks(store, row, 16) and not wants_chunks(store, row, 0)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Scheduler(store, prefill_chunk=-1)
+    assert DEFAULT_PREFILL_CHUNK == DEFAULT_CHUNK  # serve's default is the library's
+    store.detach()
+
+
+@pytest.mark.parametrize("kind", ["gemma3_text", "qwen3_next"])
+def test_models_with_windows_or_recurrent_states_prefill_whole(kind: str) -> None:
+    """Their caches do not grow by any number of positions exactly in one plain forward: never chunked."""
+    model = build(kind)
+    store = PrefixCache(model)
+    assert not wants_chunks(store, Row(Request(random_prompt(70, seed=10)[0].tolist(), 1)), 16)
+    store.detach()
