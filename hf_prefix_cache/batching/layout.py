@@ -89,7 +89,8 @@ def kept(
     `batch` itself where rows leave in place (a leaving row's place taken by the last row), else a new cache
     in the order of `rows`."""
     if isinstance(batch, GrowingCache) and batch.lays_out_in_place():
-        order = batch.drop_rows([i for i in range(len(pads)) if i not in set(rows)])
+        staying = set(rows)
+        order = batch.drop_rows([i for i in range(len(pads)) if i not in staying])
         batch.drop_columns(length - width)
         return batch, order
     if not profile.expands:

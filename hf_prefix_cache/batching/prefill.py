@@ -17,13 +17,8 @@ stored (`abandon`). Only text rows of models whose every cached layer is plain f
 (`ModelProfile.defers_keys`) are chunked, as their caches grow by any number of positions exactly; the
 pieces' logits agree with one whole prefill's to the suite's float tolerance.
 
-Example:
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> from hf_prefix_cache import PrefixCache
+Example (`store` a fresh `PrefixCache` of a tiny Llama):
     >>> from hf_prefix_cache.batching.rows import Request, Row
-    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)).eval()
-    >>> store = PrefixCache(model)
     >>> row = Row(Request([5 + i % 50 for i in range(40)], max_new_tokens=2))
     >>> wants_chunks(store, row, 16)
     True
