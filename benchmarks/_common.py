@@ -18,6 +18,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_prefix_cache import _compat
+from hf_prefix_cache.api.sample_text import HANDBOOK
 
 #: The keyword `generate` and forwards take a cache under on this transformers release (`cache` from 5.24).
 CACHE = _compat.CACHE_KWARGS[0] if _compat.CACHE_RENAMED else _compat.CACHE_KWARGS[1]
@@ -105,3 +106,12 @@ def print_end(started: float, newline: bool = False) -> None:
     """The load average at the end and the whole run's time."""
     lead = "\n" if newline else ""
     print(f"{lead}load average at end: {load_average()}; total time {time.perf_counter() - started:.1f} s")
+
+
+def system_prompt(tokens: int, tokenizer: Any) -> str:
+    """The handbook of `api/sample_text.py` repeated (then cut) to about `tokens` tokens: the shared system prompt of
+    the serving benchmarks."""
+    text = HANDBOOK
+    while len(tokenizer(text).input_ids) < tokens:
+        text += "\n" + HANDBOOK
+    return str(tokenizer.decode(tokenizer(text).input_ids[:tokens]))

@@ -28,11 +28,11 @@ import argparse
 import time
 from typing import Any
 
-from _common import print_end, print_environment, start_run
+from _common import print_end, print_environment, start_run, system_prompt
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.models import load_smollm2
-from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, QUESTIONS
 from hf_prefix_cache.batching.rows import Request, Row
 from hf_prefix_cache.batching.scheduler import Scheduler
 
@@ -47,13 +47,6 @@ def chat_ids(tokenizer: Any, system: str, question: str) -> list[int]:
             "input_ids"
         ]
     )
-
-
-def system_prompt(tokenizer: Any, tokens: int) -> str:
-    text = HANDBOOK
-    while len(tokenizer(text).input_ids) < tokens:
-        text += "\n" + HANDBOOK
-    return str(tokenizer.decode(tokenizer(text).input_ids[:tokens]))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -123,7 +116,7 @@ def main() -> None:
     started = start_run(args.threads)
     print_environment(f", {args.threads} threads")
     model, tokenizer = load_smollm2()
-    system = system_prompt(tokenizer, args.system_tokens)
+    system = system_prompt(args.system_tokens, tokenizer)
     chunks = [int(c) for c in args.chunks.split(",")]
     runs = [one_run(model, tokenizer, system, chunk, args) for chunk in chunks]
     base = runs[0]

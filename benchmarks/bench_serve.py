@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import print_end, print_environment, start_run
+from _common import print_end, print_environment, start_run, system_prompt
 
 from hf_prefix_cache.api.models import smollm2_folder
-from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, QUESTIONS
 from hf_prefix_cache.testing.serve_process import ServeProcess
 
 #: Each server: whether it is ours, and the arguments after the model.
@@ -61,15 +61,6 @@ class Server:
 
     def stop(self) -> None:
         self.process.stop()
-
-
-def system_prompt(tokens: int, tokenizer: Any) -> str:
-    """The handbook repeated (then cut) to about `tokens` tokens."""
-    text = HANDBOOK
-    while len(tokenizer(text).input_ids) < tokens:
-        text += "\n" + HANDBOOK
-    ids = tokenizer(text).input_ids[:tokens]
-    return str(tokenizer.decode(ids))
 
 
 def streamed_turn(client: Any, model: str, messages: list[dict[str, str]], new: int) -> tuple[float, str, int]:

@@ -50,9 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import load_average, print_end, print_environment, start_run
+from _common import load_average, print_end, print_environment, start_run, system_prompt
 
-from hf_prefix_cache.api.sample_text import FOLLOW_UPS, HANDBOOK, QUESTIONS
+from hf_prefix_cache.api.sample_text import FOLLOW_UPS, QUESTIONS
 from hf_prefix_cache.testing.serve_process import ServeProcess, image_url
 
 #: The servers in the order they run at each level.
@@ -120,14 +120,6 @@ class Server:
 
 def _one_line(*texts: str) -> str:
     return " | ".join(t.strip().replace("\n", " | ")[-300:] for t in texts if t.strip())
-
-
-def system_prompt(tokens: int, tokenizer: Any) -> str:
-    """The handbook repeated (then cut) to about `tokens` tokens."""
-    text = HANDBOOK
-    while len(tokenizer(text).input_ids) < tokens:
-        text += "\n" + HANDBOOK
-    return str(tokenizer.decode(tokenizer(text).input_ids[:tokens]))
 
 
 def streamed_turn(server: Server, messages: list[dict[str, Any]], new: int) -> tuple[dict[str, Any], str]:

@@ -12,8 +12,11 @@ is prefilled here instead:
    (`Served`: the prompt's tokens, the restored ones), the prefix unpinned (`finish`), and the row joins
    the batch with the prompt's last logits (`RunningBatch.join`).
 
-A row cancelled or past its deadline while it prefills keeps what it computed: the prompt's fed part is
-stored (`abandon`). Only text rows of models whose every cached layer is plain full attention
+One row prefills in pieces at a time (the scheduler queues the others in arrival order): a row that starts
+after another has stored its prompt restores it, so a burst of requests sharing an uncached system prompt
+computes it once, as one at a time would; where that leaves a queued row `chunk` uncached tokens or fewer,
+it is admitted whole. A row cancelled or past its deadline while it prefills keeps what it computed: the
+prompt's fed part is stored (`abandon`). Only text rows of models whose every cached layer is plain full attention
 (`ModelProfile.defers_keys`) are chunked, as their caches grow by any number of positions exactly; the
 pieces' logits agree with one whole prefill's to the suite's float tolerance.
 

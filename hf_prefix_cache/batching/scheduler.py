@@ -65,6 +65,7 @@ class Load(NamedTuple):
     steps: int  # batched steps run so far
     row_steps: int  # rows those steps decoded, summed (row_steps / steps: the mean batch size)
     calls: int  # calls run so far
+    pieces: int = 0  # prompt pieces prefilled for rows with many uncached tokens (`prefill.py`)
 
 
 class Scheduler:
@@ -90,7 +91,10 @@ class Scheduler:
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0: prefill whole), got {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
-        self._prefills: collections.deque[Prefill] = collections.deque()  # rows prefilling in pieces, oldest first
+        # Rows to prefill in pieces, in arrival order, and the one prefilling now: one at a time, so a later row
+        # restores what an earlier one stored (a burst sharing an uncached system prompt computes it once).
+        self._chunked: collections.deque[Row] = collections.deque()
+        self._prefill: Prefill | None = None
         self._front = prefix_cache
         self.batch = RunningBatch(prefix_cache)
         self.max_rows = max_rows
@@ -100,7 +104,7 @@ class Scheduler:
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any], str | None]] = collections.deque()
         self._alone: Row | None = None  # the row running alone now, cancelled by `stop`
         self._num_alone = 0
-        self.steps = self.row_steps = self.calls = 0
+        self.steps = self.row_steps = self.calls = self.pieces = 0
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -138,8 +142,8 @@ class Scheduler:
     def load(self) -> Load:
         """The rows and calls in the loop now, and its counters (for a stats line or a gauge)."""
         with self._wake:
-            waiting = len(self._waiting) + len(self._calls) + len(self._prefills)
-        return Load(len(self.batch.rows), self._num_alone, waiting, self.steps, self.row_steps, self.calls)
+            waiting = len(self._waiting) + len(self._calls) + self._prefilling()
+        return Load(len(self.batch.rows), self._num_alone, waiting, self.steps, self.row_steps, self.calls, self.pieces)
 
     def start(self) -> None:
         """Run the loop in a thread of its own until `stop`."""
@@ -185,9 +189,9 @@ class Scheduler:
         batch = self.batch
         while (waiting_call := self._next_call()) is not None:
             self._run_call(*waiting_call)
-        while len(batch.rows) + len(self._prefills) < self.max_rows and (row := self._next_waiting()) is not None:
+        while len(batch.rows) + self._prefilling() < self.max_rows and (row := self._next_waiting()) is not None:
             self._admit(row)
-        if self._prefills:
+        if self._prefilling():
             self._prefill_piece()
         if batch.rows:
             batch.end_flagged()
@@ -200,14 +204,14 @@ class Scheduler:
                 logger.exception("batching: a decoding step failed; its rows end with the error")
                 batch.fail(exc)
         with self._wake:
-            return bool(batch.rows or self._waiting or self._calls or self._prefills)
+            return bool(batch.rows or self._waiting or self._calls or self._prefilling())
 
     def _serve(self) -> None:
         if self._num_threads is not None:
             torch.set_num_threads(self._num_threads)
         while True:
             with self._wake:
-                while not (self._stopping or self._waiting or self._calls or self.batch.rows or self._prefills):
+                while not (self._stopping or self._waiting or self._calls or self.batch.rows or self._prefilling()):
                     self._wake.wait()
                 if self._stopping:
                     return
@@ -242,15 +246,16 @@ class Scheduler:
             self._num_alone = 0
             self.calls += 1
 
-    def _admit(self, row: Row) -> None:
-        """Join `row` to the batch, or run it alone (counted), or end it unrun when cancelled or expired."""
+    def _admit(self, row: Row, chunks: bool = True) -> None:
+        """Join `row` to the batch (with `chunks`, queue it to be prefilled in pieces where it has many uncached
+        tokens), or run it alone (counted), or end it unrun when cancelled or expired."""
         if row.cancelled or row.expired(time.monotonic()):
             row.finish(EndReason.CANCELLED if row.cancelled else EndReason.TIMEOUT)
             return
         reason = self._model_reason or request_alone_reason(row.request)
         try:
-            if reason is None and wants_chunks(self._front, row, self.prefill_chunk):
-                self._prefills.append(Prefill(self._front, row, self.prefill_chunk))
+            if reason is None and chunks and wants_chunks(self._front, row, self.prefill_chunk):
+                self._chunked.append(row)
                 return
             if reason is None and self.batch.admit(row):
                 return
@@ -264,24 +269,43 @@ class Scheduler:
         finally:
             self._alone, self._num_alone = None, 0
 
+    def _prefilling(self) -> int:
+        """Rows prefilling in pieces or queued to."""
+        return len(self._chunked) + (self._prefill is not None)
+
     def _prefill_piece(self) -> None:
-        """Feed the oldest prefilling row its next piece; once its prompt is all fed, it joins the batch. A row
-        cancelled or past its deadline ends first, keeping what it computed."""
-        prefill = self._prefills[0]
+        """Feed the prefilling row its next piece; once its prompt is all fed, it joins the batch. Without one, the
+        next queued row starts (or, where what was stored since leaves it few uncached tokens, is admitted whole).
+        A row cancelled or past its deadline ends first, keeping what it computed."""
+        while self._prefill is None and self._chunked:
+            row = self._chunked.popleft()
+            if not row.cancelled and not row.expired(time.monotonic()):
+                try:
+                    if wants_chunks(self._front, row, self.prefill_chunk):
+                        self._prefill = Prefill(self._front, row, self.prefill_chunk)
+                        break
+                except Exception as exc:
+                    logger.exception("batching: a row's prefill failed; it ends with the error")
+                    row.finish(EndReason.ERROR, exc)
+                    continue
+            self._admit(row, chunks=False)
+        prefill = self._prefill
+        if prefill is None:
+            return
         row = prefill.row
         if row.cancelled or row.expired(time.monotonic()):
-            self._prefills.popleft()
+            self._prefill = None
             prefill.abandon(EndReason.CANCELLED if row.cancelled else EndReason.TIMEOUT)
             return
         try:
             logits = prefill.advance()
+            self.pieces += 1
             if logits is not None:
-                self._prefills.popleft()
+                self._prefill = None
                 self.batch.join(row, logits, prefill.finish())
         except Exception as exc:
             logger.exception("batching: a row's prefill failed; it ends with the error")
-            if prefill in self._prefills:
-                self._prefills.remove(prefill)
+            self._prefill = None
             if row not in self.batch.rows:
                 prefill.abandon(EndReason.ERROR, exc)
 
@@ -289,8 +313,11 @@ class Scheduler:
         for row in self.batch.rows:
             row.cancel()
         self.batch.end_flagged()
-        while self._prefills:
-            self._prefills.popleft().abandon(EndReason.CANCELLED)
+        prefill, self._prefill = self._prefill, None
+        if prefill is not None:
+            prefill.abandon(EndReason.CANCELLED)
+        while self._chunked:
+            self._chunked.popleft().finish(EndReason.CANCELLED)
         self._cancel_waiting()
 
     def _cancel_waiting(self) -> None:

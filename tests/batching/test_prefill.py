@@ -54,7 +54,7 @@ def test_a_long_prompt_is_prefilled_in_pieces_while_the_batch_decodes_and_every_
     while not long.tokens:
         scheduler.cycle()
         progress.append([len(row.tokens) for row in short])
-    assert len(progress) == 5  # ceil(70 / 16) pieces, the last one joining
+    assert len(progress) == 5 and scheduler.load().pieces == 5  # ceil(70 / 16) pieces, the last one joining
     assert [p[0] for p in progress] == list(range(3, 8))  # the others step once a piece
     scheduler.run_until_idle()
     for row in (*short, long):
@@ -114,6 +114,23 @@ def test_a_row_cancelled_mid_prefill_keeps_what_it_fed_and_pins_nothing() -> Non
     assert stopped.wait(timeout=60) and stopped.end_reason is EndReason.CANCELLED
     assert store_of(store).num_pinned_nodes() == 0
     store.check_integrity()
+    store.detach()
+
+
+def test_rows_sharing_an_uncached_prompt_compute_it_once() -> None:
+    """Three rows arrive at once, two with the same 60-token cold prompt, one with another: one prefills in pieces at
+    a time, so the second of the pair restores the first's stored prompt (59 tokens, as one at a time reports) and
+    joins whole; all are exact."""
+    model = build("llama")
+    store = PrefixCache(model)
+    shared, other = random_prompt(60, seed=11)[0].tolist(), random_prompt(50, seed=12)[0].tolist()
+    scheduler = Scheduler(store, prefill_chunk=16)
+    rows = [scheduler.submit(Request(p, max_new_tokens=4, keep_logits=True)) for p in (shared, other, shared)]
+    scheduler.run_until_idle()
+    assert [row.cached_tokens for row in rows] == [0, 0, 59]
+    assert store.stats().computed_tokens == 60 + 50 + 1
+    for row in rows:
+        assert_alone(model, row)
     store.detach()
 
 

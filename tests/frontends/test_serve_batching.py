@@ -1,7 +1,9 @@
 """`hf-prefix-cache serve` decodes the requests in flight together (the default), exactly as one at a time.
 
-Two servers of the real SmolLM2 run for the module: one as started by default (batching on) and one
-with ``--no-batch`` (one ``generate`` at a time, as transformers serve), the reference. Requests sent at
+Two servers of the real SmolLM2 run for the module: one with batching on (the default), its prompts'
+uncached parts past 32 tokens prefilled in pieces of 32 (``--prefill-chunk 32``: a first turn's ~100
+tokens in 4 pieces, a later turn's suffix whole), and one with ``--no-batch`` (one ``generate`` at a
+time, as transformers serve), the reference. Requests sent at
 once to the first must each answer as the same request sent alone to the second, token for token at
 temperature 0, with the same ``cached_tokens``; a later arrival must start before an earlier request
 ends; settings the engine lacks still answer, counted as ``batch_alone:<why>`` in ``/metrics``.
@@ -32,7 +34,7 @@ def servers() -> Iterator[tuple[ServeProcess, ServeProcess]]:
         folder = str(smollm2_folder())
     except ModelUnavailableError as exc:
         pytest.skip(f"SmolLM2 is not available here: {exc}")
-    batching = ServeProcess(folder, "--served-model-name", "m", name="batch")
+    batching = ServeProcess(folder, "--served-model-name", "m", "--prefill-chunk", "32", name="batch")
     sequential = ServeProcess(folder, "--served-model-name", "m", "--no-batch", name="no-batch")
     try:
         yield batching.wait(), sequential.wait()
@@ -131,6 +133,8 @@ def test_turn_two_reuses_as_much_under_batching_as_one_at_a_time(servers: tuple[
         return [first, _ask(server, messages)]
 
     tags = ["amber", "violet"]  # no first word in common: which turn 1 is stored first cannot change the other's reuse
+    for server in servers:  # ... once the template's first tokens, common to every tag, are stored on both
+        _ask(server, _messages("warm", "Hello?"), max_tokens=1)
     together: list[Any] = [None, None]
     threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, conversation(servers[0], tags[i]))) for i in (0, 1)]  # fmt: skip
     for thread in threads:
@@ -140,6 +144,7 @@ def test_turn_two_reuses_as_much_under_batching_as_one_at_a_time(servers: tuple[
     alone = [conversation(servers[1], tag) for tag in tags]
     assert together == alone
     assert all(turns[1][2] >= turns[0][1] for turns in together)  # turn 2 reused turn 1's prompt at least
+    assert servers[0].store()["batching"]["pieces"] >= 4  # a first turn's ~100 uncached tokens, 32 a piece
 
 
 def test_a_cancelled_stream_keeps_its_prompt_for_the_next_identical_request(

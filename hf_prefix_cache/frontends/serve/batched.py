@@ -208,6 +208,7 @@ class Batching:
             (CounterMetricFamily, f"{p}_row_steps", "rows decoded by those steps (over steps: mean batch size)",
              load.row_steps),
             (CounterMetricFamily, f"{p}_calls", "jobs run alone in the loop (media, transcription)", load.calls),
+            (CounterMetricFamily, f"{p}_prefill_pieces", "prompt pieces prefilled (--prefill-chunk)", load.pieces),
         ]  # fmt: skip
 
         class Collector:
