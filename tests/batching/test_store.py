@@ -119,3 +119,39 @@ def test_a_row_past_its_deadline_leaves_stored() -> None:
     _, cached = sequential(model, store, prompt + row.tokens + [5], 2)
     assert cached == len(prompt) + len(row.tokens) - 1
     store.detach()
+
+
+def test_rows_restore_prefixes_moved_to_host_and_disk_and_reuse_as_much(tmp_path: Any) -> None:
+    """A store whose device and host tiers hold 30 tokens each: the rows' entries move down to host memory and
+    disk, and turn 2 (through the scheduler, prefilled in pieces of 4) restores them from there, with the tokens and
+    `cached_tokens` of the sequential path on an unbounded store."""
+    from hf_prefix_cache.batching.scheduler import Scheduler
+
+    model = build("llama")
+    _, prompts = chats()
+    probe = PrefixCache(model)
+    sequential(model, probe, prompts[0], 1)
+    per_token = probe.stats().nbytes // len(prompts[0])
+    probe.detach()
+    tiered = PrefixCache(
+        model, max_bytes=30 * per_token, max_host_bytes=30 * per_token, disk_dir=tmp_path, save_on_exit=False
+    )
+    reference = PrefixCache(model)
+    rows = batched(tiered, [Request(p, max_new_tokens=5) for p in prompts])
+    expected = [sequential(model, reference, p, 5) for p in prompts]
+    assert [row.tokens for row in rows] == [tokens for tokens, _ in expected]
+    moved = tiered.stats()
+    assert moved.host_nbytes > 0 and moved.disk_nbytes > 0 and moved.device_nbytes <= 30 * per_token
+    turns = [
+        p + row.tokens + random_prompt(6, seed=60 + i)[0].tolist()
+        for i, (p, row) in enumerate(zip(prompts, rows, strict=True))
+    ]
+    with Scheduler(tiered, prefill_chunk=4) as scheduler:
+        again = [scheduler.submit(Request(turn, max_new_tokens=3)) for turn in turns]
+        assert all(row.wait(timeout=120) for row in again)
+    for turn, row in zip(turns, again, strict=True):
+        assert (row.tokens, row.cached_tokens) == sequential(model, reference, turn, 3)
+    assert sum(row.cached_tokens for row in again) > 0 and tiered.stats().reloads > 0
+    for store in (tiered, reference):
+        store.check_integrity()
+        store.detach()
