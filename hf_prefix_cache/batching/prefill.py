@@ -1,7 +1,7 @@
 """Chunked prefill: a row with many uncached prompt tokens is prefilled a piece per cycle, between the batch's steps.
 
 A row admitted whole (`RunningBatch.admit`) holds every other row for its whole prefill: on two CPU
-cores a cold 1,500-token prompt stops the batch for about six seconds. A row whose prompt has more than
+cores a cold 1,500-token SmolLM2 prompt stops the batch for about three seconds. A row whose prompt has more than
 `chunk` tokens past its stored prefix (read from the store's tree, nothing restored: `wants_chunks`)
 is prefilled here instead:
 
@@ -16,9 +16,11 @@ One row prefills in pieces at a time (the scheduler queues the others in arrival
 after another has stored its prompt restores it, so a burst of requests sharing an uncached system prompt
 computes it once, as one at a time would; where that leaves a queued row `chunk` uncached tokens or fewer,
 it is admitted whole. A row cancelled or past its deadline while it prefills keeps what it computed: the
-prompt's fed part is stored (`abandon`). Only text rows of models whose every cached layer is plain full attention
-(`ModelProfile.defers_keys`) are chunked, as their caches grow by any number of positions exactly; the
-pieces' logits agree with one whole prefill's to the suite's float tolerance.
+prompt's fed part is stored (`abandon`). Only text rows of models whose every layer keeps per-token keys
+(`ModelProfile.expands`: full attention and sliding windows, kept at every position in a working cache) are
+chunked, as their caches grow by any number of positions exactly; recurrent and conv states prefill whole (the
+store's snapshots of them are taken where `generate`'s prefill stops), as do rows with media. The pieces'
+logits agree with one whole prefill's to the suite's float tolerance.
 
 Example (`store` a fresh `PrefixCache` of a tiny Llama):
     >>> from hf_prefix_cache.batching.rows import Request, Row
@@ -54,11 +56,12 @@ DEFAULT_CHUNK = 512
 
 
 def wants_chunks(prefix_cache: PrefixCache, row: Row, chunk: int) -> bool:
-    """Whether `row` is prefilled in pieces of `chunk` tokens: a text row of a model of plain full attention whose
-    prompt has more than `chunk` tokens past its stored prefix (under its salt)."""
+    """Whether `row` is prefilled in pieces of `chunk` tokens: a text row of a model whose every layer keeps per-token
+    keys (`ModelProfile.expands`) and whose prompt has more than `chunk` tokens past its stored prefix (under its
+    salt)."""
     store = store_of(prefix_cache)
     profile, request = store.profile, row.request
-    if chunk <= 0 or len(request.ids) <= chunk or not profile.defers_keys or profile.media is not None:
+    if chunk <= 0 or len(request.ids) <= chunk or not profile.expands or profile.media is not None:
         return False
     if request.inputs:
         return False

@@ -40,10 +40,12 @@ def assert_alone(model: Any, row: Row) -> None:
     assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, out.logits, strict=True)) < LOGIT_TOL
 
 
-def test_a_long_prompt_is_prefilled_in_pieces_while_the_batch_decodes_and_every_row_is_exact() -> None:
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma3_text", "gpt2"])
+def test_a_long_prompt_is_prefilled_in_pieces_while_the_batch_decodes_and_every_row_is_exact(kind: str) -> None:
     """Two rows decode; a 70-token cold prompt arrives: 5 pieces of 16, one per cycle, each cycle also a step of
-    the two (they gain a token per piece), then it joins; all three equal their requests alone."""
-    model = build("llama")
+    the two (they gain a token per piece), then it joins; all three equal their requests alone. Full attention,
+    sliding windows of 8 (Mistral; Gemma 3 with global layers too) and GPT-2's learned positions."""
+    model = build(kind)
     store = PrefixCache(model)
     scheduler = Scheduler(store, prefill_chunk=16)
     short = [scheduler.submit(Request(random_prompt(12, seed=s)[0].tolist(), 20, keep_logits=True)) for s in (1, 2)]
@@ -145,9 +147,9 @@ def test_chunking_is_off_at_zero_and_refused_below() -> None:
     store.detach()
 
 
-@pytest.mark.parametrize("kind", ["gemma3_text", "qwen3_next"])
-def test_models_with_windows_or_recurrent_states_prefill_whole(kind: str) -> None:
-    """Their caches do not grow by any number of positions exactly in one plain forward: never chunked."""
+@pytest.mark.parametrize("kind", ["qwen3_next", "lfm2"])
+def test_models_with_recurrent_or_conv_states_prefill_whole(kind: str) -> None:
+    """Their states are snapshotted where `generate`'s prefill stops: never chunked."""
     model = build(kind)
     store = PrefixCache(model)
     assert not wants_chunks(store, Row(Request(random_prompt(70, seed=10)[0].tolist(), 1)), 16)
