@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.store.contract import Served
 
 if TYPE_CHECKING:
@@ -114,8 +115,10 @@ class Prefill:
         row, ids = self.row, self.row.request.ids
         try:
             with row.scope:  # type: ignore[union-attr]  # set in __init__
-                self._front.insert(ids, self.cache)
                 self._store.record(Served(len(ids), self.cached_len))
+                self._front.insert(ids, self.cache)
+        except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
+            logger.warning("batching: a prompt prefilled in pieces was not stored: %s", exc)
         finally:
             self._lookup.release()
         logger.info("prefix cache: reused %d of %d prompt tokens (prefilled in pieces)", self.cached_len, len(ids))

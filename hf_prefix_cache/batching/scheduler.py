@@ -284,10 +284,8 @@ class Scheduler:
                     if wants_chunks(self._front, row, self.prefill_chunk):
                         self._prefill = Prefill(self._front, row, self.prefill_chunk)
                         break
-                except Exception as exc:
-                    logger.exception("batching: a row's prefill failed; it ends with the error")
-                    row.finish(EndReason.ERROR, exc)
-                    continue
+                except Exception as exc:  # a restore the store refuses: `generate`'s path falls back as it does
+                    logger.warning("batching: a row's prefill in pieces could not start (%s); prefilled whole", exc)
             self._admit(row, chunks=False)
         prefill = self._prefill
         if prefill is None:

@@ -136,6 +136,26 @@ def test_rows_sharing_an_uncached_prompt_compute_it_once() -> None:
     store.detach()
 
 
+def test_a_restore_the_store_refuses_prefills_the_row_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the restore for pieces raises (a guard of the store), the row is admitted whole through `generate`,
+    which falls back as it always does: it answers exactly, no piece prefilled."""
+    from hf_prefix_cache.errors import InconsistentStateError
+
+    model = build("llama")
+    store = PrefixCache(model)
+
+    def refused(*args: Any) -> Any:
+        raise InconsistentStateError("a guard failed")
+
+    monkeypatch.setattr(store, "lookup", refused)
+    scheduler = Scheduler(store, prefill_chunk=16)
+    row = scheduler.submit(Request(random_prompt(70, seed=13)[0].tolist(), max_new_tokens=4, keep_logits=True))
+    scheduler.run_until_idle()
+    assert row.end_reason is EndReason.LENGTH and scheduler.load().pieces == 0
+    assert_alone(model, row)
+    store.detach()
+
+
 def test_chunking_is_off_at_zero_and_refused_below() -> None:
     model = build("llama")
     store = PrefixCache(model)
