@@ -206,6 +206,11 @@ def judge(out: dict[str, Any], warmup: float) -> list[str]:
         f"after warm-up ({mem['warmup_s']:.0f} s) {mem['after_warmup_mb']:.0f}, last {mem['last_window_mb']:.0f}, "
         f"peak {mem['peak_mb']:.0f}"
     )
+    batching = store.get("batching") or {}
+    print(
+        f"batching: {batching.get('steps')} steps, {batching.get('row_steps')} row steps, "
+        f"{batching.get('pieces')} prompt pieces (--prefill-chunk {out['args'].get('prefill_chunk')})"
+    )
     loads = [s["load"] for s in out["samples"]]
     print(f"load average during the soak: {loads[0]} -> {loads[-1]}")
     print(f"soak: {'PASS' if not failures else 'FAIL (' + '; '.join(failures) + ')'}")
@@ -234,6 +239,7 @@ def main() -> None:
     p.add_argument("--plain-rate", type=float, default=0.15, help="share not streamed (default 0.15)")
     p.add_argument("--sample-s", type=float, default=10, help="seconds between memory samples (default 10)")
     p.add_argument("--threads", type=int, default=2, help="the server's threads (default 2)")
+    p.add_argument("--prefill-chunk", type=int, help="the server's --prefill-chunk (default: the server's, 512)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--warmup", type=float, default=0.3, help="share of the run that is warm-up (default 0.3)")
     p.add_argument("--quick", action="store_true", help="1 minute")
@@ -253,7 +259,8 @@ def main() -> None:
     model = str(smollm2_folder())
     systems = system_prompts(args.system_tokens, AutoTokenizer.from_pretrained(model))
     env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), "HF_PREFIX_CACHE_BATCH": "1"}
-    server = ServeProcess(model, "--batch", "--max-bytes", args.max_bytes, env=env, name="soak-serve")
+    chunk = () if args.prefill_chunk is None else ("--prefill-chunk", str(args.prefill_chunk))
+    server = ServeProcess(model, "--batch", "--max-bytes", args.max_bytes, *chunk, env=env, name="soak-serve")
     try:
         server.wait(600)
         model_id = server.client().models.list().data[0].id
