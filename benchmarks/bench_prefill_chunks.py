@@ -1,8 +1,9 @@
 """A long cold prompt arriving while other rows decode: prefilled whole or in pieces (``--prefill-chunk``, issue #46).
 
-On the batching engine's loop (`Scheduler`, in this process, the real SmolLM2-135M-Instruct), ``--rows``
-chats decode (a shared system prompt of about ``--system-tokens`` tokens, stored first, then a question each,
-``--new-tokens`` tokens an answer, never stopping early). Once every one of them has its first
+On the batching engine's loop (`Scheduler`, in this process, the real SmolLM2-135M-Instruct, or with
+``--model hybrid`` a random-weight 3-layer Bamba whose recurrent states are snapshotted where the pieces
+stop), ``--rows`` chats decode (a shared system prompt of about ``--system-tokens`` tokens, stored first,
+then a question each, ``--new-tokens`` tokens an answer, never stopping early). Once every one of them has its first
 ``--lead`` tokens, a newcomer arrives: the same system prompt under a salt of its own (so nothing of it
 is stored: ``--system-tokens`` tokens to prefill) and a question.
 
@@ -20,6 +21,7 @@ Run (from the repository root)::
 
     PYTHONPATH=. python benchmarks/bench_prefill_chunks.py
     PYTHONPATH=. python benchmarks/bench_prefill_chunks.py --chunks 0,512,256,128 --threads 2
+    PYTHONPATH=. python benchmarks/bench_prefill_chunks.py --model hybrid
 """
 
 from __future__ import annotations
@@ -100,6 +102,21 @@ def one_run(model: Any, tokenizer: Any, system: str, chunk: int, args: argparse.
     }
 
 
+def load_model(kind: str) -> tuple[Any, Any]:
+    """SmolLM2, or the serving benchmarks' tiny hybrid (its recurrent states snapshotted where the pieces stop)."""
+    if kind == "smollm2":
+        return load_smollm2()
+    import tempfile
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_prefix_cache.testing.serve_process import tiny_hybrid_folder
+
+    folder = tiny_hybrid_folder(Path(tempfile.mkdtemp(prefix="bench-prefill-hybrid-")))
+    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -110,12 +127,18 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens an answer (default 48)")
     parser.add_argument("--lead", type=int, default=4, help="tokens every row has when the newcomer arrives")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument(
+        "--model",
+        choices=("smollm2", "hybrid"),
+        default="smollm2",
+        help="smollm2 (default) or hybrid: a random-weight 3-layer Bamba (mamba2 + attention), SmolLM2's tokenizer",
+    )
     args = parser.parse_args()
     if not 1 <= args.rows < len(QUESTIONS_AND_FOLLOW_UPS):
         parser.error(f"--rows is 1 to {len(QUESTIONS_AND_FOLLOW_UPS) - 1}")
     started = start_run(args.threads)
     print_environment(f", {args.threads} threads")
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_model(args.model)
     system = system_prompt(args.system_tokens, tokenizer)
     chunks = [int(c) for c in args.chunks.split(",")]
     runs = [one_run(model, tokenizer, system, chunk, args) for chunk in chunks]

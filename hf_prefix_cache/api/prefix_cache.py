@@ -81,6 +81,7 @@ class PrefixCache:
             settings.prompt_snapshot,
             settings.attach == "all",
         )
+        self._serving = serving
         self._hook: Hook | None = attach_hook(self._store, model, serving) if settings.attach else None
 
     @property
@@ -386,6 +387,17 @@ def store_of(cache: PrefixCache) -> TreeStore:
         0
     """
     return cache._store
+
+
+def serving_of(cache: PrefixCache) -> Serving:
+    """What `cache`'s hook was made with (the profile, and where a recurrent prefill stops to snapshot), for a prefill
+    run outside `generate` that must store what `generate`'s would (`batching/prefill.py`).
+
+    Example:
+        >>> serving_of(store).snapshot_interval, serving_of(store).prompt_snapshot
+        (256, True)
+    """
+    return cache._serving
 
 
 PrefixCache.__init__.__signature__ = keyword_signature("self", "model")  # type: ignore[attr-defined]

@@ -16,11 +16,15 @@ One row prefills in pieces at a time (the scheduler queues the others in arrival
 after another has stored its prompt restores it, so a burst of requests sharing an uncached system prompt
 computes it once, as one at a time would; where that leaves a queued row `chunk` uncached tokens or fewer,
 it is admitted whole. A row cancelled or past its deadline while it prefills keeps what it computed: the
-prompt's fed part is stored (`abandon`). Only text rows of models whose every layer keeps per-token keys
-(`ModelProfile.expands`: full attention and sliding windows, kept at every position in a working cache) are
-chunked, as their caches grow by any number of positions exactly; recurrent and conv states prefill whole (the
-store's snapshots of them are taken where `generate`'s prefill stops), as do rows with media. The pieces'
-logits agree with one whole prefill's to the suite's float tolerance.
+prompt's fed part is stored (`abandon`). Every text row of a model the batch takes is chunked (`eligibility.py`):
+full attention and sliding windows, kept at every position in a working cache, and the hybrids' recurrent and
+conv states, which continue exactly over a piece. A recurrent state restores only where it was snapshotted, so
+those rows also cut a piece where `generate`'s prefill through the store would snapshot (`model/prefill.py`: the
+divergence from the stored prefix, every `snapshot_interval` tokens, before the prompt's last token) and store
+those snapshots with the prompt: what a later request restores is the same either way. `wants_chunks` counts the
+uncached tokens from the stored match, which for recurrent states may reach past the last snapshot: such a row can
+be admitted whole with more than `chunk` tokens to feed. Rows with media prefill whole. The pieces' logits agree
+with one whole prefill's to the suite's float tolerance.
 
 Example (`store` a fresh `PrefixCache` of a tiny Llama):
     >>> from hf_prefix_cache.batching.rows import Request, Row
@@ -41,13 +45,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.api.prefix_cache import serving_of, store_of
+from hf_prefix_cache.batching.eligibility import model_alone_reason
 from hf_prefix_cache.errors import InconsistentStateError
+from hf_prefix_cache.keys.prefix_key import PrefixKey
+from hf_prefix_cache.model.prefill import Prefill as PromptPrefill
 from hf_prefix_cache.store.contract import Served
 
 if TYPE_CHECKING:
     from hf_prefix_cache.api.prefix_cache import PrefixCache
     from hf_prefix_cache.batching.rows import EndReason, Row
+    from hf_prefix_cache.model.states import Snapshot
     from hf_prefix_cache.model.working_cache import WorkingCache
 
 logger = logging.getLogger("hf_prefix_cache")
@@ -57,12 +65,11 @@ DEFAULT_CHUNK = 512
 
 
 def wants_chunks(prefix_cache: PrefixCache, row: Row, chunk: int) -> bool:
-    """Whether `row` is prefilled in pieces of `chunk` tokens: a text row of a model whose every layer keeps per-token
-    keys (`ModelProfile.expands`) and whose prompt has more than `chunk` tokens past its stored prefix (under its
-    salt)."""
+    """Whether `row` is prefilled in pieces of `chunk` tokens: a text row of a model the batch takes, whose prompt has
+    more than `chunk` tokens past its stored prefix (under its salt)."""
     store = store_of(prefix_cache)
     profile, request = store.profile, row.request
-    if chunk <= 0 or len(request.ids) <= chunk or not profile.expands or profile.media is not None:
+    if chunk <= 0 or len(request.ids) <= chunk or profile.media is not None or model_alone_reason(profile):
         return False
     if request.inputs:
         return False
@@ -91,24 +98,30 @@ class Prefill:
             self._lookup = prefix_cache.lookup(list(row.request.ids))
         self.cache: WorkingCache = self._lookup.cache
         self.cached_len = self.fed = self._lookup.cached_len
+        # A model with recurrent or conv states snapshots where `generate`'s prefill through the store would stop
+        # (`model/prefill.py`): at the divergence from the stored prefix, every snapshot interval and, with
+        # `prompt_snapshot`, before the prompt's last token; a piece is cut there for the snapshot.
+        self.snapshots: list[Snapshot] = []
+        self._snapshot_at: list[int] = []
+        n = len(row.request.ids)
+        if store.profile.has_state and n - 1 > self.cached_len:
+            serving = serving_of(prefix_cache)
+            plan = PromptPrefill(store.model, store.profile, serving.snapshot_interval, one_token_steps=False)
+            matched = self._lookup.matched_len
+            self._snapshot_at = plan.bounds(self.cached_len, n - 1, matched, keep_end=serving.prompt_snapshot)
 
     def advance(self) -> torch.Tensor | None:
         """Feed the next `chunk` prompt tokens; the prompt's last `[vocab]` logits once all are fed, else None."""
-        ids = self.row.request.ids
-        start, end = self.fed, min(self.fed + self._chunk, len(ids))
-        model, profile = self._store.model, self._store.profile
-        device = model.device
-        kwargs: dict[str, Any] = {
-            profile.cache_kwarg: self.cache,
-            "position_ids": torch.arange(start, end, device=device)[None],
-            "use_cache": True,
-        }
-        if profile.accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids[start:end]], device=device), **kwargs).logits[0, -1]
+        n = len(self.row.request.ids)
+        start, end = self.fed, min(self.fed + self._chunk, n)
+        for bound in self._snapshot_at:
+            if start < bound <= end and bound < n:
+                self._forward(start, bound)
+                self.snapshots.append(self.cache.snapshot(bound))
+                start = bound
+        logits = self._forward(start, end) if start < end else None
         self.fed = end
-        return logits if end == len(ids) else None
+        return logits if end == n else None
 
     def finish(self) -> WorkingCache:
         """Store the whole prompt under the row's salt, count it as one served call, unpin the prefix; the cache."""
@@ -116,7 +129,7 @@ class Prefill:
         try:
             with row.scope:  # type: ignore[union-attr]  # set in __init__
                 self._store.record(Served(len(ids), self.cached_len))
-                self._front.insert(ids, self.cache)
+                self._insert(len(ids))
         except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
             logger.warning("batching: a prompt prefilled in pieces was not stored: %s", exc)
         finally:
@@ -131,9 +144,35 @@ class Prefill:
         try:
             if error is None and self.fed > self.cached_len:
                 with row.scope:  # type: ignore[union-attr]  # set in __init__
-                    self._front.insert(row.request.ids[: self.fed], self.cache)
-        except ValueError as exc:
+                    self._insert(self.fed)
+        except (ValueError, InconsistentStateError) as exc:
             logger.warning("batching: a prefill's fed part was not stored: %s", exc)
         finally:
             self._lookup.release()
             row.finish(reason, error)
+
+    def _forward(self, start: int, end: int) -> torch.Tensor:
+        """Feed prompt positions `[start, end)`; their last `[vocab]` logits."""
+        model, profile = self._store.model, self._store.profile
+        device = model.device
+        kwargs: dict[str, Any] = {
+            profile.cache_kwarg: self.cache,
+            "position_ids": torch.arange(start, end, device=device)[None],
+            "use_cache": True,
+        }
+        if profile.accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        with torch.no_grad():
+            ids = torch.tensor([self.row.request.ids[start:end]], device=device)
+            logits: torch.Tensor = model(input_ids=ids, **kwargs).logits[0, -1]
+        return logits
+
+    def _insert(self, length: int) -> None:
+        """Store the prompt's first `length` tokens (all the cache holds) and the snapshots taken before them, in the
+        namespace of the scope that is open (the row's salt); what the restore gave is not checked again."""
+        ids = list(self.row.request.ids[:length])
+        if self.cache.kv_length() not in (None, length):
+            raise InconsistentStateError(f"the cache holds {self.cache.kv_length()} positions, not {length}")
+        key = PrefixKey(self._store.namespace(), ids)
+        snapshots = [s for s in self.snapshots if s.length < length]  # the insert snapshots the end itself
+        self._store.insert_sequence(key, self.cache, snapshots, computed_from=self.cached_len)

@@ -37,6 +37,35 @@ class Prefill:
     snapshot_interval: int | None
     one_token_steps: bool
 
+    def bounds(
+        self, start: int, target: int, matched_len: int, spans: Sequence[tuple[int, int]] = (), keep_end: bool = True
+    ) -> list[int]:
+        """Where a prefill of positions `[start, target)` stops to snapshot, in order: the divergence from the stored
+        prefix (`matched_len`), every `snapshot_interval` tokens (recurrent states only), and `target` itself with
+        `keep_end` (always when tokens go one per forward); never inside a media span of `spans`.
+
+        Example (a recurrent model's would add 256 and 512):
+            >>> from hf_prefix_cache.api.prefix_cache import store_of
+            >>> Prefill(model, store_of(store).profile, 256, False).bounds(100, 700, 300)  # attention only
+            [300, 700]
+        """
+        keep_end = keep_end or self.one_token_steps
+        bounds = {target}
+        if start < matched_len < target:
+            bounds.add(matched_len)
+        interval = self.snapshot_interval
+        if interval is not None and self.profile.has_recurrence:  # a window snapshot is not worth its bytes
+            bounds.update(range((start // interval + 1) * interval, target, interval))
+        # A restore never cuts inside a media span: a snapshot there would never be used.
+        ordered = sorted(b for b in bounds if b == target or not any(a < b < e for a, e in spans))
+        if not keep_end:
+            ordered.remove(target)
+        if self.one_token_steps and start == 0:
+            # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
+            first = min(b for b in ordered if b in (target, matched_len))
+            ordered = [b for b in ordered if b >= first]
+        return ordered
+
     def states(
         self,
         cache: WorkingCache,
@@ -63,21 +92,7 @@ class Prefill:
             return start, []
         if embeds is not None and embeds.shape[1] != input_ids.shape[1] - start:
             raise InconsistentStateError(f"suffix embeddings of {embeds.shape[1]} positions from {start}")
-        keep_end = prompt_end or embeds is not None or self.one_token_steps
-        bounds = {target}
-        if start < matched_len < target:
-            bounds.add(matched_len)
-        interval = self.snapshot_interval
-        if interval is not None and self.profile.has_recurrence:  # a window snapshot is not worth its bytes
-            bounds.update(range((start // interval + 1) * interval, target, interval))
-        # A restore never cuts inside a media span: a snapshot there would never be used.
-        ordered = sorted(b for b in bounds if b == target or not any(a < b < e for a, e in spans))
-        if not keep_end:
-            ordered.remove(target)
-        if self.one_token_steps and start == 0:
-            # From an empty state a multi-token scan is exact; skip interval snapshots it would pass.
-            first = min(b for b in ordered if b in (target, matched_len))
-            ordered = [b for b in ordered if b >= first]
+        ordered = self.bounds(start, target, matched_len, spans, prompt_end or embeds is not None)
         snapshots = []
         pos = start
         with torch.no_grad():

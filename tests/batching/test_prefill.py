@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import CACHE_NAME, LOGIT_TOL, build, random_prompt
+from test_exactness import alone
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.prefix_cache import store_of
@@ -21,21 +22,9 @@ from hf_prefix_cache.batching.scheduler import Scheduler
 from hf_prefix_cache.frontends.serve_args import DEFAULT_PREFILL_CHUNK
 
 
-def cold(model: Any, prompt: list[int], new: int) -> Any:
-    ids = torch.tensor([prompt])
-    return model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=new,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-
-
 def assert_alone(model: Any, row: Row) -> None:
     prompt = list(row.request.ids)
-    out = cold(model, prompt, row.request.max_new_tokens)
+    out = alone(model, prompt, row.request.max_new_tokens)
     assert row.tokens == out.sequences[0, len(prompt) :].tolist()
     assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, out.logits, strict=True)) < LOGIT_TOL
 
@@ -167,10 +156,76 @@ def test_chunking_is_off_at_zero_and_refused_below() -> None:
     store.detach()
 
 
+def restore_points(store: PrefixCache, prompt: list[int]) -> list[int]:
+    """How much of each leading part of `prompt` the store restores (its snapshots decide, for recurrent states)."""
+    points = []
+    for end in range(1, len(prompt) + 1):
+        with store.lookup(prompt[:end]) as hit:
+            points.append(hit.cached_len)
+    return points
+
+
 @pytest.mark.parametrize("kind", ["qwen3_next", "lfm2"])
-def test_models_with_recurrent_or_conv_states_prefill_whole(kind: str) -> None:
-    """Their states are snapshotted where `generate`'s prefill stops: never chunked."""
+def test_recurrent_and_conv_rows_prefill_in_pieces_exactly_and_snapshot_where_generate_would(kind: str) -> None:
+    """Linear-attention (Qwen3-Next) and conv (LFM2) hybrids: a 40-token system prompt is stored with one question
+    by `generate`; a 100-token prompt with another question arrives while two rows decode. It is fed in pieces of 16
+    (7 pieces: the stored snapshot at 32 restored, then 68 tokens, cut at the snapshot bounds), the two rows gaining
+    a token a piece, and every row equals its request alone. Its snapshots (the divergence at 40, every 32 tokens,
+    before its last token) are where `generate`'s own prefill through a store puts them: every leading part of the
+    prompt restores as far on both stores, and a third question restores the 40 shared tokens."""
     model = build(kind)
-    store = PrefixCache(model)
-    assert not wants_chunks(store, Row(Request(random_prompt(70, seed=10)[0].tolist(), 1)), 16)
+    system, asked = random_prompt(40, seed=20)[0].tolist(), random_prompt(30, seed=21)[0].tolist()
+    prompt = system + random_prompt(60, seed=22)[0].tolist()
+    stores = {way: PrefixCache(model, snapshot_interval=32) for way in ("pieces", "generate")}
+    for store in stores.values():  # the system prompt stored with a first question, as generate stores it
+        ids = torch.tensor([system + asked])
+        model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, **{CACHE_NAME: store}
+        )
+    store = stores["pieces"]
+    scheduler = Scheduler(store, prefill_chunk=16)
+    short = [scheduler.submit(Request(random_prompt(12, seed=s)[0].tolist(), 20, keep_logits=True)) for s in (1, 2)]
+    scheduler.cycle()
+    assert wants_chunks(store, Row(Request(prompt, 1)), 16)
+    long = scheduler.submit(Request(prompt, max_new_tokens=6, keep_logits=True))
+    progress = []
+    while not long.tokens:
+        scheduler.cycle()
+        progress.append(len(short[0].tokens))
+    assert scheduler.load().pieces == 5 and progress == list(range(3, 8))  # ceil(68 / 16) pieces
+    scheduler.run_until_idle()
+    for row in (*short, long):
+        assert row.end_reason is EndReason.LENGTH
+        assert_alone(model, row)
+    assert long.cached_tokens == 32  # the interval snapshot of the stored system prompt and question
+    ids = torch.tensor([prompt])
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                   **{CACHE_NAME: stores["generate"]})  # fmt: skip
+    assert restore_points(store, prompt) == restore_points(stores["generate"], prompt)
+    third = system + random_prompt(20, seed=23)[0].tolist()
+    with store.lookup(third) as hit:
+        assert hit.cached_len == 40  # the snapshot where the prompt left the stored one
+    for each in stores.values():
+        assert store_of(each).num_pinned_nodes() == 0
+        each.check_integrity()
+        each.detach()
+
+
+def test_a_recurrent_row_cancelled_mid_prefill_stores_its_fed_part_with_its_snapshots() -> None:
+    """Qwen3-Next, snapshots every 8 tokens, pieces of 16: cancelled after two pieces, its 32 fed tokens are stored
+    with the snapshots at 8, 16 and 24 (the insert takes 32 itself); nothing stays pinned."""
+    model = build("qwen3_next")
+    store = PrefixCache(model, snapshot_interval=8)
+    prompt = random_prompt(80, seed=24)[0].tolist()
+    scheduler = Scheduler(store, prefill_chunk=16)
+    row = scheduler.submit(Request(prompt, max_new_tokens=5))
+    scheduler.cycle()
+    scheduler.cycle()
+    row.cancel()
+    scheduler.run_until_idle()
+    assert row.end_reason is EndReason.CANCELLED and row.tokens == []
+    points = restore_points(store, prompt[:40])
+    assert [points[end - 1] for end in (9, 17, 25, 33, 40)] == [8, 16, 24, 32, 32]
+    assert store_of(store).num_pinned_nodes() == 0
+    store.check_integrity()
     store.detach()
