@@ -82,12 +82,8 @@ def test_a_chunked_row_restores_its_stored_prefix_first() -> None:
     store.detach()
 
 
-def test_a_row_cancelled_mid_prefill_keeps_what_it_fed_and_pins_nothing() -> None:
-    """Cancelled after two of its pieces: it ends cancelled with no token, its 32 fed tokens stored, nothing pinned;
-    a timeout likewise; `stop` ends a row still prefilling."""
-    model = build("llama")
-    store = PrefixCache(model)
-    prompt = random_prompt(80, seed=6)[0].tolist()
+def cancel_after_two_pieces(store: PrefixCache, prompt: list[int]) -> Scheduler:
+    """Submit `prompt` to a scheduler with pieces of 16, cancel it after two cycles, run on: it ends cancelled, unanswered."""
     scheduler = Scheduler(store, prefill_chunk=16)
     row = scheduler.submit(Request(prompt, max_new_tokens=5))
     scheduler.cycle()
@@ -95,6 +91,16 @@ def test_a_row_cancelled_mid_prefill_keeps_what_it_fed_and_pins_nothing() -> Non
     row.cancel()
     scheduler.run_until_idle()
     assert row.end_reason is EndReason.CANCELLED and row.tokens == []
+    return scheduler
+
+
+def test_a_row_cancelled_mid_prefill_keeps_what_it_fed_and_pins_nothing() -> None:
+    """Cancelled after two of its pieces: it ends cancelled with no token, its 32 fed tokens stored, nothing pinned;
+    a timeout likewise; `stop` ends a row still prefilling."""
+    model = build("llama")
+    store = PrefixCache(model)
+    prompt = random_prompt(80, seed=6)[0].tolist()
+    scheduler = cancel_after_two_pieces(store, prompt)
     with store.lookup(prompt) as hit:
         assert hit.cached_len == 32
     late = scheduler.submit(Request(random_prompt(60, seed=7)[0].tolist(), max_new_tokens=5, timeout_s=0.0))
@@ -217,13 +223,7 @@ def test_a_recurrent_row_cancelled_mid_prefill_stores_its_fed_part_with_its_snap
     model = build("qwen3_next")
     store = PrefixCache(model, snapshot_interval=8)
     prompt = random_prompt(80, seed=24)[0].tolist()
-    scheduler = Scheduler(store, prefill_chunk=16)
-    row = scheduler.submit(Request(prompt, max_new_tokens=5))
-    scheduler.cycle()
-    scheduler.cycle()
-    row.cancel()
-    scheduler.run_until_idle()
-    assert row.end_reason is EndReason.CANCELLED and row.tokens == []
+    cancel_after_two_pieces(store, prompt)
     points = restore_points(store, prompt[:40])
     assert [points[end - 1] for end in (9, 17, 25, 33, 40)] == [8, 16, 24, 32, 32]
     assert store_of(store).num_pinned_nodes() == 0
