@@ -1,10 +1,11 @@
 """A long cold prompt arriving while other rows decode: prefilled whole or in pieces (``--prefill-chunk``, issue #46).
 
 On the batching engine's loop (`Scheduler`, in this process, the real SmolLM2-135M-Instruct, or with
-``--model hybrid`` a random-weight 3-layer Bamba whose recurrent states are snapshotted where the pieces
-stop), ``--rows`` chats decode (a shared system prompt of about ``--system-tokens`` tokens, stored first,
-then a question each, ``--new-tokens`` tokens an answer, never stopping early). Once every one of them has its first
-``--lead`` tokens, a newcomer arrives: the same system prompt under a salt of its own (so nothing of it
+``--model hybrid`` a random-weight Bamba of its size, 25 Mamba-2 and 5 attention layers, whose recurrent
+states are snapshotted where the pieces stop), ``--rows`` chats decode (a shared system prompt of about
+``--system-tokens`` tokens, stored first, then a question each, ``--new-tokens`` tokens an answer, never
+stopping early). Once every one of them has its first ``--lead`` tokens, a newcomer arrives: the same
+system prompt under a salt of its own (so nothing of it
 is stored: ``--system-tokens`` tokens to prefill) and a question.
 
 For each chunk size (``--chunks``; 0: the whole prompt in one forward, as before) it reports:
@@ -103,18 +104,34 @@ def one_run(model: Any, tokenizer: Any, system: str, chunk: int, args: argparse.
 
 
 def load_model(kind: str) -> tuple[Any, Any]:
-    """SmolLM2, or the serving benchmarks' tiny hybrid (its recurrent states snapshotted where the pieces stop)."""
+    """SmolLM2, or a random-weight Bamba of about its size with its tokenizer (answers are noise; timings are not)."""
+    model, tokenizer = load_smollm2()
     if kind == "smollm2":
-        return load_smollm2()
-    import tempfile
-    from pathlib import Path
+        return model, tokenizer
+    import torch
+    from transformers import BambaConfig, BambaForCausalLM
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hf_prefix_cache.testing.serve_process import tiny_hybrid_folder
-
-    folder = tiny_hybrid_folder(Path(tempfile.mkdtemp(prefix="bench-prefill-hybrid-")))
-    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    config = BambaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        attn_layer_indices=[5, 11, 17, 23, 29],  # one attention layer in six; the rest Mamba-2
+        mamba_n_heads=18,
+        mamba_d_head=64,
+        mamba_n_groups=1,
+        mamba_d_state=64,
+        mamba_expand=2,
+        mamba_chunk_size=256,
+        max_position_embeddings=8192,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return BambaForCausalLM(config).eval(), tokenizer
 
 
 def main() -> None:
@@ -131,7 +148,7 @@ def main() -> None:
         "--model",
         choices=("smollm2", "hybrid"),
         default="smollm2",
-        help="smollm2 (default) or hybrid: a random-weight 3-layer Bamba (mamba2 + attention), SmolLM2's tokenizer",
+        help="smollm2 (default) or hybrid: a random-weight Bamba of SmolLM2's size (25 Mamba-2 and 5 attention layers)",
     )
     args = parser.parse_args()
     if not 1 <= args.rows < len(QUESTIONS_AND_FOLLOW_UPS):
