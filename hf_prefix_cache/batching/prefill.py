@@ -41,7 +41,7 @@ Example (`store` a fresh `PrefixCache` of a tiny Llama):
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +50,7 @@ from hf_prefix_cache.batching.eligibility import model_alone_reason
 from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model.prefill import Prefill as PromptPrefill
+from hf_prefix_cache.model.prefill import feed
 from hf_prefix_cache.store.contract import Served
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Prefill:
             self._lookup = prefix_cache.lookup(list(row.request.ids))
         self.cache: WorkingCache = self._lookup.cache
         self.cached_len = self.fed = self._lookup.cached_len
+        self._ids = torch.tensor([list(row.request.ids)], device=store.model.device)
         # A model with recurrent or conv states snapshots where `generate`'s prefill through the store would stop
         # (`model/prefill.py`): at the divergence from the stored prefix, every snapshot interval and, with
         # `prompt_snapshot`, before the prompt's last token; a piece is cut there for the snapshot.
@@ -153,19 +155,8 @@ class Prefill:
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         """Feed prompt positions `[start, end)`; their last `[vocab]` logits."""
-        model, profile = self._store.model, self._store.profile
-        device = model.device
-        kwargs: dict[str, Any] = {
-            profile.cache_kwarg: self.cache,
-            "position_ids": torch.arange(start, end, device=device)[None],
-            "use_cache": True,
-        }
-        if profile.accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
         with torch.no_grad():
-            ids = torch.tensor([self.row.request.ids[start:end]], device=device)
-            logits: torch.Tensor = model(input_ids=ids, **kwargs).logits[0, -1]
-        return logits
+            return feed(self._store.model, self._store.profile, self.cache, self._ids, start, end)
 
     def _insert(self, length: int) -> None:
         """Store the prompt's first `length` tokens (all the cache holds) and the snapshots taken before them, in the

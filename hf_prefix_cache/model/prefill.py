@@ -99,25 +99,30 @@ class Prefill:
             for bound in ordered:
                 if self.one_token_steps and pos > 0:
                     for t in range(pos, bound):
-                        _forward(self.model, self.profile, cache, input_ids, t, t + 1, embeds, start, positions)
+                        feed(self.model, self.profile, cache, input_ids, t, t + 1, embeds, start, positions)
                 else:
-                    _forward(self.model, self.profile, cache, input_ids, pos, bound, embeds, start, positions)
+                    feed(self.model, self.profile, cache, input_ids, pos, bound, embeds, start, positions)
                 snapshots.append(cache.snapshot(bound))
                 pos = bound
         return pos, snapshots
 
 
-def _forward(
+def feed(
     model: Any,
     profile: ModelProfile,
     cache: WorkingCache,
     input_ids: torch.Tensor,
     start: int,
     end: int,
-    embeds: torch.Tensor | None,
-    embeds_from: int,
+    embeds: torch.Tensor | None = None,
+    embeds_from: int = 0,
     positions: torch.Tensor | None = None,
-) -> None:
+) -> torch.Tensor:
+    """Feed prompt positions `[start, end)` of `input_ids` (``[1, n]``) into `cache`; their last ``[vocab]`` logits.
+
+    `embeds` (from position `embeds_from`) are fed instead of ids where given, `positions` (``[..., n]``) sliced
+    where given, else positions count tokens. Also the batching engine's chunked prefill (`batching/prefill.py`).
+    """
     kwargs: dict[str, Any] = {profile.cache_kwarg: cache, "use_cache": True}
     if positions is not None:
         kwargs["position_ids"] = positions[..., start:end]
@@ -126,6 +131,8 @@ def _forward(
     if profile.accepts_logits_to_keep:
         kwargs["logits_to_keep"] = 1
     if embeds is not None:
-        model(inputs_embeds=embeds[:, start - embeds_from : end - embeds_from], **kwargs)
+        output = model(inputs_embeds=embeds[:, start - embeds_from : end - embeds_from], **kwargs)
     else:
-        model(input_ids=input_ids[:, start:end], **kwargs)
+        output = model(input_ids=input_ids[:, start:end], **kwargs)
+    logits: torch.Tensor = output.logits[0, -1]
+    return logits

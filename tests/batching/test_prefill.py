@@ -174,9 +174,9 @@ def restore_points(store: PrefixCache, prompt: list[int]) -> list[int]:
 @pytest.mark.parametrize("kind", ["qwen3_next", "lfm2"])
 def test_recurrent_and_conv_rows_prefill_in_pieces_exactly_and_snapshot_where_generate_would(kind: str) -> None:
     """Linear-attention (Qwen3-Next) and conv (LFM2) hybrids: a 40-token system prompt is stored with one question
-    by `generate`; a 100-token prompt with another question arrives while two rows decode. It is fed in pieces of 16
-    (7 pieces: the stored snapshot at 32 restored, then 68 tokens, cut at the snapshot bounds), the two rows gaining
-    a token a piece, and every row equals its request alone. Its snapshots (the divergence at 40, every 32 tokens,
+    by `generate`; a 100-token prompt with another question arrives while two rows decode. It restores the stored
+    snapshot at 32 and is fed its other 68 tokens in 5 pieces of 16 (each also cut at the snapshot bounds inside it),
+    the two rows gaining a token a piece, and every row equals its request alone. Its snapshots (the divergence at 40, every 32 tokens,
     before its last token) are where `generate`'s own prefill through a store puts them: every leading part of the
     prompt restores as far on both stores, and a third question restores the 40 shared tokens."""
     model = build(kind)
