@@ -45,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Sequence
@@ -53,17 +54,29 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hf_prefix_cache.api.prefix_cache import store_of
-from hf_prefix_cache.batching import layout
+from hf_prefix_cache.batching import layout, packed
+from hf_prefix_cache.batching.growing import GrowingCache
 from hf_prefix_cache.batching.media import RowMedia, row_media, step_positions
 from hf_prefix_cache.batching.rows import EndReason, Row
 from hf_prefix_cache.errors import InconsistentStateError
+from hf_prefix_cache.keys.prefix_key import PrefixKey
 from hf_prefix_cache.model import batch_rows
 from hf_prefix_cache.model.working_cache import WorkingCache
+from hf_prefix_cache.store.contract import Served
 
 if TYPE_CHECKING:
     from hf_prefix_cache.api.prefix_cache import PrefixCache
+    from hf_prefix_cache.store.lookup import Lookup
 
 logger = logging.getLogger("hf_prefix_cache")
+
+
+class Staging(enum.Enum):
+    """What `RunningBatch.stage` did with a row."""
+
+    STAGED = "staged"  # it joins in the next step's own forward
+    OWN_PREFILL = "own_prefill"  # the packed step cannot take it: `admit` it
+    NEXT_STEP = "next_step"  # a row staged before it would give it more: stage it after the next step
 
 
 class RunningBatch:
@@ -82,6 +95,19 @@ class RunningBatch:
         self._cache: WorkingCache | None = None
         self._length = 0  # columns every row's cache spans (its padding included)
         self._media: dict[int, RowMedia] = {}  # by `id(row)`: the media facts of each row of a model with media
+        # Rows staged to join in the next step's own forward (`packed.py`), each with its restored, pinned prefix.
+        self._joining: list[tuple[Row, Lookup]] = []
+        profile = self.profile
+        fits = profile.defers_keys and profile.media is None and profile.accepts_position_ids
+        self._packed_attention = packed.attention_of(self.model) if fits and profile.accepts_logits_to_keep else None
+
+    def held(self) -> int:
+        """Rows decoding and rows staged to join in the next step."""
+        return len(self.rows) + len(self._joining)
+
+    def staged(self) -> int:
+        """Rows staged to join in the next step's own forward."""
+        return len(self._joining)
 
     @property
     def length(self) -> int:
@@ -122,6 +148,40 @@ class RunningBatch:
         self.join(row, output.logits[0][0], cache)
         return True
 
+    def stage(self, row: Row) -> Staging:
+        """Restore `row`'s stored prefix (pinned) to join the batch in the next `step`'s own forward (`packed.py`),
+        its uncached prompt tokens fed there with the rows' next tokens.
+
+        `Staging.OWN_PREFILL` (nothing kept, nothing counted) where it cannot: a model or row the packed step does
+        not take, nothing stored, or a store that refuses the restore. `Staging.NEXT_STEP` where a row staged before
+        it shares more of its prompt than the store holds: after that row's step stored its prompt, `row` restores
+        it, as it would one request at a time.
+        """
+        request = row.request
+        cache = self._cache
+        if self._packed_attention is None or request.inputs or not (cache is None or _in_place(cache)):
+            return Staging.OWN_PREFILL
+        scope = self._front.request(request.salt)
+        try:
+            with scope:
+                lookup = self._front.lookup(list(request.ids))
+        except (ValueError, InconsistentStateError) as exc:  # `generate`'s path falls back as it does
+            logger.info("batching: a row joins by a prefill of its own (%s)", exc)
+            return Staging.OWN_PREFILL
+        if not 0 < lookup.cached_len < len(request.ids):
+            lookup.release()
+            return Staging.OWN_PREFILL
+        shared = max(
+            (_common(request.ids, r.request.ids) for r, _ in self._joining if r.request.salt == request.salt),
+            default=0,
+        )
+        if shared > lookup.cached_len:
+            lookup.release()
+            return Staging.NEXT_STEP
+        row.scope = scope
+        self._joining.append((row, lookup))
+        return Staging.STAGED
+
     def join(self, row: Row, logits: torch.Tensor, cache: WorkingCache) -> None:
         """Row `row`, its prompt prefilled (and stored) into `cache` alone, `logits` the prompt's last, chooses its
         first token and joins the batch behind its padding, unless that token ended it (`admit`'s second half; a
@@ -142,7 +202,11 @@ class RunningBatch:
 
     # ------------------------------------------------------------------ decoding
     def step(self) -> None:
-        """One forward over every row, then each row's choice; rows that ended leave (stored)."""
+        """One forward over every row (and the staged rows' prompts), then each row's choice; rows that ended leave
+        (stored)."""
+        if self._joining:
+            self._packed_step()
+            return
         cache, rows, length = self._cache, self.rows, self._length
         if cache is None or not rows:
             return
@@ -165,6 +229,81 @@ class RunningBatch:
         ended = [(row, reason) for i, row in enumerate(rows) if (reason := self._choose(row, logits[i])) is not None]
         if ended:
             self.end(ended)
+
+    def _packed_step(self) -> None:
+        """The step with staged rows (`packed.py`): each laid out behind its restored prefix, its uncached prompt
+        tokens fed after the decoding rows' next tokens in one forward; its prompt stored and counted as `generate`
+        counts one, then every row chooses."""
+        joining, self._joining = self._joining, []
+        decoding, length = list(self.rows), self._length
+        cache = self._cache if isinstance(self._cache, GrowingCache) else GrowingCache(self.profile)
+        try:
+            for row, lookup in joining:
+                new = len(row.request.ids) - lookup.cached_len
+                cache.add_row(lookup.cache, lookup.cached_len, gap=new - 1)
+            width = max([length, *(len(row.request.ids) - 1 for row, _ in joining)])
+            for row in decoding:
+                row.pad += width - length
+            joiners, offset = [], len(decoding)
+            for row, lookup in joining:
+                row.pad = width + 1 - len(row.request.ids)
+                joiners.append(packed.Joiner(offset, len(row.request.ids) - lookup.cached_len, row.pad))
+                offset += joiners[-1].new
+            self._cache, self._length = cache, width
+            self.rows = decoding + [row for row, _ in joining]
+            device = self.model.device
+            pads = torch.tensor([r.pad for r in decoding], device=device)
+            plan = packed.Packing(len(decoding), pads, joiners, self._packed_attention or "sdpa")
+            ids = [row.pending for row in decoding] + [
+                t for row, lk in joining for t in row.request.ids[lk.cached_len :]
+            ]
+            positions = [width - row.pad for row in decoding] + [
+                p for row, lk in joining for p in range(lk.cached_len, len(row.request.ids))
+            ]
+            kwargs: dict[str, Any] = {
+                self.profile.cache_kwarg: cache,
+                "position_ids": torch.tensor([positions], device=device),
+                "use_cache": True,
+                "logits_to_keep": torch.tensor(plan.last_indices(), device=device),
+            }
+            cache.packing = plan
+            try:
+                with torch.no_grad(), packed.packing(self.model, plan):
+                    logits = self.model(input_ids=torch.tensor([ids], device=device), **kwargs).logits[0]
+            finally:
+                cache.packing = None
+            self._length = width + 1
+            for row, lookup in joining:
+                self._store_prompt(row, lookup.cached_len)
+        finally:
+            for _, lookup in joining:
+                lookup.release()
+        rows = self.rows
+        ended = [(row, reason) for i, row in enumerate(rows) if (reason := self._choose(row, logits[i])) is not None]
+        if ended:
+            self.end(ended)
+
+    def _store_prompt(self, row: Row, cached_len: int) -> None:
+        """Store the prompt of `row` (just fed in a packed step) under its salt, counted as one served call."""
+        ids, index = row.request.ids, self.rows.index(row)
+        if row.scope is None or not isinstance(self._cache, GrowingCache):
+            raise InconsistentStateError("a packed row was not staged")
+        view = self._cache.row_view(index, row.pad, row.pad + len(ids))
+        store = store_of(self._front)
+        try:
+            with row.scope:
+                store.record(Served(len(ids), cached_len))
+                store.insert_sequence(PrefixKey(store.namespace(), list(ids)), view, computed_from=cached_len)
+        except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
+            logger.warning("batching: a prompt fed in a packed step was not stored: %s", exc)
+        logger.info("prefix cache: reused %d of %d prompt tokens (joined in a packed step)", cached_len, len(ids))
+
+    def drop_joining(self, reason: EndReason, error: BaseException | None = None) -> None:
+        """End the rows staged to join (their prefixes unpinned, nothing fed)."""
+        joining, self._joining = self._joining, []
+        for row, lookup in joining:
+            lookup.release()
+            row.finish(reason, error)
 
     def end_flagged(self, now: float | None = None) -> None:
         """End the rows cancelled or past their deadline (what they computed is stored)."""
@@ -201,6 +340,7 @@ class RunningBatch:
         self._media.clear()
         for row in rows:
             row.finish(EndReason.ERROR, error)
+        self.drop_joining(EndReason.ERROR, error)
 
     # ------------------------------------------------------------------ helpers
     def _choose(self, row: Row, logits: torch.Tensor) -> EndReason | None:
@@ -229,3 +369,18 @@ class RunningBatch:
                     store_of(self._front).insert_sequence(media.key(row.fed_ids), cache)
         except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
             logger.warning("batching: a finished row was not stored: %s", exc)
+
+
+def _in_place(cache: WorkingCache) -> bool:
+    """Whether `cache` is a batch's whose rows join and leave in place (where the packed step lays rows out)."""
+    return isinstance(cache, GrowingCache) and cache.lays_out_in_place()
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -38,6 +38,7 @@ from hf_prefix_cache.errors import InconsistentStateError
 from hf_prefix_cache.model.working_cache import WorkingCache
 
 if TYPE_CHECKING:
+    from hf_prefix_cache.batching.packed import Packing
     from hf_prefix_cache.model.profile import ModelProfile
 
 #: Spare columns after the last: a layer's buffers are copied once per this many steps at most.
@@ -114,12 +115,15 @@ class GrowingCache(WorkingCache):
     def __init__(self, profile: ModelProfile) -> None:
         super().__init__(profile)
         self._rooms: dict[int, Room] = {}  # by layer
+        self.packing: Packing | None = None  # set for one packed step (`packed.py`): where its tokens go
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As `Cache.update`; a plain full-attention layer writes the new columns into its room."""
         layer = self.layers[layer_idx]
+        if self.packing is not None:
+            return self._packed_update(key_states, value_states, layer_idx)
         old_keys, old_values = _kv(layer)
         if type(layer) is not DynamicLayer or not layer.is_initialized or old_keys is None or old_values is None:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -132,6 +136,33 @@ class GrowingCache(WorkingCache):
         self._rooms[layer_idx] = room
         room.write(slice(None, room.rows), room.stop - room.start, key_states, value_states)
         room.stop += new
+        layer.keys, layer.values = room.views()
+        return layer.keys, layer.values
+
+    def _packed_update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A packed step's update (`packed.py`): `[1, heads, T, dim]` holds each decoding row's one column, then each
+        joining row's new positions; every row's go to its room row, ending at the step's column."""
+        packing, layer, room = self.packing, self.layers[layer_idx], self._rooms.get(layer_idx)
+        if packing is None or room is None or not isinstance(layer, DynamicLayer) or not room.holds(*_kv(layer)):
+            raise InconsistentStateError(f"layer {layer_idx}: a packed step needs every cached layer in its room")
+        if room.rows != packing.decoding + len(packing.joining):
+            raise InconsistentStateError(f"layer {layer_idx}: {room.rows} rows, the packed step lays out others")
+        if room.stop + 1 > room.keys.shape[-2]:
+            room = self._rooms[layer_idx] = room.regrown(room.keys.shape[0], room.start, 1 + SPARE)
+        at, decoding = room.stop - room.start, packing.decoding
+        if decoding:
+            room.write(
+                slice(0, decoding),
+                at,
+                key_states[0, :, :decoding].transpose(0, 1).unsqueeze(2),
+                value_states[0, :, :decoding].transpose(0, 1).unsqueeze(2),
+            )
+        for i, joiner in enumerate(packing.joining):
+            span = slice(joiner.offset, joiner.offset + joiner.new)
+            room.write(decoding + i, at + 1 - joiner.new, key_states[0, :, span], value_states[0, :, span])
+        room.stop += 1
         layer.keys, layer.values = room.views()
         return layer.keys, layer.values
 
@@ -154,9 +185,10 @@ class GrowingCache(WorkingCache):
             return all(not getattr(self.layers[i], "is_initialized", False) for i in kv)
         return all(i in self._rooms and self._rooms[i].holds(*_kv(self.layers[i])) for i in kv)
 
-    def add_row(self, row: WorkingCache, row_len: int) -> None:
-        """Append `row`'s first `row_len` positions as the last row, right-aligned behind zeros; a row longer
-        than the batch first widens every row's padding (in the spare columns before, or by one copy)."""
+    def add_row(self, row: WorkingCache, row_len: int, gap: int = 0) -> None:
+        """Append `row`'s first `row_len` positions as the last row, right-aligned behind zeros (`gap` columns of
+        zeros after them: a row joining in a packed step, `packed.py`, fills them); a row longer than the batch first widens
+        every row's padding (in the spare columns before, or by one copy)."""
         row.land()
         for i in self.profile.kv_layers:
             keys, values = _kv(row.layers[i])
@@ -165,10 +197,12 @@ class GrowingCache(WorkingCache):
             keys, values = keys[..., :row_len, :], values[..., :row_len, :]
             room = self._rooms.get(i)
             if room is None:
-                room = Room.around(keys, values, FIRST_ROWS, LEFT_SPARE, SPARE)
+                room = Room.around(keys, values, FIRST_ROWS, LEFT_SPARE, SPARE + gap)
+                room.zero(0, row_len, row_len + gap)
+                room.stop += gap
             else:
                 width = room.stop - room.start
-                wider = max(0, row_len - width)
+                wider = max(0, row_len + gap - width)
                 full = room.rows == room.keys.shape[0]
                 if full or wider > room.start:
                     before = room.start if wider <= room.start else wider + LEFT_SPARE
@@ -177,12 +211,23 @@ class GrowingCache(WorkingCache):
                 if wider:
                     room.start -= wider
                     room.zero(slice(None, room.rows), 0, wider)
-                pad = room.stop - room.start - row_len
+                pad = room.stop - room.start - row_len - gap
                 room.zero(room.rows, 0, pad)
                 room.write(room.rows, pad, keys[0], values[0])
+                room.zero(room.rows, pad + row_len, pad + row_len + gap)
                 room.rows += 1
             self._rooms[i] = room
         self._set_views()
+
+    def row_view(self, row: int, start: int, end: int) -> WorkingCache:
+        """A one-row cache viewing columns `[start, end)` of `row` (no copy: read it before the batch moves on)."""
+        out = WorkingCache(self.profile)
+        for i, room in self._rooms.items():
+            keys, values = room.views()
+            k, v = keys[row : row + 1, :, start:end], values[row : row + 1, :, start:end]
+            self.profile.adapters[i].restore_kv(out.layers[i], k, v, end - start)
+        out.count_linear(end - start)
+        return out
 
     def drop_rows(self, leaving: Sequence[int]) -> list[int]:
         """Drop the rows `leaving` (indices), each place taken by the batch's last row; the rows' former

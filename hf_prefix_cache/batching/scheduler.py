@@ -42,7 +42,7 @@ import torch
 
 from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.batching.alone import run_alone
-from hf_prefix_cache.batching.batch import RunningBatch
+from hf_prefix_cache.batching.batch import RunningBatch, Staging
 from hf_prefix_cache.batching.eligibility import COLD, model_alone_reason, request_alone_reason
 from hf_prefix_cache.batching.prefill import DEFAULT_CHUNK, Prefill, wants_chunks
 from hf_prefix_cache.batching.rows import EndCallback, EndReason, Request, Row, TokenCallback
@@ -77,6 +77,8 @@ class Scheduler:
         num_threads: `torch.set_num_threads` in the loop's own thread when it starts (None: as it is).
         prefill_chunk: a row with more uncached prompt tokens than this is prefilled this many tokens a cycle,
             the batch stepping between the pieces (`prefill.py`); 0 prefills every row whole.
+        pack_joins: a row joins in the next step's own forward where the model allows it (`packed.py`); False:
+            every row is prefilled by a forward of its own before it joins.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Scheduler:
         max_rows: int = 32,
         num_threads: int | None = None,
         prefill_chunk: int = DEFAULT_CHUNK,
+        pack_joins: bool = True,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
@@ -98,13 +101,14 @@ class Scheduler:
         self._front = prefix_cache
         self.batch = RunningBatch(prefix_cache)
         self.max_rows = max_rows
+        self.pack_joins = pack_joins
         self._num_threads = num_threads
         self._model_reason = model_alone_reason(store_of(prefix_cache).profile)
         self._waiting: collections.deque[Row] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], Any], Future[Any], str | None]] = collections.deque()
         self._alone: Row | None = None  # the row running alone now, cancelled by `stop`
         self._num_alone = 0
-        self.steps = self.row_steps = self.calls = self.pieces = 0
+        self.steps = self.row_steps = self.calls = self.pieces = self.joined_in_step = 0
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -189,22 +193,26 @@ class Scheduler:
         batch = self.batch
         while (waiting_call := self._next_call()) is not None:
             self._run_call(*waiting_call)
-        while len(batch.rows) + self._prefilling() < self.max_rows and (row := self._next_waiting()) is not None:
-            self._admit(row)
-        if self._prefilling():
-            self._prefill_piece()
         if batch.rows:
             batch.end_flagged()
-        if batch.rows:
+        while batch.held() + self._prefilling() < self.max_rows and (row := self._next_waiting()) is not None:
+            if not self._admit(row):  # it waits for the next step, first in line
+                with self._wake:
+                    self._waiting.appendleft(row)
+                break
+        if self._prefilling():
+            self._prefill_piece()
+        if batch.held():
             self.steps += 1
             self.row_steps += len(batch.rows)
+            self.joined_in_step += batch.staged()
             try:
                 batch.step()
             except Exception as exc:
                 logger.exception("batching: a decoding step failed; its rows end with the error")
                 batch.fail(exc)
         with self._wake:
-            return bool(batch.rows or self._waiting or self._calls or self._prefilling())
+            return bool(batch.held() or self._waiting or self._calls or self._prefilling())
 
     def _serve(self) -> None:
         if self._num_threads is not None:
@@ -246,19 +254,23 @@ class Scheduler:
             self._num_alone = 0
             self.calls += 1
 
-    def _admit(self, row: Row, chunks: bool = True) -> None:
+    def _admit(self, row: Row, chunks: bool = True) -> bool:
         """Join `row` to the batch (with `chunks`, queue it to be prefilled in pieces where it has many uncached
-        tokens), or run it alone (counted), or end it unrun when cancelled or expired."""
+        tokens; stage it to join in the next step's own forward where it can), or run it alone (counted), or end
+        it unrun when cancelled or expired; False, with nothing done, where it should wait for the next step."""
         if row.cancelled or row.expired(time.monotonic()):
             row.finish(EndReason.CANCELLED if row.cancelled else EndReason.TIMEOUT)
-            return
+            return True
         reason = self._model_reason or request_alone_reason(row.request)
         try:
             if reason is None and chunks and wants_chunks(self._front, row, self.prefill_chunk):
                 self._chunked.append(row)
-                return
+                return True
+            staging = self.batch.stage(row) if reason is None and self.pack_joins else Staging.OWN_PREFILL
+            if staging is not Staging.OWN_PREFILL:
+                return staging is Staging.STAGED
             if reason is None and self.batch.admit(row):
-                return
+                return True
             self._alone, self._num_alone = row, 1
             if self._stopping:
                 row.cancel()
@@ -268,6 +280,7 @@ class Scheduler:
             row.finish(EndReason.ERROR, exc)
         finally:
             self._alone, self._num_alone = None, 0
+        return True
 
     def _prefilling(self) -> int:
         """Rows prefilling in pieces or queued to."""
@@ -286,7 +299,9 @@ class Scheduler:
                         break
                 except Exception as exc:  # a restore the store refuses: `generate`'s path falls back as it does
                     logger.warning("batching: a row's prefill in pieces could not start (%s); prefilled whole", exc)
-            self._admit(row, chunks=False)
+            if not self._admit(row, chunks=False):  # it waits for the next step, first in line
+                self._chunked.appendleft(row)
+                break
         prefill = self._prefill
         if prefill is None:
             return
@@ -311,6 +326,7 @@ class Scheduler:
         for row in self.batch.rows:
             row.cancel()
         self.batch.end_flagged()
+        self.batch.drop_joining(EndReason.CANCELLED)
         prefill, self._prefill = self._prefill, None
         if prefill is not None:
             prefill.abandon(EndReason.CANCELLED)

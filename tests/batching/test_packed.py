@@ -1,0 +1,153 @@
+"""Packed steps (`batching/packed.py`): rows joining in the decoding rows' own forward equal each request alone.
+
+Rows are staged with their stored prefixes restored, then one forward feeds the decoding rows' next tokens and
+every staged row's uncached prompt tokens. Each row's tokens equal `generate` alone and its logits agree within
+LOGIT_TOL, its prompt is stored and counted as `generate` counts it, and a row the packed step cannot take
+(nothing stored, a model with windows, a row with media) is left to the prefill of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import CACHE_NAME, LOGIT_TOL, build, random_prompt
+from test_exactness import alone
+
+from hf_prefix_cache import PrefixCache
+from hf_prefix_cache.api.prefix_cache import store_of
+from hf_prefix_cache.batching.batch import RunningBatch, Staging
+from hf_prefix_cache.batching.growing import LEFT_SPARE
+from hf_prefix_cache.batching.rows import EndReason, Request, Row
+from hf_prefix_cache.batching.scheduler import Scheduler
+
+
+def _model(name: str) -> Any:
+    kind, _, attention = name.partition(":")
+    model = build(kind)
+    if attention:
+        model.set_attn_implementation(attention)
+    return model
+
+
+@pytest.fixture(scope="module", params=("llama:sdpa", "llama", "gpt2"))
+def model(request: pytest.FixtureRequest) -> Any:
+    return _model(request.param)
+
+
+def _stored(model: Any, store: PrefixCache, ids: list[int]) -> None:
+    model.generate(torch.tensor([ids]), max_new_tokens=1, **{CACHE_NAME: store})
+
+
+def _equal_alone(model: Any, rows: list[Row]) -> None:
+    for row in rows:
+        prompt = list(row.request.ids)
+        cold = alone(model, prompt, len(row.tokens))
+        assert row.tokens == cold.sequences[0, len(prompt) :].tolist()
+        assert max((a - b[0]).abs().max().item() for a, b in zip(row.logits, cold.logits, strict=True)) < LOGIT_TOL
+
+
+def test_rows_joining_in_a_step_equal_each_request_alone(model: Any) -> None:
+    """Two rows join in one step while a row decodes (one with a single new token), then two more, one of them
+    longer than the batch by more than its spare columns: every row equals its request alone, and each staged
+    row's prompt is stored by its step, its restored prefix counted as `generate` counts it."""
+    store = PrefixCache(model)
+    base = random_prompt(40, seed=1)[0].tolist()
+    _stored(model, store, base)
+    prompts = [base + random_prompt(k, seed=10 + k)[0].tolist() for k in (3, 7, 1, 12)]
+    prompts.append(base[:20] + random_prompt(LEFT_SPARE + 60, seed=5)[0].tolist())
+    news = (9, 6, 8, 4, 5)
+    rows = [Row(Request(p, max_new_tokens=n, keep_logits=True)) for p, n in zip(prompts, news, strict=True)]
+    batch = RunningBatch(store)
+    assert batch.admit(rows[0])  # its own prefill
+    batch.step()
+    assert batch.stage(rows[1]) is batch.stage(rows[2]) is Staging.STAGED and batch.held() == 3 and len(batch.rows) == 1
+    batch.step()
+    namespace = store_of(store).namespace()
+    assert [store_of(store).stored_len(namespace, p) for p in prompts[1:3]] == [len(p) for p in prompts[1:3]]
+    assert [len(row.tokens) for row in rows[:3]] == [3, 1, 1]
+    batch.step()
+    assert batch.stage(rows[3]) is batch.stage(rows[4]) is Staging.STAGED
+    while batch.held():
+        batch.step()
+    _equal_alone(model, rows)
+    assert [row.cached_tokens for row in rows] == [40, 40, 40, 40, 20]
+    assert all(row.end_reason is EndReason.LENGTH for row in rows)
+    assert store_of(store).num_pinned_nodes() == 0
+    store.check_integrity()
+    store.detach()
+
+
+def test_the_scheduler_joins_arrivals_in_its_steps_and_counts_them() -> None:
+    """Rows sharing a stored prefix, submitted together, join in steps (`joined_in_step`) and answer as `generate`
+    does, with the cached tokens and stats a sequential store reports: a row sharing more with a row staged before
+    it than the store holds waits a step and restores that row's prompt. With `pack_joins=False` none joins so."""
+    model = _model("llama:sdpa")
+    base = random_prompt(50, seed=3)[0].tolist()
+    prompts = [base + random_prompt(k, seed=20 + k)[0].tolist() for k in (5, 9, 2, 14)]
+    sequential = PrefixCache(model)
+    _stored(model, sequential, base)
+    expected = []
+    for prompt in prompts:
+        with sequential.request() as scope:
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, **{CACHE_NAME: sequential})
+        expected.append((out[0, len(prompt) :].tolist(), scope.cached_tokens))
+    for pack in (True, False):
+        store = PrefixCache(model)
+        _stored(model, store, base)
+        scheduler = Scheduler(store, pack_joins=pack)
+        rows = [scheduler.submit(Request(p, max_new_tokens=6)) for p in prompts]
+        scheduler.run_until_idle()
+        assert [(row.tokens, row.cached_tokens) for row in rows] == expected
+        assert scheduler.joined_in_step == (len(prompts) if pack else 0)
+        counted = [(s.requests, s.prompt_tokens, s.hit_tokens) for s in (store.stats(), sequential.stats())]
+        assert counted[0] == counted[1]
+        store.detach()
+    sequential.detach()
+
+
+def test_rows_the_packed_step_cannot_take_join_by_a_prefill_of_their_own() -> None:
+    """Nothing stored, or a model with sliding windows: `stage` declines, counting and pinning nothing, and `admit`
+    joins the row as before. A prompt stored whole is staged with its last token to feed, as `generate` feeds it."""
+    model = _model("llama:sdpa")
+    store = PrefixCache(model)
+    prompt = random_prompt(30, seed=4)[0].tolist()
+    batch = RunningBatch(store)
+    cold = Row(Request(prompt, max_new_tokens=3))
+    assert batch.stage(cold) is Staging.OWN_PREFILL and batch.held() == 0 and store.stats().prompt_tokens == 0
+    assert batch.admit(cold)
+    while batch.rows:
+        batch.step()
+    again = Row(Request(prompt, max_new_tokens=3, keep_logits=True))  # whole prompt stored: its last token is fed
+    assert batch.stage(again) is Staging.STAGED
+    while batch.held():
+        batch.step()
+    _equal_alone(model, [again])
+    assert again.cached_tokens == len(prompt) - 1 and store_of(store).num_pinned_nodes() == 0
+    store.detach()
+    windows = _model("mistral")
+    other = PrefixCache(windows)
+    _stored(windows, other, prompt)
+    assert RunningBatch(other).stage(Row(Request([*prompt, 5, 6], max_new_tokens=3))) is Staging.OWN_PREFILL
+    other.detach()
+
+
+def test_a_packed_step_that_fails_ends_its_rows_and_unpins_their_prefixes() -> None:
+    """A staged row whose new token is no id of the model fails the step's forward: every row ends with the error,
+    no prefix stays pinned, the store passes its integrity check, and the next rows run."""
+    model = _model("llama:sdpa")
+    store = PrefixCache(model)
+    base = random_prompt(30, seed=6)[0].tolist()
+    _stored(model, store, base)
+    scheduler = Scheduler(store)
+    bad = scheduler.submit(Request([*base, model.config.vocab_size + 5], max_new_tokens=3))
+    good = scheduler.submit(Request([*base, 7], max_new_tokens=3))
+    scheduler.run_until_idle()
+    assert bad.end_reason is EndReason.ERROR and good.end_reason is EndReason.ERROR
+    assert store_of(store).num_pinned_nodes() == 0
+    store.check_integrity()
+    after = scheduler.submit(Request([*base, 8], max_new_tokens=3))
+    scheduler.run_until_idle()
+    assert after.end_reason is EndReason.LENGTH and len(after.tokens) == 3
+    store.detach()
