@@ -186,9 +186,9 @@ class GrowingCache(WorkingCache):
         return all(i in self._rooms and self._rooms[i].holds(*_kv(self.layers[i])) for i in kv)
 
     def add_row(self, row: WorkingCache, row_len: int, gap: int = 0) -> None:
-        """Append `row`'s first `row_len` positions as the last row, right-aligned behind zeros (`gap` columns of
-        zeros after them: a row joining in a packed step, `packed.py`, fills them); a row longer than the batch first widens
-        every row's padding (in the spare columns before, or by one copy)."""
+        """Append `row`'s first `row_len` positions as the last row, right-aligned behind zeros (and `gap` columns of
+        zeros after them, which a row joining in a packed step fills: `packed.py`); a row longer than the batch first
+        widens every row's padding (in the spare columns before, or by one copy)."""
         row.land()
         for i in self.profile.kv_layers:
             keys, values = _kv(row.layers[i])
