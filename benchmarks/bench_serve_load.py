@@ -4,6 +4,8 @@ Servers, each on a free loopback port, each process limited to ``--threads`` thr
 
 * ``ours-batch``: ``hf-prefix-cache serve --batch`` (the requests in flight decoded together);
 * ``ours-seq``: ``hf-prefix-cache serve --no-batch`` (one request at a time, the store on);
+* ``ours-unpacked`` (only when named in ``--servers``): ``--batch --no-pack-joins``, every arrival prefilled by
+  a forward of its own before it joins (the engine before rows joined in the step's own forward);
 * ``shipped``: ``transformers serve`` as shipped;
 * ``cb``: ``transformers serve --continuous-batching`` (it cannot load hybrids: reported, not fatal).
 
@@ -56,9 +58,12 @@ from hf_prefix_cache.api.sample_text import FOLLOW_UPS, QUESTIONS
 from hf_prefix_cache.testing.serve_process import ServeProcess, image_url
 
 #: The servers in the order they run at each level.
-NAMES = ("ours-batch", "ours-seq", "shipped", "cb")
+NAMES = ("ours-batch", "ours-unpacked", "ours-seq", "shipped", "cb")
+#: The servers run when ``--servers`` is not given.
+DEFAULT = ("ours-batch", "ours-seq", "shipped", "cb")
 LABELS = {
     "ours-batch": "hf-prefix-cache serve --batch",
+    "ours-unpacked": "hf-prefix-cache serve --batch --no-pack-joins",
     "ours-seq": "hf-prefix-cache serve --no-batch",
     "shipped": "transformers serve",
     "cb": "transformers serve --continuous-batching",
@@ -85,6 +90,7 @@ def server_args(name: str, device: str) -> tuple[bool, tuple[str, ...]]:
     ours_device = () if device == "auto" else ("--device", device)
     return {
         "ours-batch": (True, (*on, *ours_device)),
+        "ours-unpacked": (True, (*on, "--no-pack-joins", *ours_device)),
         "ours-seq": (True, (*off, *ours_device)),
         "shipped": (False, ()),
         "cb": (False, ("--continuous-batching", "--cb-max-memory-percent", str(CB_MEMORY))),
@@ -100,7 +106,7 @@ class Server:
         self.error: str | None = None
         self.model_id = model
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        if name == "ours-batch":
+        if name in ("ours-batch", "ours-unpacked"):
             env["HF_PREFIX_CACHE_BATCH"] = "1"  # also what --batch sets; harmless where the default is on
         elif name == "ours-seq":
             env["HF_PREFIX_CACHE_BATCH"] = "0"
@@ -251,7 +257,9 @@ def main() -> None:
     p.add_argument("--system-tokens", type=int, default=1500, help="shared system prompt in tokens (default 1500)")
     p.add_argument("--new-tokens", type=int, default=48, help="answer tokens per turn (default 48)")
     p.add_argument("--threads", type=int, default=1, help="threads per server process (default 1)")
-    p.add_argument("--servers", default=",".join(NAMES), help=f"which servers (default {','.join(NAMES)})")
+    p.add_argument(
+        "--servers", default=",".join(DEFAULT), help=f"which of {','.join(NAMES)} (default {','.join(DEFAULT)})"
+    )
     p.add_argument("--device", default="auto", help="our servers' --device (default auto)")
     p.add_argument("--plot", metavar="PATH", help="write the plot as a PNG")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -403,6 +411,8 @@ def report(saved: dict[str, Any], plot: str | None) -> None:
         if batch is None:
             continue
         others = {n: m.get(n, {}).get(level) for n in ("ours-seq", "cb", "shipped")}
+        if m.get("ours-unpacked", {}).get(level) is not None:
+            others["ours-unpacked"] = m["ours-unpacked"][level]
         cells = [f"{level:>5s} chats"]
         for n, r in others.items():
             cells.append(f"batch/{n} {_fmt(_ratio(batch['tok_s'], r['tok_s']) if r else None, '.2f', 'x')}")

@@ -15,6 +15,10 @@ encodes only the images its hit lacks. Its decode steps are text only; what they
 kept once it joins (`media.py`): the key to store the finished row under, and, for M-RoPE models, the
 shift of its next position off its cache length on each position axis.
 
+Where the model allows it (`packed.py`), a row whose prefix is stored joins without a forward of its own:
+`stage` restores its prefix, and the next `step` feeds its uncached prompt tokens in the same forward as the
+rows' next tokens, then stores and counts its prompt as `generate` would.
+
 `step` runs ONE forward over every row (ids `[B, 1]`, the 2D mask that hides each row's padding, each
 row's own next position: `[4, B, 1]` for M-RoPE models), then each row chooses, streams and checks its
 end. A row that ends leaves at once: its cache is copied out alone (`batch_rows.copy_row`) and its
@@ -204,9 +208,14 @@ class RunningBatch:
     def step(self) -> None:
         """One forward over every row (and the staged rows' prompts), then each row's choice; rows that ended leave
         (stored)."""
-        if self._joining:
+        if self._joining and (self._cache is None or _in_place(self._cache)):
             self._packed_step()
             return
+        for row, lookup in self._joining:  # laid out otherwise since they were staged: each joins by its own prefill
+            lookup.release()
+            if not self.admit(row):
+                row.finish(EndReason.ERROR, InconsistentStateError("a staged row's prefill ran cold"))
+        self._joining = []
         cache, rows, length = self._cache, self.rows, self._length
         if cache is None or not rows:
             return
@@ -237,6 +246,7 @@ class RunningBatch:
         joining, self._joining = self._joining, []
         decoding, length = list(self.rows), self._length
         cache = self._cache if isinstance(self._cache, GrowingCache) else GrowingCache(self.profile)
+        self.rows = decoding + [row for row, _ in joining]  # from here a failure (then `fail`) ends them all
         try:
             for row, lookup in joining:
                 new = len(row.request.ids) - lookup.cached_len
@@ -250,7 +260,6 @@ class RunningBatch:
                 joiners.append(packed.Joiner(offset, len(row.request.ids) - lookup.cached_len, row.pad))
                 offset += joiners[-1].new
             self._cache, self._length = cache, width
-            self.rows = decoding + [row for row, _ in joining]
             device = self.model.device
             pads = torch.tensor([r.pad for r in decoding], device=device)
             plan = packed.Packing(len(decoding), pads, joiners, self._packed_attention or "sdpa")

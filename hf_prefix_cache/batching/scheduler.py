@@ -1,8 +1,9 @@
 """Scheduler: one loop that admits waiting rows between steps, steps while any row is active, and sleeps when idle.
 
 An arrival never waits for the rows in flight to finish, only for the current step: between two steps
-the loop admits every waiting row (up to `max_rows` in the batch), then ends the rows cancelled or past
-their deadline (storing what they computed), then steps the batch once. Rows the batch cannot take
+the loop ends the rows cancelled or past their deadline (storing what they computed), admits every waiting
+row (up to `max_rows` in the batch; where it can, staging it to join in the step's own forward, `packed.py`),
+then steps the batch once. Rows the batch cannot take
 (`eligibility.py`: the model's profile, a setting the engine does not implement, a prefill the store ran
 cold) run alone through `generate` in the loop, between two steps, counted under their reason.
 
@@ -66,6 +67,7 @@ class Load(NamedTuple):
     row_steps: int  # rows those steps decoded, summed (row_steps / steps: the mean batch size)
     calls: int  # calls run so far
     pieces: int = 0  # prompt pieces prefilled for rows with many uncached tokens (`prefill.py`)
+    joined_in_step: int = 0  # rows that joined in a step's own forward (`packed.py`)
 
 
 class Scheduler:
@@ -147,7 +149,16 @@ class Scheduler:
         """The rows and calls in the loop now, and its counters (for a stats line or a gauge)."""
         with self._wake:
             waiting = len(self._waiting) + len(self._calls) + self._prefilling()
-        return Load(len(self.batch.rows), self._num_alone, waiting, self.steps, self.row_steps, self.calls, self.pieces)
+        return Load(
+            len(self.batch.rows),
+            self._num_alone,
+            waiting,
+            self.steps,
+            self.row_steps,
+            self.calls,
+            self.pieces,
+            self.joined_in_step,
+        )
 
     def start(self) -> None:
         """Run the loop in a thread of its own until `stop`."""

@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a request with more uncached prompt tokens than this is prefilled this many at a time, the requests "
         f"in flight decoding between the pieces; 0: whole (default {DEFAULT_PREFILL_CHUNK})",
     )
+    store.add_argument(
+        "--pack-joins",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a request joins the batch in the running requests' own forward where the model allows it (default); "
+        "--no-pack-joins: each is prefilled by a forward of its own first",
+    )
     return parser
 
 

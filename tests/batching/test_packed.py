@@ -151,3 +151,41 @@ def test_a_packed_step_that_fails_ends_its_rows_and_unpins_their_prefixes() -> N
     scheduler.run_until_idle()
     assert after.end_reason is EndReason.LENGTH and len(after.tokens) == 3
     store.detach()
+
+
+def test_random_arrivals_cancellations_and_departures_stay_exact() -> None:
+    """Thirty rows over a shared stored prefix arrive at random steps, several at once (staged together, or by
+    their own prefill where nothing of theirs is stored), some longer than the batch, some cancelled mid-answer:
+    every row that ran to its end equals its request alone, nothing stays pinned, the store passes its check."""
+    model = _model("llama:sdpa")
+    store = PrefixCache(model)
+    gen = torch.Generator().manual_seed(7)
+    base = random_prompt(48, seed=8)[0].tolist()
+    _stored(model, store, base)
+
+    def draw(high: int) -> int:
+        return int(torch.randint(0, high, (1,), generator=gen))
+
+    requests = []
+    for i in range(30):
+        kept = [0, 12, 48, 48, 48][draw(5)]  # 0: nothing stored under it
+        tail = random_prompt(1 + draw(40 if i % 7 else LEFT_SPARE + 40), seed=100 + i)[0].tolist()
+        requests.append(Request(base[:kept] + tail, max_new_tokens=1 + draw(12), keep_logits=True))
+    scheduler = Scheduler(store)
+    arrivals = sorted((draw(40), i) for i in range(30))
+    rows: list[Row] = []
+    step = 0
+    while arrivals or scheduler.batch.held() or scheduler.load().waiting:
+        while arrivals and arrivals[0][0] <= step:
+            rows.append(scheduler.submit(requests[arrivals.pop(0)[1]]))
+        if step % 9 == 4 and scheduler.batch.rows:
+            scheduler.batch.rows[draw(len(scheduler.batch.rows))].cancel()
+        scheduler.cycle()
+        step += 1
+    assert scheduler.joined_in_step > 5
+    finished = [row for row in rows if row.end_reason is not EndReason.CANCELLED]
+    assert len(finished) > 15 and all(row.end_reason is EndReason.LENGTH for row in finished)
+    _equal_alone(model, finished)
+    assert store_of(store).num_pinned_nodes() == 0
+    store.check_integrity()
+    store.detach()

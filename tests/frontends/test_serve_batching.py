@@ -248,6 +248,8 @@ def test_the_options_cross_to_the_model_process_in_its_loader(monkeypatch: pytes
     assert loader.batch == BatchOptions(max_rows=4, max_runner_threads=17)
     chunked = build_parser().parse_args(["none", "--prefill-chunk", "0"])
     assert options_from(chunked).loader().batch == BatchOptions(prefill_chunk=0)
+    unpacked = build_parser().parse_args(["none", "--no-pack-joins"])
+    assert options_from(unpacked).loader().batch == BatchOptions(pack_joins=False)
     with pytest.raises(SystemExit, match="prefill-chunk"):
         options_from(build_parser().parse_args(["none", "--prefill-chunk", "-1"]))
     assert options_from(build_parser().parse_args(["none", "--no-batch"])).loader().batch is None

@@ -81,6 +81,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         batch=args.batch,
         max_batch_rows=args.max_batch_rows,
         prefill_chunk=args.prefill_chunk,
+        pack_joins=args.pack_joins,
     )
 
 

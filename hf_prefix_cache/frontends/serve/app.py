@@ -90,6 +90,7 @@ class ServeOptions:
             False: one ``generate`` at a time, as transformers serve.
         max_batch_rows: at most this many requests decode together.
         prefill_chunk: a request with more uncached prompt tokens is prefilled this many at a time (0: whole).
+        pack_joins: a request joins in the running requests' own forward where the model allows it.
     """
 
     model: str | None = None
@@ -108,6 +109,7 @@ class ServeOptions:
     batch: bool = True
     max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    pack_joins: bool = True
 
     def loader(self) -> StoreLoader:
         """The loader each model's process gets (its store's and batching's options; no query channel yet)."""
@@ -117,6 +119,7 @@ class ServeOptions:
                 self.max_batch_rows,
                 max_runner_threads=self.max_queued * self.api_servers + 1,
                 prefill_chunk=self.prefill_chunk,
+                pack_joins=self.pack_joins,
             )
         return StoreLoader(self.store, batch=batch, device=self.device, dtype=self.dtype)
 

@@ -79,11 +79,13 @@ class BatchOptions:
         max_rows: at most this many rows decode together (``--max-batch-rows``); later arrivals wait for one to leave.
         max_runner_threads: at most this many runner threads (jobs blocked on their rows at once).
         prefill_chunk: prompt tokens a cycle prefills of a row with more uncached ones (``--prefill-chunk``; 0: whole).
+        pack_joins: a row joins in the next step's own forward where the model allows it (``--no-pack-joins``: never).
     """
 
     max_rows: int = DEFAULT_MAX_BATCH_ROWS
     max_runner_threads: int = DEFAULT_MAX_QUEUED + 1
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    pack_joins: bool = True
 
 
 def from_env(options: BatchOptions | None) -> BatchOptions | None:
@@ -115,7 +117,9 @@ class Batching:
 
         self.store = store
         self.options = options
-        self.scheduler: Scheduler = Scheduler(store, max_rows=options.max_rows, prefill_chunk=options.prefill_chunk)
+        self.scheduler: Scheduler = Scheduler(
+            store, max_rows=options.max_rows, prefill_chunk=options.prefill_chunk, pack_joins=options.pack_joins
+        )
         self.scheduler.start()
         self._lock = threading.Lock()
         self._runners: dict[int, _Threads] = {}
@@ -209,6 +213,8 @@ class Batching:
              load.row_steps),
             (CounterMetricFamily, f"{p}_calls", "jobs run alone in the loop (media, transcription)", load.calls),
             (CounterMetricFamily, f"{p}_prefill_pieces", "prompt pieces prefilled (--prefill-chunk)", load.pieces),
+            (CounterMetricFamily, f"{p}_joined_in_step", "requests that joined in a step's own forward",
+             load.joined_in_step),
         ]  # fmt: skip
 
         class Collector:
