@@ -74,6 +74,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hf_prefix_cache")
 
+#: Leading positions the rows must hold alike before a step attends them once for all (`packed.cascade`).
+SHARED_MIN = 64
+
 
 class Staging(enum.Enum):
     """What `RunningBatch.stage` did with a row."""
@@ -101,6 +104,10 @@ class RunningBatch:
         self._media: dict[int, RowMedia] = {}  # by `id(row)`: the media facts of each row of a model with media
         # Rows staged to join in the next step's own forward (`packed.py`), each with its restored, pinned prefix.
         self._joining: list[tuple[Row, Lookup]] = []
+        # Leading positions every row holds alike (checked equal, key for key), attended once a step (`packed.py`'s
+        # cascade), and the rows checked over them; reset when the batch empties.
+        self._shared = 0
+        self._checked: set[Row] = set()
         profile = self.profile
         fits = profile.defers_keys and profile.media is None and profile.accepts_position_ids
         self._packed_attention = packed.attention_of(self.model) if fits and profile.accepts_logits_to_keep else None
@@ -209,13 +216,17 @@ class RunningBatch:
         """One forward over every row (and the staged rows' prompts), then each row's choice; rows that ended leave
         (stored)."""
         if self._joining and (self._cache is None or _in_place(self._cache)):
-            self._packed_step()
+            self._packed_step(self._shared_len())
             return
         for row, lookup in self._joining:  # laid out otherwise since they were staged: each joins by its own prefill
             lookup.release()
             if not self.admit(row):
                 row.finish(EndReason.ERROR, InconsistentStateError("a staged row's prefill ran cold"))
         self._joining = []
+        shared = self._shared_len()
+        if shared:
+            self._packed_step(shared)
+            return
         cache, rows, length = self._cache, self.rows, self._length
         if cache is None or not rows:
             return
@@ -239,10 +250,37 @@ class RunningBatch:
         if ended:
             self.end(ended)
 
-    def _packed_step(self) -> None:
+    def _shared_len(self) -> int:
+        """Leading positions every row holds alike, where the packed step attends them once (`packed.cascade`); 0
+        where it would not (fewer than `SHARED_MIN`, one row, or a model or layout the packed step does not take).
+
+        The rows' fed ids give the length; a row not checked yet is compared with a checked one (or the first)
+        key for key and value for value over it in every layer, so only the order of attention's sums changes.
+        """
+        rows, cache = self.rows, self._cache
+        if len(rows) < 2 or self._packed_attention is None or not isinstance(cache, GrowingCache):
+            return 0
+        unchecked = [row for row in rows if row not in self._checked]
+        if unchecked:
+            anchor = next((row for row in rows if row in self._checked), rows[0])
+            ids = anchor.fed_ids
+            shared = min((_common(ids, row.fed_ids) for row in unchecked if row is not anchor), default=len(ids))
+            if self._checked:
+                shared = min(shared, self._shared)
+            a = rows.index(anchor)
+            alike = cache.lays_out_in_place() and all(
+                cache.same_positions(a, anchor.pad, rows.index(row), row.pad, shared)
+                for row in unchecked
+                if row is not anchor
+            )
+            self._shared = shared if alike else 0
+            self._checked = set(rows)
+        return self._shared if self._shared >= SHARED_MIN else 0
+
+    def _packed_step(self, shared: int = 0) -> None:
         """The step with staged rows (`packed.py`): each laid out behind its restored prefix, its uncached prompt
         tokens fed after the decoding rows' next tokens in one forward; its prompt stored and counted as `generate`
-        counts one, then every row chooses."""
+        counts one, then every row chooses. `shared`: leading positions the decoding rows hold alike."""
         joining, self._joining = self._joining, []
         decoding, length = list(self.rows), self._length
         cache = self._cache if isinstance(self._cache, GrowingCache) else GrowingCache(self.profile)
@@ -262,7 +300,7 @@ class RunningBatch:
             self._cache, self._length = cache, width
             device = self.model.device
             pads = torch.tensor([r.pad for r in decoding], device=device)
-            plan = packed.Packing(len(decoding), pads, joiners, self._packed_attention or "sdpa")
+            plan = packed.Packing(len(decoding), pads, joiners, self._packed_attention or "sdpa", shared)
             ids = [row.pending for row in decoding] + [
                 t for row, lk in joining for t in row.request.ids[lk.cached_len :]
             ]
@@ -334,8 +372,10 @@ class RunningBatch:
                 self._store(row, self._copy(i))
                 row.finish(leaving[id(row)])
         rows, cache, length = self.rows, self._cache, self._length
+        self._checked -= {row for row in rows if id(row) in leaving}
         if not staying or cache is None:
             self.rows, self._cache, self._length = [], None, 0
+            self._shared, self._checked = 0, set()
             return
         width = max(length - rows[i].pad for i in staying)  # the padding columns all rows left share are dropped
         self._cache, order = layout.kept(self.profile, cache, [row.pad for row in rows], length, staying, width)
@@ -346,6 +386,7 @@ class RunningBatch:
     def fail(self, error: BaseException) -> None:
         """End every row with `error` (the model raised): nothing of theirs is stored past their prompts."""
         rows, self.rows, self._cache, self._length = self.rows, [], None, 0
+        self._shared, self._checked = 0, set()
         self._media.clear()
         for row in rows:
             row.finish(EndReason.ERROR, error)

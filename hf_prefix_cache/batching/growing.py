@@ -229,6 +229,16 @@ class GrowingCache(WorkingCache):
         out.count_linear(end - start)
         return out
 
+    def same_positions(self, a: int, a_start: int, b: int, b_start: int, n: int) -> bool:
+        """Whether rows `a` and `b` hold equal keys and values (every element) over `n` positions from their columns
+        `a_start` and `b_start`, in every layer."""
+        for room in self._rooms.values():
+            keys, values = room.views()
+            for t in (keys, values):
+                if not torch.equal(t[a, :, a_start : a_start + n], t[b, :, b_start : b_start + n]):
+                    return False
+        return True
+
     def drop_rows(self, leaving: Sequence[int]) -> list[int]:
         """Drop the rows `leaving` (indices), each place taken by the batch's last row; the rows' former
         indices in their new order."""

@@ -66,6 +66,7 @@ class Packing:
     pads: torch.Tensor
     joining: list[Joiner] = field(default_factory=list)
     attention: str = "sdpa"  # the model's own implementation, run per group of rows: "sdpa" or "eager"
+    shared: int = 0  # leading positions every decoding row holds alike (from its padding on): attended once
 
     @property
     def tokens(self) -> int:
@@ -102,9 +103,13 @@ def packed_attention(
     parts: list[torch.Tensor] = []
     decoding = plan.decoding
     if decoding:
-        mask = torch.arange(columns, device=key.device)[None, :] >= plan.pads.to(key.device)[:, None]
+        pads = plan.pads.to(key.device)
         q = query[0, :, :decoding].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, dim]
-        out = attend(q, key[:decoding], value[:decoding], mask[:, None, None, :], dropout, scaling)
+        if plan.shared and decoding > 1:
+            out = cascade(q, key[:decoding], value[:decoding], pads, plan.shared, scaling)
+        else:
+            mask = torch.arange(columns, device=key.device)[None, :] >= pads[:, None]
+            out = attend(q, key[:decoding], value[:decoding], mask[:, None, None, :], dropout, scaling)
         parts.append(out.reshape(1, decoding, *out.shape[2:]))
     for i, joiner in enumerate(plan.joining):
         row, span = decoding + i, slice(joiner.offset, joiner.offset + joiner.new)
@@ -114,6 +119,55 @@ def packed_attention(
         causal = seen <= held + torch.arange(joiner.new, device=key.device)[:, None]
         parts.append(attend(query[:, :, span], k, v, causal[None, None], dropout, scaling))
     return torch.cat(parts, dim=1), None
+
+
+def cascade(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pads: torch.Tensor, shared: int, scaling: float | None
+) -> torch.Tensor:
+    """One query per row (`query` ``[rows, heads, 1, dim]``) over each row's keys from its padding on, where the
+    first `shared` of them are alike in every row: those are read once, from row 0, for every row's queries, the
+    rest per row; the two softmaxes are joined by their log-sum-exps. ``[rows, 1, heads, dim]``, as sdpa's.
+
+    The result is attention over each row's own columns: only the order of the sums differs (float rounding).
+    """
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    q = query.reshape(rows, kv_heads, group, dim)  # head h reads kv head h // group, as `repeat_kv` lays them
+    first = int(pads[0])
+    prefix = q.permute(1, 0, 2, 3).reshape(1, kv_heads, rows * group, dim)
+    out_p, lse_p = _with_lse(
+        prefix, key[:1, :, first : first + shared], value[:1, :, first : first + shared], None, scaling
+    )
+    out_p = out_p.reshape(kv_heads, rows, group, dim).permute(1, 0, 2, 3)
+    lse_p = lse_p.reshape(kv_heads, rows, group).permute(1, 0, 2)
+    start = int(pads.min()) + shared
+    columns = torch.arange(start, key.shape[-2], device=key.device)
+    hidden = columns[None, :] < (pads + shared)[:, None]  # a row's own shared part, or its padding
+    bias = torch.zeros(hidden.shape, dtype=torch.float32, device=key.device).masked_fill_(hidden, float("-inf"))
+    out_s, lse_s = _with_lse(q, key[:, :, start:], value[:, :, start:], bias[:, None, None, :], scaling)
+    lse = torch.logaddexp(lse_p, lse_s)
+    out = out_p.float() * torch.exp(lse_p - lse)[..., None] + out_s.float() * torch.exp(lse_s - lse)[..., None]
+    return out.to(query.dtype).reshape(rows, heads, dim)[:, None]
+
+
+def _with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scaling: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of `q` ``[b, heads, n, dim]`` over `k`/`v` (as many heads) with an additive `bias`, and its float32
+    log-sum-exp ``[b, heads, n]``: torch's CPU flash kernel on CPU (it returns both), plain products elsewhere."""
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if q.device.type == "cpu":
+        bias = bias.to(q.dtype) if bias is not None else None
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=bias, scale=scale
+        )[:2]
+        return out, lse.float()
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # elsewhere (CUDA): not the hot path here
+    if bias is not None:
+        scores = scores + bias
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v.float()).to(q.dtype), lse
 
 
 def _attention(module: torch.nn.Module, name: str, dtype: torch.dtype) -> Any:

@@ -17,8 +17,9 @@ from test_exactness import alone
 
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.prefix_cache import store_of
-from hf_prefix_cache.batching.batch import RunningBatch, Staging
-from hf_prefix_cache.batching.growing import LEFT_SPARE
+from hf_prefix_cache.batching import packed
+from hf_prefix_cache.batching.batch import SHARED_MIN, RunningBatch, Staging
+from hf_prefix_cache.batching.growing import LEFT_SPARE, GrowingCache
 from hf_prefix_cache.batching.rows import EndReason, Request, Row
 from hf_prefix_cache.batching.scheduler import Scheduler
 
@@ -160,7 +161,7 @@ def test_random_arrivals_cancellations_and_departures_stay_exact() -> None:
     model = _model("llama:sdpa")
     store = PrefixCache(model)
     gen = torch.Generator().manual_seed(7)
-    base = random_prompt(48, seed=8)[0].tolist()
+    base = random_prompt(SHARED_MIN + 16, seed=8)[0].tolist()  # rows restoring all of it decode it once a step
     _stored(model, store, base)
 
     def draw(high: int) -> int:
@@ -168,7 +169,7 @@ def test_random_arrivals_cancellations_and_departures_stay_exact() -> None:
 
     requests = []
     for i in range(30):
-        kept = [0, 12, 48, 48, 48][draw(5)]  # 0: nothing stored under it
+        kept = [0, 12, len(base), len(base), len(base)][draw(5)]  # 0: nothing stored under it
         tail = random_prompt(1 + draw(40 if i % 7 else LEFT_SPARE + 40), seed=100 + i)[0].tolist()
         requests.append(Request(base[:kept] + tail, max_new_tokens=1 + draw(12), keep_logits=True))
     scheduler = Scheduler(store)
@@ -188,4 +189,56 @@ def test_random_arrivals_cancellations_and_departures_stay_exact() -> None:
     _equal_alone(model, finished)
     assert store_of(store).num_pinned_nodes() == 0
     store.check_integrity()
+    store.detach()
+
+
+def test_cascade_equals_attention_over_each_rows_own_columns() -> None:
+    """`packed.cascade` (the shared positions read once, from row 0, joined by log-sum-exp with each row's own) gives
+    what sdpa gives over each row's own columns, rows behind different padding, grouped heads."""
+    gen = torch.Generator().manual_seed(0)
+    rows, kv_heads, group, dim, shared, columns = 3, 2, 3, 16, 40, 70
+    pads = torch.tensor([0, 9, 4])
+    key, value = (torch.randn(rows, kv_heads, columns, dim, generator=gen) for _ in range(2))
+    for i in range(1, rows):  # the shared positions alike, each row's from its padding on
+        p = int(pads[i])
+        key[i, :, p : p + shared], value[i, :, p : p + shared] = key[0, :, :shared], value[0, :, :shared]
+    query = torch.randn(rows, kv_heads * group, 1, dim, generator=gen)
+    out = packed.cascade(query, key, value, pads, shared, 0.25)
+    for i in range(rows):
+        k, v = (t[i : i + 1, :, int(pads[i]) :].repeat_interleave(group, dim=1) for t in (key, value))
+        expected = torch.nn.functional.scaled_dot_product_attention(query[i : i + 1], k, v, scale=0.25)
+        assert (out[i, 0] - expected[0, :, 0]).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama:sdpa", "llama"])
+def test_rows_sharing_a_long_prefix_attend_it_once_and_stay_exact(name: str) -> None:
+    """Rows restoring one stored prefix of SHARED_MIN + 30 positions (checked alike in every layer) attend it once a
+    step (`packed.cascade`), joining and leaving: each equals its request alone. A row whose keys over that prefix
+    differ in one element turns it off: the batch then attends each row's own columns."""
+    model = _model(name)
+    store = PrefixCache(model)
+    base = random_prompt(SHARED_MIN + 30, seed=11)[0].tolist()
+    _stored(model, store, base)
+    prompts = [base + random_prompt(k, seed=30 + k)[0].tolist() for k in (4, 9, 1, 6)]
+    rows = [Row(Request(p, max_new_tokens=n, keep_logits=True)) for p, n in zip(prompts, (10, 4, 8, 6), strict=True)]
+    batch = RunningBatch(store)
+    assert batch.admit(rows[0]) and batch.admit(rows[1])
+    batch.step()
+    assert batch._shared == len(base)
+    assert batch.stage(rows[2]) is Staging.STAGED
+    batch.step()
+    assert batch._shared == len(base)
+    run_rest = [rows[3]]
+    while batch.held() or run_rest:
+        if len(rows[0].tokens) == 6 and run_rest:
+            assert batch.admit(run_rest.pop())
+        batch.step()
+    _equal_alone(model, rows)
+    other = [Row(Request(p, max_new_tokens=3)) for p in prompts[:2]]
+    assert batch.admit(other[0]) and batch.admit(other[1])
+    cache = batch._cache
+    assert isinstance(cache, GrowingCache)
+    cache.layers[1].keys[1, 0, other[1].pad + 5, 0] += 1e-3  # one element of the second row's shared part
+    batch.step()
+    assert batch._shared == 0
     store.detach()
