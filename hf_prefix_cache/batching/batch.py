@@ -76,6 +76,9 @@ logger = logging.getLogger("hf_prefix_cache")
 
 #: Leading positions the rows must hold alike before a step attends them once for all (`packed.cascade`).
 SHARED_MIN = 64
+#: Prompt tokens a row must share with a row staged before it, past what the store holds, to wait a step for that
+#: row's prompt to be stored (fewer are computed again: on two CPU threads 32 tokens cost about what the wait does).
+DEFER_MIN = 32
 
 
 class Staging(enum.Enum):
@@ -165,8 +168,8 @@ class RunningBatch:
 
         `Staging.OWN_PREFILL` (nothing kept, nothing counted) where it cannot: a model or row the packed step does
         not take, nothing stored, or a store that refuses the restore. `Staging.NEXT_STEP` where a row staged before
-        it shares more of its prompt than the store holds: after that row's step stored its prompt, `row` restores
-        it, as it would one request at a time.
+        it shares at least `DEFER_MIN` more of its prompt than the store holds: after that row's step stored its
+        prompt, `row` restores it, as it would one request at a time (fewer are computed again rather than wait).
         """
         request = row.request
         cache = self._cache
@@ -186,7 +189,7 @@ class RunningBatch:
             (_common(request.ids, r.request.ids) for r, _ in self._joining if r.request.salt == request.salt),
             default=0,
         )
-        if shared > lookup.cached_len:
+        if shared - lookup.cached_len >= DEFER_MIN:
             lookup.release()
             return Staging.NEXT_STEP
         row.scope = scope

@@ -18,7 +18,7 @@ from test_exactness import alone
 from hf_prefix_cache import PrefixCache
 from hf_prefix_cache.api.prefix_cache import store_of
 from hf_prefix_cache.batching import packed
-from hf_prefix_cache.batching.batch import SHARED_MIN, RunningBatch, Staging
+from hf_prefix_cache.batching.batch import DEFER_MIN, SHARED_MIN, RunningBatch, Staging
 from hf_prefix_cache.batching.growing import LEFT_SPARE, GrowingCache
 from hf_prefix_cache.batching.rows import EndReason, Request, Row
 from hf_prefix_cache.batching.scheduler import Scheduler
@@ -82,11 +82,15 @@ def test_rows_joining_in_a_step_equal_each_request_alone(model: Any) -> None:
 
 def test_the_scheduler_joins_arrivals_in_its_steps_and_counts_them() -> None:
     """Rows sharing a stored prefix, submitted together, join in steps (`joined_in_step`) and answer as `generate`
-    does, with the cached tokens and stats a sequential store reports: a row sharing more with a row staged before
-    it than the store holds waits a step and restores that row's prompt. With `pack_joins=False` none joins so."""
+    does. Two of them share DEFER_MIN more tokens than the store holds: the second waits a step and restores the
+    first's prompt, so every row's cached tokens and the store's stats are what a sequential store reports (the
+    others share fewer). With `pack_joins=False` none joins in a step, with the same answers and counts."""
     model = _model("llama:sdpa")
     base = random_prompt(50, seed=3)[0].tolist()
-    prompts = [base + random_prompt(k, seed=20 + k)[0].tolist() for k in (5, 9, 2, 14)]
+    extension = random_prompt(DEFER_MIN, seed=40)[0].tolist()
+    tails = [random_prompt(k, seed=20 + k)[0].tolist() for k in (5, 9, 2, 14)]
+    prompts = [base + tails[0], base + extension + tails[1], base + extension + tails[2], base + tails[3]]
+    assert len({p[len(base)] for p in (prompts[0], prompts[1], prompts[3])}) == 3  # only the extension is shared
     sequential = PrefixCache(model)
     _stored(model, sequential, base)
     expected = []
@@ -94,6 +98,8 @@ def test_the_scheduler_joins_arrivals_in_its_steps_and_counts_them() -> None:
         with sequential.request() as scope:
             out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, **{CACHE_NAME: sequential})
         expected.append((out[0, len(prompt) :].tolist(), scope.cached_tokens))
+    beyond = next(i for i, (a, b) in enumerate(zip(tails[1], tails[2], strict=False)) if a != b)
+    assert [cached for _, cached in expected] == [50, 50, 50 + DEFER_MIN + beyond, 50]
     for pack in (True, False):
         store = PrefixCache(model)
         _stored(model, store, base)
