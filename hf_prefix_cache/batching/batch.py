@@ -343,7 +343,10 @@ class RunningBatch:
         try:
             with row.scope:
                 store.record(Served(len(ids), cached_len))
-                store.insert_sequence(PrefixKey(store.namespace(), list(ids)), view, computed_from=cached_len)
+                # `row`: the view's tensors are the batch's buffers, which rows reuse: its new positions are copied out
+                # and the store never adopts the view as the run of the prompt's path (as it may a lone cache's).
+                key = PrefixKey(store.namespace(), list(ids))
+                store.insert_sequence(key, view, row=0, computed_from=cached_len)
         except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
             logger.warning("batching: a prompt fed in a packed step was not stored: %s", exc)
         logger.info("prefix cache: reused %d of %d prompt tokens (joined in a packed step)", cached_len, len(ids))

@@ -220,7 +220,8 @@ class GrowingCache(WorkingCache):
         self._set_views()
 
     def row_view(self, row: int, start: int, end: int) -> WorkingCache:
-        """A one-row cache viewing columns `[start, end)` of `row` (no copy: read it before the batch moves on)."""
+        """A one-row cache viewing columns `[start, end)` of `row` (no copy: read it before the batch moves on, and
+        never let anything keep it: store it with `insert_sequence(..., row=0)`, which copies what it keeps)."""
         out = WorkingCache(self.profile)
         for i, room in self._rooms.items():
             keys, values = room.views()

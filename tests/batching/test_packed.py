@@ -248,3 +248,31 @@ def test_rows_sharing_a_long_prefix_attend_it_once_and_stay_exact(name: str) -> 
     batch.step()
     assert batch._shared == 0
     store.detach()
+
+
+def test_a_prompt_stored_by_a_packed_step_holds_no_memory_of_the_batch() -> None:
+    """The batch's buffers are reused (rows move into leaving rows' places, new rows are written over old ones):
+    a prompt stored by a packed step must own its tensors. With every buffer of the batch zeroed after the step,
+    the next request over that prompt still restores it exactly (its logits equal a cold run's)."""
+    model = _model("llama:sdpa")
+    store = PrefixCache(model)
+    base = random_prompt(40, seed=12)[0].tolist()
+    _stored(model, store, base)
+    prompt = base + random_prompt(9, seed=13)[0].tolist()
+    batch = RunningBatch(store)
+    row = Row(Request(prompt, max_new_tokens=5))
+    assert batch.stage(row) is Staging.STAGED
+    batch.step()
+    cache = batch._cache
+    assert isinstance(cache, GrowingCache)
+    for room in cache._rooms.values():
+        room.keys.zero_()
+        room.values.zero_()
+    longer = [*prompt, 7, 8]
+    with store.request() as scope:
+        cached = alone(model, longer, 4, **{CACHE_NAME: store})
+    cold = alone(model, longer, 4)
+    assert scope.cached_tokens == len(prompt)
+    assert cached.sequences.tolist() == cold.sequences.tolist()
+    assert max((a - b).abs().max().item() for a, b in zip(cached.logits, cold.logits, strict=True)) < LOGIT_TOL
+    store.detach()
