@@ -114,6 +114,7 @@ class RunningBatch:
         profile = self.profile
         fits = profile.defers_keys and profile.media is None and profile.accepts_position_ids
         self._packed_attention = packed.attention_of(self.model) if fits and profile.accepts_logits_to_keep else None
+        self._configs = packed.configs_of(self.model) if self._packed_attention is not None else []
 
     def held(self) -> int:
         """Rows decoding and rows staged to join in the next step."""
@@ -318,7 +319,7 @@ class RunningBatch:
             }
             cache.packing = plan
             try:
-                with torch.no_grad(), packed.packing(self.model, plan):
+                with torch.no_grad(), packed.packing(self._configs, plan):
                     logits = self.model(input_ids=torch.tensor([ids], device=device), **kwargs).logits[0]
             finally:
                 cache.packing = None

@@ -197,9 +197,10 @@ AttentionInterface.register(NAME, packed_attention)
 
 
 @contextlib.contextmanager
-def packing(model: Any, plan: Packing) -> Iterator[None]:
-    """Within the block, `model`'s attention is the packed step's, laid out by `plan` (then as it was)."""
-    before = [(c, c._attn_implementation) for c in _configs(model)]
+def packing(configs: list[Any], plan: Packing) -> Iterator[None]:
+    """Within the block, the model whose `configs_of` are `configs` attends as the packed step does, laid out by
+    `plan` (then as it did)."""
+    before = [(c, c._attn_implementation) for c in configs]
     if any(name != plan.attention for _, name in before):
         raise InconsistentStateError(f"the packed step was planned for {plan.attention}, the model runs {before}")
     token = _PLAN.set(plan)
@@ -216,13 +217,14 @@ def packing(model: Any, plan: Packing) -> Iterator[None]:
 def attention_of(model: Any) -> str | None:
     """`model`'s attention implementation where the packed step can run it per group of rows ("sdpa" or "eager"
     everywhere), else None."""
-    names = {c._attn_implementation for c in _configs(model)}
+    names = {c._attn_implementation for c in configs_of(model)}
     name = names.pop() if len(names) == 1 else None
     return name if name in ("sdpa", "eager") else None
 
 
-def _configs(model: Any) -> list[Any]:
-    """The configs `model`'s modules read their attention implementation from."""
+def configs_of(model: Any) -> list[Any]:
+    """The configs `model`'s modules read their attention implementation from (a walk of every module: once per
+    model, not per step)."""
     seen: dict[int, Any] = {}
     for module in model.modules():
         config = getattr(module, "config", None)
