@@ -12,8 +12,9 @@ the loop runs it alone between two steps, so only the loop's thread ever drives 
 `Future` gives the caller its result or its exception (which fails only that call).
 
 The loop runs in a thread of its own (`start`; `torch.set_num_threads(num_threads)` there first when
-given) or in the caller's thread (`run_until_idle`): on CPU, where the loop runs changes how fast torch
-decodes (`docs/serving.md`, "Batching engine").
+given) or in the caller's thread (`run_until_idle`). On CPU, a loop started in a thread of its own runs at full
+speed only where the model was loaded in a thread that has exited since (`threads.in_passing_thread`: torch's
+OpenMP pools; `docs/serving.md`, "Where the loop runs, and where the model was loaded").
 
 Example:
     >>> from transformers import LlamaConfig, LlamaForCausalLM

@@ -35,6 +35,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cli.serving.model_manager import ModelLoader
 
+from hf_prefix_cache.batching.threads import in_passing_thread
 from hf_prefix_cache.frontends.serve import batched
 from hf_prefix_cache.frontends.serve.batched import Batching, BatchOptions
 from hf_prefix_cache.frontends.serve.metrics import Finished, JobMetrics, now
@@ -383,6 +384,16 @@ class StoreLoader(ModelLoader):
         return loader
 
     def load_model_and_processor(self, model_id: str, on_progress: Callable[..., Any] | None = None) -> Any:
+        """Load the model (in a thread that then exits: `in_passing_thread`), attach its store, start the queries'
+        thread, and (in the process's main thread) save the store on SIGTERM."""
+        model, processor = in_passing_thread(lambda: self._load(model_id, on_progress))
+        if self.channel is not None:
+            threading.Thread(target=ENGINE.serve, args=(self.channel,), name="store-queries", daemon=True).start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, ENGINE.save_and_exit)
+        return model, processor
+
+    def _load(self, model_id: str, on_progress: Callable[..., Any] | None) -> Any:
         model, processor = super().load_model_and_processor(model_id, on_progress)
         ENGINE.model_id = model_id
         ENGINE.batch = batched.from_env(self.batch)
@@ -391,8 +402,4 @@ class StoreLoader(ModelLoader):
 
             ENGINE.store = PrefixCache(model, attach="all", **self.store_options)
             logger.info("prefix store attached to %s: budgets %s", model_id, ENGINE.store.budgets)
-        if self.channel is not None:
-            threading.Thread(target=ENGINE.serve, args=(self.channel,), name="store-queries", daemon=True).start()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, ENGINE.save_and_exit)
         return model, processor
