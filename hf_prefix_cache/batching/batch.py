@@ -292,7 +292,7 @@ class RunningBatch:
         try:
             for row, lookup in joining:
                 new = len(row.request.ids) - lookup.cached_len
-                cache.add_row(lookup.cache, lookup.cached_len, gap=new - 1)
+                cache.add_row(lookup.cache, lookup.cached_len, gap=new - 1, rows=len(decoding) + len(joining))
             width = max([length, *(len(row.request.ids) - 1 for row, _ in joining)])
             for row in decoding:
                 row.pad += width - length

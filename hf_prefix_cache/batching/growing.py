@@ -185,10 +185,12 @@ class GrowingCache(WorkingCache):
             return all(not getattr(self.layers[i], "is_initialized", False) for i in kv)
         return all(i in self._rooms and self._rooms[i].holds(*_kv(self.layers[i])) for i in kv)
 
-    def add_row(self, row: WorkingCache, row_len: int, gap: int = 0) -> None:
+    def add_row(self, row: WorkingCache, row_len: int, gap: int = 0, rows: int = 0) -> None:
         """Append `row`'s first `row_len` positions as the last row, right-aligned behind zeros (and `gap` columns of
         zeros after them, which a row joining in a packed step fills: `packed.py`); a row longer than the batch first
-        widens every row's padding (in the spare columns before, or by one copy)."""
+        widens every row's padding (in the spare columns before, or by one copy). `rows`: how many rows the batch
+        will hold once the rows joining with this one are in, so that buffers which must grow grow once for them
+        all (7 rows joining one: one copy of the batch instead of three)."""
         row.land()
         for i in self.profile.kv_layers:
             keys, values = _kv(row.layers[i])
@@ -197,7 +199,7 @@ class GrowingCache(WorkingCache):
             keys, values = keys[..., :row_len, :], values[..., :row_len, :]
             room = self._rooms.get(i)
             if room is None:
-                room = Room.around(keys, values, FIRST_ROWS, LEFT_SPARE, SPARE + gap)
+                room = Room.around(keys, values, max(FIRST_ROWS, rows), LEFT_SPARE, SPARE + gap)
                 room.zero(0, row_len, row_len + gap)
                 room.stop += gap
             else:
@@ -207,7 +209,8 @@ class GrowingCache(WorkingCache):
                 if full or wider > room.start:
                     before = room.start if wider <= room.start else wider + LEFT_SPARE
                     after = max(SPARE, room.keys.shape[-2] - room.stop)
-                    room = room.regrown(room.rows * 2 if full else room.keys.shape[0], before, after)
+                    capacity = max(room.rows * 2, rows) if full else room.keys.shape[0]
+                    room = room.regrown(capacity, before, after)
                 if wider:
                     room.start -= wider
                     room.zero(slice(None, room.rows), 0, wider)

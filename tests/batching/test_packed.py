@@ -276,3 +276,36 @@ def test_a_prompt_stored_by_a_packed_step_holds_no_memory_of_the_batch() -> None
     assert cached.sequences.tolist() == cold.sequences.tolist()
     assert max((a - b).abs().max().item() for a, b in zip(cached.logits, cold.logits, strict=True)) < LOGIT_TOL
     store.detach()
+
+
+def test_rows_joining_together_grow_the_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seven rows staged while one decodes: each layer's buffers are copied once to hold all eight (doubling one
+    join at a time copied the batch three times), and every row still equals its request alone."""
+    from hf_prefix_cache.batching import growing
+
+    copies: list[int] = []
+    regrown = growing.Room.regrown
+
+    def counted(room: growing.Room, rows: int, before: int, after: int) -> growing.Room:
+        copies.append(rows)
+        return regrown(room, rows, before, after)
+
+    monkeypatch.setattr(growing.Room, "regrown", counted)
+    model = _model("llama:sdpa")
+    store = PrefixCache(model)
+    base = random_prompt(40, seed=3)[0].tolist()
+    _stored(model, store, base)
+    prompts = [base + random_prompt(2 + k, seed=30 + k)[0].tolist() for k in range(8)]
+    rows = [Row(Request(p, max_new_tokens=3, keep_logits=True)) for p in prompts]
+    batch = RunningBatch(store)
+    assert batch.admit(rows[0])
+    copies.clear()
+    assert all(batch.stage(row) is Staging.STAGED for row in rows[1:])
+    batch.step()
+    layers = len(store_of(store).profile.kv_layers)
+    assert copies == [8] * layers
+    while batch.held():
+        batch.step()
+    _equal_alone(model, rows)
+    assert store_of(store).num_pinned_nodes() == 0
+    store.detach()

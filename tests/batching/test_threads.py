@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent(
     """
-    import os, sys
+    import os, sys, time
     import torch
     from hf_prefix_cache.batching.threads import in_passing_thread
 
@@ -38,6 +38,10 @@ PROBE = textwrap.dedent(
 
     before = threads()
     in_passing_thread(parallel_loop)
+    waited = 0.0
+    while threads() > before and waited < 10:  # the thread and its pool end just after `join` returns
+        time.sleep(0.05)
+        waited += 0.05
     passing = threads()
     parallel_loop()
     main = threads()
