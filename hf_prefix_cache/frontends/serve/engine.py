@@ -4,8 +4,10 @@ transformers 5.25 runs each model in a process of its own (the engine), spawned 
 `ModelLoader`; the API servers send it requests through queues and read back tokens and results.
 This module is what runs there, without copying transformers' runner:
 
-- `StoreLoader` (a `ModelLoader`, importable for spawn) loads the model as transformers does and
-  attaches its `PrefixCache(model, attach="all")` with the CLI's options; it starts the thread that
+- `StoreLoader` (a `ModelLoader`, importable for spawn) loads the model as transformers does, in a
+  thread that then exits (`batching.threads.in_passing_thread`: so that the main thread keeps no
+  OpenMP pool beside the decoding thread's), and attaches its `PrefixCache(model, attach="all")` with
+  the CLI's options; it starts the thread that
   answers the API servers' queries (stats, integrity, metrics: `Channel`) beside generation, and on
   SIGTERM (an unloaded model) saves a store with a disk tier first.
 - `run_job` is what the API servers submit for each request (`GenerateRunner.submit`, always as a
