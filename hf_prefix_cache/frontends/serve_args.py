@@ -33,6 +33,8 @@ BATCH_ENV = "HF_PREFIX_CACHE_BATCH"
 DEFAULT_MAX_BATCH_ROWS = 32
 #: Prompt tokens a cycle prefills of a row with more uncached ones (``--prefill-chunk``; `batching.prefill`).
 DEFAULT_PREFILL_CHUNK = 512
+#: ``--cpu-linear``'s choices: `batching.cpu_linear.CHOICES` (here as text: parsing arguments imports no torch).
+CPU_LINEAR_CHOICES = ("auto", "prepacked", "onednn", "torch")
 #: The longest ``cache_salt`` (field or header) a request may send.
 MAX_SALT_LEN = 256
 
@@ -142,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="a request joins the batch in the running requests' own forward where the model allows it (default); "
         "--no-pack-joins: each is prefilled by a forward of its own first",
+    )
+    store.add_argument(
+        "--cpu-linear",
+        choices=CPU_LINEAR_CHOICES,
+        default="auto",
+        help="the kernel of the model's float32 CPU linear layers: auto (default) times oneDNN against torch's on "
+        "the largest layer and keeps the faster; prepacked: oneDNN with a second copy of the weights laid out for "
+        "it (fastest, that much more memory); onednn: oneDNN on the weights as they are; torch: as the model came",
     )
     return parser
 

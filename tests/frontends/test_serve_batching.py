@@ -121,6 +121,9 @@ def test_later_arrivals_start_before_the_first_ends_and_every_answer_equals_the_
     store = batching.store(check=True)
     assert store["integrity"] == "ok" and store["pinned_nodes"] == 0
     assert store["batching"]["steps"] > 0 and store["batching"]["row_steps"] > store["batching"]["steps"]
+    assert store["linear_kernels"].startswith(
+        ("linear layers: prepacked", "linear layers: onednn", "linear layers: torch")
+    )
 
 
 def test_turn_two_reuses_as_much_under_batching_as_one_at_a_time(servers: tuple[ServeProcess, ServeProcess]) -> None:

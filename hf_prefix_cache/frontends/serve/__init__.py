@@ -82,6 +82,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         max_batch_rows=args.max_batch_rows,
         prefill_chunk=args.prefill_chunk,
         pack_joins=args.pack_joins,
+        cpu_linear=args.cpu_linear,
     )
 
 

@@ -42,6 +42,7 @@ from transformers.cli.serving.systemone import SystemOneHandler
 from transformers.cli.serving.transcription import TranscriptionHandler
 from transformers.cli.serving.utils import GenerationState, Modality
 
+from hf_prefix_cache.batching.cpu_linear import Choice
 from hf_prefix_cache.frontends.serve.access import Access, AccessMiddleware, current_caller
 from hf_prefix_cache.frontends.serve.batched import BatchOptions
 from hf_prefix_cache.frontends.serve.bodies import parse_off_loop
@@ -91,6 +92,8 @@ class ServeOptions:
         max_batch_rows: at most this many requests decode together.
         prefill_chunk: a request with more uncached prompt tokens is prefilled this many at a time (0: whole).
         pack_joins: a request joins in the running requests' own forward where the model allows it.
+        cpu_linear: the kernel of the model's float32 CPU linear layers where it has a store (``auto``, ``prepacked``,
+            ``onednn``, ``torch``: `batching.cpu_linear`).
     """
 
     model: str | None = None
@@ -110,6 +113,7 @@ class ServeOptions:
     max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     pack_joins: bool = True
+    cpu_linear: Choice = "auto"
 
     def loader(self) -> StoreLoader:
         """The loader each model's process gets (its store's and batching's options; no query channel yet)."""
@@ -121,7 +125,7 @@ class ServeOptions:
                 prefill_chunk=self.prefill_chunk,
                 pack_joins=self.pack_joins,
             )
-        return StoreLoader(self.store, batch=batch, device=self.device, dtype=self.dtype)
+        return StoreLoader(self.store, batch=batch, cpu_linear=self.cpu_linear, device=self.device, dtype=self.dtype)
 
 
 @dataclass(frozen=True, slots=True)

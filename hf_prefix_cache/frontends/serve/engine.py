@@ -37,6 +37,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cli.serving.model_manager import ModelLoader
 
+from hf_prefix_cache.batching.cpu_linear import Choice, LinearKernels, use_onednn_linears
 from hf_prefix_cache.batching.threads import in_passing_thread
 from hf_prefix_cache.frontends.serve import batched
 from hf_prefix_cache.frontends.serve.batched import Batching, BatchOptions
@@ -288,6 +289,7 @@ class EngineState:
         self.model_id = ""
         self.store: Any = None
         self.batch: BatchOptions | None = None  # None: one generate at a time
+        self.linear_kernels: LinearKernels | None = None  # what `use_onednn_linears` did (None: not asked)
         self.jobs = JobMetrics()
         self._batching: Batching | None = None
         self._lock = threading.Lock()
@@ -317,6 +319,8 @@ class EngineState:
             described = describe(self.model_id, self.store, bool(arg))
             if batching is not None:
                 described["batching"] = batching.describe()
+            if self.linear_kernels is not None:
+                described["linear_kernels"] = self.linear_kernels.describe()
             return described
         if kind == "tenant":
             return self.jobs.tenant_view(arg)["models"]
@@ -364,6 +368,8 @@ class StoreLoader(ModelLoader):
         channel: where the API servers' queries come from (None: none).
         batch: how the process decodes the requests in flight together (None: one at a time; ``$HF_PREFIX_CACHE_BATCH``
             overrides it there, `batched.from_env`).
+        cpu_linear: the kernel of the model's float32 CPU linear layers where it has a store
+            (`batching.cpu_linear.use_onednn_linears`; ``auto`` times oneDNN against torch's, ``torch`` leaves them).
         **kwargs: `ModelLoader`'s (device, dtype, ...).
     """
 
@@ -372,12 +378,14 @@ class StoreLoader(ModelLoader):
         store_options: dict[str, Any] | None,
         channel: Channel | None = None,
         batch: BatchOptions | None = None,
+        cpu_linear: Choice = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.store_options = store_options
         self.channel = channel
         self.batch = batch
+        self.cpu_linear = cpu_linear
 
     def for_engine(self, api_servers: int = 1) -> StoreLoader:
         """A copy with a channel of its own, for one more model's process."""
@@ -404,4 +412,6 @@ class StoreLoader(ModelLoader):
 
             ENGINE.store = PrefixCache(model, attach="all", **self.store_options)
             logger.info("prefix store attached to %s: budgets %s", model_id, ENGINE.store.budgets)
+            ENGINE.linear_kernels = use_onednn_linears(model, self.cpu_linear)
+            logger.info("%s: %s", model_id, ENGINE.linear_kernels.describe())
         return model, processor
