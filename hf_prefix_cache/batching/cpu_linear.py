@@ -20,9 +20,9 @@ Kernels (`Kernel`):
 
 A patched layer runs oneDNN only where its answer is torch's to float tolerance and its weights are the ones it
 was patched with: on a float32 CPU input with autograd off (``torch.no_grad``, inference mode), the weight the
-same tensor at the same version (a weight changed in place, or replaced, after the patch goes back to `F.linear`,
-never to a stale packed copy). Every layer is checked against `F.linear` once when it is patched; one that
-disagrees leaves the whole model on torch's kernel, with the reason.
+same tensor at the same version and address (a weight changed in place, replaced, or given new data after the
+patch goes back to `F.linear`, never to a stale packed copy). Every layer is checked against `F.linear` once when
+it is patched; one that disagrees leaves the whole model on torch's kernel, with the reason.
 
 Example:
     >>> import torch
@@ -108,6 +108,7 @@ class _State:
     weight: torch.Tensor
     source: torch.Tensor
     version: int
+    address: int  # the source's storage (``param.data = ...`` swaps it without a new version)
 
 
 def onednn_unavailable() -> str | None:
@@ -157,7 +158,7 @@ def use_onednn_linears(model: nn.Module, choice: Choice = "auto") -> LinearKerne
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if kernel == "prepacked" else weight
         if kernel == "prepacked":
             extra += weight.numel() * weight.element_size()
-        setattr(layer, STATE, _State(packed, layer.weight, layer.weight._version))
+        setattr(layer, STATE, _State(packed, layer.weight, layer.weight._version, layer.weight.data_ptr()))
         layer.forward = types.MethodType(_forward, layer)  # type: ignore[method-assign]
     mismatch = _check(layers)
     if mismatch is not None:
@@ -190,6 +191,7 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         and not torch.is_grad_enabled()
         and self.weight is state.source
         and self.weight._version == state.version
+        and self.weight.data_ptr() == state.address
     ):
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, state.weight, self.bias, "none", [], "")
         return out

@@ -64,7 +64,7 @@ def test_onednn_layers_decode_the_same_tokens_alone_and_in_the_batch(kernel: str
 
 
 def test_a_weight_changed_or_replaced_after_the_patch_runs_torchs_kernel() -> None:
-    """No stale prepacked copy: a weight changed in place, or a new weight, is used as it is now."""
+    """No stale prepacked copy: a weight changed in place, a new weight, or new data is used as it is now."""
     layer = torch.nn.Linear(16, 8)
     model = torch.nn.Sequential(layer)
     use_onednn_linears(model, "prepacked")
@@ -74,6 +74,11 @@ def test_a_weight_changed_or_replaced_after_the_patch_runs_torchs_kernel() -> No
         assert torch.equal(model(x), F.linear(x, layer.weight, layer.bias))
         layer.weight = torch.nn.Parameter(torch.randn(8, 16))
         assert torch.equal(model(x), F.linear(x, layer.weight, layer.bias))
+    other = torch.nn.Linear(16, 8)
+    use_onednn_linears(torch.nn.Sequential(other), "prepacked")
+    with torch.no_grad():
+        other.weight.data = torch.randn(8, 16)  # new storage, the version unchanged
+        assert torch.equal(other(x), F.linear(x, other.weight, other.bias))
 
 
 def test_autograd_runs_torchs_kernel() -> None:
