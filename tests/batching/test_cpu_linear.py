@@ -20,7 +20,6 @@ from hf_prefix_cache.batching import cpu_linear
 from hf_prefix_cache.batching.batch import RunningBatch
 from hf_prefix_cache.batching.cpu_linear import STATE, restore_torch_linears, use_onednn_linears
 from hf_prefix_cache.batching.rows import Request, Row
-from hf_prefix_cache.frontends.serve_args import CPU_LINEAR_CHOICES, build_parser
 
 pytestmark = pytest.mark.skipif(cpu_linear.onednn_unavailable() is not None, reason="no oneDNN in this torch")
 
@@ -136,16 +135,3 @@ def test_restoring_puts_torchs_kernel_back() -> None:
     x = torch.randn(2, 8)
     with torch.no_grad():
         assert torch.equal(model(x), F.linear(x, layer.weight, layer.bias))
-
-
-def test_serve_takes_the_kernel_by_flag() -> None:
-    """``--cpu-linear`` offers the module's choices (auto by default) and reaches the model's loader."""
-    from hf_prefix_cache.frontends.serve import options_from
-
-    assert CPU_LINEAR_CHOICES == cpu_linear.CHOICES
-    parser = build_parser()
-    assert parser.parse_args([]).cpu_linear == "auto"
-    options = options_from(parser.parse_args(["--cpu-linear", "prepacked"]))
-    assert options.cpu_linear == "prepacked" and options.loader().cpu_linear == "prepacked"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--cpu-linear", "mkl"])

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from hf_prefix_cache.frontends.serve_args import DEFAULT_TENANT, build_parser, read_keys, served_model_name
+from hf_prefix_cache._compat import serve_requirement
+from hf_prefix_cache.frontends.serve_args import (
+    CPU_LINEAR_CHOICES,
+    DEFAULT_TENANT,
+    build_parser,
+    read_keys,
+    served_model_name,
+)
 
 
 def test_serve_help_imports_no_server() -> None:
@@ -51,3 +58,23 @@ def test_batching_is_on_unless_no_batch() -> None:
     assert build_parser().parse_args([]).batch is True
     args = build_parser().parse_args(["--no-batch", "--max-batch-rows", "4"])
     assert args.batch is False and args.max_batch_rows == 4
+
+
+def test_cpu_linear_is_auto_unless_named() -> None:
+    """``--cpu-linear`` offers `batching.cpu_linear`'s choices, ``auto`` by default; another is refused."""
+    from hf_prefix_cache.batching.cpu_linear import CHOICES
+
+    assert CPU_LINEAR_CHOICES == CHOICES
+    assert build_parser().parse_args([]).cpu_linear == "auto"
+    assert build_parser().parse_args(["--cpu-linear", "onednn"]).cpu_linear == "onednn"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--cpu-linear", "mkl"])
+
+
+@pytest.mark.skipif(serve_requirement() is not None, reason=str(serve_requirement()))
+def test_cpu_linear_reaches_the_models_loader() -> None:
+    """The kernel named on the command line is the one each model's process applies (`StoreLoader`)."""
+    from hf_prefix_cache.frontends.serve import options_from
+
+    options = options_from(build_parser().parse_args(["--cpu-linear", "prepacked"]))
+    assert options.cpu_linear == "prepacked" and options.loader().cpu_linear == "prepacked"
