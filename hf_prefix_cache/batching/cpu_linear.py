@@ -2,14 +2,14 @@
 (`use_onednn_linears`), where it is faster than `F.linear` on this machine.
 
 `nn.Linear` on a float32 CPU tensor calls MKL's sgemm. On the AMD EPYC cores this project is measured on, that
-call is 2x to 3x slower than oneDNN's matmul for every row count a server sees, and worst for the few rows of a
-decode step: for SmolLM2's 211 linear layers (538 MB of float32 weights, 2 threads) one pass takes 33.9 ms for
-one row against 15.8 ms through oneDNN with the weights laid out once for it ("prepacked"), 52.8 against 15.7 for
-two rows, 47.6 against 18.8 for eight, and 2,393 against 1,038 ms for a 1,500-token prefill
-(`benchmarks/bench_cpu_linear.py`). A decode step of 8 rows went from 84 to 49 ms, `generate` from 44.5 to
-30.1 ms a token; the tokens were the same. On an Intel CPU, MKL's own ground, the gap may be small or reversed,
-so ``"auto"`` times the two kernels on the model's largest linear layer first and keeps torch's where oneDNN is
-not clearly faster.
+call is 1.7x to 3x slower than oneDNN's matmul at every row count a server sees, worst for the few rows of a
+decode step: for SmolLM2's 211 linear layers (513 MiB of float32 weights, 2 threads) one pass takes 31.1 ms for
+one row against 18.0 ms through oneDNN with the weights laid out once for it ("prepacked"), 50.0 against 16.1 for
+two rows, 45.8 against 18.1 for eight, and 2,042 against 1,051 ms for a 1,500-token prefill; a decode step of 8
+rows 82.3 against 44.9 ms, `generate` 47.1 against 33.1 ms a token, the tokens the same
+(`benchmarks/bench_cpu_linear.py`, `results/bench_cpu_linear.txt`). On an Intel CPU, MKL's own ground, the gap
+may be small or reversed, so ``"auto"`` times the two kernels on the model's largest linear layer first and keeps
+torch's where oneDNN is not clearly faster.
 
 Kernels (`Kernel`):
 
@@ -219,22 +219,22 @@ def _choose(layers: list[nn.Linear]) -> tuple[Kernel, str, dict[str, float]]:
     extra = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     available = _available_bytes()
     pack = available is not None and extra <= MAX_PACK_SHARE * available
-    oneDNN: Kernel = "prepacked" if pack else "onednn"  # noqa: N806
+    fast: Kernel = "prepacked" if pack else "onednn"
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if pack else weight
     inputs = [torch.randn(rows, weight.shape[1]) for rows in (1, PACK_ROWS)]
     with torch.no_grad():
         timings: dict[str, float] = {
             "torch": _time(lambda x: F.linear(x, weight, bias), inputs),
-            oneDNN: _time(lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), inputs),
+            fast: _time(lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), inputs),
         }
-    gain = timings["torch"] / max(timings[oneDNN], 1e-9)
+    gain = timings["torch"] / max(timings[fast], 1e-9)
     shape = "x".join(map(str, weight.shape))
     if gain < MIN_GAIN:
         return "torch", f"oneDNN {gain:.2f}x torch's speed on the {shape} layer: kept torch's", timings
     why = f"oneDNN {gain:.2f}x torch's speed on the {shape} layer"
     if not pack:
         why += ", not prepacked: its copy would take more than a quarter of the memory available"
-    return oneDNN, why, timings
+    return fast, why, timings
 
 
 def _time(run: Callable[[torch.Tensor], Any], inputs: list[torch.Tensor], repeats: int = 5) -> float:
