@@ -8,11 +8,10 @@ after the patch, autograd, or a layer whose oneDNN answer disagrees with `F.line
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from conftest import LOGIT_TOL, build, random_prompt
+from test_exactness import alone
 from torch.nn import functional as F  # noqa: N812
 
 from hf_prefix_cache import PrefixCache
@@ -24,18 +23,6 @@ from hf_prefix_cache.batching.rows import Request, Row
 pytestmark = pytest.mark.skipif(cpu_linear.onednn_unavailable() is not None, reason="no oneDNN in this torch")
 
 
-def _greedy(model: Any, prompt: list[int], new: int) -> Any:
-    ids = torch.tensor([prompt])
-    return model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=new,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-
-
 @pytest.mark.parametrize("kernel", ["prepacked", "onednn"])
 def test_onednn_layers_decode_the_same_tokens_alone_and_in_the_batch(kernel: str) -> None:
     """`generate` and the running batch (3 rows through a store) on oneDNN layers equal `generate` on torch's:
@@ -43,11 +30,11 @@ def test_onednn_layers_decode_the_same_tokens_alone_and_in_the_batch(kernel: str
     model = build("llama")
     prompts = [random_prompt(n, seed=seed)[0].tolist() for n, seed in ((30, 1), (22, 2), (41, 3))]
     with torch.no_grad():
-        cold = [_greedy(model, prompt, 8) for prompt in prompts]
+        cold = [alone(model, prompt, 8) for prompt in prompts]
         kernels = use_onednn_linears(model, kernel)  # type: ignore[arg-type]
         assert kernels.kernel == kernel and kernels.layers == sum(type(m) is torch.nn.Linear for m in model.modules())
         assert (kernels.extra_bytes > 0) == (kernel == "prepacked")
-        fast = _greedy(model, prompts[0], 8)
+        fast = alone(model, prompts[0], 8)
         batch = RunningBatch(PrefixCache(model))
         rows = [Row(Request(prompt, max_new_tokens=8, keep_logits=True)) for prompt in prompts]
         for row in rows:
