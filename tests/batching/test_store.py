@@ -121,6 +121,35 @@ def test_a_row_past_its_deadline_leaves_stored() -> None:
     store.detach()
 
 
+def test_a_row_whose_new_positions_hold_nan_stores_nothing_past_what_was_stored() -> None:
+    """A leaving row is stored from a view of the batch, checked for NaN or infinity from the positions it restored
+    on (as `generate` checks its own): a poisoned answer position keeps the whole turn out of the store (counted),
+    and the prompt stored before stays reusable. The row's neighbour, clean, is stored whole."""
+    model = build("llama")
+    store = PrefixCache(model)
+    system = random_prompt(24, seed=3)[0].tolist()
+    sequential(model, store, system, 1)  # the shared prefix is stored: both rows restore it
+    prompts = [system + random_prompt(6 + i, seed=30 + i)[0].tolist() for i in range(2)]
+    batch = RunningBatch(store)
+    rows = [Row(Request(p, max_new_tokens=50)) for p in prompts]
+    assert all(batch.admit(row) for row in rows)
+    for _ in range(3):
+        batch.step()
+    assert [row.cached_tokens for row in rows] == [24, 24]
+    poisoned = rows[0]
+    column = batch.length - 2  # an answer position of row 0 (fed, not restored)
+    batch._cache.layers[0].keys[0, :, column] = float("nan")  # type: ignore[union-attr]  # a view of its room
+    batch.end([(row, EndReason.CANCELLED) for row in rows])
+    assert store.stats().fallbacks == {"non_finite_states": 1}
+    _, cached = sequential(model, store, poisoned.fed_ids + [5], 1)
+    assert cached == len(prompts[0])  # its prompt, stored when it joined; nothing of its answer
+    clean = rows[1]
+    _, cached = sequential(model, store, clean.fed_ids + [5], 1)
+    assert cached == len(clean.fed_ids)
+    store.check_integrity()
+    store.detach()
+
+
 def test_rows_restore_prefixes_moved_to_host_and_disk_and_reuse_as_much(tmp_path: Any) -> None:
     """A store whose device and host tiers hold 30 tokens each: the rows' entries move down to host memory and
     disk, and turn 2 (through the scheduler, prefilled in pieces of 4) restores them from there, with the tokens and
