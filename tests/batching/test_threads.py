@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_prefix_cache._compat import serve_requirement
 from hf_prefix_cache.batching.threads import in_passing_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,3 +81,42 @@ def test_what_the_function_returns_or_raises_comes_back() -> None:
     with pytest.raises(ValueError) as raised:
         in_passing_thread(fails)
     assert raised.value is error
+
+
+@pytest.mark.skipif(serve_requirement() is not None, reason=str(serve_requirement()))
+def test_each_models_process_loads_its_model_in_a_passing_thread(tmp_path: Path) -> None:
+    """`StoreLoader` (what each model's process of `hf-prefix-cache serve` loads with) loads the model, attaches its
+    store and sets its linear kernels in a thread that has exited when the model comes back: the process's main
+    thread keeps no OpenMP pool beside the loop's."""
+    import signal
+    import threading
+    from typing import Any
+
+    from hf_prefix_cache.api.models import ModelUnavailableError
+    from hf_prefix_cache.frontends.serve.engine import ENGINE, StoreLoader
+    from hf_prefix_cache.testing.serve_process import tiny_chat_folder
+
+    try:
+        folder = tiny_chat_folder(tmp_path)
+    except ModelUnavailableError as exc:
+        pytest.skip(f"SmolLM2's tokenizer: {exc}")
+    loaded_in: list[threading.Thread] = []
+
+    class Watched(StoreLoader):
+        def _load(self, model_id: str, on_progress: Any) -> Any:
+            loaded_in.append(threading.current_thread())
+            return super()._load(model_id, on_progress)
+
+    kept = (ENGINE.model_id, ENGINE.store, ENGINE.batch, ENGINE.linear_kernels)
+    on_sigterm = signal.getsignal(signal.SIGTERM)  # the loader sets its own in the main thread
+    try:
+        model, _ = Watched({}, device="cpu", cpu_linear="torch").load_model_and_processor(folder)
+        assert len(loaded_in) == 1 and loaded_in[0] is not threading.current_thread()
+        assert not loaded_in[0].is_alive()
+        assert ENGINE.store is not None and ENGINE.store.model is model
+        assert ENGINE.linear_kernels is not None and ENGINE.linear_kernels.kernel == "torch"
+    finally:
+        if ENGINE.store is not None and ENGINE.store is not kept[1]:
+            ENGINE.store.detach()
+        ENGINE.model_id, ENGINE.store, ENGINE.batch, ENGINE.linear_kernels = kept
+        signal.signal(signal.SIGTERM, on_sigterm)
