@@ -376,7 +376,7 @@ class RunningBatch:
         staying = [i for i, row in enumerate(self.rows) if id(row) not in leaving]
         for i, row in enumerate(self.rows):
             if id(row) in leaving:
-                self._store(row, i)
+                self._store(row, self._copy(i))
                 row.finish(leaving[id(row)])
         rows, cache, length = self.rows, self._cache, self._length
         self._checked -= {row for row in rows if id(row) in leaving}
@@ -413,29 +413,17 @@ class RunningBatch:
             raise InconsistentStateError("a row of an empty batch was asked for")
         return batch_rows.copy_row(self._cache, i, self.rows[i].pad, self._length)
 
-    def _store(self, row: Row, index: int) -> None:
-        """Store the finished sequence of `row` (the batch's row `index`) under its salt, as `generate` stores one.
-
-        Where the rows live in place (`GrowingCache`), the store reads a view of the row's columns and copies only
-        the positions it keeps (a finished turn: its new ones), checking for NaN or infinity from the positions the
-        row restored on, as `generate` checks its own; elsewhere the row's cache is copied out first.
-        """
+    def _store(self, row: Row, cache: WorkingCache) -> None:
+        """Store `row`'s finished sequence (`cache` holds it alone) under its salt, as `generate` stores one."""
         if row.scope is None:
             raise InconsistentStateError("a row left the batch without having been admitted")
         media = self._media.pop(id(row), None)
-        cache, store = self._cache, store_of(self._front)
         try:
             with row.scope:
-                if isinstance(cache, GrowingCache) and cache.lays_out_in_place() and not self.profile.has_state:
-                    ids = row.fed_ids
-                    key = PrefixKey(store.namespace(), ids) if media is None else media.key(ids)
-                    view = cache.row_view(index, row.pad, self._length)  # read here, before the batch moves on
-                    restored = min(row.cached_tokens, len(row.request.ids))
-                    store.insert_sequence(key, view, row=0, computed_from=restored)
-                elif media is None:
-                    self._front.insert(row.fed_ids, self._copy(index))
+                if media is None:
+                    self._front.insert(row.fed_ids, cache)
                 else:  # keyed by its media as `generate` keys it (`insert` keys token ids only)
-                    store.insert_sequence(media.key(row.fed_ids), self._copy(index))
+                    store_of(self._front).insert_sequence(media.key(row.fed_ids), cache)
         except (ValueError, InconsistentStateError) as exc:  # its answer stands; only its reuse is lost
             logger.warning("batching: a finished row was not stored: %s", exc)
 

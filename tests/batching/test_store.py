@@ -122,9 +122,9 @@ def test_a_row_past_its_deadline_leaves_stored() -> None:
 
 
 def test_a_row_whose_new_positions_hold_nan_stores_nothing_past_what_was_stored() -> None:
-    """A leaving row is stored from a view of the batch, checked for NaN or infinity from the positions it restored
-    on (as `generate` checks its own): a poisoned answer position keeps the whole turn out of the store (counted),
-    and the prompt stored before stays reusable. The row's neighbour, clean, is stored whole."""
+    """A leaving row is checked for NaN or infinity before it is stored, as `generate` checks its own: a poisoned
+    answer position keeps the whole turn out of the store (counted), and the prompt stored before stays reusable.
+    The row's neighbour, clean, is stored whole."""
     model = build("llama")
     store = PrefixCache(model)
     system = random_prompt(24, seed=3)[0].tolist()
