@@ -8,8 +8,8 @@ one row against 18.0 ms through oneDNN with the weights laid out once for it ("p
 two rows, 45.8 against 18.1 for eight, and 2,042 against 1,051 ms for a 1,500-token prefill; a decode step of 8
 rows 82.3 against 44.9 ms, `generate` 47.1 against 33.1 ms a token, the tokens the same
 (`benchmarks/bench_cpu_linear.py`, `results/bench_cpu_linear.txt`). On an Intel CPU, MKL's own ground, the gap
-may be small or reversed, so ``"auto"`` times the two kernels on the model's largest linear layer first and keeps
-torch's where oneDNN is not clearly faster.
+may be small or reversed, so ``"auto"`` first times the two kernels on one layer of each of the model's weight
+shapes, counted once per layer of that shape, and keeps torch's where oneDNN is not clearly faster.
 
 Kernels (`Kernel`):
 
@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 from collections.abc import Callable
@@ -75,7 +76,8 @@ class LinearKernels:
         layers: how many layers run it.
         extra_bytes: the memory the prepacked copies take (0 unless ``prepacked``).
         reason: why ``torch`` was kept, or how ``auto`` chose (empty where the kernel was asked for by name).
-        timings: ``auto``'s probe, milliseconds per kernel (one pass over 1 and 8 rows of the largest layer).
+        timings: ``auto``'s probe, milliseconds per kernel: a pass over 1 and 8 rows of every layer (each shape
+            timed once, counted once per layer of that shape).
     """
 
     kernel: Kernel
@@ -210,28 +212,41 @@ def _check(layers: list[nn.Linear]) -> str | None:
 
 
 def _choose(layers: list[nn.Linear]) -> tuple[Kernel, str, dict[str, float]]:
-    """``auto``: time torch's kernel and oneDNN's on the largest layer (1 and 8 rows); the faster, and why."""
-    largest = max(layers, key=lambda m: m.weight.numel())
-    weight, bias = largest.weight.detach(), None if largest.bias is None else largest.bias.detach()
+    """``auto``: time torch's kernel and oneDNN's on one layer of each weight shape (1 and 8 rows), each shape's time
+    counted once per layer of that shape (a pass over the model's linear layers); the faster, and why."""
+    shapes: dict[tuple[int, int, bool], list[nn.Linear]] = {}
+    for layer in layers:
+        shapes.setdefault((*layer.weight.shape, layer.bias is not None), []).append(layer)
     extra = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     available = _available_bytes()
     pack = available is not None and extra <= MAX_PACK_SHARE * available
     fast: Kernel = "prepacked" if pack else "onednn"
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if pack else weight
-    inputs = [torch.randn(rows, weight.shape[1]) for rows in (1, PACK_ROWS)]
+    timings: dict[str, float] = {"torch": 0.0, fast: 0.0}
     with torch.no_grad():
-        timings: dict[str, float] = {
-            "torch": _time(lambda x: F.linear(x, weight, bias), inputs),
-            fast: _time(lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), inputs),
-        }
+        for same in shapes.values():
+            weight = same[0].weight.detach()
+            bias = None if same[0].bias is None else same[0].bias.detach()
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if pack else weight
+            inputs = [torch.randn(rows, weight.shape[1]) for rows in (1, PACK_ROWS)]
+            timings["torch"] += len(same) * _time(functools.partial(_torch_linear, weight=weight, bias=bias), inputs)
+            timings[fast] += len(same) * _time(functools.partial(_onednn_linear, weight=packed, bias=bias), inputs)
     gain = timings["torch"] / max(timings[fast], 1e-9)
-    shape = "x".join(map(str, weight.shape))
+    over = f"over its {len(layers)} linear layers ({len(shapes)} shapes)"
     if gain < MIN_GAIN:
-        return "torch", f"oneDNN {gain:.2f}x torch's speed on the {shape} layer: kept torch's", timings
-    why = f"oneDNN {gain:.2f}x torch's speed on the {shape} layer"
+        return "torch", f"oneDNN {gain:.2f}x torch's speed {over}: kept torch's", timings
+    why = f"oneDNN {gain:.2f}x torch's speed {over}"
     if not pack:
         why += ", not prepacked: its copy would take more than a quarter of the memory available"
     return fast, why, timings
+
+
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return out
 
 
 def _time(run: Callable[[torch.Tensor], Any], inputs: list[torch.Tensor], repeats: int = 5) -> float:

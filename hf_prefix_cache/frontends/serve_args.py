@@ -150,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CPU_LINEAR_CHOICES,
         default="auto",
         help="the kernel of the model's float32 CPU linear layers: auto (default) times oneDNN against torch's on "
-        "the largest layer and keeps the faster; prepacked: oneDNN with a second copy of the weights laid out for "
-        "it (fastest, that much more memory); onednn: oneDNN on the weights as they are; torch: as the model came",
+        "each of the model's layer shapes and keeps the faster; prepacked: oneDNN with a second copy of the weights "
+        "laid out for it (fastest, that much more memory); onednn: oneDNN on the weights as they are; torch: as the "
+        "model came",
     )
     return parser
 

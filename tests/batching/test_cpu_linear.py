@@ -93,13 +93,14 @@ def test_a_layer_that_disagrees_with_torch_leaves_the_whole_model_on_torch(monke
 
 
 def test_auto_times_both_kernels_and_says_why() -> None:
-    """``auto`` times torch's kernel and oneDNN's on the largest layer and reports the figures and its choice."""
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256))
+    """``auto`` times torch's kernel and oneDNN's on each weight shape, counted per layer, and reports the figures
+    and its choice."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 1024) for _ in range(3)), torch.nn.Linear(1024, 256))
     kernels = use_onednn_linears(model, "auto")
-    assert "torch" in kernels.timings and len(kernels.timings) == 2
+    assert "torch" in kernels.timings and len(kernels.timings) == 2 and all(t > 0 for t in kernels.timings.values())
     assert kernels.kernel in ("prepacked", "onednn", "torch")
-    assert "1024x256 layer" in kernels.reason
-    assert kernels.layers == (0 if kernels.kernel == "torch" else 2)
+    assert "over its 4 linear layers (2 shapes)" in kernels.reason
+    assert kernels.layers == (0 if kernels.kernel == "torch" else 4)
 
 
 def test_models_not_float32_on_cpu_and_asking_for_torch_leave_the_layers_alone() -> None:
